@@ -1,0 +1,65 @@
+"""The aiohttp application factory: typed app keys, resources opened and closed in cleanup_ctx."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from proxy import handlers
+from proxy.config import Settings
+from proxy.keys import HTTP_CLIENT, SETTINGS, TENANT_SECRET
+from proxy.policy import validate_all_policies
+
+log = logging.getLogger(__name__)
+
+
+async def _http_client(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    connector = aiohttp.TCPConnector(limit=settings.upstream_pool_size, enable_cleanup_closed=True)
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=settings.upstream_connect_timeout,
+        sock_read=settings.upstream_read_timeout,
+    )
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+    ) as session:
+        app[HTTP_CLIENT] = session
+        yield
+
+
+async def _tenant_secret(app: web.Application) -> AsyncIterator[None]:
+    configured = app[SETTINGS].tenant_secret
+    if configured is not None:
+        app[TENANT_SECRET] = configured.get_secret_value().encode()
+    else:
+        log.warning(
+            "no tenant_secret configured: using one generated for this process; "
+            "tenants change when it restarts"
+        )
+        app[TENANT_SECRET] = secrets.token_bytes(32)
+    yield
+
+
+def create_app(settings: Settings) -> web.Application:
+    """Build the proxy. Invalid per-model policies fail here, before serving."""
+    validate_all_policies(settings)
+    # Room above the limit so that an oversized body is answered by the handler in
+    # OpenAI's error shape rather than by aiohttp's plain-text 413.
+    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_tenant_secret)
+    app.cleanup_ctx.append(_http_client)
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", handlers.chat_completions),
+            web.get("/v1/models", handlers.list_models),
+            web.get("/healthz", handlers.healthz),
+            web.get("/readyz", handlers.readyz),
+        ]
+    )
+    return app

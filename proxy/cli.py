@@ -1,0 +1,108 @@
+"""Command line: ``compaction-proxy serve | check-config``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
+from proxy.policy import configured_window, resolve_policy
+
+
+def _load(path: str | None, **overrides: Any) -> Settings:
+    return load_settings(Path(path) if path else config_path_from_env(), **overrides)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.app import create_app
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    settings = _load(args.config, **overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    app = create_app(settings)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_timeout,
+        print=lambda message: logging.getLogger("proxy").info("%s", message.strip()),
+    )
+    return 0
+
+
+def resolved_routes(settings: Settings) -> list[dict[str, Any]]:
+    """Every route with its upstream and the policy each of its models resolves to."""
+    report: list[dict[str, Any]] = []
+    for route in [*settings.routes, settings.default_route]:
+        models = {route.model: route.model, **{name: name for name in route.models}}
+        entry: dict[str, Any] = {
+            "model": route.model,
+            "base_url": route.base,
+            "api_key_env": route.api_key_env,
+            "policies": {},
+        }
+        for label, model in models.items():
+            policy = resolve_policy(settings, route, model).model_dump(mode="json")
+            policy["context_window"] = configured_window(route, model)
+            entry["policies"][label] = policy
+        report.append(entry)
+    return report
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    settings = _load(args.file)
+    report = {
+        "store_url": settings.store_url.split("@")[-1],
+        "listen": f"{settings.host}:{settings.port}",
+        "routes": resolved_routes(settings),
+    }
+    print(yaml.safe_dump(report, sort_keys=False), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compaction-proxy",
+        description="OpenAI-compatible proxy that compacts long conversations.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument(
+        "--config",
+        help="YAML file (default: $COMPACTION_PROXY_CONFIG or config/proxy.yaml when present)",
+    )
+    serve.add_argument("--host", help="address to bind (default from config: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default from config: 8080)")
+    serve.set_defaults(run=_serve)
+
+    check = commands.add_parser(
+        "check-config", help="validate a configuration and print the resolved policy per route"
+    )
+    check.add_argument("file", nargs="?", help="YAML file (default as for serve)")
+    check.set_defaults(run=_check_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.run(args)
+    except ConfigError as error:
+        print(f"compaction-proxy: {error}", file=sys.stderr)
+        return 2
+    return result

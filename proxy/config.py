@@ -1,0 +1,234 @@
+"""Configuration: ``config/proxy.yaml`` overlaid by environment variables.
+
+Precedence, highest first: ``COMPACTION_PROXY_*`` environment variables (nested keys with
+``__``, e.g. ``COMPACTION_PROXY_POLICY__THRESHOLD_RATIO``; plus ``OPENAI_BASE_URL`` and
+``REDIS_URL``), then the YAML file, then the defaults below. Unknown keys and invalid
+combinations fail at start-up with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import (
+    AliasChoices,
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_CONFIG_PATH = Path("config/proxy.yaml")
+CONFIG_PATH_ENV = "COMPACTION_PROXY_CONFIG"
+DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the offending key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrunerPolicy(_Strict):
+    """Tool results longer than ``threshold_chars`` code points keep only head and tail."""
+
+    threshold_chars: PositiveInt = 8192
+    head_chars: int = Field(default=4096, ge=0)
+    tail_chars: int = Field(default=1024, ge=0)
+
+    @model_validator(mode="after")
+    def _head_and_tail_fit(self) -> Self:
+        if self.head_chars + self.tail_chars >= self.threshold_chars:
+            raise ValueError("head_chars + tail_chars must be below threshold_chars")
+        return self
+
+
+class PolicyOverrides(_Strict):
+    """A partial policy: any key left out keeps the value it overrides."""
+
+    threshold_ratio: float | None = Field(default=None, gt=0, le=1)
+    retain_ratio: float | None = Field(default=None, ge=0, lt=1)
+    retain_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: PositiveInt | None = None
+    compaction_retries: int | None = Field(default=None, ge=0)
+    max_overflow_retries: int | None = Field(default=None, ge=0)
+    auto: bool | None = None
+    summary_model: str | None = None
+    pruner: PrunerPolicy | None = None
+
+    @model_validator(mode="after")
+    def _one_retain_form(self) -> Self:
+        if self.retain_ratio is not None and self.retain_tokens is not None:
+            raise ValueError("give either retain_ratio or retain_tokens, not both")
+        return self
+
+
+class Policy(_Strict):
+    """A complete compaction policy (DESIGN.md §6 defaults)."""
+
+    threshold_ratio: float = Field(default=0.8, gt=0, le=1)
+    retain_ratio: float | None = Field(default=0.16, ge=0, lt=1)
+    retain_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: PositiveInt = 8192
+    compaction_retries: int = Field(default=1, ge=0)
+    max_overflow_retries: int = Field(default=1, ge=0)
+    auto: bool = True
+    summary_model: str | None = None
+    pruner: PrunerPolicy = PrunerPolicy()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retain_tokens_replaces_default_ratio(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("retain_tokens") is not None:
+            if data.get("retain_ratio") is not None:
+                raise ValueError("give either retain_ratio or retain_tokens, not both")
+            data = {**data, "retain_ratio": None}
+        return data
+
+    @model_validator(mode="after")
+    def _retain_below_threshold(self) -> Self:
+        if self.retain_ratio is None and self.retain_tokens is None:
+            raise ValueError("one of retain_ratio or retain_tokens is required")
+        if self.retain_ratio is not None and self.retain_ratio >= self.threshold_ratio:
+            raise ValueError(
+                f"retain_ratio ({self.retain_ratio}) must be below "
+                f"threshold_ratio ({self.threshold_ratio})"
+            )
+        return self
+
+
+class ModelOverride(PolicyOverrides):
+    """Overrides for one exact model name within a route."""
+
+    context_window: PositiveInt | None = None
+
+
+class Route(_Strict):
+    """Requests whose ``model`` matches ``model`` (a name or a glob) go to ``base_url``."""
+
+    model: str
+    base_url: AnyHttpUrl
+    api_key_env: str | None = None
+    context_window: PositiveInt | None = None
+    policy: PolicyOverrides = PolicyOverrides()
+    models: dict[str, ModelOverride] = {}
+
+    @property
+    def base(self) -> str:
+        return str(self.base_url).rstrip("/")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="COMPACTION_PROXY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    upstream_base_url: AnyHttpUrl = Field(
+        default=AnyHttpUrl(DEFAULT_UPSTREAM),
+        validation_alias=AliasChoices(
+            "upstream_base_url", "COMPACTION_PROXY_UPSTREAM_BASE_URL", "OPENAI_BASE_URL"
+        ),
+    )
+    upstream_api_key_env: str | None = None
+    upstream_connect_timeout: float = Field(default=10.0, gt=0)
+    upstream_read_timeout: float = Field(default=600.0, gt=0)
+    upstream_pool_size: PositiveInt = 256
+    store_url: str = Field(
+        default="memory://",
+        validation_alias=AliasChoices("store_url", "COMPACTION_PROXY_STORE_URL", "REDIS_URL"),
+    )
+    max_body_bytes: PositiveInt = 32 * 1024 * 1024
+    log_content: bool = True
+    tenant_secret: SecretStr | None = None
+    shutdown_timeout: float = Field(default=30.0, ge=0)
+    log_level: str = "INFO"
+    policy: Policy = Policy()
+    routes: list[Route] = []
+
+    @field_validator("store_url")
+    @classmethod
+    def _known_store_scheme(cls, value: str) -> str:
+        schemes = ("memory://", "redis://", "rediss://", "redis+cluster://", "unix://")
+        if not value.startswith(schemes):
+            raise ValueError(f"store_url must start with one of {', '.join(schemes)}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs; the environment must win over it.
+        return env_settings, init_settings
+
+    @property
+    def default_route(self) -> Route:
+        """Catch-all route for models that no configured route matches."""
+        return Route(
+            model="*",
+            base_url=self.upstream_base_url,
+            api_key_env=self.upstream_api_key_env,
+        )
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)
+
+
+def config_path_from_env() -> Path | None:
+    explicit = os.environ.get(CONFIG_PATH_ENV)
+    if explicit:
+        return Path(explicit)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Load settings from ``path`` (or the default location) plus the environment.
+
+    ``overrides`` win over the file but not over the environment; tests use them.
+    Raises ConfigError naming every invalid key.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"configuration {path} must be a mapping at the top level")
+        data = loaded or {}
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from exc

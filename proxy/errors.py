@@ -1,0 +1,48 @@
+"""Client-facing errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+
+class BadRequest(Exception):
+    """Bad client input, answered before anything is forwarded."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.error_type = error_type
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    error_type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> web.Response:
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def bad_request_response(error: BadRequest) -> web.Response:
+    return error_response(
+        error.status,
+        error.message,
+        error_type=error.error_type,
+        param=error.param,
+        code=error.code,
+    )

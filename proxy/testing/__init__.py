@@ -1,0 +1,1 @@
+"""Test and demo helpers: a fake OpenAI-compatible upstream."""

@@ -1,0 +1,265 @@
+"""A fake OpenAI-compatible provider for tests, benchmarks and demos.
+
+It behaves like the real thing where the proxy can tell: it counts prompt tokens with tiktoken,
+enforces a per-model context window with OpenAI's own overflow body, reports truthful
+``usage``, streams real SSE (``stream_options.include_usage`` honoured, ``data: [DONE]`` at the
+end) and records every request it receives so tests can assert what was forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.tokenizers import encoding
+
+IMAGE_PART_TOKENS = 85
+DEFAULT_WINDOW = 128_000
+
+ReplyFunction = Callable[[dict[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class CannedReply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+def overflow_body(window: int, prompt_tokens: int) -> bytes:
+    """OpenAI's exact context-overflow error body."""
+    message = (
+        f"This model's maximum context length is {window} tokens. However, your messages "
+        f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+    )
+    error = {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    return orjson.dumps({"error": error})
+
+
+def _text_of(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+@dataclass
+class FakeUpstream:
+    """State and behaviour of the fake provider; ``app()`` serves it."""
+
+    windows: dict[str, int] = field(default_factory=dict)
+    default_window: int = DEFAULT_WINDOW
+    encoding_name: str = "o200k_base"
+    reply: ReplyFunction | None = None
+    stream_pieces: int = 4
+    stream_delay: float = 0.0
+    response_delay: float = 0.0
+    received: list[Received] = field(default_factory=list)
+    canned: deque[CannedReply] = field(default_factory=deque)
+    disconnects: int = 0
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    # -- behaviour set by tests -------------------------------------------------------------
+
+    def fail_next(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        """The next chat request gets this answer instead of a completion."""
+        self.canned.append(CannedReply(status, body, content_type))
+
+    def window_of(self, model: str) -> int:
+        return self.windows.get(model, self.default_window)
+
+    @property
+    def chat_requests(self) -> list[Received]:
+        return [r for r in self.received if r.path.endswith("/chat/completions")]
+
+    # -- token counting ----------------------------------------------------------------------
+
+    def count_text(self, text: str) -> int:
+        return len(encoding(self.encoding_name).encode(text, disallowed_special=()))
+
+    def prompt_tokens(self, body: Mapping[str, Any]) -> int:
+        """OpenAI's counting: 3 tokens per message, 1 per name, 3 to prime the reply."""
+        total = 3
+        for message in body.get("messages", []):
+            total += 3
+            for key, value in message.items():
+                if value is None:
+                    continue
+                if key == "content" and isinstance(value, list):
+                    for part in value:
+                        if isinstance(part, dict) and part.get("type") == "text":
+                            total += self.count_text(str(part.get("text", "")))
+                        else:
+                            total += IMAGE_PART_TOKENS
+                elif key == "tool_calls":
+                    for call in value:
+                        function = call.get("function", {})
+                        total += 3 + self.count_text(str(function.get("name", "")))
+                        total += self.count_text(str(function.get("arguments", "")))
+                else:
+                    total += self.count_text(_text_of(value))
+                    if key == "name":
+                        total += 1
+        tools = body.get("tools")
+        if tools:
+            total += self.count_text(_text_of(tools))
+        return total
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.add_routes(
+            [
+                web.post("/v1/chat/completions", self._chat),
+                web.get("/v1/models", self._models),
+            ]
+        )
+        return app
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            "x-request-id": f"req_fake_{next(self._ids)}",
+            "x-ratelimit-limit-requests": "10000",
+            "x-ratelimit-remaining-requests": "9999",
+            "openai-processing-ms": "1",
+        }
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.received.append(Received(request.path, dict(request.headers), None))
+        models = sorted({*self.windows, "fake-model"})
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in models]
+        return web.json_response({"object": "list", "data": data}, headers=self._headers())
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self.received.append(Received(request.path, dict(request.headers), None))
+            return web.json_response(
+                {"error": {"message": "bad json", "type": "invalid_request_error",
+                           "param": None, "code": None}},
+                status=400,
+            )
+        model = str(body.get("model", "fake-model"))
+        prompt_tokens = self.prompt_tokens(body)
+        self.received.append(Received(request.path, dict(request.headers), body, prompt_tokens))
+        if self.response_delay:
+            await asyncio.sleep(self.response_delay)
+        if self.canned:
+            canned = self.canned.popleft()
+            return web.Response(
+                status=canned.status,
+                body=canned.body,
+                headers={**self._headers(), "Content-Type": canned.content_type},
+            )
+        window = self.window_of(model)
+        if prompt_tokens > window:
+            return web.Response(
+                status=400,
+                body=overflow_body(window, prompt_tokens),
+                headers={**self._headers(), "Content-Type": "application/json"},
+            )
+        text = self.reply(body) if self.reply is not None else "ok"
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.count_text(text),
+            "total_tokens": prompt_tokens + self.count_text(text),
+        }
+        completion_id = f"chatcmpl-fake{next(self._ids)}"
+        if body.get("stream"):
+            return await self._stream(request, body, completion_id, model, text, usage)
+        return web.json_response(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            },
+            headers=self._headers(),
+            dumps=lambda obj: orjson.dumps(obj).decode(),
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        completion_id: str,
+        model: str,
+        text: str,
+        usage: dict[str, int],
+    ) -> web.StreamResponse:
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        response = web.StreamResponse(
+            headers={**self._headers(), "Content-Type": "text/event-stream"}
+        )
+        await response.prepare(request)
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+            event: dict[str, Any] = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            if include_usage:
+                event["usage"] = None
+            return b"data: " + orjson.dumps(event) + b"\n\n"
+
+        size = max(1, -(-len(text) // self.stream_pieces))
+        pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+        try:
+            await response.write(chunk({"role": "assistant", "content": ""}, None))
+            for piece in pieces:
+                if self.stream_delay:
+                    await asyncio.sleep(self.stream_delay)
+                await response.write(chunk({"content": piece}, None))
+            await response.write(chunk({}, "stop"))
+            if include_usage:
+                final = {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                await response.write(b"data: " + orjson.dumps(final) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+        except (ConnectionError, asyncio.CancelledError):
+            self.disconnects += 1
+            raise
+        await response.write_eof()
+        return response

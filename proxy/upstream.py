@@ -1,0 +1,126 @@
+"""Talking to the upstream: headers in and out, relaying answers, noting usage.
+
+The proxy passes the upstream's answer through untouched: status, body bytes and content type,
+plus its useful headers (``x-request-id``, rate limits, ...). Only hop-by-hop and framing
+headers are dropped, since aiohttp re-frames the body it writes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import ClientResponse, web
+from multidict import CIMultiDict
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
+# The client session decompresses, so length and encoding no longer describe the bytes we write.
+_NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"content-length", "content-encoding"}
+
+
+def upstream_headers(
+    client_headers: Mapping[str, str], api_key_env: str | None
+) -> CIMultiDict[str]:
+    """The client's headers, minus hop-by-hop ones; a route key replaces the client's."""
+    headers: CIMultiDict[str] = CIMultiDict(
+        (name, value)
+        for name, value in client_headers.items()
+        if name.lower() not in _NOT_FORWARDED_UP
+    )
+    if api_key_env:
+        route_key = os.environ.get(api_key_env)
+        if route_key:
+            headers.popall("api-key", None)
+            headers["Authorization"] = f"Bearer {route_key}"
+    return headers
+
+
+def client_headers(upstream: ClientResponse) -> CIMultiDict[str]:
+    return CIMultiDict(
+        (name, value)
+        for name, value in upstream.headers.items()
+        if name.lower() not in _NOT_FORWARDED_DOWN
+    )
+
+
+def is_event_stream(upstream: ClientResponse) -> bool:
+    return upstream.content_type == "text/event-stream"
+
+
+def usage_of_body(body: bytes) -> dict[str, Any] | None:
+    """``usage`` of a non-streamed chat completion, if the body is one."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+class UsageScanner:
+    """Watches SSE bytes go by and keeps the last ``usage`` object a ``data:`` line carried.
+
+    Costs one ``in`` test per line; only lines that mention usage are parsed.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._pending + chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            self._scan(line)
+
+    def close(self) -> None:
+        if self._pending:
+            self._scan(self._pending)
+            self._pending = b""
+
+    def _scan(self, line: bytes) -> None:
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            return
+        try:
+            event = orjson.loads(line[5:].strip())
+        except orjson.JSONDecodeError:
+            return
+        usage = event.get("usage") if isinstance(event, dict) else None
+        if isinstance(usage, dict):
+            self.usage = usage
+
+
+async def relay_stream(
+    request: web.Request,
+    upstream: ClientResponse,
+    headers: CIMultiDict[str],
+    scanner: UsageScanner,
+) -> web.StreamResponse:
+    """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk."""
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    await response.prepare(request)
+    async for chunk in upstream.content.iter_any():
+        scanner.feed(chunk)
+        await response.write(chunk)
+    scanner.close()
+    await response.write_eof()
+    return response
+
+
+def buffered_response(status: int, headers: CIMultiDict[str], body: bytes) -> web.Response:
+    return web.Response(status=status, headers=headers, body=body)

@@ -1,0 +1,38 @@
+"""Small message builders for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Message = dict[str, Any]
+
+
+def system(text: str = "You are a coding agent.") -> Message:
+    return {"role": "system", "content": text}
+
+
+def user(text: str) -> Message:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str | None = None, *calls: tuple[str, str, str]) -> Message:
+    message: Message = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            for cid, name, args in calls
+        ]
+    return message
+
+
+def tool(call_id: str, text: str) -> Message:
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def agent_turns(count: int, *, output: str = "output") -> list[Message]:
+    """``count`` rounds of assistant tool call + tool result."""
+    messages: list[Message] = []
+    for i in range(count):
+        messages.append(assistant(None, (f"call_{i}", "bash", f'{{"command": "step {i}"}}')))
+        messages.append(tool(f"call_{i}", f"{output} {i}"))
+    return messages

@@ -1,0 +1,45 @@
+"""Validation of incoming bodies: clear 400s, and every other field kept as sent."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.chat_request import parse_chat_request
+from proxy.errors import BadRequest
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"messages": []}', "model"),
+        (b'{"model": "m"}', "messages"),
+        (b'{"model": "m", "messages": {"role": "user"}}', "messages"),
+        (b'{"model": "m", "messages": ["hi"]}', "messages[0]"),
+        (b'{"model": "m", "messages": [{"content": "hi"}]}', "messages[0].role"),
+        (b'{"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}', "messages[0].role"),
+        (b'{"model": "m", "messages": [{"role": "user"}, {"role": 3}]}', "messages[1].role"),
+        (b'{"model": 7, "messages": []}', "model"),
+    ],
+)
+def test_bad_bodies_are_rejected_naming_the_param(raw: bytes, param: str | None) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_chat_request(raw)
+    assert caught.value.status == 400
+    assert caught.value.param == param
+
+
+def test_unknown_fields_are_kept_as_sent() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi", "x_vendor": {"a": 1}}],
+        "temperature": 0.2,
+        "stream": True,
+        "some_future_field": [1, {"b": None}],
+    }
+    chat = parse_chat_request(orjson.dumps(body))
+    assert chat.body == body
+    assert chat.stream is True
+    assert chat.messages is chat.body["messages"]

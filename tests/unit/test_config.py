@@ -1,0 +1,143 @@
+"""Configuration loading, validation and policy resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main, resolved_routes
+from proxy.config import ConfigError, load_settings
+from proxy.policy import budgets, configured_window, resolve_policy, route_for
+
+REPO_CONFIG = Path(__file__).parents[2] / "config" / "proxy.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proxy.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_config_holds_the_design_defaults() -> None:
+    settings = load_settings(REPO_CONFIG)
+    policy = settings.policy
+    assert (policy.threshold_ratio, policy.retain_ratio, policy.max_tokens) == (0.8, 0.16, 8192)
+    assert (policy.compaction_retries, policy.max_overflow_retries, policy.auto) == (1, 1, True)
+    pruner = policy.pruner
+    assert (pruner.threshold_chars, pruner.head_chars, pruner.tail_chars) == (8192, 4096, 1024)
+    assert settings.store_url == "memory://"
+    assert settings.max_body_bytes == 32 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("colour: blue\n", "colour: unknown key"),
+        ("policy:\n  threshold: 0.5\n", "policy.threshold: unknown key"),
+        ("policy:\n  retain_ratio: 0.9\n", "retain_ratio (0.9) must be below threshold_ratio"),
+        ("policy:\n  retain_ratio: 0.1\n  retain_tokens: 100\n", "either retain_ratio or"),
+        ("routes:\n  - model: x\n    base_url: not a url\n", "routes.0.base_url"),
+        ("routes:\n  - model: x\n    base_url: http://h/v1\n    bogus: 1\n",
+         "routes.0.bogus: unknown key"),
+        ("policy:\n  pruner:\n    head_chars: 9000\n", "head_chars + tail_chars"),
+        ("store_url: mysql://h\n", "store_url"),
+    ],
+)
+def test_invalid_config_fails_naming_the_key(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text))
+    assert named in str(caught.value)
+
+
+def test_invalid_model_override_names_key_and_model(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "routes:\n  - model: 'gpt-*'\n    base_url: http://h/v1\n"
+        "    models:\n      gpt-small:\n        threshold_ratio: 0.1\n",
+    )
+    with pytest.raises(ConfigError) as caught:
+        resolved_routes(load_settings(path))
+    assert "gpt-small" in str(caught.value)
+    assert "retain_ratio" in str(caught.value)
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "port: 9000\npolicy:\n  threshold_ratio: 0.9\n  max_tokens: 100\n")
+    monkeypatch.setenv("COMPACTION_PROXY_PORT", "9100")
+    monkeypatch.setenv("COMPACTION_PROXY_POLICY__THRESHOLD_RATIO", "0.7")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://upstream.internal:8000/v1")
+    monkeypatch.setenv("REDIS_URL", "redis://cache:6379/1")
+    settings = load_settings(path)
+    assert settings.port == 9100
+    assert settings.policy.threshold_ratio == 0.7
+    assert settings.policy.max_tokens == 100
+    assert settings.default_route.base == "http://upstream.internal:8000/v1"
+    assert settings.store_url == "redis://cache:6379/1"
+
+
+ROUTES = """
+policy:
+  threshold_ratio: 0.8
+routes:
+  - model: "gpt-4o*"
+    base_url: http://openai.example/v1
+    api_key_env: OPENAI_KEY
+    context_window: 128000
+    policy:
+      threshold_ratio: 0.7
+    models:
+      gpt-4o-mini:
+        context_window: 64000
+        retain_tokens: 5000
+  - model: "llama-3"
+    base_url: http://vllm.example:8000/v1
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "base"),
+    [("gpt-4o", "http://openai.example/v1"), ("gpt-4o-mini", "http://openai.example/v1"),
+     ("llama-3", "http://vllm.example:8000/v1"), ("llama-3.1", "https://api.openai.com/v1")],
+)
+def test_first_matching_route_wins_else_the_default(tmp_path: Path, model: str, base: str) -> None:
+    assert route_for(load_settings(write(tmp_path, ROUTES)), model).base == base
+
+
+def test_policy_layers_defaults_route_then_exact_model(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, ROUTES))
+    route = route_for(settings, "gpt-4o-mini")
+    broad = resolve_policy(settings, route, "gpt-4o")
+    exact = resolve_policy(settings, route, "gpt-4o-mini")
+    assert (broad.threshold_ratio, broad.retain_ratio, broad.retain_tokens) == (0.7, 0.16, None)
+    assert (exact.threshold_ratio, exact.retain_ratio, exact.retain_tokens) == (0.7, None, 5000)
+    assert configured_window(route, "gpt-4o") == 128000
+    assert configured_window(route, "gpt-4o-mini") == 64000
+
+
+@pytest.mark.parametrize(
+    ("ratios", "window", "expected"),
+    [((0.8, 0.16, None), 16_000, (12_800, 2_560)),
+     ((0.8, 0.16, None), 16_385, (13_108, 2_621)),
+     ((0.8, None, 3_000), 10_000, (8_000, 3_000))],
+)
+def test_budgets_are_floored_shares_of_the_window(
+    ratios: tuple[float, float | None, int | None], window: int, expected: tuple[int, int]
+) -> None:
+    from proxy.config import Policy
+
+    threshold, retain_ratio, retain_tokens = ratios
+    policy = Policy(threshold_ratio=threshold, retain_ratio=retain_ratio, retain_tokens=retain_tokens)
+    result = budgets(policy, window)
+    assert (result.threshold, result.retain) == expected
+
+
+def test_check_config_prints_each_route_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(write(tmp_path, ROUTES))]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-4o-mini" in out and "retain_tokens: 5000" in out and "llama-3" in out
+
+
+def test_check_config_rejects_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(write(tmp_path, "routes: 3\n"))]) == 2
+    assert "routes" in capsys.readouterr().err
