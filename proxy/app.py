@@ -12,6 +12,7 @@ from aiohttp import web
 from proxy import handlers
 from proxy.config import Settings
 from proxy.keys import HTTP_CLIENT, SETTINGS, TENANT_SECRET
+from proxy.metrics import metrics_handler
 from proxy.policy import validate_all_policies
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def create_app(settings: Settings) -> web.Application:
             web.get("/v1/models", handlers.list_models),
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),
+            web.get("/metrics", metrics_handler),
         ]
     )
     return app

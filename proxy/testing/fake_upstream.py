@@ -74,6 +74,7 @@ class FakeUpstream:
     stream_pieces: int = 4
     stream_delay: float = 0.0
     response_delay: float = 0.0
+    count_tokens: bool = True
     received: list[Received] = field(default_factory=list)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
@@ -158,12 +159,19 @@ class FakeUpstream:
         except orjson.JSONDecodeError:
             self.received.append(Received(request.path, dict(request.headers), None))
             return web.json_response(
-                {"error": {"message": "bad json", "type": "invalid_request_error",
-                           "param": None, "code": None}},
+                {
+                    "error": {
+                        "message": "bad json",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
                 status=400,
             )
         model = str(body.get("model", "fake-model"))
-        prompt_tokens = self.prompt_tokens(body)
+        # Benchmarks turn counting off so the upstream answers as fast as it can.
+        prompt_tokens = self.prompt_tokens(body) if self.count_tokens else len(raw) // 4
         self.received.append(Received(request.path, dict(request.headers), body, prompt_tokens))
         if self.response_delay:
             await asyncio.sleep(self.response_delay)
@@ -263,3 +271,21 @@ class FakeUpstream:
             raise
         await response.write_eof()
         return response
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m proxy.testing.fake_upstream``: serve the fake provider for demos."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="A fake OpenAI-compatible upstream.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="context window")
+    parser.add_argument("--instant", action="store_true", help="skip token counting")
+    args = parser.parse_args(argv)
+    fake = FakeUpstream(default_window=args.window, count_tokens=not args.instant)
+    web.run_app(fake.app(), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -38,8 +38,10 @@ def test_shipped_config_holds_the_design_defaults() -> None:
         ("policy:\n  retain_ratio: 0.9\n", "retain_ratio (0.9) must be below threshold_ratio"),
         ("policy:\n  retain_ratio: 0.1\n  retain_tokens: 100\n", "either retain_ratio or"),
         ("routes:\n  - model: x\n    base_url: not a url\n", "routes.0.base_url"),
-        ("routes:\n  - model: x\n    base_url: http://h/v1\n    bogus: 1\n",
-         "routes.0.bogus: unknown key"),
+        (
+            "routes:\n  - model: x\n    base_url: http://h/v1\n    bogus: 1\n",
+            "routes.0.bogus: unknown key",
+        ),
         ("policy:\n  pruner:\n    head_chars: 9000\n", "head_chars + tail_chars"),
         ("store_url: mysql://h\n", "store_url"),
     ],
@@ -97,8 +99,12 @@ routes:
 
 @pytest.mark.parametrize(
     ("model", "base"),
-    [("gpt-4o", "http://openai.example/v1"), ("gpt-4o-mini", "http://openai.example/v1"),
-     ("llama-3", "http://vllm.example:8000/v1"), ("llama-3.1", "https://api.openai.com/v1")],
+    [
+        ("gpt-4o", "http://openai.example/v1"),
+        ("gpt-4o-mini", "http://openai.example/v1"),
+        ("llama-3", "http://vllm.example:8000/v1"),
+        ("llama-3.1", "https://api.openai.com/v1"),
+    ],
 )
 def test_first_matching_route_wins_else_the_default(tmp_path: Path, model: str, base: str) -> None:
     assert route_for(load_settings(write(tmp_path, ROUTES)), model).base == base
@@ -117,9 +123,11 @@ def test_policy_layers_defaults_route_then_exact_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("ratios", "window", "expected"),
-    [((0.8, 0.16, None), 16_000, (12_800, 2_560)),
-     ((0.8, 0.16, None), 16_385, (13_108, 2_621)),
-     ((0.8, None, 3_000), 10_000, (8_000, 3_000))],
+    [
+        ((0.8, 0.16, None), 16_000, (12_800, 2_560)),
+        ((0.8, 0.16, None), 16_385, (13_108, 2_621)),
+        ((0.8, None, 3_000), 10_000, (8_000, 3_000)),
+    ],
 )
 def test_budgets_are_floored_shares_of_the_window(
     ratios: tuple[float, float | None, int | None], window: int, expected: tuple[int, int]
@@ -127,17 +135,23 @@ def test_budgets_are_floored_shares_of_the_window(
     from proxy.config import Policy
 
     threshold, retain_ratio, retain_tokens = ratios
-    policy = Policy(threshold_ratio=threshold, retain_ratio=retain_ratio, retain_tokens=retain_tokens)
+    policy = Policy(
+        threshold_ratio=threshold, retain_ratio=retain_ratio, retain_tokens=retain_tokens
+    )
     result = budgets(policy, window)
     assert (result.threshold, result.retain) == expected
 
 
-def test_check_config_prints_each_route_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_prints_each_route_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["check-config", str(write(tmp_path, ROUTES))]) == 0
     out = capsys.readouterr().out
     assert "gpt-4o-mini" in out and "retain_tokens: 5000" in out and "llama-3" in out
 
 
-def test_check_config_rejects_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_rejects_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["check-config", str(write(tmp_path, "routes: 3\n"))]) == 2
     assert "routes" in capsys.readouterr().err

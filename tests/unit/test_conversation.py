@@ -61,11 +61,26 @@ def surface_of(
     [
         (assistant("hi"), {"role": "assistant", "content": "hi", "refusal": None}),
         (assistant("hi"), {"role": "assistant", "content": "hi", "annotations": []}),
-        ({"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-         {"role": "assistant", "tool_calls": [
-            {"id": "c", "type": "function", "index": 0,
-             "function": {"arguments": "{}", "name": "f"}}]}),
+        (
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "index": 0,
+                        "function": {"arguments": "{}", "name": "f"},
+                    }
+                ],
+            },
+        ),
         (user("x"), {"content": "x", "role": "user", "name": ""}),
     ],
 )
@@ -111,8 +126,15 @@ def test_head_is_the_leading_system_and_developer_run() -> None:
 
 @pytest.mark.parametrize(
     ("value", "valid"),
-    [("abc-123_x.y:z", True), ("a" * 128, True), ("a" * 129, False), ("", False),
-     ("has space", False), ("slash/no", False), ("ünicode", False)],
+    [
+        ("abc-123_x.y:z", True),
+        ("a" * 128, True),
+        ("a" * 129, False),
+        ("", False),
+        ("has space", False),
+        ("slash/no", False),
+        ("ünicode", False),
+    ],
 )
 def test_session_id_validation(value: str, valid: bool) -> None:
     assert is_valid_session_id(value) is valid
@@ -163,7 +185,10 @@ def test_checkpoint_applies_to_a_request_that_extends_its_prefix() -> None:
     assert surface.messages == [system(), record.message, *later[5:]]
     assert surface.checkpoints == (record,)
     assert [(n.kind, n.start, n.end) for n in surface.nodes[:3]] == [
-        ("head", None, None), ("checkpoint", 0, 4), ("body", 5, 5)]
+        ("head", None, None),
+        ("checkpoint", 0, 4),
+        ("body", 5, 5),
+    ]
 
 
 def test_changed_system_prompt_keeps_the_checkpoint() -> None:

@@ -31,8 +31,12 @@ def test_stream_without_usage_leaves_none() -> None:
 
 @pytest.mark.parametrize(
     ("body", "usage"),
-    [(b'{"usage": {"prompt_tokens": 5}}', {"prompt_tokens": 5}), (b"not json", None),
-     (b"[]", None), (b'{"usage": null}', None)],
+    [
+        (b'{"usage": {"prompt_tokens": 5}}', {"prompt_tokens": 5}),
+        (b"not json", None),
+        (b"[]", None),
+        (b'{"usage": null}', None),
+    ],
 )
 def test_usage_of_body(body: bytes, usage: dict[str, int] | None) -> None:
     assert usage_of_body(body) == usage

@@ -1,0 +1,31 @@
+"""The proxy as a process: the console entry point, and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import openai
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.builders import user
+from tests.processes import proxy_process
+
+
+async def test_sigterm_drains_in_flight_requests(fake: FakeUpstream, upstream_url: str) -> None:
+    fake.response_delay = 1.0
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "s",
+    }
+    async with proxy_process(env) as (process, base):
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0) as client:
+            in_flight = asyncio.create_task(
+                client.chat.completions.create(model="fake-model", messages=[user("hello")])
+            )
+            while not fake.received:
+                await asyncio.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            reply = await in_flight
+            assert reply.choices[0].message.content == "ok"
+        assert await asyncio.wait_for(process.wait(), 10) == 0

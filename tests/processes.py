@@ -1,0 +1,60 @@
+"""Running the proxy as a real process, the way operators do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_until_healthy(base: str, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(f"{base}/healthz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"proxy at {base} did not become healthy")
+            await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def proxy_process(
+    env: Mapping[str, str], *args: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """``python -m proxy serve`` on a free port; yields the process and its base URL."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--port",
+        str(port),
+        *args,
+        env={**os.environ, **env},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await wait_until_healthy(base)
+        yield process, base
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
