@@ -154,6 +154,11 @@ class Settings(BaseSettings):
         default="memory://",
         validation_alias=AliasChoices("store_url", "COMPACTION_PROXY_STORE_URL", "REDIS_URL"),
     )
+    store_ttl_seconds: float = Field(default=7 * 86400, gt=0)
+    store_pool_size: PositiveInt = 50
+    store_socket_timeout: float = Field(default=2.0, gt=0)
+    store_connect_timeout: float = Field(default=1.0, gt=0)
+    memory_max_conversations: PositiveInt = 10_000
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True
     tenant_secret: SecretStr | None = None

@@ -1,0 +1,46 @@
+"""Conversation stores: ``Store`` (the contract), ``MemoryStore`` and ``RedisStore``."""
+
+from __future__ import annotations
+
+from proxy.config import Settings
+from proxy.store.base import (
+    Anchor,
+    ConversationState,
+    Event,
+    LogPage,
+    MessageEvent,
+    Store,
+    StoreUnavailable,
+)
+from proxy.store.memory import MemoryStore
+
+
+def open_store(settings: Settings) -> Store:
+    """The store ``store_url`` names: ``memory://`` or a Redis URL."""
+    if settings.store_url.startswith("memory://"):
+        return MemoryStore(
+            max_conversations=settings.memory_max_conversations,
+            ttl_seconds=settings.store_ttl_seconds,
+        )
+    from proxy.store.redis import RedisStore
+
+    return RedisStore(
+        settings.store_url,
+        ttl_seconds=settings.store_ttl_seconds,
+        pool_size=settings.store_pool_size,
+        socket_timeout=settings.store_socket_timeout,
+        connect_timeout=settings.store_connect_timeout,
+    )
+
+
+__all__ = [
+    "Anchor",
+    "ConversationState",
+    "Event",
+    "LogPage",
+    "MemoryStore",
+    "MessageEvent",
+    "Store",
+    "StoreUnavailable",
+    "open_store",
+]

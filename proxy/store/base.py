@@ -1,0 +1,128 @@
+"""The store contract: one Protocol, two implementations (memory, Redis), one test suite.
+
+A conversation's persistent state is:
+
+* its **log**: an append-only list of events (``message``, ``request``, ``usage``, ``prune``,
+  ``compaction/start``, ``compaction/summary``, ``compaction/end``);
+* its **replacement records**, in commit order, written only by a committed compaction;
+* ``replace_generation``, bumped by every commit that adds records (monotonic);
+* the meter **anchor** (upstream-reported prompt tokens of the last forwarded surface);
+* a **lease** (owner token with a TTL) held while one compaction runs.
+
+Invariants every implementation keeps:
+
+* a message is logged at most once per chain hash, however many requests race;
+* at most one live lease per conversation; an expired lease blocks nothing;
+* a commit lands only while its lease is still held by the committer, and lands whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from proxy.conversation import ReplacementRecord
+
+Event = dict[str, Any]
+
+
+class StoreUnavailable(Exception):
+    """The store could not be reached; the caller serves the request without it."""
+
+
+class CommitResult(Enum):
+    COMMITTED = "committed"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Upstream usage for a forwarded surface: ``prompt_tokens`` for the surface ending at
+    ``tip_hash`` (the chain hash of its last body message) with ``node_count`` nodes."""
+
+    tip_hash: str
+    node_count: int
+    prompt_tokens: int
+    estimated_tokens: int
+
+
+@dataclass(frozen=True)
+class ConversationState:
+    records: tuple[ReplacementRecord, ...] = ()
+    generation: int = 0
+    anchor: Anchor | None = None
+    lease_owner: str | None = None
+    logged_tip: tuple[int, str] | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MessageEvent:
+    """A body message to log at chain position ``position`` (deduplicated by ``hash``)."""
+
+    position: int
+    hash: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class LogPage:
+    events: list[tuple[str, Event]]
+    next_cursor: str | None
+
+
+class Store(Protocol):
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers."""
+
+    async def load(self, conversation: str) -> ConversationState:
+        """Records, generation, anchor and lease, read in one round trip."""
+
+    async def append(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event] = (),
+        attributes: dict[str, str] | None = None,
+    ) -> int:
+        """Log the messages not logged yet (by chain hash), then ``events``; set
+        ``attributes`` on the conversation. Returns how many messages were new."""
+
+    async def record_usage(
+        self, conversation: str, events: Sequence[Event], anchor: Anchor | None
+    ) -> None:
+        """Append ``events`` and replace the meter anchor (when given)."""
+
+    async def begin_compaction(
+        self, conversation: str, owner: str, ttl_seconds: float, start_event: Event
+    ) -> bool:
+        """Take the lease and log ``compaction/start`` atomically; False when busy."""
+
+    async def commit_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        events: Sequence[Event],
+        records: Sequence[ReplacementRecord],
+    ) -> int | None:
+        """While ``owner`` still holds the lease: append events and records, bump the
+        generation and release the lease, all at once. Returns the new generation, or None
+        (conflict: the lease expired or was taken over, nothing was written)."""
+
+    async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
+        """Log ``compaction/end`` (with its error) and release the lease if still ours."""
+
+    async def read_log(
+        self, conversation: str, after: str | None = None, limit: int = 100
+    ) -> LogPage:
+        """Events in order, ``limit`` at a time, starting after cursor ``after``."""
+
+    async def wait_for_lease(self, conversation: str, timeout: float) -> bool:
+        """Wait until no live lease holds the conversation; False if it still does."""
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret stored under ``name``, storing ``candidate`` if there is none yet."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,26 @@
+-- KEYS: log, seen, state, records
+-- ARGV: ttl_ms, n_messages, (hash, event)*, n_events, event*, n_attributes, (field, value)*
+-- Logs each message whose chain hash is new (SADD decides), then the plain events.
+local ttl = ARGV[1]
+local i = 2
+local added = 0
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
+    redis.call('XADD', KEYS[1], '*', 'e', ARGV[i + 1])
+    added = added + 1
+  end
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('XADD', KEYS[1], '*', 'e', ARGV[i])
+  i = i + 1
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end
+return added

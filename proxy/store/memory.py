@@ -1,0 +1,197 @@
+"""In-process store: the zero-setup default (``memory://``).
+
+Same semantics as the Redis store. Every method runs without awaiting in between its reads and
+writes, so each is atomic on the event loop. Memory is bounded: beyond ``max_conversations`` the
+least recently used conversation is evicted, and idle ones expire after ``ttl_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.conversation import ReplacementRecord
+from proxy.store.base import Anchor, ConversationState, Event, LogPage, MessageEvent
+
+_LEASE_POLL_SECONDS = 0.02
+
+
+@dataclass
+class _Conversation:
+    log: list[tuple[str, Event]] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    records: list[ReplacementRecord] = field(default_factory=list)
+    generation: int = 0
+    anchor: Anchor | None = None
+    logged_tip: tuple[int, str] | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_expires: float = 0.0
+    next_id: int = 0
+    touched: float = 0.0
+
+    def live_lease(self, now: float) -> str | None:
+        return self.lease_owner if self.lease_owner and self.lease_expires > now else None
+
+    def add(self, event: Event) -> None:
+        self.next_id += 1
+        self.log.append((f"{self.next_id}-0", event))
+
+
+class MemoryStore:
+    def __init__(self, max_conversations: int = 10_000, ttl_seconds: float = 7 * 86400) -> None:
+        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        self._secrets: dict[str, bytes] = {}
+        self._max = max_conversations
+        self._ttl = ttl_seconds
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _get(self, conversation: str, *, create: bool) -> _Conversation | None:
+        now = time.monotonic()
+        entry = self._conversations.get(conversation)
+        if entry is not None and now - entry.touched > self._ttl:
+            del self._conversations[conversation]
+            entry = None
+        if entry is None:
+            if not create:
+                return None
+            entry = _Conversation()
+            self._conversations[conversation] = entry
+            while len(self._conversations) > self._max:
+                self._conversations.popitem(last=False)
+        self._conversations.move_to_end(conversation)
+        entry.touched = now
+        return entry
+
+    def expires_in(self, conversation: str) -> float | None:
+        """Seconds until an idle conversation expires (None if unknown); for tests."""
+        entry = self._conversations.get(conversation)
+        if entry is None:
+            return None
+        return self._ttl - (time.monotonic() - entry.touched)
+
+    # -- the Store protocol ----------------------------------------------------------------
+
+    async def ping(self) -> None:
+        return None
+
+    async def load(self, conversation: str) -> ConversationState:
+        entry = self._conversations.get(conversation)
+        if entry is None:
+            return ConversationState()
+        return ConversationState(
+            records=tuple(entry.records),
+            generation=entry.generation,
+            anchor=entry.anchor,
+            lease_owner=entry.live_lease(time.monotonic()),
+            logged_tip=entry.logged_tip,
+            attributes=dict(entry.attributes),
+        )
+
+    async def append(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event] = (),
+        attributes: dict[str, str] | None = None,
+    ) -> int:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        added = 0
+        for message in messages:
+            if message.hash not in entry.seen:
+                entry.seen.add(message.hash)
+                entry.add(message.event)
+                added += 1
+        if messages:
+            last = messages[-1]
+            entry.logged_tip = (last.position, last.hash)
+        for event in events:
+            entry.add(event)
+        if attributes:
+            entry.attributes.update(attributes)
+        return added
+
+    async def record_usage(
+        self, conversation: str, events: Sequence[Event], anchor: Anchor | None
+    ) -> None:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        for event in events:
+            entry.add(event)
+        if anchor is not None:
+            entry.anchor = anchor
+
+    async def begin_compaction(
+        self, conversation: str, owner: str, ttl_seconds: float, start_event: Event
+    ) -> bool:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        now = time.monotonic()
+        if entry.live_lease(now) is not None:
+            return False
+        entry.lease_owner = owner
+        entry.lease_expires = now + ttl_seconds
+        entry.add(start_event)
+        return True
+
+    async def commit_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        events: Sequence[Event],
+        records: Sequence[ReplacementRecord],
+    ) -> int | None:
+        entry = self._get(conversation, create=False)
+        if entry is None or entry.live_lease(time.monotonic()) != owner:
+            return None
+        for event in events:
+            entry.add(event)
+        entry.records.extend(records)
+        entry.generation += 1
+        entry.lease_owner = None
+        return entry.generation
+
+    async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        entry.add(end_event)
+        if entry.lease_owner == owner:
+            entry.lease_owner = None
+
+    async def read_log(
+        self, conversation: str, after: str | None = None, limit: int = 100
+    ) -> LogPage:
+        entry = self._conversations.get(conversation)
+        if entry is None:
+            return LogPage([], None)
+        start = 0
+        if after is not None:
+            sequence = int(after.split("-")[0])
+            start = next(
+                (i for i, (eid, _) in enumerate(entry.log) if int(eid.split("-")[0]) > sequence),
+                len(entry.log),
+            )
+        page = entry.log[start : start + limit]
+        more = start + limit < len(entry.log)
+        return LogPage(list(page), page[-1][0] if page and more else None)
+
+    async def wait_for_lease(self, conversation: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            entry = self._conversations.get(conversation)
+            if entry is None or entry.live_lease(time.monotonic()) is None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        return self._secrets.setdefault(name, candidate)
+
+    async def close(self) -> None:
+        self._conversations.clear()

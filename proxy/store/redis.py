@@ -1,0 +1,223 @@
+"""Redis store (production; also Valkey and managed Redis) over redis-py asyncio.
+
+Every multi-key step is one Lua script (registered with ``register_script``; redis-py reloads it
+on NOSCRIPT) over keys that share the conversation's hash tag. Every write refreshes the TTL of
+the conversation's keys. No lock is held across an LLM call: the lease is a key with an expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from proxy.conversation import ReplacementRecord, record_from_dict, record_to_dict
+from proxy.store.base import (
+    Anchor,
+    ConversationState,
+    Event,
+    LogPage,
+    MessageEvent,
+    StoreUnavailable,
+)
+from proxy.store.keys import conversation_keys, secret_key
+
+_LEASE_POLL_SECONDS = 0.05
+_Arg = str | int
+_STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
+
+
+def _script(name: str) -> str:
+    return (files("proxy.store") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+@asynccontextmanager
+async def _unavailable_on_error(operation: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except (TimeoutError, RedisError, OSError) as exc:
+        raise StoreUnavailable(f"redis {operation} failed: {type(exc).__name__}") from exc
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_seconds: float = 7 * 86400,
+        pool_size: int = 50,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+    ) -> None:
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            # One quick retry: with Redis down a request must bypass fast, not back off.
+            "retry": Retry(NoBackoff(), 1),
+        }
+        self._client: aioredis.Redis | RedisCluster
+        if url.startswith("redis+cluster://"):
+            self._client = RedisCluster.from_url(
+                "redis://" + url.removeprefix("redis+cluster://"),
+                max_connections=pool_size,
+                **options,
+            )
+        else:
+            self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
+        self._ttl_ms = int(ttl_seconds * 1000)
+        register = self._client.register_script
+        self._load = register(_script("load"))
+        self._append = register(_script("append"))
+        self._begin = register(_script("begin"))
+        self._commit = register(_script("commit"))
+        self._end = register(_script("end"))
+        self._usage = register(_script("usage"))
+
+    @staticmethod
+    def _keys(conversation: str, *names: str) -> list[str]:
+        keys = conversation_keys(conversation)
+        return [keys[name] for name in names]
+
+    async def ping(self) -> None:
+        async with _unavailable_on_error("ping"):
+            await self._client.ping()
+
+    async def load(self, conversation: str) -> ConversationState:
+        keys = self._keys(conversation, "state", "records", "lease")
+        async with _unavailable_on_error("load"):
+            state_flat, raw_records, lease = await self._load(keys=keys)
+        state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
+        anchor = None
+        if "anchor" in state:
+            anchor = Anchor(**orjson.loads(state["anchor"]))
+        tip = None
+        if "tip" in state:
+            position, _, tip_hash = state["tip"].partition(":")
+            tip = (int(position), tip_hash)
+        return ConversationState(
+            records=tuple(record_from_dict(orjson.loads(r)) for r in raw_records),
+            generation=int(state.get("generation", 0)),
+            anchor=anchor,
+            lease_owner=lease or None,
+            logged_tip=tip,
+            attributes={k: v for k, v in state.items() if k not in _STATE_FIELDS},
+        )
+
+    async def append(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event] = (),
+        attributes: dict[str, str] | None = None,
+    ) -> int:
+        fields = dict(attributes or {})
+        if messages:
+            fields["tip"] = f"{messages[-1].position}:{messages[-1].hash}"
+        args: list[_Arg] = [self._ttl_ms, len(messages)]
+        for message in messages:
+            args += [message.hash, _json(message.event)]
+        args.append(len(events))
+        args += [_json(event) for event in events]
+        args.append(len(fields))
+        for name, value in fields.items():
+            args += [name, value]
+        keys = self._keys(conversation, "log", "seen", "state", "records")
+        async with _unavailable_on_error("append"):
+            added = await self._append(keys=keys, args=args)
+        return int(added)
+
+    async def record_usage(
+        self, conversation: str, events: Sequence[Event], anchor: Anchor | None
+    ) -> None:
+        anchor_json = _json(anchor.__dict__) if anchor is not None else ""
+        args: list[_Arg] = [self._ttl_ms, anchor_json, *(_json(event) for event in events)]
+        keys = self._keys(conversation, "log", "seen", "state", "records")
+        async with _unavailable_on_error("record_usage"):
+            await self._usage(keys=keys, args=args)
+
+    def _compaction_keys(self, conversation: str) -> list[str]:
+        return self._keys(conversation, "lease", "log", "seen", "state", "records")
+
+    async def begin_compaction(
+        self, conversation: str, owner: str, ttl_seconds: float, start_event: Event
+    ) -> bool:
+        args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
+        args.append(_json(start_event))
+        async with _unavailable_on_error("begin_compaction"):
+            taken = await self._begin(keys=self._compaction_keys(conversation), args=args)
+        return bool(taken)
+
+    async def commit_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        events: Sequence[Event],
+        records: Sequence[ReplacementRecord],
+    ) -> int | None:
+        args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
+        args += [len(records), *(_json(record_to_dict(r)) for r in records)]
+        async with _unavailable_on_error("commit_compaction"):
+            generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
+        return None if int(generation) < 0 else int(generation)
+
+    async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
+        args: list[_Arg] = [owner, self._ttl_ms, _json(end_event)]
+        async with _unavailable_on_error("end_compaction"):
+            await self._end(keys=self._compaction_keys(conversation), args=args)
+
+    async def read_log(
+        self, conversation: str, after: str | None = None, limit: int = 100
+    ) -> LogPage:
+        (log,) = self._keys(conversation, "log")
+        start = f"({after}" if after else "-"
+        async with _unavailable_on_error("read_log"):
+            raw = await self._client.xrange(log, min=start, max="+", count=limit + 1)
+        entries = cast(list[tuple[str, dict[str, str]]], raw)
+        page = [(entry_id, orjson.loads(fields["e"])) for entry_id, fields in entries[:limit]]
+        more = len(entries) > limit
+        return LogPage(page, page[-1][0] if page and more else None)
+
+    async def wait_for_lease(self, conversation: str, timeout: float) -> bool:
+        (lease,) = self._keys(conversation, "lease")
+        deadline = time.monotonic() + timeout
+        while True:
+            async with _unavailable_on_error("wait_for_lease"):
+                held = await self._client.exists(lease)
+            if not held:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        key = secret_key(name)
+        async with _unavailable_on_error("shared_secret"):
+            await self._client.set(key, candidate.hex(), nx=True)
+            stored = cast(str | None, await self._client.get(key))
+        if stored is None:
+            raise StoreUnavailable("shared secret vanished right after it was set")
+        return bytes.fromhex(stored)
+
+    async def ttl_of(self, conversation: str) -> dict[str, int]:
+        """Remaining TTL (ms) of each of the conversation's keys; for tests and operators."""
+        keys = conversation_keys(conversation)
+        async with _unavailable_on_error("ttl_of"):
+            return {name: await self._client.pttl(key) for name, key in keys.items()}
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,226 @@
+"""The store contract, run against both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from proxy.conversation import Checkpoint, Prune
+from proxy.store import Anchor, MemoryStore, MessageEvent, Store
+from proxy.store.redis import RedisStore
+
+
+def messages(count: int, start: int = 0) -> list[MessageEvent]:
+    return [
+        MessageEvent(i, f"hash-{i}", {"type": "message", "position": i, "hash": f"hash-{i}"})
+        for i in range(start, start + count)
+    ]
+
+
+def checkpoint(end: int) -> Checkpoint:
+    return Checkpoint(0, end, "root", f"hash-{end}", {"role": "user", "content": "s"}, tokens=3)
+
+
+async def log_of(store: Store, conversation: str) -> list[dict[str, object]]:
+    page = await store.read_log(conversation, limit=10_000)
+    return [event for _, event in page.events]
+
+
+async def test_unknown_conversation_loads_empty(store: Store, conversation: str) -> None:
+    state = await store.load(conversation)
+    assert (state.records, state.generation, state.anchor, state.lease_owner) == ((), 0, None, None)
+
+
+async def test_racing_appends_log_each_message_once(store: Store, conversation: str) -> None:
+    batch = messages(20)
+    added = await asyncio.gather(*(store.append(conversation, batch) for _ in range(50)))
+    assert sum(added) == 20
+    logged = await log_of(store, conversation)
+    assert [e["position"] for e in logged] == list(range(20))
+
+
+async def test_append_logs_new_messages_then_plain_events(store: Store, conversation: str) -> None:
+    await store.append(conversation, messages(3), [{"type": "request", "n": 1}])
+    added = await store.append(conversation, messages(5), [{"type": "request", "n": 2}])
+    assert added == 2
+    logged = await log_of(store, conversation)
+    assert [(e["type"], e.get("position", e.get("n"))) for e in logged] == [
+        ("message", 0),
+        ("message", 1),
+        ("message", 2),
+        ("request", 1),
+        ("message", 3),
+        ("message", 4),
+        ("request", 2),
+    ]
+    state = await store.load(conversation)
+    assert state.logged_tip == (4, "hash-4")
+
+
+async def test_attributes_are_kept(store: Store, conversation: str) -> None:
+    await store.append(conversation, [], attributes={"tenant": "t1", "last_seen": "12.5"})
+    await store.append(conversation, [], attributes={"last_seen": "13.0"})
+    assert (await store.load(conversation)).attributes == {"tenant": "t1", "last_seen": "13.0"}
+
+
+async def test_only_one_of_ten_racers_takes_the_lease(store: Store, conversation: str) -> None:
+    owners = [f"owner-{i}" for i in range(10)]
+    taken = await asyncio.gather(
+        *(
+            store.begin_compaction(conversation, o, 30, {"type": "compaction/start", "owner": o})
+            for o in owners
+        )
+    )
+    assert sum(taken) == 1
+    winner = owners[taken.index(True)]
+    assert (await store.load(conversation)).lease_owner == winner
+    starts = [e for e in await log_of(store, conversation) if e["type"] == "compaction/start"]
+    assert starts == [{"type": "compaction/start", "owner": winner}]
+
+
+async def test_commit_lands_whole_and_bumps_the_generation(store: Store, conversation: str) -> None:
+    assert await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    prune = Prune(3, "hash-3", "short")
+    generation = await store.commit_compaction(
+        conversation,
+        "me",
+        [{"type": "compaction/summary"}, {"type": "compaction/end"}],
+        [checkpoint(2), prune],
+    )
+    assert generation == 1
+    state = await store.load(conversation)
+    assert state.records == (checkpoint(2), prune)
+    assert state.generation == 1
+    assert state.lease_owner is None
+    types = [e["type"] for e in await log_of(store, conversation)]
+    assert types == ["compaction/start", "compaction/summary", "compaction/end"]
+
+
+async def test_generation_is_monotonic(store: Store, conversation: str) -> None:
+    generations = []
+    for i in range(5):
+        assert await store.begin_compaction(conversation, f"o{i}", 30, {"type": "compaction/start"})
+        generations.append(
+            await store.commit_compaction(conversation, f"o{i}", [], [checkpoint(i)])
+        )
+    assert generations == [1, 2, 3, 4, 5]
+    assert [r.end for r in (await store.load(conversation)).records] == [0, 1, 2, 3, 4]
+
+
+async def test_commit_refused_after_the_lease_expired(store: Store, conversation: str) -> None:
+    assert await store.begin_compaction(conversation, "slow", 0.1, {"type": "compaction/start"})
+    await asyncio.sleep(0.25)
+    assert (
+        await store.commit_compaction(conversation, "slow", [{"type": "x"}], [checkpoint(1)])
+        is None
+    )
+    state = await store.load(conversation)
+    assert (state.records, state.generation) == ((), 0)
+
+
+async def test_commit_refused_after_the_lease_was_taken_over(
+    store: Store, conversation: str
+) -> None:
+    assert await store.begin_compaction(conversation, "slow", 0.1, {"type": "compaction/start"})
+    await asyncio.sleep(0.25)
+    assert await store.begin_compaction(conversation, "fast", 30, {"type": "compaction/start"})
+    assert await store.commit_compaction(conversation, "slow", [], [checkpoint(1)]) is None
+    assert await store.commit_compaction(conversation, "fast", [], [checkpoint(2)]) == 1
+    assert [r.end for r in (await store.load(conversation)).records] == [2]
+
+
+async def test_stale_start_after_lease_expiry_blocks_nothing(
+    store: Store, conversation: str
+) -> None:
+    assert await store.begin_compaction(conversation, "crashed", 0.1, {"type": "compaction/start"})
+    assert not await store.begin_compaction(conversation, "other", 30, {"type": "compaction/start"})
+    await asyncio.sleep(0.25)
+    assert (await store.load(conversation)).lease_owner is None
+    assert await store.wait_for_lease(conversation, 0.01)
+    assert await store.begin_compaction(conversation, "other", 30, {"type": "compaction/start"})
+
+
+async def test_end_releases_only_our_own_lease(store: Store, conversation: str) -> None:
+    assert await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    await store.end_compaction(
+        conversation, "someone-else", {"type": "compaction/end", "error": "x"}
+    )
+    assert (await store.load(conversation)).lease_owner == "me"
+    await store.end_compaction(
+        conversation, "me", {"type": "compaction/end", "error": "summary_failed"}
+    )
+    assert (await store.load(conversation)).lease_owner is None
+    ends = [e for e in await log_of(store, conversation) if e["type"] == "compaction/end"]
+    assert [e["error"] for e in ends] == ["x", "summary_failed"]
+
+
+async def test_wait_for_lease_is_bounded(store: Store, conversation: str) -> None:
+    assert await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    assert not await store.wait_for_lease(conversation, 0.15)
+
+    async def release_soon() -> None:
+        await asyncio.sleep(0.1)
+        await store.end_compaction(conversation, "me", {"type": "compaction/end"})
+
+    releaser = asyncio.create_task(release_soon())
+    assert await store.wait_for_lease(conversation, 5)
+    await releaser
+
+
+async def test_usage_replaces_the_anchor(store: Store, conversation: str) -> None:
+    first = Anchor("hash-3", 5, 1200, 1180)
+    await store.record_usage(conversation, [{"type": "usage", "prompt_tokens": 1200}], first)
+    await store.record_usage(conversation, [{"type": "usage", "prompt_tokens": 1}], None)
+    assert (await store.load(conversation)).anchor == first
+    second = Anchor("hash-9", 9, 2000, 1990)
+    await store.record_usage(conversation, [], second)
+    assert (await store.load(conversation)).anchor == second
+    assert len(await log_of(store, conversation)) == 2
+
+
+async def test_log_reads_in_pages(store: Store, conversation: str) -> None:
+    await store.append(conversation, messages(25))
+    positions: list[object] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await store.read_log(conversation, after=cursor, limit=10)
+        positions += [event["position"] for _, event in page.events]
+        pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert positions == list(range(25))
+    assert pages == 3
+
+
+async def test_first_shared_secret_wins(store: Store) -> None:
+    name = f"tenant-{uuid.uuid4().hex}"
+    results = await asyncio.gather(*(store.shared_secret(name, bytes([i]) * 32) for i in range(10)))
+    assert len(set(results)) == 1
+    assert await store.shared_secret(name, b"late" * 8) == results[0]
+
+
+async def test_every_write_sets_a_ttl(store: Store, conversation: str) -> None:
+    await store.append(conversation, messages(2), [{"type": "request"}])
+    await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    await store.commit_compaction(conversation, "me", [], [checkpoint(0)])
+    if isinstance(store, RedisStore):
+        ttls = await store.ttl_of(conversation)
+        assert ttls["lease"] == -2  # released by the commit
+        for name in ("log", "seen", "state", "records"):
+            assert 3_500_000 < ttls[name] <= 3_600_000, name
+    else:
+        assert isinstance(store, MemoryStore)
+        remaining = store.expires_in(conversation)
+        assert remaining is not None and 3_500 < remaining <= 3_600
+
+
+async def test_memory_store_evicts_the_least_recently_used() -> None:
+    store = MemoryStore(max_conversations=2)
+    for name in ("a", "b"):
+        await store.append(name, messages(1))
+    await store.append("a", messages(1, start=1))
+    await store.append("c", messages(1))
+    assert (await store.read_log("b")).events == []
+    assert len((await store.read_log("a")).events) == 2
