@@ -119,7 +119,7 @@ class Store(Protocol):
     ) -> LogPage:
         """Events in order, ``limit`` at a time, starting after cursor ``after``."""
 
-    async def wait_for_lease(self, conversation: str, timeout: float) -> bool:
+    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         """Wait until no live lease holds the conversation; False if it still does."""
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:

@@ -180,8 +180,8 @@ class MemoryStore:
         more = start + limit < len(entry.log)
         return LogPage(list(page), page[-1][0] if page and more else None)
 
-    async def wait_for_lease(self, conversation: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
+    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
+        deadline = time.monotonic() + max_wait
         while True:
             entry = self._conversations.get(conversation)
             if entry is None or entry.live_lease(time.monotonic()) is None:

@@ -192,9 +192,9 @@ class RedisStore:
         more = len(entries) > limit
         return LogPage(page, page[-1][0] if page and more else None)
 
-    async def wait_for_lease(self, conversation: str, timeout: float) -> bool:
+    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         (lease,) = self._keys(conversation, "lease")
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max_wait
         while True:
             async with _unavailable_on_error("wait_for_lease"):
                 held = await self._client.exists(lease)
