@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -11,9 +10,11 @@ from aiohttp import web
 
 from proxy import handlers
 from proxy.config import Settings
-from proxy.keys import HTTP_CLIENT, SETTINGS, TENANT_SECRET
+from proxy.keys import HTTP_CLIENT, SETTINGS, STORE, TENANT_SECRET
 from proxy.metrics import metrics_handler
 from proxy.policy import validate_all_policies
+from proxy.store import StoreUnavailable, open_store
+from proxy.tenant import TenantSecret
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,33 @@ async def _http_client(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _store(app: web.Application) -> AsyncIterator[None]:
+    store = open_store(app[SETTINGS])
+    app[STORE] = store
+    try:
+        yield
+    finally:
+        await store.close()
+
+
 async def _tenant_secret(app: web.Application) -> AsyncIterator[None]:
-    configured = app[SETTINGS].tenant_secret
-    if configured is not None:
-        app[TENANT_SECRET] = configured.get_secret_value().encode()
-    else:
-        log.warning(
-            "no tenant_secret configured: using one generated for this process; "
-            "tenants change when it restarts"
+    settings = app[SETTINGS]
+    configured = settings.tenant_secret
+    if configured is None:
+        where = (
+            "for the life of this process"
+            if settings.store_url.startswith("memory://")
+            else "in the store, shared by every replica"
         )
-        app[TENANT_SECRET] = secrets.token_bytes(32)
+        log.warning("no tenant_secret configured: one is generated and kept %s", where)
+    secret = TenantSecret(
+        configured.get_secret_value().encode() if configured is not None else None, app[STORE]
+    )
+    app[TENANT_SECRET] = secret
+    try:
+        await secret.get()
+    except StoreUnavailable:
+        log.warning("store unavailable at start-up: requests bypass it until it answers")
     yield
 
 
@@ -53,6 +71,7 @@ def create_app(settings: Settings) -> web.Application:
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
+    app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
     app.cleanup_ctx.append(_http_client)
     app.add_routes(

@@ -6,7 +6,10 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.store.base import Store
+from proxy.tenant import TenantSecret
 
 SETTINGS = web.AppKey("settings", Settings)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
-TENANT_SECRET = web.AppKey("tenant_secret", bytes)
+STORE = web.AppKey("store", Store)
+TENANT_SECRET = web.AppKey("tenant_secret", TenantSecret)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import openai
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
+from proxy.keys import STORE
+from proxy.store import Store
 from proxy.testing.fake_upstream import FakeUpstream
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -39,26 +43,47 @@ async def upstream_url(fake: FakeUpstream, aiohttp_server: Any) -> str:
     return str(server.make_url("/v1"))
 
 
-ProxyFactory = Callable[..., Awaitable[str]]
+@dataclass
+class RunningProxy:
+    url: str  # base URL with /v1, as an SDK's base_url
+    app: web.Application
+    server: TestServer
+
+    @property
+    def root(self) -> str:
+        return self.url.removesuffix("/v1")
+
+    @property
+    def store(self) -> Store:
+        return self.app[STORE]
+
+
+ProxyFactory = Callable[..., Awaitable[RunningProxy]]
 
 
 @pytest.fixture
 def make_proxy(aiohttp_server: Any, upstream_url: str) -> ProxyFactory:
-    """Start a proxy in front of the fake upstream; returns its base URL (with /v1)."""
+    """Start a proxy in front of the fake upstream (in-process store unless overridden)."""
 
-    async def start(**overrides: Any) -> str:
+    async def start(**overrides: Any) -> RunningProxy:
         values: dict[str, Any] = {"upstream_base_url": upstream_url, "tenant_secret": "t-secret"}
         values.update(overrides)
         settings: Settings = load_settings(None, **values)
-        server: TestServer = await aiohttp_server(create_app(settings))
-        return str(server.make_url("/v1"))
+        app = create_app(settings)
+        server: TestServer = await aiohttp_server(app)
+        return RunningProxy(str(server.make_url("/v1")), app, server)
 
     return start
 
 
 @pytest.fixture
-async def proxy_url(make_proxy: ProxyFactory) -> str:
+async def proxy(make_proxy: ProxyFactory) -> RunningProxy:
     return await make_proxy()
+
+
+@pytest.fixture
+def proxy_url(proxy: RunningProxy) -> str:
+    return proxy.url
 
 
 @pytest.fixture

@@ -31,6 +31,10 @@ Event = dict[str, Any]
 class StoreUnavailable(Exception):
     """The store could not be reached; the caller serves the request without it."""
 
+    def __init__(self, operation: str, detail: str = "") -> None:
+        super().__init__(f"store {operation} failed{': ' + detail if detail else ''}")
+        self.operation = operation
+
 
 class CommitResult(Enum):
     COMMITTED = "committed"

@@ -50,7 +50,7 @@ async def _unavailable_on_error(operation: str) -> AsyncIterator[None]:
     try:
         yield
     except (TimeoutError, RedisError, OSError) as exc:
-        raise StoreUnavailable(f"redis {operation} failed: {type(exc).__name__}") from exc
+        raise StoreUnavailable(operation, type(exc).__name__) from exc
 
 
 class RedisStore:
@@ -210,7 +210,7 @@ class RedisStore:
             await self._client.set(key, candidate.hex(), nx=True)
             stored = cast(str | None, await self._client.get(key))
         if stored is None:
-            raise StoreUnavailable("shared secret vanished right after it was set")
+            raise StoreUnavailable("shared_secret", "secret vanished right after it was set")
         return bytes.fromhex(stored)
 
     async def ttl_of(self, conversation: str) -> dict[str, int]:

@@ -242,7 +242,7 @@ async def test_invalid_session_header_is_rejected(
 
 
 async def test_oversized_body_gets_413(make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
-    proxy_url = await make_proxy(max_body_bytes=10_000)
+    proxy_url = (await make_proxy(max_body_bytes=10_000)).url
     async with openai.AsyncOpenAI(base_url=proxy_url, api_key="k", max_retries=0) as client:
         with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(
@@ -281,7 +281,7 @@ async def test_models_are_listed_from_the_upstream(client: openai.AsyncOpenAI) -
 
 
 async def test_unreachable_upstream_gives_502_in_openai_shape(make_proxy: ProxyFactory) -> None:
-    proxy_url = await make_proxy(upstream_base_url="http://127.0.0.1:9/v1")
+    proxy_url = (await make_proxy(upstream_base_url="http://127.0.0.1:9/v1")).url
     async with openai.AsyncOpenAI(base_url=proxy_url, api_key="k", max_retries=0) as client:
         with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(model=MODEL, messages=history())  # type: ignore[arg-type]

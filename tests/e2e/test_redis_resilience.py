@@ -1,0 +1,124 @@
+"""Fail-open when Redis is gone, recovery when it returns, and survival of a proxy restart."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from prometheus_client import REGISTRY
+
+from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
+from proxy.keys import TENANT_SECRET
+from proxy.store.redis import RedisStore
+from proxy.tenant import tenant_of
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.builders import agent_turns, system, user
+from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+from tests.redis_server import RedisServer
+
+MODEL = "fake-model"
+
+
+@pytest.fixture
+async def private_redis() -> AsyncIterator[RedisServer]:
+    server = RedisServer()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def store_errors() -> float:
+    total = 0.0
+    for metric in REGISTRY.collect():
+        if metric.name == "compaction_proxy_store_errors":
+            total += sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return total
+
+
+async def ask(proxy: RunningProxy, messages: list[dict[str, Any]]) -> tuple[str, str | None]:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        assert raw.parse().choices[0].message.content == "ok"
+        return raw.headers["x-compaction-status"], raw.headers.get("x-compaction-conversation")
+
+
+async def ready(proxy: RunningProxy) -> int:
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.root}/readyz") as response:
+        return response.status
+
+
+async def test_stopped_redis_bypasses_then_recovers_without_restart(
+    make_proxy: ProxyFactory, private_redis: RedisServer, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(store_url=private_redis.url)
+    history = [system(), user("keep going"), *agent_turns(2)]
+    assert (await ask(proxy, history))[0] == "none"
+    assert await ready(proxy) == 200
+
+    await private_redis.stop()
+    errors_before = store_errors()
+    status, conversation = await ask(proxy, [*history, user("while redis is down")])
+    assert status == "bypass"
+    assert conversation is None
+    assert fake.chat_requests[-1].body["messages"] == [*history, user("while redis is down")]
+    assert await ready(proxy) == 503
+    assert store_errors() > errors_before
+
+    await private_redis.start()
+    assert await ready(proxy) == 200
+    status, conversation = await ask(proxy, [*history, user("redis is back")])
+    assert status == "none"
+    assert conversation is not None
+
+
+async def test_wrong_store_url_still_answers_every_request(make_proxy: ProxyFactory) -> None:
+    from tests.processes import free_port
+
+    proxy = await make_proxy(store_url=f"redis://127.0.0.1:{free_port()}/0")
+    assert (await ask(proxy, [user("hello")]))[0] == "bypass"
+    assert await ready(proxy) == 503
+
+
+async def test_generated_tenant_secret_waits_for_the_store(
+    make_proxy: ProxyFactory, private_redis: RedisServer
+) -> None:
+    await private_redis.stop()
+    proxy = await make_proxy(store_url=private_redis.url, tenant_secret=None)
+    assert (await ask(proxy, [user("hello")]))[0] == "bypass"
+    await private_redis.start()
+    assert (await ask(proxy, [user("hello")]))[0] == "none"
+
+
+async def test_records_and_log_survive_a_proxy_restart(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    # A fresh conversation on the shared Redis: unique opening, so unique chain and id.
+    history = [system(), user(f"a long task {uuid.uuid4()}"), *agent_turns(3)]
+    first = await make_proxy(store_url=REDIS_URL, tenant_secret=None)
+    _, conversation = await ask(first, history)
+    assert conversation is not None
+
+    # A compaction committed by the first instance (the engine comes later; the record is real).
+    root = chain_root(tenant_of(await first.app[TENANT_SECRET].get(), "k"))
+    chain = chain_hashes(root, split_head(history)[1])
+    summary = user("<compacted-summary>the story so far</compacted-summary>")
+    record = Checkpoint(0, 3, root, chain[3], summary, tokens=9)
+    assert await first.store.begin_compaction(conversation, "o", 30, {"type": "compaction/start"})
+    assert await first.store.commit_compaction(conversation, "o", [], [record]) == 1
+    await first.server.close()
+
+    second = await make_proxy(store_url=REDIS_URL, tenant_secret=None)
+    later = [*history, user("continue")]
+    status, again = await ask(second, later)
+    assert (status, again) == ("none", conversation)
+    assert fake.chat_requests[-1].body["messages"] == [system(), summary, *later[5:]]
+
+    store = RedisStore(REDIS_URL)
+    events = [e for _, e in (await store.read_log(conversation, limit=1000)).events]
+    await store.close()
+    assert [e["type"] for e in events].count("request") == 2
+    assert [e["position"] for e in events if e["type"] == "message"] == list(range(len(later) - 1))

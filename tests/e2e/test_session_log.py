@@ -1,0 +1,143 @@
+"""Every request is logged: new messages once, a request event, the upstream's usage."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.store import Store
+from tests.builders import agent_turns, system, user
+from tests.conftest import ProxyFactory, RunningProxy
+
+MODEL = "fake-model"
+
+
+async def log_of(store: Store, conversation: str) -> list[dict[str, Any]]:
+    return [event for _, event in (await store.read_log(conversation, limit=10_000)).events]
+
+
+async def send(
+    client: openai.AsyncOpenAI, messages: list[dict[str, Any]], **options: Any
+) -> tuple[str, Any]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, **options
+    )
+    return raw.headers["x-compaction-conversation"], raw.parse()
+
+
+async def test_replayed_history_logs_each_message_once(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    history = [system(), user("Fix the parser"), *agent_turns(4)]
+    conversation = ""
+    for end in range(2, len(history) + 1, 2):
+        conversation, _ = await send(client, history[:end])
+    events = await log_of(proxy.store, conversation)
+    messages = [e for e in events if e["type"] == "message"]
+    assert [e["position"] for e in messages] == list(range(len(history) - 1))
+    assert [e["message"] for e in messages] == history[1:]
+    requests = [e for e in events if e["type"] == "request"]
+    usages = [e for e in events if e["type"] == "usage"]
+    assert len(requests) == len(usages) == len(history) // 2
+    assert requests[-1]["body_messages"] == len(history) - 1
+    assert requests[-1]["generation"] == 0
+    assert all(u["prompt_tokens"] > 0 and u["completion_tokens"] == 1 for u in usages)
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_streamed_usage_chunk_is_logged(
+    proxy: RunningProxy, client: openai.AsyncOpenAI, include_usage: bool
+) -> None:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[user("stream please")],
+        stream=True,
+        stream_options={"include_usage": True} if include_usage else None,  # type: ignore[arg-type]
+    )
+    conversation = raw.headers["x-compaction-conversation"]
+    async for _ in raw.parse():
+        pass
+    usages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "usage"]
+    assert len(usages) == (1 if include_usage else 0)
+
+
+async def test_log_content_off_keeps_hashes_not_content(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(log_content=False)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+        conversation, _ = await send(client, [user("secret plans"), *agent_turns(1)])
+    messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
+    assert len(messages) == 3
+    assert all("message" not in e and e["hash"] and e["role"] for e in messages)
+
+
+async def test_two_api_keys_with_one_session_id_never_share_a_log(proxy: RunningProxy) -> None:
+    history = [system(), user("same opening"), *agent_turns(3)]
+    session = {"X-Session-Id": "shared-run"}
+    async with (
+        openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-alice", max_retries=0) as alice,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-bob", max_retries=0) as bob,
+    ):
+        conv_a, _ = await send(alice, history, extra_headers=session)
+        await send(alice, [*history, user("alice again")], extra_headers=session)
+        conv_b, _ = await send(bob, history, extra_headers=session)
+    assert conv_a != conv_b
+    log_a, log_b = await log_of(proxy.store, conv_a), await log_of(proxy.store, conv_b)
+    assert sum(e["type"] == "request" for e in log_a) == 2
+    assert sum(e["type"] == "request" for e in log_b) == 1
+    assert {e["hash"] for e in log_a if e["type"] == "message"}.isdisjoint(
+        e["hash"] for e in log_b if e["type"] == "message"
+    )
+
+
+async def test_checkpoint_reaches_only_its_own_tenant(proxy: RunningProxy, fake: Any) -> None:
+    from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
+    from proxy.keys import TENANT_SECRET
+    from proxy.tenant import tenant_of
+
+    history = [system(), user("same opening"), *agent_turns(3)]
+    session = {"X-Session-Id": "shared-run"}
+    secret = await proxy.app[TENANT_SECRET].get()
+    root = chain_root(tenant_of(secret, "sk-alice"))
+    chain = chain_hashes(root, split_head(history)[1])
+    summary = user("<compacted-summary>A</compacted-summary>")
+    alice = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-alice", max_retries=0)
+    bob = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-bob", max_retries=0)
+    conv_a, _ = await send(alice, history, extra_headers=session)
+    conv_b, _ = await send(bob, history, extra_headers=session)
+    for conv in (conv_a, conv_b):
+        record = Checkpoint(0, 3, root, chain[3], summary, 5)
+        assert await proxy.store.begin_compaction(conv, "t", 30, {"type": "compaction/start"})
+        assert await proxy.store.commit_compaction(conv, "t", [], [record]) == 1
+    fake.received.clear()
+    longer = [*history, user("next")]
+    raw_a = await alice.chat.completions.with_raw_response.create(
+        model=MODEL, messages=longer, extra_headers=session
+    )  # type: ignore[arg-type]
+    await bob.chat.completions.create(model=MODEL, messages=longer, extra_headers=session)  # type: ignore[arg-type]
+    await alice.close()
+    await bob.close()
+    forwarded_a, forwarded_b = (r.body["messages"] for r in fake.chat_requests)
+    assert forwarded_a == [system(), summary, *longer[5:]]
+    assert raw_a.headers["x-compaction-generation"] == "1"
+    # Bob's conversation holds a record made from Alice's chain: it never applies to Bob.
+    assert forwarded_b == longer
+
+
+async def test_no_key_or_content_reaches_the_application_log(
+    proxy: RunningProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key = "sk-very-secret-key-123"
+    content = "PLANTED-CONTENT-8472"
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=key, max_retries=0) as client:
+        await send(client, [user(content)])
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "wizard", "content": content}]
+            )  # type: ignore[misc,list-item]
+    assert caplog.records
+    assert key not in caplog.text
+    assert content not in caplog.text
