@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -9,12 +10,24 @@ import aiohttp
 from aiohttp import web
 
 from proxy import handlers
+from proxy.compaction.engine import Engine
 from proxy.config import Settings
-from proxy.keys import HTTP_CLIENT, SETTINGS, STORE, TENANT_SECRET
+from proxy.keys import (
+    ENGINE,
+    HTTP_CLIENT,
+    LEARNED_WINDOWS,
+    POLICIES,
+    SETTINGS,
+    STORE,
+    TENANT_SECRET,
+)
+from proxy.meter import TokenMeter
 from proxy.metrics import metrics_handler
-from proxy.policy import validate_all_policies
+from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
 from proxy.tenant import TenantSecret
+from proxy.tokenizers import warm_up_litellm
+from proxy.windows import LearnedWindows
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +77,16 @@ async def _tenant_secret(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+async def _engine(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    # litellm's import takes seconds: pay it at start-up, not on a request that needs its
+    # tokenizers or its overflow checks.
+    await asyncio.to_thread(warm_up_litellm)
+    meter = TokenMeter(cache_size=settings.meter_cache_size)
+    app[ENGINE] = Engine(app[STORE], meter, settings.lease_ttl_seconds)
+    yield
+
+
 def create_app(settings: Settings) -> web.Application:
     """Build the proxy. Invalid per-model policies fail here, before serving."""
     validate_all_policies(settings)
@@ -71,8 +94,11 @@ def create_app(settings: Settings) -> web.Application:
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
+    app[POLICIES] = PolicyBook(settings)
+    app[LEARNED_WINDOWS] = LearnedWindows()
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
+    app.cleanup_ctx.append(_engine)
     app.cleanup_ctx.append(_http_client)
     app.add_routes(
         [

@@ -159,6 +159,8 @@ class Settings(BaseSettings):
     store_socket_timeout: float = Field(default=2.0, gt=0)
     store_connect_timeout: float = Field(default=1.0, gt=0)
     memory_max_conversations: PositiveInt = 10_000
+    meter_cache_size: PositiveInt = 200_000
+    lease_ttl_seconds: float = Field(default=120.0, gt=0)
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True
     tenant_secret: SecretStr | None = None

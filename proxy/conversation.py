@@ -92,13 +92,28 @@ def chain_root(tenant: str) -> str:
     return _digest(b"tenant\x00", tenant.encode())
 
 
-def chain_hashes(root: str, body: Sequence[Message]) -> list[str]:
-    """``c[i] = H(c[i-1] || canonical(body[i]))`` for every body position."""
+def message_digest(message: Mapping[str, Any]) -> str:
+    """``H(canonical(message))``: names one message's content, wherever it stands."""
+    return _digest(canonical_message(message))
+
+
+def chain_hashes(
+    root: str, body: Sequence[Message], digests: Sequence[str] | None = None
+) -> list[str]:
+    """``c[i] = H(c[i-1] || H(canonical(body[i])))`` for every body position.
+
+    ``digests`` (from ``message_digest``) may be passed when already computed, so a request's
+    messages are serialized and hashed once for the chain and the token meter together.
+    """
+    if digests is None:
+        digests = [message_digest(message) for message in body]
     chain: list[str] = []
-    previous = root
-    for message in body:
-        previous = _digest(bytes.fromhex(previous), canonical_message(message))
-        chain.append(previous)
+    previous = bytes.fromhex(root)
+    for digest in digests:
+        previous = hashlib.blake2b(
+            previous + bytes.fromhex(digest), digest_size=_DIGEST_SIZE
+        ).digest()
+        chain.append(previous.hex())
     return chain
 
 

@@ -19,21 +19,33 @@ import orjson
 from aiohttp import web
 
 from proxy.chat_request import ChatRequest, parse_chat_request
+from proxy.compaction.engine import Relief
 from proxy.config import Route
-from proxy.conversation import (
-    Message,
-    chain_hashes,
-    chain_root,
-    conversation_id,
-    derive_surface,
-    is_valid_session_id,
-    split_head,
-)
+from proxy.conversation import Message, is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
 from proxy.events import first_unlogged, message_events, request_event, usage_event
-from proxy.keys import HTTP_CLIENT, SETTINGS, STORE, TENANT_SECRET
-from proxy.metrics import PROXY_OVERHEAD, REQUEST_DURATION, REQUESTS, STORE_ERRORS
-from proxy.policy import route_for
+from proxy.keys import (
+    ENGINE,
+    HTTP_CLIENT,
+    LEARNED_WINDOWS,
+    POLICIES,
+    SETTINGS,
+    STORE,
+    TENANT_SECRET,
+)
+from proxy.meter import Measurement
+from proxy.metrics import (
+    METER_ERROR,
+    PRESSURE,
+    PROMPT_TOKENS_FORWARDED,
+    PROXY_OVERHEAD,
+    REQUEST_DURATION,
+    REQUESTS,
+    STORE_ERRORS,
+)
+from proxy.overflow import classify_overflow
+from proxy.policy import ModelPolicy, budgets
+from proxy.request_view import RequestView
 from proxy.store import StoreUnavailable
 from proxy.tenant import api_key_of, tenant_of
 from proxy.upstream import (
@@ -45,6 +57,7 @@ from proxy.upstream import (
     upstream_headers,
     usage_of_body,
 )
+from proxy.windows import LearnedWindows, resolve_window
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +102,14 @@ class Prepared:
     status: str
     conversation: str | None = None
     generation: int | None = None
+    measurement: Measurement | None = None
+    tokens_before: int | None = None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
-    settings = request.app[SETTINGS]
+    app = request.app
+    settings = app[SETTINGS]
     try:
         raw = await _read_body(request, settings.max_body_bytes)
         chat = parse_chat_request(raw)
@@ -102,9 +118,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
 
-    route = route_for(settings, chat.model)
+    model_policy = app[POLICIES].for_model(chat.model)
+    route = model_policy.route
     try:
-        prepared = await _prepare(request, chat, raw, route, session_id)
+        prepared = await _prepare(request, chat, raw, model_policy, session_id)
     except StoreUnavailable as exc:
         STORE_ERRORS.labels(operation=exc.operation).inc()
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
@@ -115,14 +132,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         headers["X-Compaction-Conversation"] = prepared.conversation
     if prepared.generation is not None:
         headers["X-Compaction-Generation"] = str(prepared.generation)
+    if prepared.measurement is not None:
+        headers["X-Compaction-Tokens"] = str(prepared.measurement.tokens)
+        PROMPT_TOKENS_FORWARDED.labels(route=route.model).inc(prepared.measurement.tokens)
+    if prepared.tokens_before is not None:
+        headers["X-Compaction-Tokens-Before"] = str(prepared.tokens_before)
     PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
 
-    response, upstream_status, usage = await _forward(request, route, prepared.payload, headers)
-    REQUESTS.labels(route=route.model, outcome=_outcome(upstream_status, prepared.status)).inc()
+    reply = await _forward(request, route, prepared.payload, headers)
+    REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
     REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
-    if prepared.conversation is not None and usage is not None:
-        await _record_usage(request, prepared.conversation, usage, upstream_status)
-    return response
+    if reply.error_body is not None:
+        _learn_window(app[LEARNED_WINDOWS], route, chat.model, reply.status, reply.error_body)
+    if prepared.conversation is not None and reply.usage is not None:
+        await _record_usage(request, prepared, reply.usage, reply.status)
+    return reply.response
 
 
 def _outcome(upstream_status: int, status: str) -> str:
@@ -133,30 +157,58 @@ def _outcome(upstream_status: int, status: str) -> str:
     return "bypass" if status == "bypass" else "ok"
 
 
+def _learn_window(
+    learned: LearnedWindows, route: Route, model: str, status: int, body: bytes
+) -> None:
+    overflow = classify_overflow(status, body)
+    if overflow.is_overflow and overflow.limit is not None:
+        learned.learn(route.model, model, overflow.limit)
+
+
 async def _prepare(
     request: web.Request,
     chat: ChatRequest,
     raw: bytes,
-    route: Route,
+    model_policy: ModelPolicy,
     session_id: str | None,
 ) -> Prepared:
-    """Log the request and derive the surface to forward. Raises StoreUnavailable."""
+    """Log the request, relieve pressure, derive the surface to forward.
+
+    Raises StoreUnavailable; the caller then forwards the request unchanged.
+    """
     app = request.app
     settings, store = app[SETTINGS], app[STORE]
+    route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
-    head, body = split_head(chat.messages)
-    root = chain_root(tenant)
-    chain = chain_hashes(root, body)
-    conversation = conversation_id(tenant, root, chain, session_id)
+    view = RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
 
-    state = await store.load(conversation)
-    surface = derive_surface(head, body, chain, root, state.records)
-    status = "none"
+    state = await store.load(view.conversation)
+    window = resolve_window(
+        model_policy.configured_window,
+        model_policy.mapped_window,
+        app[LEARNED_WINDOWS].get(route.model, chat.model),
+    )
+    engine = app[ENGINE]
+    if window is None:
+        app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
+        surface = view.surface(state.records)
+        relief = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
+    else:
+        threshold = budgets(model_policy.policy, window).threshold
+        if model_policy.policy.auto:
+            relief = await engine.relieve_pressure(view, state, threshold, model_policy.pruner)
+        else:
+            surface = view.surface(state.records)
+            relief = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
+        PRESSURE.labels(route=route.model).observe(relief.measurement.tokens / window)
+
+    state, surface, measurement = relief.state, relief.surface, relief.measurement
+    status = "pruned" if relief.pruned else "none"
     now = time.time()
     new_messages = message_events(
-        body,
-        chain,
-        first_unlogged(chain, state.logged_tip),
+        view.body,
+        view.chain,
+        first_unlogged(view.chain, state.logged_tip),
         log_content=settings.log_content,
         now=now,
     )
@@ -165,19 +217,25 @@ async def _prepare(
         model=chat.model,
         route=route.model,
         generation=state.generation,
-        body_length=len(body),
+        body_length=len(view.body),
         surface_length=len(surface.nodes),
-        estimated_tokens=None,
+        estimated_tokens=measurement.tokens,
         status=status,
     )
-    await store.append(
-        conversation,
-        new_messages,
-        [forwarded],
-        attributes={"tenant": tenant, "last_seen": f"{now:.3f}", "model": chat.model},
+    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": chat.model}
+    if window is not None:
+        attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
+    await store.append(view.conversation, new_messages, [forwarded], attributes=attributes)
+    tokens_before = None
+    if surface.changed:
+        payload = _payload(chat, surface.messages)
+        unchanged = view.surface(())
+        tokens_before = view.measure(engine.meter, unchanged).tokens
+    else:
+        payload = raw
+    return Prepared(
+        payload, status, view.conversation, state.generation, measurement, tokens_before
     )
-    payload = _payload(chat, surface.messages) if surface.changed else raw
-    return Prepared(payload, status, conversation, state.generation)
 
 
 def _payload(chat: ChatRequest, messages: list[Message]) -> bytes:
@@ -186,20 +244,38 @@ def _payload(chat: ChatRequest, messages: list[Message]) -> bytes:
 
 
 async def _record_usage(
-    request: web.Request, conversation: str, usage: dict[str, Any], upstream_status: int
+    request: web.Request, prepared: Prepared, usage: dict[str, Any], upstream_status: int
 ) -> None:
+    assert prepared.conversation is not None
     event = usage_event(now=time.time(), usage=usage, status=upstream_status)
+    anchor = None
+    prompt_tokens = usage.get("prompt_tokens")
+    measurement = prepared.measurement
+    if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
+        anchor = measurement.anchor_for(prompt_tokens)
+        if not measurement.anchored:
+            METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
     try:
-        await request.app[STORE].record_usage(conversation, [event], None)
+        await request.app[STORE].record_usage(prepared.conversation, [event], anchor)
     except StoreUnavailable as exc:
         STORE_ERRORS.labels(operation=exc.operation).inc()
 
 
+@dataclass(frozen=True)
+class Reply:
+    """The client's response, the upstream status (0: unreachable), its usage, and its error
+    body when it answered with an error."""
+
+    response: web.StreamResponse
+    status: int
+    usage: dict[str, Any] | None = None
+    error_body: bytes | None = None
+
+
 async def _forward(
     request: web.Request, route: Route, payload: bytes, extra_headers: Mapping[str, str]
-) -> tuple[web.StreamResponse, int, dict[str, Any] | None]:
-    """Send ``payload`` upstream and relay the answer. Returns the response, the upstream
-    status (0 when it could not be reached) and the usage it reported, if any."""
+) -> Reply:
+    """Send ``payload`` upstream and relay the answer."""
     session = request.app[HTTP_CLIENT]
     headers = upstream_headers(request.headers, route.api_key_env)
     headers.setdefault("Content-Type", "application/json")
@@ -211,10 +287,12 @@ async def _forward(
             if upstream.status < 400 and is_event_stream(upstream):
                 scanner = UsageScanner()
                 streamed = await relay_stream(request, upstream, reply_headers, scanner)
-                return streamed, upstream.status, scanner.usage
+                return Reply(streamed, upstream.status, scanner.usage)
             body = await upstream.read()
-            usage = usage_of_body(body) if upstream.status < 400 else None
-            return buffered_response(upstream.status, reply_headers, body), upstream.status, usage
+            response = buffered_response(upstream.status, reply_headers, body)
+            if upstream.status >= 400:
+                return Reply(response, upstream.status, error_body=body)
+            return Reply(response, upstream.status, usage_of_body(body))
     except TimeoutError:
         log.warning("upstream %s timed out", route.base)
         timeout = error_response(
@@ -223,7 +301,7 @@ async def _forward(
             error_type="upstream_error",
             code="upstream_timeout",
         )
-        return timeout, 0, None
+        return Reply(timeout, 0)
     except aiohttp.ClientError as exc:
         log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
         unreachable = error_response(
@@ -232,7 +310,7 @@ async def _forward(
             error_type="upstream_error",
             code="upstream_unavailable",
         )
-        return unreachable, 0, None
+        return Reply(unreachable, 0)
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:

@@ -5,11 +5,17 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from proxy.compaction.engine import Engine
 from proxy.config import Settings
+from proxy.policy import PolicyBook
 from proxy.store.base import Store
 from proxy.tenant import TenantSecret
+from proxy.windows import LearnedWindows
 
 SETTINGS = web.AppKey("settings", Settings)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)
 STORE = web.AppKey("store", Store)
 TENANT_SECRET = web.AppKey("tenant_secret", TenantSecret)
+ENGINE = web.AppKey("engine", Engine)
+POLICIES = web.AppKey("policies", PolicyBook)
+LEARNED_WINDOWS = web.AppKey("learned_windows", LearnedWindows)

@@ -46,3 +46,31 @@ async def metrics_handler(request: web.Request) -> web.Response:
     response = web.Response(body=generate_latest())
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
     return response
+
+
+PRESSURE = Histogram(
+    "compaction_proxy_pressure_ratio",
+    "Estimated prompt tokens over the model's context window, before any compaction.",
+    ["route"],
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0),
+)
+PROMPT_TOKENS_FORWARDED = Counter(
+    "compaction_proxy_prompt_tokens_forwarded_total",
+    "Estimated prompt tokens forwarded upstream.",
+    ["route"],
+)
+TOKENS_SAVED = Counter(
+    "compaction_proxy_tokens_saved_total",
+    "Estimated prompt tokens removed from what a request would have sent, by mechanism.",
+    ["mechanism"],
+)
+COMPACTIONS = Counter(
+    "compaction_proxy_compactions_total",
+    "Compaction attempts by trigger, mechanism and outcome.",
+    ["trigger", "mechanism", "outcome"],
+)
+METER_ERROR = Histogram(
+    "compaction_proxy_meter_error_ratio",
+    "(estimated - upstream prompt tokens) / upstream prompt tokens, for unanchored estimates.",
+    buckets=(-0.5, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5),
+)

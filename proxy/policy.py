@@ -15,7 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from proxy.compaction.prune import Pruner
 from proxy.config import ConfigError, Policy, PolicyOverrides, Route, Settings
+from proxy.windows import mapped_window
 
 
 def route_for(settings: Settings, model: str) -> Route:
@@ -89,3 +91,42 @@ def validate_all_policies(settings: Settings) -> None:
         resolve_policy(settings, route, route.model)
         for model in route.models:
             resolve_policy(settings, route, model)
+
+
+@dataclass(frozen=True)
+class ModelPolicy:
+    """Everything static the proxy needs to know about one model name."""
+
+    route: Route
+    policy: Policy
+    pruner: Pruner
+    configured_window: int | None
+    mapped_window: int | None
+
+
+class PolicyBook:
+    """Resolves and caches ``ModelPolicy`` per model name (bounded)."""
+
+    def __init__(self, settings: Settings, max_models: int = 4096) -> None:
+        self._settings = settings
+        self._cache: dict[str, ModelPolicy] = {}
+        self._max = max_models
+
+    def for_model(self, model: str) -> ModelPolicy:
+        cached = self._cache.get(model)
+        if cached is not None:
+            return cached
+        route = route_for(self._settings, model)
+        policy = resolve_policy(self._settings, route, model)
+        pruner = Pruner(
+            threshold_chars=policy.pruner.threshold_chars,
+            head_chars=policy.pruner.head_chars,
+            tail_chars=policy.pruner.tail_chars,
+        )
+        resolved = ModelPolicy(
+            route, policy, pruner, configured_window(route, model), mapped_window(model)
+        )
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        self._cache[model] = resolved
+        return resolved

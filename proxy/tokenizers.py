@@ -32,3 +32,12 @@ def use_bundled_tokenizers() -> None:
 def encoding(name: str) -> tiktoken.Encoding:
     use_bundled_tokenizers()
     return tiktoken.get_encoding(name)
+
+
+def warm_up_litellm() -> None:
+    """Import litellm (offline model map) so later lazy imports of it are free."""
+    use_bundled_tokenizers()
+    try:
+        import litellm  # noqa: F401
+    except ImportError:
+        return

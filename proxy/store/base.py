@@ -43,10 +43,10 @@ class CommitResult(Enum):
 
 @dataclass(frozen=True)
 class Anchor:
-    """Upstream usage for a forwarded surface: ``prompt_tokens`` for the surface ending at
-    ``tip_hash`` (the chain hash of its last body message) with ``node_count`` nodes."""
+    """Upstream usage for a forwarded surface: ``prompt_tokens`` for the first ``node_count``
+    forwarded messages (with their tools), named together by ``surface_hash``."""
 
-    tip_hash: str
+    surface_hash: str
     node_count: int
     prompt_tokens: int
     estimated_tokens: int

@@ -1,0 +1,1 @@
+"""Compaction: pruning, range selection, summarization and the transaction that commits them."""

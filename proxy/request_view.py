@@ -1,0 +1,84 @@
+"""One request as the compaction machinery sees it: head, body, chain, digests, tools.
+
+Derives the surface for a set of replacement records and measures it; holds no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.conversation import (
+    Message,
+    ReplacementRecord,
+    Surface,
+    chain_hashes,
+    chain_root,
+    conversation_id,
+    derive_surface,
+    message_digest,
+    split_head,
+)
+from proxy.meter import Measurement, TokenMeter
+from proxy.store.base import Anchor
+
+
+@dataclass(frozen=True)
+class RequestView:
+    tenant: str
+    conversation: str
+    model: str
+    head: list[Message]
+    body: list[Message]
+    root: str
+    chain: list[str]
+    head_digests: list[str]
+    body_digests: list[str]
+    tools: Any = None
+
+    @classmethod
+    def of(
+        cls,
+        tenant: str,
+        model: str,
+        messages: list[Message],
+        session_id: str | None,
+        tools: Any = None,
+    ) -> RequestView:
+        head, body = split_head(messages)
+        root = chain_root(tenant)
+        body_digests = [message_digest(m) for m in body]
+        chain = chain_hashes(root, body, body_digests)
+        return cls(
+            tenant=tenant,
+            conversation=conversation_id(tenant, root, chain, session_id),
+            model=model,
+            head=head,
+            body=body,
+            root=root,
+            chain=chain,
+            head_digests=[message_digest(m) for m in head],
+            body_digests=body_digests,
+            tools=tools,
+        )
+
+    def surface(self, records: Iterable[ReplacementRecord]) -> Surface:
+        return derive_surface(self.head, self.body, self.chain, self.root, records)
+
+    def node_digests(self, surface: Surface) -> list[str | None]:
+        """Known digests of the surface's messages (None where a replacement stands)."""
+        digests: list[str | None] = list(self.head_digests)
+        for node in surface.nodes[len(self.head) :]:
+            if node.kind == "body" and node.start is not None:
+                digests.append(self.body_digests[node.start])
+            else:
+                digests.append(None)
+        return digests
+
+    def measure(
+        self, meter: TokenMeter, surface: Surface, anchor: Anchor | None = None
+    ) -> Measurement:
+        return meter.measure(
+            self.model, surface.messages, self.tools, self.node_digests(surface), anchor
+        )
