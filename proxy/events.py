@@ -64,6 +64,7 @@ def request_event(
     body_length: int,
     surface_length: int,
     estimated_tokens: int | None,
+    anchored: bool,
     status: str,
 ) -> Event:
     return {
@@ -75,6 +76,7 @@ def request_event(
         "body_messages": body_length,
         "surface_messages": surface_length,
         "estimated_tokens": estimated_tokens,
+        "anchored": anchored,
         "status": status,
     }
 

@@ -220,6 +220,7 @@ async def _prepare(
         body_length=len(view.body),
         surface_length=len(surface.nodes),
         estimated_tokens=measurement.tokens,
+        anchored=measurement.anchored,
         status=status,
     )
     attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": chat.model}

@@ -7,7 +7,8 @@ so a request's metering cost grows with its new messages, not with its history.
 
 **Anchoring**: after an answer, the upstream's ``usage.prompt_tokens`` for a forwarded surface
 becomes the conversation's anchor. A later surface that extends the anchored one (same tools,
-same first ``node_count`` messages) is measured as ``anchor + estimate(new messages)``.
+same head and replacements, same body chain up to the anchored tip) is measured as
+``anchor + estimate(new messages)``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.conversation import Message, message_digest
+from proxy.conversation import Message, Surface, message_digest
 from proxy.store.base import Anchor
 from proxy.tokenizers import encoding, use_bundled_tokenizers
 
@@ -128,14 +129,46 @@ def tools_digest(tools: Any) -> str:
     return hashlib.blake2b(orjson.dumps(tools or None), digest_size=16).hexdigest()
 
 
-def surface_prefix_hashes(tools_hash: str, digests: Sequence[str]) -> list[str]:
-    """``p[k]`` names the first ``k+1`` forwarded messages together with the tool schemas."""
-    hashes: list[str] = []
-    previous = bytes.fromhex(tools_hash)
-    for digest in digests:
-        previous = hashlib.blake2b(previous + bytes.fromhex(digest), digest_size=16).digest()
-        hashes.append(previous.hex())
-    return hashes
+class MeteredRequest(Protocol):
+    """What the meter reads of a request (``RequestView`` provides it)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def head(self) -> list[Message]: ...
+    @property
+    def head_digests(self) -> list[str]: ...
+    @property
+    def body(self) -> list[Message]: ...
+    @property
+    def body_digests(self) -> list[str]: ...
+    @property
+    def chain(self) -> list[str]: ...
+    @property
+    def tools(self) -> Any: ...
+
+
+def prefix_key(request: MeteredRequest, surface: Surface, tip: int) -> str | None:
+    """Names the forwarded surface up to body position ``tip``: tools, head, the replacements
+    standing in it, and the body chain at ``tip``. None if ``tip`` falls inside a checkpoint."""
+    if not 0 <= tip < len(request.body):
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    h.update(bytes.fromhex(tools_digest(request.tools)))
+    for digest in request.head_digests:
+        h.update(bytes.fromhex(digest))
+    for checkpoint in surface.checkpoints:
+        if checkpoint.start <= tip < checkpoint.end:
+            return None
+        if checkpoint.end <= tip:
+            h.update(f"c{checkpoint.start}:{checkpoint.end}:".encode())
+            h.update(bytes.fromhex(message_digest(checkpoint.message)))
+    for prune in surface.prunes:
+        if prune.position <= tip:
+            h.update(f"p{prune.position}:".encode())
+            h.update(orjson.dumps(prune.content))
+    h.update(bytes.fromhex(request.chain[tip]))
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -143,76 +176,145 @@ class Measurement:
     tokens: int
     estimated: int
     anchored: bool
-    node_tokens: tuple[int, ...]
-    prefix_hashes: tuple[str, ...]
+    anchor_key: str | None = None
+    tip: int = -1
 
     def anchor_for(self, prompt_tokens: int) -> Anchor | None:
         """The anchor to store for this surface, or None if usage looks under-reported."""
-        if not self.prefix_hashes or prompt_tokens < self.estimated * (1 - UNDER_REPORT_MARGIN):
+        if self.anchor_key is None or prompt_tokens < self.estimated * (1 - UNDER_REPORT_MARGIN):
             return None
         return Anchor(
-            surface_hash=self.prefix_hashes[-1],
-            node_count=len(self.prefix_hashes),
+            key=self.anchor_key,
+            tip=self.tip,
             prompt_tokens=prompt_tokens,
             estimated_tokens=self.estimated,
         )
 
 
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self._data: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._size = size
+
+    def get(self, key: tuple[str, str]) -> int | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: tuple[str, str], value: int) -> None:
+        self._data[key] = value
+        if len(self._data) > self._size:
+            self._data.popitem(last=False)
+
+
 class TokenMeter:
-    """Counts prompt tokens with a bounded LRU of per-message counts."""
+    """Counts prompt tokens with bounded LRUs: per message (by content digest) and per body
+    prefix (by chain hash, cumulative). Measuring a request costs its head, its replacements
+    and its new messages; the history already seen is two cache lookups."""
 
     def __init__(self, cache_size: int = 100_000) -> None:
-        self._cache: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._cache_size = cache_size
+        self._messages = _LRU(cache_size)
+        self._prefixes = _LRU(cache_size)
 
-    def _message(self, message: Message, digest: str, count: TextCounter) -> int:
-        key = (count.name, digest)
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            return cached
-        tokens = message_tokens(message, count)
-        self._cache[key] = tokens
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return tokens
+    def message(self, message: Message, count: TextCounter, digest: str | None = None) -> int:
+        key = (count.name, digest or message_digest(message))
+        cached = self._messages.get(key)
+        if cached is None:
+            cached = message_tokens(message, count)
+            self._messages.put(key, cached)
+        return cached
 
     def tools_tokens(self, tools: Any, count: TextCounter) -> int:
         if not tools:
             return 0
         raw = orjson.dumps(tools)
         key = (count.name, "tools:" + hashlib.blake2b(raw, digest_size=16).hexdigest())
-        cached = self._cache.get(key)
+        cached = self._messages.get(key)
         if cached is None:
             cached = count(raw.decode())
-            self._cache[key] = cached
+            self._messages.put(key, cached)
         return cached
 
+    def _through(self, request: MeteredRequest, position: int, count: TextCounter) -> int:
+        """Tokens of ``body[0..position]`` (0 for position -1), cached per chain hash."""
+        if position < 0:
+            return 0
+        cached = self._prefixes.get((count.name, request.chain[position]))
+        if cached is not None:
+            return cached
+        known, total = position - 1, 0
+        while known >= 0:
+            hit = self._prefixes.get((count.name, request.chain[known]))
+            if hit is not None:
+                total = hit
+                break
+            known -= 1
+        for i in range(known + 1, position + 1):
+            total += self.message(request.body[i], count, request.body_digests[i])
+            self._prefixes.put((count.name, request.chain[i]), total)
+        return total
+
+    def _body_tokens_after(
+        self, request: MeteredRequest, surface: Surface, after: int, count: TextCounter
+    ) -> int:
+        """Tokens of the surface's body nodes past body position ``after``."""
+        last = len(request.body) - 1
+        total = self._through(request, last, count) - self._through(request, after, count)
+        for checkpoint in surface.checkpoints:
+            if checkpoint.start > after:
+                shadowed = self._through(request, checkpoint.end, count) - self._through(
+                    request, checkpoint.start - 1, count
+                )
+                total += self.message(checkpoint.message, count) - shadowed
+        for prune in surface.prunes:
+            if prune.position > after:
+                original = request.body[prune.position]
+                pruned = {**original, "content": prune.content}
+                total += self.message(pruned, count) - self.message(
+                    original, count, request.body_digests[prune.position]
+                )
+        return total
+
     def measure(
-        self,
-        model: str,
-        messages: Sequence[Message],
-        tools: Any = None,
-        digests: Sequence[str | None] | None = None,
-        anchor: Anchor | None = None,
+        self, request: MeteredRequest, surface: Surface, anchor: Anchor | None = None
     ) -> Measurement:
-        """Tokens of ``messages`` (+ tools) as forwarded; ``digests[i]`` may name message i."""
-        count = counter_for(model)
-        known = digests if digests is not None else [None] * len(messages)
-        resolved = [
-            d if d is not None else message_digest(m) for m, d in zip(messages, known, strict=True)
-        ]
-        node_tokens = tuple(
-            self._message(m, d, count) for m, d in zip(messages, resolved, strict=True)
+        """Prompt tokens of ``surface`` as forwarded for ``request``."""
+        count = counter_for(request.model)
+        head = sum(
+            self.message(m, count, d)
+            for m, d in zip(request.head, request.head_digests, strict=True)
         )
-        estimated = REPLY_PRIMING_TOKENS + self.tools_tokens(tools, count) + sum(node_tokens)
-        prefixes = tuple(surface_prefix_hashes(tools_digest(tools), resolved))
+        fixed = REPLY_PRIMING_TOKENS + self.tools_tokens(request.tools, count) + head
+        estimated = fixed + self._body_tokens_after(request, surface, -1, count)
+        tip = len(request.body) - 1
+        key = prefix_key(request, surface, tip)
         tokens, anchored = estimated, False
-        if (
-            anchor is not None
-            and 0 < anchor.node_count <= len(prefixes)
-            and prefixes[anchor.node_count - 1] == anchor.surface_hash
-        ):
-            tokens = anchor.prompt_tokens + sum(node_tokens[anchor.node_count :])
+        if anchor is not None and prefix_key(request, surface, anchor.tip) == anchor.key:
+            tokens = anchor.prompt_tokens + self._body_tokens_after(
+                request, surface, anchor.tip, count
+            )
             anchored = True
-        return Measurement(tokens, estimated, anchored, node_tokens, prefixes)
+        return Measurement(tokens, estimated, anchored, key, tip)
+
+    def node_tokens(self, request: MeteredRequest, surface: Surface) -> list[int]:
+        """The price of every surface node (for range selection; costs the whole surface)."""
+        count = counter_for(request.model)
+        prices: list[int] = []
+        for node in surface.nodes:
+            digest = None
+            if node.kind == "head":
+                digest = request.head_digests[len(prices)]
+            elif node.kind == "body" and node.start is not None:
+                digest = request.body_digests[node.start]
+            prices.append(self.message(node.message, count, digest))
+        return prices
+
+    def measure_messages(self, model: str, messages: Sequence[Message], tools: Any = None) -> int:
+        """Plain estimate of a message list (no anchoring), e.g. for a summary call."""
+        count = counter_for(model)
+        return (
+            REPLY_PRIMING_TOKENS
+            + self.tools_tokens(tools, count)
+            + sum(self.message(m, count) for m in messages)
+        )

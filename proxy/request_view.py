@@ -66,19 +66,7 @@ class RequestView:
     def surface(self, records: Iterable[ReplacementRecord]) -> Surface:
         return derive_surface(self.head, self.body, self.chain, self.root, records)
 
-    def node_digests(self, surface: Surface) -> list[str | None]:
-        """Known digests of the surface's messages (None where a replacement stands)."""
-        digests: list[str | None] = list(self.head_digests)
-        for node in surface.nodes[len(self.head) :]:
-            if node.kind == "body" and node.start is not None:
-                digests.append(self.body_digests[node.start])
-            else:
-                digests.append(None)
-        return digests
-
     def measure(
         self, meter: TokenMeter, surface: Surface, anchor: Anchor | None = None
     ) -> Measurement:
-        return meter.measure(
-            self.model, surface.messages, self.tools, self.node_digests(surface), anchor
-        )
+        return meter.measure(self, surface, anchor)

@@ -43,11 +43,11 @@ class CommitResult(Enum):
 
 @dataclass(frozen=True)
 class Anchor:
-    """Upstream usage for a forwarded surface: ``prompt_tokens`` for the first ``node_count``
-    forwarded messages (with their tools), named together by ``surface_hash``."""
+    """Upstream usage for a forwarded surface: ``prompt_tokens`` for the surface up to body
+    position ``tip``, named (with its head, tools and replacements) by ``key``."""
 
-    surface_hash: str
-    node_count: int
+    key: str
+    tip: int
     prompt_tokens: int
     estimated_tokens: int
 

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -40,6 +41,12 @@ class CannedReply:
     status: int
     body: bytes
     content_type: str = "application/json"
+
+
+@lru_cache(maxsize=65536)
+def _count(encoding_name: str, text: str) -> int:
+    """Exact token count of one text (cached: replays resend the same texts many times)."""
+    return len(encoding(encoding_name).encode(text, disallowed_special=()))
 
 
 def overflow_body(window: int, prompt_tokens: int) -> bytes:
@@ -96,7 +103,7 @@ class FakeUpstream:
     # -- token counting ----------------------------------------------------------------------
 
     def count_text(self, text: str) -> int:
-        return len(encoding(self.encoding_name).encode(text, disallowed_special=()))
+        return _count(self.encoding_name, text)
 
     def prompt_tokens(self, body: Mapping[str, Any]) -> int:
         """OpenAI's counting: 3 tokens per message, 1 per name, 3 to prime the reply."""

@@ -1,0 +1,105 @@
+"""The pruner: exact boundaries, code points not bytes, parts kept in order, inputs untouched."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from proxy.compaction.prune import MARKER, Pruner, prune_candidates, prune_content
+from tests.builders import tool, user
+
+SMALL = Pruner(threshold_chars=20, head_chars=6, tail_chars=4)
+
+
+def marker(removed: int) -> str:
+    return MARKER.format(removed=removed)
+
+
+@pytest.mark.parametrize("length", [0, 1, 19, 20])
+def test_content_within_the_threshold_is_untouched(length: int) -> None:
+    assert prune_content("x" * length, SMALL) is None
+
+
+def test_one_code_point_over_the_threshold_is_pruned() -> None:
+    text = "".join(chr(ord("a") + i % 26) for i in range(21))
+    pruned = prune_content(text, SMALL)
+    assert pruned is not None
+    assert pruned.content == text[:6] + marker(11) + text[-4:]
+    assert (pruned.chars_before, pruned.chars_after) == (21, 10 + len(marker(11)))
+
+
+@pytest.mark.parametrize(
+    ("text", "head", "tail"),
+    [
+        ("😀" * 30, "😀" * 6, "😀" * 4),  # emoji: one code point each
+        ("漢字" * 15, "漢字漢字漢字", "漢字漢字"),  # CJK
+        ("é" * 25, "é" * 6, "é" * 4),
+    ],
+)
+def test_counts_code_points_not_bytes(text: str, head: str, tail: str) -> None:
+    pruned = prune_content(text, SMALL)
+    assert pruned is not None
+    assert pruned.content == head + marker(len(text) - 10) + tail
+
+
+def test_never_splits_a_surrogate_pair() -> None:
+    pair = "\ud83d\ude00"  # one emoji as two UTF-16 code units
+    text = "abcde" + pair + "x" * 20 + pair[0] * 0 + "yyy" + pair
+    pruned = prune_content(text, SMALL)
+    assert pruned is not None
+    head, _, rest = pruned.content.partition("\n[...")
+    tail = rest.rsplit("...]\n", 1)[1]
+    assert head == "abcde"  # the cut moved back before the pair rather than through it
+    assert tail == "yy" + pair
+    assert pruned.content.count("\ud83d") == pruned.content.count("\ude00")
+
+
+def test_content_list_keeps_non_text_parts_in_order() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    content = [
+        {"type": "text", "text": "0123456789"},
+        image,
+        {"type": "text", "text": "abcdefghij"},
+        {"type": "text", "text": "KLMNOPQRST"},
+    ]
+    pruned = prune_content(content, SMALL)
+    assert pruned is not None
+    assert pruned.content == [
+        {"type": "text", "text": "012345" + marker(20)},
+        image,
+        {"type": "text", "text": "QRST"},
+    ]
+    assert pruned.chars_before == 30
+
+
+def test_marker_states_how_many_code_points_were_removed() -> None:
+    pruned = prune_content("z" * 9000, Pruner())
+    assert pruned is not None
+    assert "[... 3880 characters removed by compaction-proxy ...]" in pruned.content
+    assert pruned.content.startswith("z" * 4096)
+    assert pruned.content.endswith("z" * 1024)
+
+
+def test_only_tool_messages_are_pruned_and_inputs_never_change() -> None:
+    messages: list[dict[str, Any]] = [
+        user("u" * 50),
+        tool("c1", "t" * 50),
+        tool("c2", "short"),
+        {"role": "tool", "tool_call_id": "c3", "content": None},
+    ]
+    before = copy.deepcopy(messages)
+    candidates = prune_candidates([3, 4, 5, 6], messages, SMALL)
+    assert messages == before
+    assert [c.position for c in candidates] == [4]
+    assert candidates[0].pruned.chars_before == 50
+
+
+@pytest.mark.parametrize(
+    ("threshold", "head", "tail"),
+    [(10, 5, 5), (10, 8, 3), (0, 0, 0), (10, -1, 2)],
+)
+def test_invalid_pruner_settings_are_rejected(threshold: int, head: int, tail: int) -> None:
+    with pytest.raises(ValueError):
+        Pruner(threshold_chars=threshold, head_chars=head, tail_chars=tail)
