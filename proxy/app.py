@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy import handlers
-from proxy.compaction.engine import Engine
+from proxy.compaction.engine import Engine, EngineSettings
 from proxy.config import Settings
 from proxy.keys import (
     ENGINE,
@@ -83,7 +83,13 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
     # tokenizers or its overflow checks.
     await asyncio.to_thread(warm_up_litellm)
     meter = TokenMeter(cache_size=settings.meter_cache_size)
-    app[ENGINE] = Engine(app[STORE], meter, settings.lease_ttl_seconds)
+    engine_settings = EngineSettings(
+        lease_ttl_seconds=settings.lease_ttl_seconds,
+        max_rounds=settings.max_compaction_rounds,
+        failure_cooldown_seconds=settings.failure_cooldown_seconds,
+        failure_growth_ratio=settings.failure_growth_ratio,
+    )
+    app[ENGINE] = Engine(app[STORE], meter, engine_settings)
     yield
 
 

@@ -161,6 +161,10 @@ class Settings(BaseSettings):
     memory_max_conversations: PositiveInt = 10_000
     meter_cache_size: PositiveInt = 200_000
     lease_ttl_seconds: float = Field(default=120.0, gt=0)
+    summary_timeout_seconds: float = Field(default=90.0, gt=0)
+    max_compaction_rounds: PositiveInt = 8
+    failure_cooldown_seconds: float = Field(default=300.0, ge=0)
+    failure_growth_ratio: float = Field(default=0.1, ge=0)
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True
     tenant_secret: SecretStr | None = None
@@ -176,6 +180,15 @@ class Settings(BaseSettings):
         if not value.startswith(schemes):
             raise ValueError(f"store_url must start with one of {', '.join(schemes)}")
         return value
+
+    @model_validator(mode="after")
+    def _lease_outlives_the_summary_call(self) -> Self:
+        if self.lease_ttl_seconds <= self.summary_timeout_seconds:
+            raise ValueError(
+                "lease_ttl_seconds must exceed summary_timeout_seconds, or a slow summary "
+                "would lose its lease before it commits"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -11,32 +11,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
-from proxy.chat_request import ChatRequest, parse_chat_request
-from proxy.compaction.engine import Relief
+from proxy.chat_request import parse_chat_request
 from proxy.config import Route
-from proxy.conversation import Message, is_valid_session_id
+from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
-from proxy.events import first_unlogged, message_events, request_event, usage_event
-from proxy.keys import (
-    ENGINE,
-    HTTP_CLIENT,
-    LEARNED_WINDOWS,
-    POLICIES,
-    SETTINGS,
-    STORE,
-    TENANT_SECRET,
-)
-from proxy.meter import Measurement
+from proxy.events import usage_event
+from proxy.forwarding import forward
+from proxy.keys import HTTP_CLIENT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
 from proxy.metrics import (
     METER_ERROR,
-    PRESSURE,
     PROMPT_TOKENS_FORWARDED,
     PROXY_OVERHEAD,
     REQUEST_DURATION,
@@ -44,20 +32,10 @@ from proxy.metrics import (
     STORE_ERRORS,
 )
 from proxy.overflow import classify_overflow
-from proxy.policy import ModelPolicy, budgets
-from proxy.request_view import RequestView
+from proxy.preparation import Prepared, prepare
 from proxy.store import StoreUnavailable
-from proxy.tenant import api_key_of, tenant_of
-from proxy.upstream import (
-    UsageScanner,
-    buffered_response,
-    client_headers,
-    is_event_stream,
-    relay_stream,
-    upstream_headers,
-    usage_of_body,
-)
-from proxy.windows import LearnedWindows, resolve_window
+from proxy.upstream import buffered_response, client_headers, upstream_headers
+from proxy.windows import LearnedWindows
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +72,6 @@ def _session_id(headers: Mapping[str, str]) -> str | None:
     return value
 
 
-@dataclass
-class Prepared:
-    """What to forward, and what to remember about it afterwards."""
-
-    payload: bytes
-    status: str
-    conversation: str | None = None
-    generation: int | None = None
-    measurement: Measurement | None = None
-    tokens_before: int | None = None
-
-
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     app = request.app
@@ -121,7 +87,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model_policy = app[POLICIES].for_model(chat.model)
     route = model_policy.route
     try:
-        prepared = await _prepare(request, chat, raw, model_policy, session_id)
+        prepared = await prepare(request, chat, raw, model_policy, session_id)
     except StoreUnavailable as exc:
         STORE_ERRORS.labels(operation=exc.operation).inc()
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
@@ -139,7 +105,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         headers["X-Compaction-Tokens-Before"] = str(prepared.tokens_before)
     PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
 
-    reply = await _forward(request, route, prepared.payload, headers)
+    reply = await forward(request, route, prepared.payload, headers)
     REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
     REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
     if reply.error_body is not None:
@@ -165,85 +131,6 @@ def _learn_window(
         learned.learn(route.model, model, overflow.limit)
 
 
-async def _prepare(
-    request: web.Request,
-    chat: ChatRequest,
-    raw: bytes,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-) -> Prepared:
-    """Log the request, relieve pressure, derive the surface to forward.
-
-    Raises StoreUnavailable; the caller then forwards the request unchanged.
-    """
-    app = request.app
-    settings, store = app[SETTINGS], app[STORE]
-    route = model_policy.route
-    tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
-    view = RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
-
-    state = await store.load(view.conversation)
-    window = resolve_window(
-        model_policy.configured_window,
-        model_policy.mapped_window,
-        app[LEARNED_WINDOWS].get(route.model, chat.model),
-    )
-    engine = app[ENGINE]
-    if window is None:
-        app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
-        surface = view.surface(state.records)
-        relief = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
-    else:
-        threshold = budgets(model_policy.policy, window).threshold
-        if model_policy.policy.auto:
-            relief = await engine.relieve_pressure(view, state, threshold, model_policy.pruner)
-        else:
-            surface = view.surface(state.records)
-            relief = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
-        PRESSURE.labels(route=route.model).observe(relief.measurement.tokens / window)
-
-    state, surface, measurement = relief.state, relief.surface, relief.measurement
-    status = "pruned" if relief.pruned else "none"
-    now = time.time()
-    new_messages = message_events(
-        view.body,
-        view.chain,
-        first_unlogged(view.chain, state.logged_tip),
-        log_content=settings.log_content,
-        now=now,
-    )
-    forwarded = request_event(
-        now=now,
-        model=chat.model,
-        route=route.model,
-        generation=state.generation,
-        body_length=len(view.body),
-        surface_length=len(surface.nodes),
-        estimated_tokens=measurement.tokens,
-        anchored=measurement.anchored,
-        status=status,
-    )
-    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": chat.model}
-    if window is not None:
-        attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
-    await store.append(view.conversation, new_messages, [forwarded], attributes=attributes)
-    tokens_before = None
-    if surface.changed:
-        payload = _payload(chat, surface.messages)
-        unchanged = view.surface(())
-        tokens_before = view.measure(engine.meter, unchanged).tokens
-    else:
-        payload = raw
-    return Prepared(
-        payload, status, view.conversation, state.generation, measurement, tokens_before
-    )
-
-
-def _payload(chat: ChatRequest, messages: list[Message]) -> bytes:
-    """The client's body with only ``messages`` replaced; every other field as sent."""
-    return orjson.dumps({**chat.body, "messages": messages})
-
-
 async def _record_usage(
     request: web.Request, prepared: Prepared, usage: dict[str, Any], upstream_status: int
 ) -> None:
@@ -260,58 +147,6 @@ async def _record_usage(
         await request.app[STORE].record_usage(prepared.conversation, [event], anchor)
     except StoreUnavailable as exc:
         STORE_ERRORS.labels(operation=exc.operation).inc()
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The client's response, the upstream status (0: unreachable), its usage, and its error
-    body when it answered with an error."""
-
-    response: web.StreamResponse
-    status: int
-    usage: dict[str, Any] | None = None
-    error_body: bytes | None = None
-
-
-async def _forward(
-    request: web.Request, route: Route, payload: bytes, extra_headers: Mapping[str, str]
-) -> Reply:
-    """Send ``payload`` upstream and relay the answer."""
-    session = request.app[HTTP_CLIENT]
-    headers = upstream_headers(request.headers, route.api_key_env)
-    headers.setdefault("Content-Type", "application/json")
-    url = f"{route.base}/chat/completions"
-    try:
-        async with session.post(url, data=payload, headers=headers) as upstream:
-            reply_headers = client_headers(upstream)
-            reply_headers.update(extra_headers)
-            if upstream.status < 400 and is_event_stream(upstream):
-                scanner = UsageScanner()
-                streamed = await relay_stream(request, upstream, reply_headers, scanner)
-                return Reply(streamed, upstream.status, scanner.usage)
-            body = await upstream.read()
-            response = buffered_response(upstream.status, reply_headers, body)
-            if upstream.status >= 400:
-                return Reply(response, upstream.status, error_body=body)
-            return Reply(response, upstream.status, usage_of_body(body))
-    except TimeoutError:
-        log.warning("upstream %s timed out", route.base)
-        timeout = error_response(
-            504,
-            "The upstream did not answer in time.",
-            error_type="upstream_error",
-            code="upstream_timeout",
-        )
-        return Reply(timeout, 0)
-    except aiohttp.ClientError as exc:
-        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
-        unreachable = error_response(
-            502,
-            f"The upstream could not be reached: {type(exc).__name__}.",
-            error_type="upstream_error",
-            code="upstream_unavailable",
-        )
-        return Reply(unreachable, 0)
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:

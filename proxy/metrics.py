@@ -74,3 +74,13 @@ METER_ERROR = Histogram(
     "(estimated - upstream prompt tokens) / upstream prompt tokens, for unanchored estimates.",
     buckets=(-0.5, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5),
 )
+SUMMARY_DURATION = Histogram(
+    "compaction_proxy_summary_duration_seconds",
+    "Duration of summary calls, by result (ok, failed).",
+    ["result"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
+COMPACTION_ERRORS = Counter(
+    "compaction_proxy_compaction_errors_total",
+    "Unexpected errors inside compaction; the request was forwarded with the surface it had.",
+)

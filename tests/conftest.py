@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ from aiohttp.test_utils import TestServer
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
 from proxy.keys import STORE
-from proxy.store import Store
+from proxy.store import MemoryStore, Store
+from proxy.store.redis import RedisStore
 from proxy.testing.fake_upstream import FakeUpstream
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -30,6 +32,25 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
             monkeypatch.delenv(name)
     yield
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """Both backends: the in-process store and a real Redis server."""
+    backend: Store
+    if request.param == "memory":
+        backend = MemoryStore(ttl_seconds=3600)
+    else:
+        backend = RedisStore(REDIS_URL, ttl_seconds=3600)
+        await backend.ping()
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture
+def conversation() -> str:
+    """A conversation id of its own, so every test works in a key space of its own."""
+    return f"test-{uuid.uuid4().hex}"
 
 
 @pytest.fixture

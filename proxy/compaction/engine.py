@@ -1,10 +1,11 @@
 """The compaction transaction and its triggers.
 
 Every compaction is one transaction against the store: take the conversation's lease and log
-``compaction/start`` → compute replacements with no store lock held → commit (events, records,
-generation + 1, lease released) only if the lease is still ours → or log ``compaction/end`` with
-an error class and leave the surface untouched. A crash leaves an unmatched start whose lease
-expires: stale, never blocking.
+``compaction/start`` (only if the generation is still the one the surface was derived at) →
+compute replacements with no store lock held (the summary call) → commit events and records,
+generation + 1 and lease release in one step, only if the lease is still ours → or log
+``compaction/end`` with an error class and leave the surface untouched. A crash leaves an
+unmatched start whose lease expires: stale, never blocking.
 """
 
 from __future__ import annotations
@@ -12,18 +13,33 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from proxy.compaction.prune import PruneCandidate, Pruner, prune_candidates
-from proxy.conversation import Prune, ReplacementRecord, Surface
-from proxy.meter import Measurement, TokenMeter
-from proxy.metrics import COMPACTIONS, TOKENS_SAVED
+from proxy.compaction.select import Span, priced_nodes, select_span
+from proxy.compaction.summarize import (
+    INSTRUCTION,
+    Summary,
+    SummaryFailed,
+    frame,
+    summary_body,
+)
+from proxy.config import Policy
+from proxy.conversation import Checkpoint, Prune, ReplacementRecord, Surface
+from proxy.meter import Measurement, TokenMeter, counter_for
+from proxy.metrics import COMPACTIONS, SUMMARY_DURATION, TOKENS_SAVED
 from proxy.request_view import RequestView
-from proxy.store.base import ConversationState, Event, Store
+from proxy.store.base import BeginResult, ConversationState, Event, Store
 
 log = logging.getLogger(__name__)
+
+SummaryCall = Callable[[dict[str, Any]], Awaitable[Summary]]
+
+FAILED_AT = "compaction_failed_at"
+FAILED_TOKENS = "compaction_failed_tokens"
 
 
 class Outcome(StrEnum):
@@ -37,6 +53,19 @@ class Outcome(StrEnum):
 
 
 @dataclass(frozen=True)
+class CompactionJob:
+    """One request's compaction inputs: its view, policy, window and summary route."""
+
+    view: RequestView
+    policy: Policy
+    pruner: Pruner
+    window: int | None
+    summary_model: str
+    summarize: SummaryCall
+    route: str = ""
+
+
+@dataclass(frozen=True)
 class Relief:
     """Where a trigger left the request: state, surface and measurement to forward with."""
 
@@ -47,52 +76,130 @@ class Relief:
     compacted: bool = False
 
 
+@dataclass(frozen=True)
+class Round:
+    outcome: Outcome
+    span: Span | None = None
+    state: ConversationState | None = None
+    shadowed_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    lease_ttl_seconds: float = 120.0
+    max_rounds: int = 8
+    failure_cooldown_seconds: float = 300.0
+    failure_growth_ratio: float = 0.1
+    max_busy_waits: int = 3
+
+
 def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
 
 
+@dataclass
 class Engine:
-    def __init__(self, store: Store, meter: TokenMeter, lease_ttl_seconds: float) -> None:
-        self.store = store
-        self.meter = meter
-        self.lease_ttl = lease_ttl_seconds
+    store: Store
+    meter: TokenMeter
+    settings: EngineSettings = field(default_factory=EngineSettings)
 
-    async def _transaction(
+    # -- shared steps ----------------------------------------------------------------------
+
+    def measure(
+        self, job: CompactionJob, state: ConversationState, surface: Surface
+    ) -> Measurement:
+        return job.view.measure(self.meter, surface, state.anchor)
+
+    async def reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
+        fresh = await self.store.load(job.view.conversation)
+        return fresh, job.view.surface(fresh.records)
+
+    async def _begin(
+        self, job: CompactionJob, state: ConversationState, trigger: str, kind: str, **extra: Any
+    ) -> tuple[BeginResult, str]:
+        owner = uuid.uuid4().hex
+        start = _event(
+            "compaction/start",
+            trigger=trigger,
+            kind=kind,
+            owner=owner,
+            generation=state.generation,
+            **extra,
+        )
+        result = await self.store.begin_compaction(
+            job.view.conversation, owner, self.settings.lease_ttl_seconds, start, state.generation
+        )
+        return result, owner
+
+    async def _fail(
         self,
-        conversation: str,
+        job: CompactionJob,
+        owner: str,
+        trigger: str,
+        kind: str,
+        outcome: Outcome,
+        detail: str = "",
+    ) -> None:
+        end = _event(
+            "compaction/end",
+            trigger=trigger,
+            kind=kind,
+            owner=owner,
+            outcome=outcome.value,
+            error=outcome.value,
+            detail=detail,
+        )
+        await self.store.end_compaction(job.view.conversation, owner, end)
+
+    async def _commit(
+        self,
+        job: CompactionJob,
+        owner: str,
         trigger: str,
         kind: str,
         records: Sequence[ReplacementRecord],
         events: Sequence[Event],
-    ) -> Outcome:
-        """Begin, then commit ``records`` with ``events`` (already computed) in one step."""
-        owner = uuid.uuid4().hex
-        start = _event("compaction/start", trigger=trigger, kind=kind, owner=owner)
-        if not await self.store.begin_compaction(conversation, owner, self.lease_ttl, start):
-            return Outcome.BUSY
+    ) -> ConversationState | None:
         end = _event("compaction/end", trigger=trigger, kind=kind, owner=owner, outcome="committed")
         generation = await self.store.commit_compaction(
-            conversation, owner, [*events, end], records
+            job.view.conversation, owner, [*events, end], records
         )
         if generation is None:
-            await self.store.end_compaction(
-                conversation,
-                owner,
-                _event(
-                    "compaction/end",
-                    trigger=trigger,
-                    kind=kind,
-                    owner=owner,
-                    outcome="commit_failed",
-                    error="commit_failed",
-                ),
-            )
-            return Outcome.COMMIT_FAILED
-        return Outcome.COMMITTED
+            return None
+        fresh, _ = await self.reload(job)
+        return fresh
 
-    async def commit_prunes(
-        self, view: RequestView, candidates: Sequence[PruneCandidate], trigger: str
+    # -- pruning ---------------------------------------------------------------------------
+
+    async def prune(
+        self, job: CompactionJob, state: ConversationState, surface: Surface, trigger: str
+    ) -> tuple[ConversationState, Surface, bool]:
+        """Prune the surface's oversized tool results. Returns the state and surface to go on
+        with and whether a prune committed; a busy conversation is waited for (bounded)."""
+        body = [n for n in surface.nodes if n.kind == "body" and n.start is not None]
+        candidates = prune_candidates(
+            [n.start for n in body if n.start is not None], [n.message for n in body], job.pruner
+        )
+        if not candidates:
+            return state, surface, False
+        outcome = await self._commit_prunes(job, state, candidates, trigger)
+        COMPACTIONS.labels(trigger=trigger, mechanism="prune", outcome=outcome.value).inc()
+        if outcome is Outcome.BUSY:
+            await self.store.wait_for_lease(job.view.conversation, self.settings.lease_ttl_seconds)
+        fresh, fresh_surface = await self.reload(job)
+        if outcome is Outcome.COMMITTED:
+            saved = sum(c.pruned.chars_before - c.pruned.chars_after for c in candidates)
+            log.debug("pruned %d tool results (%d characters)", len(candidates), saved)
+        return fresh, fresh_surface, outcome is Outcome.COMMITTED
+
+    async def _commit_prunes(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        candidates: Sequence[PruneCandidate],
+        trigger: str,
     ) -> Outcome:
+        view = job.view
         records = [
             Prune(
                 position=c.position,
@@ -103,6 +210,9 @@ class Engine:
             )
             for c in candidates
         ]
+        began, owner = await self._begin(job, state, trigger, "prune")
+        if began is not BeginResult.BEGUN:
+            return Outcome.BUSY
         events = [
             _event(
                 "prune",
@@ -113,57 +223,186 @@ class Engine:
             )
             for r in records
         ]
-        outcome = await self._transaction(view.conversation, trigger, "prune", records, events)
-        COMPACTIONS.labels(trigger=trigger, mechanism="prune", outcome=outcome.value).inc()
-        return outcome
+        if await self._commit(job, owner, trigger, "prune", records, events) is None:
+            await self._fail(job, owner, trigger, "prune", Outcome.COMMIT_FAILED)
+            return Outcome.COMMIT_FAILED
+        return Outcome.COMMITTED
 
-    async def reload(
-        self, view: RequestView, state: ConversationState
-    ) -> tuple[ConversationState, Surface]:
-        fresh = await self.store.load(view.conversation)
-        return fresh, view.surface(fresh.records)
+    # -- summarizing -----------------------------------------------------------------------
 
-    async def prune_step(
+    def _plan(self, job: CompactionJob, surface: Surface, retain: int) -> tuple[Span | None, int]:
+        """The span to summarize and the summary's token cap."""
+        view = job.view
+        prices = self.meter.node_tokens(view, surface)
+        nodes = priced_nodes(surface.nodes, prices)
+        cap = job.policy.max_tokens
+        budget: int | None = None
+        if job.window is not None:
+            count = counter_for(job.summary_model)
+            fixed = (
+                sum(p for n, p in zip(surface.nodes, prices, strict=True) if n.kind == "head")
+                + self.meter.tools_tokens(view.tools, count)
+                + self.meter.message({"role": "user", "content": INSTRUCTION}, count)
+                + 3
+            )
+            available = int(job.window * 0.97) - fixed
+            cap = max(1, min(cap, available // 2))
+            budget = available - cap
+            if budget <= 0:
+                return None, cap
+        span = select_span(nodes, retain, budget)
+        if span is None:
+            return None, cap
+        return span, max(1, min(cap, span.tokens))
+
+    async def summarize_round(
         self,
-        view: RequestView,
+        job: CompactionJob,
         state: ConversationState,
         surface: Surface,
-        pruner: Pruner,
+        retain: int,
         trigger: str,
-    ) -> tuple[ConversationState, Surface, bool]:
-        """Prune the surface's oversized tool results; returns the state and surface to use
-        next and whether a prune committed. A busy conversation is waited for (bounded)."""
-        body_nodes = [n for n in surface.nodes if n.kind == "body" and n.start is not None]
-        candidates = prune_candidates(
-            [n.start for n in body_nodes if n.start is not None],
-            [n.message for n in body_nodes],
-            pruner,
+    ) -> Round:
+        """Select, summarize and commit one head span."""
+        span, cap = self._plan(job, surface, retain)
+        if span is None:
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="no_range").inc()
+            return Round(Outcome.NO_RANGE)
+        began, owner = await self._begin(
+            job, state, trigger, "summary", span={"start": span.start, "end": span.end}
         )
-        if not candidates:
-            return state, surface, False
-        outcome = await self.commit_prunes(view, candidates, trigger)
-        if outcome is Outcome.BUSY:
-            await self.store.wait_for_lease(view.conversation, self.lease_ttl)
-        fresh, fresh_surface = await self.reload(view, state)
-        return fresh, fresh_surface, outcome is Outcome.COMMITTED
+        if began is not BeginResult.BEGUN:
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="busy").inc()
+            return Round(Outcome.BUSY, span)
+        outcome, new_state = await self._summarize_and_commit(
+            job, state, surface, span, cap, owner, trigger
+        )
+        COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=outcome.value).inc()
+        return Round(outcome, span, new_state, span.tokens)
+
+    async def _summarize_and_commit(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        surface: Surface,
+        span: Span,
+        cap: int,
+        owner: str,
+        trigger: str,
+    ) -> tuple[Outcome, ConversationState | None]:
+        view = job.view
+        span_messages = [n.message for n in surface.nodes[span.first : span.last + 1]]
+        body = summary_body(job.summary_model, view.head, span_messages, view.tools, cap)
+        started = time.perf_counter()
+        try:
+            summary = await job.summarize(body)
+        except SummaryFailed as failure:
+            SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
+            log.warning("summary call failed: %s", failure.reason)
+            await self._fail(job, owner, trigger, "summary", Outcome.SUMMARY_FAILED, failure.reason)
+            return Outcome.SUMMARY_FAILED, None
+        SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
+
+        message = frame(summary.text)
+        tokens = self.meter.message(message, counter_for(view.model))
+        if tokens >= span.tokens:
+            await self._fail(
+                job, owner, trigger, "summary", Outcome.NOT_SMALLER, f"{tokens} >= {span.tokens}"
+            )
+            return Outcome.NOT_SMALLER, None
+        start_prev = view.root if span.start == 0 else view.chain[span.start - 1]
+        record = Checkpoint(
+            start=span.start,
+            end=span.end,
+            start_prev_hash=start_prev,
+            end_hash=view.chain[span.end],
+            message=message,
+            tokens=tokens,
+            shadowed_tokens=span.tokens,
+        )
+        summary_event = _event(
+            "compaction/summary",
+            summary=summary.text,
+            start=span.start,
+            end=span.end,
+            start_prev_hash=start_prev,
+            end_hash=view.chain[span.end],
+            shadowed_tokens=span.tokens,
+            checkpoint_tokens=tokens,
+            route=job.route,
+            model=job.summary_model,
+            usage=summary.usage,
+        )
+        fresh = await self._commit(job, owner, trigger, "summary", [record], [summary_event])
+        if fresh is None:
+            _, reloaded_surface = await self.reload(job)
+            deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)
+            outcome = Outcome.CHANGED if deeper else Outcome.COMMIT_FAILED
+            await self._fail(job, owner, trigger, "summary", outcome)
+            return outcome, None
+        TOKENS_SAVED.labels(mechanism="summary").inc(span.tokens - tokens)
+        return Outcome.COMMITTED, fresh
+
+    # -- triggers --------------------------------------------------------------------------
+
+    def cooling_down(self, state: ConversationState, tokens: int) -> bool:
+        """After a failed summary, wait for growth or a cooldown before paying for another."""
+        failed_at = state.attributes.get(FAILED_AT)
+        if failed_at is None:
+            return False
+        recent = time.time() - float(failed_at) < self.settings.failure_cooldown_seconds
+        grown_from = float(state.attributes.get(FAILED_TOKENS, "0"))
+        grew = tokens >= grown_from * (1 + self.settings.failure_growth_ratio)
+        return recent and not grew
+
+    async def _remember_failure(self, job: CompactionJob, tokens: int) -> None:
+        await self.store.append(
+            job.view.conversation,
+            [],
+            [],
+            attributes={FAILED_AT: f"{time.time():.3f}", FAILED_TOKENS: str(tokens)},
+        )
 
     async def relieve_pressure(
-        self,
-        view: RequestView,
-        state: ConversationState,
-        threshold: int,
-        pruner: Pruner,
+        self, job: CompactionJob, state: ConversationState, threshold: int, retain: int
     ) -> Relief:
-        """The ``pressure`` trigger: prune, re-measure, stop once below ``threshold``."""
-        surface = view.surface(state.records)
-        before = view.measure(self.meter, surface, state.anchor)
-        measurement = before
-        pruned = False
-        if measurement.tokens >= threshold:
-            state, surface, pruned = await self.prune_step(view, state, surface, pruner, "pressure")
-            measurement = view.measure(self.meter, surface, state.anchor)
-            if pruned:
-                TOKENS_SAVED.labels(mechanism="prune").inc(
-                    max(0, before.tokens - measurement.tokens)
+        """The ``pressure`` trigger: prune, re-measure; then summarize head spans while the
+        surface stays at or above ``threshold``: ``1 + compaction_retries`` rounds, more (up
+        to ``max_rounds``) while each round was cut short to fit the summary call."""
+        surface = job.view.surface(state.records)
+        measurement = self.measure(job, state, surface)
+        if measurement.tokens < threshold:
+            return Relief(state, surface, measurement)
+        state, surface, pruned = await self.prune(job, state, surface, "pressure")
+        measurement = self.measure(job, state, surface)
+        compacted = False
+        if measurement.tokens < threshold or self.cooling_down(state, measurement.tokens):
+            return Relief(state, surface, measurement, pruned=pruned)
+
+        rounds, waits = 0, 0
+        allowed = 1 + job.policy.compaction_retries
+        while rounds < self.settings.max_rounds and measurement.tokens >= threshold:
+            result = await self.summarize_round(job, state, surface, retain, "pressure")
+            if result.outcome is Outcome.BUSY:
+                waits += 1
+                if waits > self.settings.max_busy_waits:
+                    break
+                await self.store.wait_for_lease(
+                    job.view.conversation, self.settings.lease_ttl_seconds
                 )
-        return Relief(state, surface, measurement, pruned=pruned)
+                state, surface = await self.reload(job)
+                measurement = self.measure(job, state, surface)
+                continue
+            if result.outcome is not Outcome.COMMITTED or result.state is None:
+                if result.outcome is not Outcome.NO_RANGE:
+                    await self._remember_failure(job, measurement.tokens)
+                break
+            compacted = True
+            rounds += 1
+            state = result.state
+            surface = job.view.surface(state.records)
+            measurement = self.measure(job, state, surface)
+            limited = result.span is not None and result.span.limited_by_fit
+            if rounds >= allowed and not limited:
+                break
+        return Relief(state, surface, measurement, pruned=pruned, compacted=compacted)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from proxy.config import Settings
 from proxy.store.base import (
     Anchor,
+    BeginResult,
     ConversationState,
     Event,
     LogPage,
@@ -35,6 +36,7 @@ def open_store(settings: Settings) -> Store:
 
 __all__ = [
     "Anchor",
+    "BeginResult",
     "ConversationState",
     "Event",
     "LogPage",

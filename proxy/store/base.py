@@ -36,9 +36,10 @@ class StoreUnavailable(Exception):
         self.operation = operation
 
 
-class CommitResult(Enum):
-    COMMITTED = "committed"
-    CONFLICT = "conflict"
+class BeginResult(Enum):
+    BEGUN = "begun"  # the lease is ours and compaction/start is logged
+    BUSY = "busy"  # another live lease holds the conversation
+    STALE = "stale"  # the generation moved past the one the caller derived its surface at
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,16 @@ class Store(Protocol):
         """Append ``events`` and replace the meter anchor (when given)."""
 
     async def begin_compaction(
-        self, conversation: str, owner: str, ttl_seconds: float, start_event: Event
-    ) -> bool:
-        """Take the lease and log ``compaction/start`` atomically; False when busy."""
+        self,
+        conversation: str,
+        owner: str,
+        ttl_seconds: float,
+        start_event: Event,
+        expected_generation: int | None = None,
+    ) -> BeginResult:
+        """Take the lease and log ``compaction/start`` atomically. BUSY when another live
+        lease holds it; STALE (nothing written) when ``expected_generation`` is given and the
+        conversation's generation differs, so a caller never compacts an outdated surface."""
 
     async def commit_compaction(
         self,

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.conversation import ReplacementRecord
-from proxy.store.base import Anchor, ConversationState, Event, LogPage, MessageEvent
+from proxy.store.base import (
+    Anchor,
+    BeginResult,
+    ConversationState,
+    Event,
+    LogPage,
+    MessageEvent,
+)
 
 _LEASE_POLL_SECONDS = 0.02
 
@@ -127,17 +134,24 @@ class MemoryStore:
             entry.anchor = anchor
 
     async def begin_compaction(
-        self, conversation: str, owner: str, ttl_seconds: float, start_event: Event
-    ) -> bool:
+        self,
+        conversation: str,
+        owner: str,
+        ttl_seconds: float,
+        start_event: Event,
+        expected_generation: int | None = None,
+    ) -> BeginResult:
         entry = self._get(conversation, create=True)
         assert entry is not None
         now = time.monotonic()
         if entry.live_lease(now) is not None:
-            return False
+            return BeginResult.BUSY
+        if expected_generation is not None and entry.generation != expected_generation:
+            return BeginResult.STALE
         entry.lease_owner = owner
         entry.lease_expires = now + ttl_seconds
         entry.add(start_event)
-        return True
+        return BeginResult.BEGUN
 
     async def commit_compaction(
         self,

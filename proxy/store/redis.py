@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from proxy.conversation import ReplacementRecord, record_from_dict, record_to_dict
 from proxy.store.base import (
     Anchor,
+    BeginResult,
     ConversationState,
     Event,
     LogPage,
@@ -154,13 +155,18 @@ class RedisStore:
         return self._keys(conversation, "lease", "log", "seen", "state", "records")
 
     async def begin_compaction(
-        self, conversation: str, owner: str, ttl_seconds: float, start_event: Event
-    ) -> bool:
+        self,
+        conversation: str,
+        owner: str,
+        ttl_seconds: float,
+        start_event: Event,
+        expected_generation: int | None = None,
+    ) -> BeginResult:
         args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
-        args.append(_json(start_event))
+        args += [_json(start_event), -1 if expected_generation is None else expected_generation]
         async with _unavailable_on_error("begin_compaction"):
-            taken = await self._begin(keys=self._compaction_keys(conversation), args=args)
-        return bool(taken)
+            result = await self._begin(keys=self._compaction_keys(conversation), args=args)
+        return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
 
     async def commit_compaction(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.compaction.summarize import INSTRUCTION_OPENING, SECTIONS
 from proxy.tokenizers import encoding
 
 IMAGE_PART_TOKENS = 85
@@ -49,12 +51,20 @@ def _count(encoding_name: str, text: str) -> int:
     return len(encoding(encoding_name).encode(text, disallowed_special=()))
 
 
-def overflow_body(window: int, prompt_tokens: int) -> bytes:
+def overflow_body(window: int, prompt_tokens: int, completion_tokens: int = 0) -> bytes:
     """OpenAI's exact context-overflow error body."""
-    message = (
-        f"This model's maximum context length is {window} tokens. However, your messages "
-        f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
-    )
+    if completion_tokens:
+        message = (
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{completion_tokens} in the completion). Please reduce the length of the messages "
+            "or completion."
+        )
+    else:
+        message = (
+            f"This model's maximum context length is {window} tokens. However, your messages "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )
     error = {
         "message": message,
         "type": "invalid_request_error",
@@ -62,6 +72,36 @@ def overflow_body(window: int, prompt_tokens: int) -> bytes:
         "code": "context_length_exceeded",
     }
     return orjson.dumps({"error": error})
+
+
+_FACT = re.compile(r"FACT-\d+:[^\n<]*")
+
+
+def is_summary_request(body: Mapping[str, Any]) -> bool:
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else {}
+    content = last.get("content") if isinstance(last, dict) else None
+    return isinstance(content, str) and content.startswith(INSTRUCTION_OPENING)
+
+
+def fake_summary(body: Mapping[str, Any]) -> str:
+    """A checkpoint with the requested sections that keeps every ``FACT-n: ...`` line."""
+    messages = body.get("messages") or []
+    facts: list[str] = []
+    for message in messages[:-1]:
+        for fact in _FACT.findall(_text_of(message.get("content") or "")):
+            if fact.strip() not in facts:
+                facts.append(fact.strip())
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines.append(f"## {section}")
+        if section == "Critical Context" and facts:
+            lines.extend(f"- {fact}" for fact in facts)
+        elif section == "Current Work":
+            lines.append(f"- Condensed {len(messages) - 1} earlier messages.")
+        else:
+            lines.append("None.")
+    return "\n".join(lines)
 
 
 def _text_of(value: Any) -> str:
@@ -82,6 +122,8 @@ class FakeUpstream:
     stream_delay: float = 0.0
     response_delay: float = 0.0
     count_tokens: bool = True
+    summary_failures: int = 0
+    summary_delay: float = 0.0
     received: list[Received] = field(default_factory=list)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
@@ -98,7 +140,18 @@ class FakeUpstream:
 
     @property
     def chat_requests(self) -> list[Received]:
-        return [r for r in self.received if r.path.endswith("/chat/completions")]
+        """Requests forwarded for the client (summary calls excluded)."""
+        return [
+            r
+            for r in self.received
+            if r.path.endswith("/chat/completions")
+            and r.body is not None
+            and not is_summary_request(r.body)
+        ]
+
+    @property
+    def summary_requests(self) -> list[Received]:
+        return [r for r in self.received if r.body is not None and is_summary_request(r.body)]
 
     # -- token counting ----------------------------------------------------------------------
 
@@ -189,14 +242,40 @@ class FakeUpstream:
                 body=canned.body,
                 headers={**self._headers(), "Content-Type": canned.content_type},
             )
+        summarizing = is_summary_request(body)
+        if summarizing and self.summary_delay:
+            await asyncio.sleep(self.summary_delay)
+        if summarizing and self.summary_failures > 0:
+            self.summary_failures -= 1
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "The server had an error while processing your request.",
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status=500,
+                headers=self._headers(),
+            )
         window = self.window_of(model)
-        if prompt_tokens > window:
+        cap = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        if prompt_tokens + int(cap) > window:
             return web.Response(
                 status=400,
-                body=overflow_body(window, prompt_tokens),
+                body=overflow_body(window, prompt_tokens, int(cap)),
                 headers={**self._headers(), "Content-Type": "application/json"},
             )
-        text = self.reply(body) if self.reply is not None else "ok"
+        finish = "stop"
+        if summarizing:
+            text = fake_summary(body)
+            if cap and self.count_text(text) > int(cap):
+                tokens = encoding(self.encoding_name).encode(text, disallowed_special=())
+                text = encoding(self.encoding_name).decode(tokens[: int(cap)])
+                finish = "length"
+        else:
+            text = self.reply(body) if self.reply is not None else "ok"
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": self.count_text(text),
@@ -215,7 +294,7 @@ class FakeUpstream:
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
+                        "finish_reason": finish,
                     }
                 ],
                 "usage": usage,

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
 from proxy.keys import TENANT_SECRET
+from proxy.store import BeginResult
 from proxy.store.redis import RedisStore
 from proxy.tenant import tenant_of
 from proxy.testing.fake_upstream import FakeUpstream
@@ -20,6 +21,8 @@ from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
 from tests.redis_server import RedisServer
 
+BEGUN = BeginResult.BEGUN
+START = {"type": "compaction/start"}
 MODEL = "fake-model"
 
 
@@ -107,7 +110,7 @@ async def test_records_and_log_survive_a_proxy_restart(
     chain = chain_hashes(root, split_head(history)[1])
     summary = user("<compacted-summary>the story so far</compacted-summary>")
     record = Checkpoint(0, 3, root, chain[3], summary, tokens=9)
-    assert await first.store.begin_compaction(conversation, "o", 30, {"type": "compaction/start"})
+    assert await first.store.begin_compaction(conversation, "o", 30, START) is BEGUN
     assert await first.store.commit_compaction(conversation, "o", [], [record]) == 1
     await first.server.close()
 

@@ -8,10 +8,12 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.store import Store
+from proxy.store import BeginResult, Store
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
 
+BEGUN = BeginResult.BEGUN
+START = {"type": "compaction/start"}
 MODEL = "fake-model"
 
 
@@ -109,7 +111,7 @@ async def test_checkpoint_reaches_only_its_own_tenant(proxy: RunningProxy, fake:
     conv_b, _ = await send(bob, history, extra_headers=session)
     for conv in (conv_a, conv_b):
         record = Checkpoint(0, 3, root, chain[3], summary, 5)
-        assert await proxy.store.begin_compaction(conv, "t", 30, {"type": "compaction/start"})
+        assert await proxy.store.begin_compaction(conv, "t", 30, START) is BEGUN
         assert await proxy.store.commit_compaction(conv, "t", [], [record]) == 1
     fake.received.clear()
     longer = [*history, user("next")]

@@ -6,8 +6,11 @@ import asyncio
 import uuid
 
 from proxy.conversation import Checkpoint, Prune
-from proxy.store import Anchor, MemoryStore, MessageEvent, Store
+from proxy.store import Anchor, BeginResult, MemoryStore, MessageEvent, Store
 from proxy.store.redis import RedisStore
+
+START = {"type": "compaction/start"}
+BEGUN, BUSY, STALE = BeginResult.BEGUN, BeginResult.BUSY, BeginResult.STALE
 
 
 def messages(count: int, start: int = 0) -> list[MessageEvent]:
@@ -71,15 +74,16 @@ async def test_only_one_of_ten_racers_takes_the_lease(store: Store, conversation
             for o in owners
         )
     )
-    assert sum(taken) == 1
-    winner = owners[taken.index(True)]
+    assert taken.count(BEGUN) == 1
+    assert taken.count(BUSY) == 9
+    winner = owners[taken.index(BEGUN)]
     assert (await store.load(conversation)).lease_owner == winner
     starts = [e for e in await log_of(store, conversation) if e["type"] == "compaction/start"]
     assert starts == [{"type": "compaction/start", "owner": winner}]
 
 
 async def test_commit_lands_whole_and_bumps_the_generation(store: Store, conversation: str) -> None:
-    assert await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
     prune = Prune(3, "hash-3", "short")
     generation = await store.commit_compaction(
         conversation,
@@ -99,7 +103,7 @@ async def test_commit_lands_whole_and_bumps_the_generation(store: Store, convers
 async def test_generation_is_monotonic(store: Store, conversation: str) -> None:
     generations = []
     for i in range(5):
-        assert await store.begin_compaction(conversation, f"o{i}", 30, {"type": "compaction/start"})
+        assert await store.begin_compaction(conversation, f"o{i}", 30, START) is BEGUN
         generations.append(
             await store.commit_compaction(conversation, f"o{i}", [], [checkpoint(i)])
         )
@@ -108,7 +112,7 @@ async def test_generation_is_monotonic(store: Store, conversation: str) -> None:
 
 
 async def test_commit_refused_after_the_lease_expired(store: Store, conversation: str) -> None:
-    assert await store.begin_compaction(conversation, "slow", 0.1, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "slow", 0.1, START) is BEGUN
     await asyncio.sleep(0.25)
     assert (
         await store.commit_compaction(conversation, "slow", [{"type": "x"}], [checkpoint(1)])
@@ -121,9 +125,9 @@ async def test_commit_refused_after_the_lease_expired(store: Store, conversation
 async def test_commit_refused_after_the_lease_was_taken_over(
     store: Store, conversation: str
 ) -> None:
-    assert await store.begin_compaction(conversation, "slow", 0.1, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "slow", 0.1, START) is BEGUN
     await asyncio.sleep(0.25)
-    assert await store.begin_compaction(conversation, "fast", 30, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "fast", 30, START) is BEGUN
     assert await store.commit_compaction(conversation, "slow", [], [checkpoint(1)]) is None
     assert await store.commit_compaction(conversation, "fast", [], [checkpoint(2)]) == 1
     assert [r.end for r in (await store.load(conversation)).records] == [2]
@@ -132,16 +136,16 @@ async def test_commit_refused_after_the_lease_was_taken_over(
 async def test_stale_start_after_lease_expiry_blocks_nothing(
     store: Store, conversation: str
 ) -> None:
-    assert await store.begin_compaction(conversation, "crashed", 0.1, {"type": "compaction/start"})
-    assert not await store.begin_compaction(conversation, "other", 30, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "crashed", 0.1, START) is BEGUN
+    assert await store.begin_compaction(conversation, "other", 30, START) is BUSY
     await asyncio.sleep(0.25)
     assert (await store.load(conversation)).lease_owner is None
     assert await store.wait_for_lease(conversation, 0.01)
-    assert await store.begin_compaction(conversation, "other", 30, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "other", 30, START) is BEGUN
 
 
 async def test_end_releases_only_our_own_lease(store: Store, conversation: str) -> None:
-    assert await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
     await store.end_compaction(
         conversation, "someone-else", {"type": "compaction/end", "error": "x"}
     )
@@ -155,7 +159,7 @@ async def test_end_releases_only_our_own_lease(store: Store, conversation: str) 
 
 
 async def test_wait_for_lease_is_bounded(store: Store, conversation: str) -> None:
-    assert await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
     assert not await store.wait_for_lease(conversation, 0.15)
 
     async def release_soon() -> None:
@@ -203,7 +207,7 @@ async def test_first_shared_secret_wins(store: Store) -> None:
 
 async def test_every_write_sets_a_ttl(store: Store, conversation: str) -> None:
     await store.append(conversation, messages(2), [{"type": "request"}])
-    await store.begin_compaction(conversation, "me", 30, {"type": "compaction/start"})
+    await store.begin_compaction(conversation, "me", 30, START)
     await store.commit_compaction(conversation, "me", [], [checkpoint(0)])
     if isinstance(store, RedisStore):
         ttls = await store.ttl_of(conversation)
@@ -224,3 +228,13 @@ async def test_memory_store_evicts_the_least_recently_used() -> None:
     await store.append("c", messages(1))
     assert (await store.read_log("b")).events == []
     assert len((await store.read_log("a")).events) == 2
+
+
+async def test_begin_is_stale_when_the_generation_moved_on(store: Store, conversation: str) -> None:
+    assert await store.begin_compaction(conversation, "a", 30, START, 0) is BEGUN
+    assert await store.commit_compaction(conversation, "a", [], [checkpoint(1)]) == 1
+    assert await store.begin_compaction(conversation, "b", 30, START, 0) is STALE
+    assert (await store.load(conversation)).lease_owner is None
+    assert await store.begin_compaction(conversation, "b", 30, START, 1) is BEGUN
+    starts = [e for e in await log_of(store, conversation) if e["type"] == "compaction/start"]
+    assert len(starts) == 2

@@ -1,0 +1,85 @@
+"""Forwarding one request body upstream and relaying the answer to the client."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import Route
+from proxy.errors import error_response
+from proxy.keys import HTTP_CLIENT
+from proxy.upstream import (
+    UsageScanner,
+    buffered_response,
+    client_headers,
+    is_event_stream,
+    relay_stream,
+    upstream_headers,
+    usage_of_body,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The client's response, the upstream status (0: unreachable), the usage it reported,
+    and its raw error body when it answered with an error (not yet sent to the client)."""
+
+    response: web.StreamResponse
+    status: int
+    usage: dict[str, Any] | None = None
+    error_body: bytes | None = None
+
+
+async def forward(
+    request: web.Request, route: Route, payload: bytes, extra_headers: Mapping[str, str]
+) -> Reply:
+    """Send ``payload`` upstream. A successful stream is relayed to the client as it arrives;
+    any other answer is returned whole, so the caller may still decide to retry."""
+    session = request.app[HTTP_CLIENT]
+    headers = upstream_headers(request.headers, route.api_key_env)
+    headers.setdefault("Content-Type", "application/json")
+    url = f"{route.base}/chat/completions"
+    try:
+        async with session.post(url, data=payload, headers=headers) as upstream:
+            reply_headers = client_headers(upstream)
+            reply_headers.update(extra_headers)
+            if upstream.status < 400 and is_event_stream(upstream):
+                scanner = UsageScanner()
+                try:
+                    streamed = await relay_stream(request, upstream, reply_headers, scanner)
+                except aiohttp.ClientError as exc:
+                    # Bytes already reached the client: the only honest signal left is to
+                    # cut the connection, so the client sees a truncated stream.
+                    log.warning("upstream stream broke off: %s", type(exc).__name__)
+                    raise ConnectionResetError("upstream stream broke off") from exc
+                return Reply(streamed, upstream.status, scanner.usage)
+            body = await upstream.read()
+            response = buffered_response(upstream.status, reply_headers, body)
+            if upstream.status >= 400:
+                return Reply(response, upstream.status, error_body=body)
+            return Reply(response, upstream.status, usage_of_body(body))
+    except TimeoutError:
+        log.warning("upstream %s timed out", route.base)
+        timeout = error_response(
+            504,
+            "The upstream did not answer in time.",
+            error_type="upstream_error",
+            code="upstream_timeout",
+        )
+        return Reply(timeout, 0)
+    except aiohttp.ClientError as exc:
+        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
+        unreachable = error_response(
+            502,
+            f"The upstream could not be reached: {type(exc).__name__}.",
+            error_type="upstream_error",
+            code="upstream_unavailable",
+        )
+        return Reply(unreachable, 0)

@@ -1,0 +1,172 @@
+"""Before forwarding: log the request, relieve pressure, derive the surface to send.
+
+Raises StoreUnavailable when the store cannot be reached; the handler then forwards the
+client's request unchanged. Any other failure inside compaction is logged and counted, and the
+request goes on with the best surface there is: the proxy never makes a request worse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.chat_request import ChatRequest
+from proxy.compaction.engine import CompactionJob, Engine, Relief
+from proxy.compaction.summarize import Summary, call_summarizer
+from proxy.conversation import Message
+from proxy.events import first_unlogged, message_events, request_event
+from proxy.keys import (
+    ENGINE,
+    HTTP_CLIENT,
+    LEARNED_WINDOWS,
+    POLICIES,
+    SETTINGS,
+    STORE,
+    TENANT_SECRET,
+)
+from proxy.meter import Measurement
+from proxy.metrics import COMPACTION_ERRORS, PRESSURE
+from proxy.policy import ModelPolicy, budgets
+from proxy.request_view import RequestView
+from proxy.store.base import ConversationState, StoreUnavailable
+from proxy.tenant import api_key_of, tenant_of
+from proxy.upstream import upstream_headers
+from proxy.windows import resolve_window
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """What to forward, and what to remember about it afterwards."""
+
+    payload: bytes
+    status: str
+    conversation: str | None = None
+    generation: int | None = None
+    measurement: Measurement | None = None
+    tokens_before: int | None = None
+    job: CompactionJob | None = None
+    state: ConversationState | None = None
+
+
+def summary_call(request: web.Request, summary_model: str) -> Any:
+    """The summary call for this request: the summary model's route, the client's credentials
+    (or the route's own key), the configured timeout."""
+    app = request.app
+    route = app[POLICIES].for_model(summary_model).route
+    url = f"{route.base}/chat/completions"
+    headers = upstream_headers(request.headers, route.api_key_env)
+    headers["Content-Type"] = "application/json"
+    timeout = app[SETTINGS].summary_timeout_seconds
+
+    async def call(body: dict[str, Any]) -> Summary:
+        return await call_summarizer(app[HTTP_CLIENT], url, headers, body, timeout)
+
+    return call
+
+
+def payload_for(chat: ChatRequest, messages: list[Message]) -> bytes:
+    """The client's body with only ``messages`` replaced; every other field as sent."""
+    return orjson.dumps({**chat.body, "messages": messages})
+
+
+async def _relieve(
+    engine: Engine, job: CompactionJob, state: ConversationState, model_policy: ModelPolicy
+) -> Relief:
+    view = job.view
+    surface = view.surface(state.records)
+    plain = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
+    if job.window is None or not model_policy.policy.auto:
+        return plain
+    limits = budgets(model_policy.policy, job.window)
+    work = asyncio.ensure_future(
+        engine.relieve_pressure(job, state, limits.threshold, limits.retain)
+    )
+    try:
+        # Shielded: a client that disconnects must not leave a lease held mid-transaction.
+        return await asyncio.shield(work)
+    except StoreUnavailable:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        COMPACTION_ERRORS.inc()
+        log.exception("compaction failed; forwarding the surface as it was")
+        return plain
+
+
+async def prepare(
+    request: web.Request,
+    chat: ChatRequest,
+    raw: bytes,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+) -> Prepared:
+    app = request.app
+    settings, store, engine = app[SETTINGS], app[STORE], app[ENGINE]
+    route = model_policy.route
+    tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
+    view = RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
+    state = await store.load(view.conversation)
+    window = resolve_window(
+        model_policy.configured_window,
+        model_policy.mapped_window,
+        app[LEARNED_WINDOWS].get(route.model, chat.model),
+    )
+    if window is None:
+        app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
+    summary_model = model_policy.policy.summary_model or chat.model
+    job = CompactionJob(
+        view=view,
+        policy=model_policy.policy,
+        pruner=model_policy.pruner,
+        window=window,
+        summary_model=summary_model,
+        summarize=summary_call(request, summary_model),
+        route=route.model,
+    )
+    relief = await _relieve(engine, job, state, model_policy)
+    state, surface, measurement = relief.state, relief.surface, relief.measurement
+    if window is not None:
+        PRESSURE.labels(route=route.model).observe(measurement.tokens / window)
+    status = "compacted" if relief.compacted else "pruned" if relief.pruned else "none"
+
+    now = time.time()
+    new_messages = message_events(
+        view.body,
+        view.chain,
+        first_unlogged(view.chain, state.logged_tip),
+        log_content=settings.log_content,
+        now=now,
+    )
+    forwarded = request_event(
+        now=now,
+        model=chat.model,
+        route=route.model,
+        generation=state.generation,
+        body_length=len(view.body),
+        surface_length=len(surface.nodes),
+        estimated_tokens=measurement.tokens,
+        anchored=measurement.anchored,
+        status=status,
+    )
+    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": chat.model}
+    if window is not None:
+        attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
+    await store.append(view.conversation, new_messages, [forwarded], attributes=attributes)
+
+    tokens_before = None
+    payload = raw
+    if surface.changed:
+        payload = payload_for(chat, surface.messages)
+        tokens_before = view.measure(engine.meter, view.surface(())).tokens
+    return Prepared(
+        payload, status, view.conversation, state.generation, measurement, tokens_before, job, state
+    )

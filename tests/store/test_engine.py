@@ -1,0 +1,251 @@
+"""The compaction transaction against both stores, with a scripted summarizer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from proxy.compaction.engine import (
+    FAILED_AT,
+    CompactionJob,
+    Engine,
+    EngineSettings,
+    Outcome,
+)
+from proxy.compaction.prune import Pruner
+from proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFailed
+from proxy.config import Policy
+from proxy.conversation import Checkpoint
+from proxy.meter import TokenMeter
+from proxy.request_view import RequestView
+from proxy.store import BeginResult, Store
+from tests.builders import agent_turns, system, user
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+WINDOW = 4_000
+
+
+def long_conversation(turns: int = 12) -> list[dict[str, Any]]:
+    return [
+        system(),
+        user("FACT-1: the release branch is rel/2.4. Fix the flaky test."),
+        *agent_turns(turns, output="line of build output " * 80),
+        user("status?"),
+    ]
+
+
+class Summarizer:
+    """Records summary calls and answers them as scripted."""
+
+    def __init__(self, text: str = "## Current Work\nshort", delay: float = 0.0) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.text = text
+        self.delay = delay
+        self.failure: str | None = None
+        self.during: Callable[[], Awaitable[None]] | None = None
+
+    async def __call__(self, body: dict[str, Any]) -> Summary:
+        self.calls.append(body)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.during is not None:
+            await self.during()
+        if self.failure is not None:
+            raise SummaryFailed(self.failure)
+        return Summary(self.text, {"prompt_tokens": 100, "completion_tokens": 5})
+
+
+def job_for(
+    conversation: str, messages: list[dict[str, Any]], summarizer: Summarizer, **policy: Any
+) -> CompactionJob:
+    view = RequestView.of("tenant", "fake-model", messages, None, TOOLS)
+    view = RequestView(**{**view.__dict__, "conversation": conversation})
+    return CompactionJob(
+        view, Policy(**policy), Pruner(), WINDOW, "fake-model", summarizer, route="fake-*"
+    )
+
+
+async def log_of(store: Store, conversation: str) -> list[dict[str, Any]]:
+    return [e for _, e in (await store.read_log(conversation, limit=10_000)).events]
+
+
+def engine_on(store: Store, **settings: Any) -> Engine:
+    return Engine(store, TokenMeter(), EngineSettings(**settings))
+
+
+async def test_pressure_commits_one_checkpoint_as_a_whole_transaction(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    job = job_for(conversation, long_conversation(), summarizer)
+    state = await store.load(conversation)
+    before = engine.measure(job, state, job.view.surface(()))
+    relief = await engine.relieve_pressure(job, state, threshold=3_200, retain=640)
+
+    assert relief.compacted and relief.state.generation == 1
+    assert relief.measurement.tokens < 3_200 < before.tokens
+    (record,) = relief.state.records
+    assert isinstance(record, Checkpoint)
+    assert record.start == 0 and record.start_prev_hash == job.view.root
+    assert record.end_hash == job.view.chain[record.end]
+    assert "<compacted-summary>\n## Current Work\nshort\n</compacted-summary>" in str(
+        record.message["content"]
+    )
+    assert relief.surface.messages[:2] == [system(), record.message]
+    assert relief.surface.messages[-1] == user("status?")
+
+    (call,) = summarizer.calls
+    assert call["messages"][0] == system()
+    assert call["messages"][-1] == {"role": "user", "content": INSTRUCTION}
+    assert call["messages"][1 : record.end + 2] == job.view.body[: record.end + 1]
+    assert call["tools"] == TOOLS and call["tool_choice"] == "none"
+    assert 0 < call["max_tokens"] <= 8192
+
+    events = await log_of(store, conversation)
+    kinds = [e["type"] for e in events]
+    assert kinds == ["compaction/start", "compaction/summary", "compaction/end"]
+    summary = events[1]
+    assert summary["summary"] == "## Current Work\nshort"
+    assert (summary["start"], summary["end"]) == (0, record.end)
+    assert summary["end_hash"] == record.end_hash
+    assert summary["shadowed_tokens"] == record.shadowed_tokens > record.tokens
+    assert summary["route"] == "fake-*" and summary["model"] == "fake-model"
+    assert summary["usage"] == {"prompt_tokens": 100, "completion_tokens": 5}
+    assert events[2]["outcome"] == "committed"
+
+
+def test_instruction_names_every_section_in_order() -> None:
+    positions = [INSTRUCTION.index(f"## {section}") for section in SECTIONS]
+    assert positions == sorted(positions)
+    assert "<compacted-summary>" in INSTRUCTION
+
+
+async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    summarizer.failure = "timeout"
+    job = job_for(conversation, long_conversation(), summarizer)
+    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    assert not relief.compacted
+    assert relief.surface.messages == job.view.head + job.view.body
+    state = await store.load(conversation)
+    assert state.records == () and state.generation == 0 and state.lease_owner is None
+    assert FAILED_AT in state.attributes
+    end = (await log_of(store, conversation))[-1]
+    assert (end["type"], end["error"], end["detail"]) == (
+        "compaction/end",
+        "summary_failed",
+        "timeout",
+    )
+    # Cooling down: the same conversation does not pay for another summary right away.
+    await engine.relieve_pressure(job, state, 3_200, 640)
+    assert len(summarizer.calls) == 1
+    # Grown by more than the growth ratio: it tries again.
+    grown = job_for(
+        conversation, [*long_conversation(), *agent_turns(4, output="x " * 400)], summarizer
+    )
+    await engine.relieve_pressure(grown, await store.load(conversation), 3_200, 640)
+    assert len(summarizer.calls) == 2
+
+
+async def test_summary_not_smaller_than_its_span_is_rejected(
+    store: Store, conversation: str
+) -> None:
+    engine = engine_on(store)
+    summarizer = Summarizer(text="verbose " * 5_000)
+    job = job_for(conversation, long_conversation(), summarizer)
+    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    assert not relief.compacted
+    assert (await store.load(conversation)).records == ()
+    assert (await log_of(store, conversation))[-1]["error"] == "not_smaller"
+
+
+async def test_deeper_checkpoint_committed_meanwhile_makes_ours_changed(
+    store: Store, conversation: str
+) -> None:
+    engine = engine_on(store, lease_ttl_seconds=0.2)
+    summarizer = Summarizer()
+    job = job_for(conversation, long_conversation(), summarizer)
+    view = job.view
+    deeper = Checkpoint(
+        0,
+        len(view.body) - 2,
+        view.root,
+        view.chain[len(view.body) - 2],
+        user("<compacted-summary>other</compacted-summary>"),
+        tokens=5,
+    )
+
+    async def another_replica_commits() -> None:
+        await asyncio.sleep(0.3)  # our lease expires while the summary call is slow
+        began = await store.begin_compaction(conversation, "other", 30, {"type": "s"}, 0)
+        assert began is BeginResult.BEGUN
+        assert await store.commit_compaction(conversation, "other", [], [deeper]) == 1
+
+    summarizer.during = another_replica_commits
+    state = await store.load(conversation)
+    surface = view.surface(state.records)
+    result = await engine.summarize_round(job, state, surface, 640, "pressure")
+    assert result.outcome is Outcome.CHANGED
+    assert (await store.load(conversation)).records == (deeper,)
+    assert (await log_of(store, conversation))[-1]["error"] == "changed"
+
+
+async def test_commit_after_the_lease_expired_fails_cleanly(
+    store: Store, conversation: str
+) -> None:
+    engine = engine_on(store, lease_ttl_seconds=0.1)
+    summarizer = Summarizer(delay=0.3)
+    job = job_for(conversation, long_conversation(), summarizer)
+    state = await store.load(conversation)
+    result = await engine.summarize_round(job, state, job.view.surface(()), 640, "pressure")
+    assert result.outcome is Outcome.COMMIT_FAILED
+    after = await store.load(conversation)
+    assert after.records == () and after.generation == 0
+
+
+async def test_ten_concurrent_requests_pay_for_one_summary(store: Store, conversation: str) -> None:
+    engine = engine_on(store)
+    summarizer = Summarizer(delay=0.2)
+    job = job_for(conversation, long_conversation(), summarizer)
+    state = await store.load(conversation)
+    reliefs = await asyncio.gather(
+        *(engine.relieve_pressure(job, state, 3_200, 640) for _ in range(10))
+    )
+    assert len(summarizer.calls) == 1
+    assert all(r.measurement.tokens < 3_200 for r in reliefs)
+    assert {r.surface.messages[1]["content"] for r in reliefs} == {
+        reliefs[0].surface.messages[1]["content"]
+    }
+    assert (await store.load(conversation)).generation == 1
+
+
+async def test_first_contact_with_a_huge_history_compacts_progressively(
+    store: Store, conversation: str
+) -> None:
+    engine = engine_on(store, max_rounds=8)
+    summarizer = Summarizer()
+    history = long_conversation(turns=40)  # several windows long
+    job = job_for(conversation, history, summarizer, compaction_retries=0)
+    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    assert relief.compacted
+    assert relief.measurement.tokens < 3_200
+    assert len(summarizer.calls) > 1  # more rounds than compaction_retries allows alone
+    assert relief.state.generation == len(summarizer.calls)
+    # Each later round merged the previous checkpoint: one checkpoint stands in the surface.
+    assert [n.kind for n in relief.surface.nodes].count("checkpoint") == 1
+    for call in summarizer.calls[1:]:
+        assert "<compacted-summary>" in str(call["messages"][1]["content"])
+    for call in summarizer.calls:
+        tokens = engine.meter.measure_messages("fake-model", call["messages"], call["tools"])
+        assert tokens + call["max_tokens"] <= WINDOW
+
+
+async def test_nothing_compactable_gives_no_range(store: Store, conversation: str) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    messages = [system(), user("x " * 5_000)]
+    job = job_for(conversation, messages, summarizer)
+    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    assert not relief.compacted and summarizer.calls == []
