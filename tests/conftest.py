@@ -111,3 +111,13 @@ def proxy_url(proxy: RunningProxy) -> str:
 async def client(proxy_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
     async with openai.AsyncOpenAI(base_url=proxy_url, api_key="sk-test", max_retries=0) as c:
         yield c
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the transcript replay figures (raw vs forwarded tokens) after the run."""
+    from tests.e2e.test_transcript_replay import REPLAY_REPORT
+
+    if REPLAY_REPORT:
+        terminalreporter.section("transcript replay through the proxy")
+        for line in sorted(REPLAY_REPORT):
+            terminalreporter.write_line(line)

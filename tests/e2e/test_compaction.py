@@ -1,0 +1,165 @@
+"""Summarization under pressure end to end: headers, concurrency, failures, a crashed proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from typing import Any
+
+import openai
+from prometheus_client import REGISTRY
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.builders import agent_turns, system, user
+from tests.conftest import REDIS_URL, ProxyFactory
+from tests.processes import proxy_process
+
+MODEL = "small-model"
+WINDOW = 16_000
+
+
+def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
+    route: dict[str, Any] = {"model": "small-*", "base_url": upstream_url, "context_window": WINDOW}
+    if policy:
+        route["policy"] = policy
+    return [route]
+
+
+def history(tool_rounds: int = 30) -> list[dict[str, Any]]:
+    """About 14k tokens: above the 12.8k threshold, inside the 16k window."""
+    return [
+        system(),
+        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
+        *agent_turns(tool_rounds, output="importer log line " * 150),
+        user("Where are we?"),
+    ]
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def ask(url: str, messages: list[dict[str, Any]], key: str = "sk-a") -> Any:
+    async with openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0) as client:
+        return await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+        )
+
+
+async def test_pressure_compaction_headers_and_metrics(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=routes(upstream_url))
+    committed = dict(trigger="pressure", mechanism="summary", outcome="committed")
+    before = counter("compaction_proxy_compactions_total", **committed)
+    summaries = counter("compaction_proxy_summary_duration_seconds_count", result="ok")
+    messages = history()
+    reply = await ask(proxy.url, messages)
+    assert reply.headers["x-compaction-status"] == "compacted"
+    assert reply.headers["x-compaction-generation"] == "1"
+    assert int(reply.headers["x-compaction-tokens"]) < 0.8 * WINDOW
+    assert int(reply.headers["x-compaction-tokens-before"]) >= 0.8 * WINDOW
+    assert counter("compaction_proxy_compactions_total", **committed) == before + 1
+    assert counter("compaction_proxy_summary_duration_seconds_count", result="ok") == summaries + 1
+    assert counter("compaction_proxy_tokens_saved_total", mechanism="summary") > 0
+
+    again = await ask(proxy.url, [*messages, user("continue")])
+    assert again.headers["x-compaction-status"] == "none"
+    assert again.headers["x-compaction-generation"] == "1"
+    assert len(fake.summary_requests) == 1
+
+
+async def test_ten_concurrent_identical_requests_make_one_summary_call(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    fake.summary_delay = 0.3
+    proxy = await make_proxy(routes=routes(upstream_url))
+    messages = history()
+    replies = await asyncio.gather(*(ask(proxy.url, messages) for _ in range(10)))
+    assert len(fake.summary_requests) == 1
+    assert all(r.parse().choices[0].message.content == "ok" for r in replies)
+    forwarded = [r.body["messages"] for r in fake.chat_requests if r.body is not None]
+    assert len(forwarded) == 10 and all(f == forwarded[0] for f in forwarded)
+    assert sorted(r.headers["x-compaction-status"] for r in replies).count("compacted") == 1
+
+
+async def test_failed_summary_never_fails_the_request(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    fake.summary_failures = 1
+    proxy = await make_proxy(routes=routes(upstream_url))
+    messages = history()
+    reply = await ask(proxy.url, messages)
+    assert reply.parse().choices[0].message.content == "ok"
+    assert reply.headers["x-compaction-status"] == "none"
+    assert fake.chat_requests[-1].body is not None
+    assert fake.chat_requests[-1].body["messages"] == messages
+    # Cooling down: the next request of the same size does not pay for another attempt.
+    await ask(proxy.url, messages)
+    assert len(fake.summary_requests) == 1
+
+
+async def test_auto_off_never_summarizes(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=routes(upstream_url, auto=False))
+    reply = await ask(proxy.url, history())
+    assert reply.headers["x-compaction-status"] == "none"
+    assert fake.summary_requests == []
+
+
+async def test_summary_model_is_routed_to_its_own_route(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(
+        routes=[
+            {
+                "model": "small-*",
+                "base_url": upstream_url,
+                "context_window": WINDOW,
+                "policy": {"summary_model": "summarizer-model"},
+            },
+            {"model": "summarizer-model", "base_url": upstream_url, "context_window": 64_000},
+        ]
+    )
+    reply = await ask(proxy.url, history())
+    assert reply.headers["x-compaction-status"] == "compacted"
+    (summary,) = fake.summary_requests
+    assert summary.body is not None and summary.body["model"] == "summarizer-model"
+    assert summary.headers["Authorization"] == "Bearer sk-a"
+
+
+async def test_a_proxy_killed_mid_summary_blocks_nothing_once_its_lease_expires(
+    fake: FakeUpstream, upstream_url: str
+) -> None:
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "crash-test",
+        "COMPACTION_PROXY_STORE_URL": REDIS_URL,
+        "COMPACTION_PROXY_LEASE_TTL_SECONDS": "3",
+        "COMPACTION_PROXY_SUMMARY_TIMEOUT_SECONDS": "2",
+        "COMPACTION_PROXY_ROUTES": f'[{{"model": "small-*", "base_url": "{upstream_url}", '
+        f'"context_window": {WINDOW}}}]',
+    }
+    messages = history()
+    fake.summary_delay = 30
+    async with proxy_process(env) as (doomed, base):
+        in_flight = asyncio.ensure_future(ask(f"{base}/v1", messages))
+        while not fake.summary_requests:
+            await asyncio.sleep(0.05)
+        killed_at = time.monotonic()
+        doomed.send_signal(signal.SIGKILL)
+        await doomed.wait()
+        in_flight.cancel()
+    fake.summary_delay = 0
+    async with proxy_process(env) as (_, base):
+        reply = await ask(f"{base}/v1", messages)
+        waited = time.monotonic() - killed_at
+    assert reply.headers["x-compaction-status"] == "compacted"
+    assert waited >= 2.0  # it waited out the dead proxy's lease instead of racing it
+    assert len(fake.summary_requests) == 2
+    assert fake.chat_requests[-1].body is not None
+    assert "<compacted-summary>" in str(fake.chat_requests[-1].body["messages"][1]["content"])
