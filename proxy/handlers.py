@@ -25,6 +25,7 @@ from proxy.forwarding import forward
 from proxy.keys import HTTP_CLIENT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
 from proxy.metrics import (
     METER_ERROR,
+    OVERFLOW_RECOVERIES,
     PROMPT_TOKENS_FORWARDED,
     PROXY_OVERHEAD,
     REQUEST_DURATION,
@@ -33,9 +34,9 @@ from proxy.metrics import (
 )
 from proxy.overflow import classify_overflow
 from proxy.preparation import Prepared, prepare
+from proxy.recovery import recover_overflow
 from proxy.store import StoreUnavailable
 from proxy.upstream import buffered_response, client_headers, upstream_headers
-from proxy.windows import LearnedWindows
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,36 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
         prepared = Prepared(payload=raw, status="bypass")
 
+    PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
+    reply = await forward(request, route, prepared.payload, _compaction_headers(prepared, route))
+    retries = 0
+    while reply.error_body is not None:
+        verdict = classify_overflow(reply.status, reply.error_body)
+        if not verdict.is_overflow:
+            break
+        if verdict.limit is not None:
+            app[LEARNED_WINDOWS].learn(route.model, chat.model, verdict.limit)
+        retry = None
+        if retries < model_policy.policy.max_overflow_retries:
+            retries += 1
+            retry = await recover_overflow(request, chat, model_policy, prepared)
+        if retry is None:
+            OVERFLOW_RECOVERIES.labels(result="passed_through").inc()
+            break
+        OVERFLOW_RECOVERIES.labels(result="retried").inc()
+        prepared = retry
+        reply = await forward(
+            request, route, prepared.payload, _compaction_headers(prepared, route)
+        )
+
+    REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
+    REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
+    if prepared.conversation is not None and reply.usage is not None:
+        await _record_usage(request, prepared, reply.usage, reply.status)
+    return reply.response
+
+
+def _compaction_headers(prepared: Prepared, route: Route) -> dict[str, str]:
     headers = {"X-Compaction-Status": prepared.status}
     if prepared.conversation is not None:
         headers["X-Compaction-Conversation"] = prepared.conversation
@@ -103,16 +134,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         PROMPT_TOKENS_FORWARDED.labels(route=route.model).inc(prepared.measurement.tokens)
     if prepared.tokens_before is not None:
         headers["X-Compaction-Tokens-Before"] = str(prepared.tokens_before)
-    PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
-
-    reply = await forward(request, route, prepared.payload, headers)
-    REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
-    REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
-    if reply.error_body is not None:
-        _learn_window(app[LEARNED_WINDOWS], route, chat.model, reply.status, reply.error_body)
-    if prepared.conversation is not None and reply.usage is not None:
-        await _record_usage(request, prepared, reply.usage, reply.status)
-    return reply.response
+    return headers
 
 
 def _outcome(upstream_status: int, status: str) -> str:
@@ -121,14 +143,6 @@ def _outcome(upstream_status: int, status: str) -> str:
     if upstream_status >= 400:
         return "upstream_error"
     return "bypass" if status == "bypass" else "ok"
-
-
-def _learn_window(
-    learned: LearnedWindows, route: Route, model: str, status: int, body: bytes
-) -> None:
-    overflow = classify_overflow(status, body)
-    if overflow.is_overflow and overflow.limit is not None:
-        learned.learn(route.model, model, overflow.limit)
 
 
 async def _record_usage(

@@ -84,3 +84,9 @@ COMPACTION_ERRORS = Counter(
     "compaction_proxy_compaction_errors_total",
     "Unexpected errors inside compaction; the request was forwarded with the surface it had.",
 )
+OVERFLOW_RECOVERIES = Counter(
+    "compaction_proxy_overflow_recoveries_total",
+    "Upstream context overflows, by what the proxy did: retried after a committed compaction "
+    "changed the request, or passed the upstream's error through unchanged.",
+    ["result"],
+)

@@ -26,6 +26,7 @@ _OVERFLOW_PHRASES = (
     "exceeds the maximum number of tokens allowed",  # Gemini (OpenAI-compatible endpoint)
     "prompt is too long",  # Anthropic through a compatible gateway
     "is longer than the model's context length",  # vLLM, older
+    "is longer than the maximum model length",  # vLLM, newer
     "context length exceeded",
     "context window exceeded",
     "`inputs` tokens + `max_new_tokens` must be",  # text-generation-inference
@@ -43,6 +44,7 @@ _STATED_LIMITS = (
     re.compile(r"maximum number of tokens allowed \((\d+)\)", re.IGNORECASE),
     re.compile(r"must be <= (\d+)", re.IGNORECASE),
     re.compile(r"while limit is (\d+)", re.IGNORECASE),
+    re.compile(r"maximum model length of (\d+)", re.IGNORECASE),
 )
 
 

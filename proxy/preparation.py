@@ -54,6 +54,7 @@ class Prepared:
     tokens_before: int | None = None
     job: CompactionJob | None = None
     state: ConversationState | None = None
+    forwarded: list[Message] | None = None  # the messages the payload carries
 
 
 def summary_call(request: web.Request, summary_model: str) -> Any:
@@ -168,5 +169,13 @@ async def prepare(
         payload = payload_for(chat, surface.messages)
         tokens_before = view.measure(engine.meter, view.surface(())).tokens
     return Prepared(
-        payload, status, view.conversation, state.generation, measurement, tokens_before, job, state
+        payload=payload,
+        status=status,
+        conversation=view.conversation,
+        generation=state.generation,
+        measurement=measurement,
+        tokens_before=tokens_before,
+        job=job,
+        state=state,
+        forwarded=surface.messages,
     )

@@ -406,3 +406,34 @@ class Engine:
             if rounds >= allowed and not limited:
                 break
         return Relief(state, surface, measurement, pruned=pruned, compacted=compacted)
+
+    async def recover_overflow(
+        self, job: CompactionJob, state: ConversationState, threshold: int | None
+    ) -> None:
+        """The ``context-overflow`` trigger: prune; unless that is clearly enough, summarize
+        with ``retain = 0`` (the last node is still kept), more rounds while each was cut short
+        to fit the summary call. Whether the request may be retried is not this method's
+        call: the caller decides from what the store committed."""
+        state, surface = await self.reload(job)
+        state, surface, pruned = await self.prune(job, state, surface, "context-overflow")
+        enough = threshold is not None and self.measure(job, state, surface).tokens < threshold
+        if pruned and enough:
+            return
+        waits = 0
+        for _ in range(self.settings.max_rounds):
+            result = await self.summarize_round(job, state, surface, 0, "context-overflow")
+            if result.outcome is Outcome.BUSY:
+                waits += 1
+                if waits > self.settings.max_busy_waits:
+                    return
+                await self.store.wait_for_lease(
+                    job.view.conversation, self.settings.lease_ttl_seconds
+                )
+                state, surface = await self.reload(job)
+                continue
+            if result.outcome is not Outcome.COMMITTED or result.state is None:
+                return
+            state = result.state
+            surface = job.view.surface(state.records)
+            if result.span is None or not result.span.limited_by_fit:
+                return

@@ -127,6 +127,7 @@ class FakeUpstream:
     received: list[Received] = field(default_factory=list)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
+    overflows: list[bytes] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # -- behaviour set by tests -------------------------------------------------------------
@@ -262,9 +263,11 @@ class FakeUpstream:
         window = self.window_of(model)
         cap = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         if prompt_tokens + int(cap) > window:
+            error = overflow_body(window, prompt_tokens, int(cap))
+            self.overflows.append(error)
             return web.Response(
                 status=400,
-                body=overflow_body(window, prompt_tokens, int(cap)),
+                body=error,
                 headers={**self._headers(), "Content-Type": "application/json"},
             )
         finish = "stop"

@@ -1,0 +1,107 @@
+"""Overflow recovery: compact after the upstream said the context overflowed, and retry only on
+evidence.
+
+Retries need evidence: after compacting, the conversation is read back from the store, and the
+request is retried only if the generation advanced past the one its failed surface was derived
+at **and** the surface re-derived for this very request differs from the one that failed. What
+the compaction code reports is not trusted for this decision, so a compaction backend that
+claims success without committing anything can never cause a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+
+from aiohttp import web
+
+from proxy.chat_request import ChatRequest
+from proxy.compaction.engine import Engine
+from proxy.conversation import Message
+from proxy.events import request_event
+from proxy.keys import ENGINE, LEARNED_WINDOWS, STORE
+from proxy.metrics import COMPACTION_ERRORS
+from proxy.policy import ModelPolicy, budgets
+from proxy.preparation import Prepared, payload_for
+from proxy.store.base import StoreUnavailable
+from proxy.windows import resolve_window
+
+log = logging.getLogger(__name__)
+
+
+def should_retry(
+    snapshot_generation: int,
+    failed: list[Message],
+    fresh_generation: int,
+    fresh: list[Message],
+) -> bool:
+    """A retry is allowed only after a commit since the snapshot that changed this surface."""
+    return fresh_generation > snapshot_generation and fresh != failed
+
+
+async def _compact(engine: Engine, prepared: Prepared, threshold: int | None) -> None:
+    assert prepared.job is not None and prepared.state is not None
+    work = asyncio.ensure_future(engine.recover_overflow(prepared.job, prepared.state, threshold))
+    try:
+        await asyncio.shield(work)
+    except (StoreUnavailable, asyncio.CancelledError):
+        raise
+    except Exception:
+        COMPACTION_ERRORS.inc()
+        log.exception("overflow compaction failed")
+
+
+async def recover_overflow(
+    request: web.Request, chat: ChatRequest, model_policy: ModelPolicy, prepared: Prepared
+) -> Prepared | None:
+    """Compact after an overflow; the request to retry with, or None to pass the error on."""
+    job, state = prepared.job, prepared.state
+    if job is None or state is None or prepared.forwarded is None:
+        return None
+    app = request.app
+    route = model_policy.route
+    window = resolve_window(
+        model_policy.configured_window,
+        model_policy.mapped_window,
+        app[LEARNED_WINDOWS].get(route.model, chat.model),
+    )
+    job = dataclasses.replace(job, window=window)
+    threshold = budgets(model_policy.policy, window).threshold if window is not None else None
+    engine = app[ENGINE]
+    try:
+        await _compact(engine, dataclasses.replace(prepared, job=job), threshold)
+        fresh = await app[STORE].load(job.view.conversation)
+    except StoreUnavailable:
+        return None
+    surface = job.view.surface(fresh.records)
+    if not should_retry(state.generation, prepared.forwarded, fresh.generation, surface.messages):
+        return None
+    measurement = job.view.measure(engine.meter, surface, fresh.anchor)
+    event = request_event(
+        now=time.time(),
+        model=chat.model,
+        route=route.model,
+        generation=fresh.generation,
+        body_length=len(job.view.body),
+        surface_length=len(surface.nodes),
+        estimated_tokens=measurement.tokens,
+        anchored=measurement.anchored,
+        status="recovered",
+    )
+    # The retry is justified by what was committed; the log entry is not essential.
+    with contextlib.suppress(StoreUnavailable):
+        await app[STORE].append(job.view.conversation, [], [event])
+    return Prepared(
+        payload=payload_for(chat, surface.messages),
+        status="recovered",
+        conversation=job.view.conversation,
+        generation=fresh.generation,
+        measurement=measurement,
+        tokens_before=job.view.measure(engine.meter, job.view.surface(())).tokens,
+        job=job,
+        state=fresh,
+        forwarded=surface.messages,
+    )

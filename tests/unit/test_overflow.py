@@ -1,0 +1,58 @@
+"""Overflow classification: one recorded error body per provider (tests/data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.overflow import classify_overflow, stated_limit
+
+RECORDED = orjson.loads((Path(__file__).parents[1] / "data" / "upstream_errors.json").read_bytes())
+
+
+@pytest.mark.parametrize("case", RECORDED["overflow"], ids=lambda c: c["provider"])
+def test_provider_overflow_is_recognised_with_its_limit(case: dict[str, Any]) -> None:
+    verdict = classify_overflow(case["status"], case["body"].encode())
+    assert verdict.is_overflow
+    assert verdict.limit == case["limit"]
+
+
+@pytest.mark.parametrize("case", RECORDED["not_overflow"], ids=lambda c: c["case"])
+def test_other_errors_are_not_overflow(case: dict[str, Any]) -> None:
+    assert not classify_overflow(case["status"], case["body"].encode()).is_overflow
+
+
+def test_every_provider_named_in_the_design_has_a_recorded_body() -> None:
+    providers = {c["provider"] for c in RECORDED["overflow"]}
+    assert providers >= {
+        "openai",
+        "openai-new",
+        "azure",
+        "groq",
+        "deepseek",
+        "mistral",
+        "xai",
+        "together",
+        "vllm-old",
+        "vllm-new",
+        "llama.cpp",
+        "ollama",
+        "gemini",
+        "openrouter",
+        "anthropic-gateway",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("maximum context length is 8192 tokens", 8192),
+        ("12 tokens > 10 maximum", 10),
+        ("nothing stated here", None),
+    ],
+)
+def test_stated_limit(text: str, limit: int | None) -> None:
+    assert stated_limit(text) == limit
