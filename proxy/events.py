@@ -6,11 +6,14 @@ Message content is kept only when ``log_content`` is on; hashes, roles and posit
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from proxy.conversation import Message
-from proxy.store.base import Event, MessageEvent
+from proxy.store.base import CONTEXT_POSITION, Event, MessageEvent
 
 
 def first_unlogged(chain: Sequence[str], logged_tip: tuple[int, str] | None) -> int:
@@ -31,12 +34,14 @@ def first_unlogged(chain: Sequence[str], logged_tip: tuple[int, str] | None) -> 
 def message_events(
     body: Sequence[Message],
     chain: Sequence[str],
+    root: str,
     start: int,
     *,
     log_content: bool,
     now: float,
-    tokens: Sequence[int] | None = None,
 ) -> list[MessageEvent]:
+    """``message`` events for body positions ``start..``; each names its chain hash and the
+    one before it (``prev``), so any request's body can be read back from the log."""
     events: list[MessageEvent] = []
     for position in range(start, len(body)):
         message = body[position]
@@ -45,14 +50,28 @@ def message_events(
             "ts": now,
             "position": position,
             "hash": chain[position],
+            "prev": chain[position - 1] if position else root,
             "role": message.get("role"),
         }
-        if tokens is not None:
-            event["tokens"] = tokens[position]
         if log_content:
             event["message"] = message
         events.append(MessageEvent(position, chain[position], event))
     return events
+
+
+def context_digest(head: Sequence[Message], tools: Any) -> str:
+    return hashlib.blake2b(orjson.dumps([head, tools]), digest_size=16).hexdigest()
+
+
+def context_event(
+    head: Sequence[Message], tools: Any, digest: str, *, log_content: bool, now: float
+) -> MessageEvent:
+    """The request's head and tools, logged once per distinct value (deduplicated by digest)."""
+    event: Event = {"type": "context", "ts": now, "digest": digest}
+    if log_content:
+        event["head"] = list(head)
+        event["tools"] = tools
+    return MessageEvent(CONTEXT_POSITION, f"context:{digest}", event)
 
 
 def request_event(
@@ -66,12 +85,16 @@ def request_event(
     estimated_tokens: int | None,
     anchored: bool,
     status: str,
+    tip: str | None = None,
+    context: str | None = None,
 ) -> Event:
     return {
         "type": "request",
         "ts": now,
         "model": model,
         "route": route,
+        "tip": tip,
+        "context": context,
         "generation": generation,
         "body_messages": body_length,
         "surface_messages": surface_length,

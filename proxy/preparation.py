@@ -17,10 +17,17 @@ import orjson
 from aiohttp import web
 
 from proxy.chat_request import ChatRequest
+from proxy.compaction import triggers
 from proxy.compaction.engine import CompactionJob, Engine, Relief
 from proxy.compaction.summarize import Summary, call_summarizer
 from proxy.conversation import Message
-from proxy.events import first_unlogged, message_events, request_event
+from proxy.events import (
+    context_digest,
+    context_event,
+    first_unlogged,
+    message_events,
+    request_event,
+)
 from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -88,7 +95,7 @@ async def _relieve(
         return plain
     limits = budgets(model_policy.policy, job.window)
     work = asyncio.ensure_future(
-        engine.relieve_pressure(job, state, limits.threshold, limits.retain)
+        triggers.relieve_pressure(engine, job, state, limits.threshold, limits.retain)
     )
     try:
         # Shielded: a client that disconnects must not leave a lease held mid-transaction.
@@ -143,10 +150,17 @@ async def prepare(
     new_messages = message_events(
         view.body,
         view.chain,
+        view.root,
         first_unlogged(view.chain, state.logged_tip),
         log_content=settings.log_content,
         now=now,
     )
+    context = context_digest(view.head, view.tools)
+    if state.attributes.get("context") != context:
+        logged_context = context_event(
+            view.head, view.tools, context, log_content=settings.log_content, now=now
+        )
+        new_messages.insert(0, logged_context)
     forwarded = request_event(
         now=now,
         model=chat.model,
@@ -157,8 +171,15 @@ async def prepare(
         estimated_tokens=measurement.tokens,
         anchored=measurement.anchored,
         status=status,
+        tip=view.chain[-1] if view.chain else None,
+        context=context,
     )
-    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": chat.model}
+    attributes = {
+        "tenant": tenant,
+        "last_seen": f"{now:.3f}",
+        "model": chat.model,
+        "context": context,
+    }
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
     await store.append(view.conversation, new_messages, [forwarded], attributes=attributes)

@@ -19,9 +19,10 @@ import time
 from aiohttp import web
 
 from proxy.chat_request import ChatRequest
+from proxy.compaction import triggers
 from proxy.compaction.engine import Engine
 from proxy.conversation import Message
-from proxy.events import request_event
+from proxy.events import context_digest, request_event
 from proxy.keys import ENGINE, LEARNED_WINDOWS, STORE
 from proxy.metrics import COMPACTION_ERRORS
 from proxy.policy import ModelPolicy, budgets
@@ -44,7 +45,9 @@ def should_retry(
 
 async def _compact(engine: Engine, prepared: Prepared, threshold: int | None) -> None:
     assert prepared.job is not None and prepared.state is not None
-    work = asyncio.ensure_future(engine.recover_overflow(prepared.job, prepared.state, threshold))
+    work = asyncio.ensure_future(
+        triggers.recover_overflow(engine, prepared.job, prepared.state, threshold)
+    )
     try:
         await asyncio.shield(work)
     except (StoreUnavailable, asyncio.CancelledError):
@@ -90,6 +93,8 @@ async def recover_overflow(
         estimated_tokens=measurement.tokens,
         anchored=measurement.anchored,
         status="recovered",
+        tip=job.view.chain[-1] if job.view.chain else None,
+        context=context_digest(job.view.head, job.view.tools),
     )
     # The retry is justified by what was committed; the log entry is not essential.
     with contextlib.suppress(StoreUnavailable):

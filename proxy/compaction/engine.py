@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from proxy.compaction.prune import PruneCandidate, Pruner, prune_candidates
-from proxy.compaction.select import Span, priced_nodes, select_span
+from proxy.compaction.select import Span, priced_nodes, region_span, select_span
 from proxy.compaction.summarize import (
     INSTRUCTION,
     Summary,
@@ -230,29 +230,51 @@ class Engine:
 
     # -- summarizing -----------------------------------------------------------------------
 
-    def _plan(self, job: CompactionJob, surface: Surface, retain: int) -> tuple[Span | None, int]:
-        """The span to summarize and the summary's token cap."""
-        view = job.view
-        prices = self.meter.node_tokens(view, surface)
-        nodes = priced_nodes(surface.nodes, prices)
+    def _budget(
+        self, job: CompactionJob, surface: Surface, prices: Sequence[int]
+    ) -> tuple[int, int | None]:
+        """The summary's token cap and the most span tokens one summary call can carry
+        (None without a known window)."""
         cap = job.policy.max_tokens
-        budget: int | None = None
-        if job.window is not None:
-            count = counter_for(job.summary_model)
-            fixed = (
-                sum(p for n, p in zip(surface.nodes, prices, strict=True) if n.kind == "head")
-                + self.meter.tools_tokens(view.tools, count)
-                + self.meter.message({"role": "user", "content": INSTRUCTION}, count)
-                + 3
-            )
-            available = int(job.window * 0.97) - fixed
-            cap = max(1, min(cap, available // 2))
-            budget = available - cap
-            if budget <= 0:
-                return None, cap
-        span = select_span(nodes, retain, budget)
+        if job.window is None:
+            return cap, None
+        count = counter_for(job.summary_model)
+        fixed = (
+            sum(p for n, p in zip(surface.nodes, prices, strict=True) if n.kind == "head")
+            + self.meter.tools_tokens(job.view.tools, count)
+            + self.meter.message({"role": "user", "content": INSTRUCTION}, count)
+            + 3
+        )
+        # A margin for the difference between our estimate and the provider's count.
+        available = int(job.window * 0.97) - fixed
+        cap = max(1, min(cap, available // 2))
+        return cap, available - cap
+
+    def plan(self, job: CompactionJob, surface: Surface, retain: int) -> tuple[Span | None, int]:
+        """The head span to summarize (keeping ``retain`` tokens) and the summary's cap."""
+        prices = self.meter.node_tokens(job.view, surface)
+        cap, budget = self._budget(job, surface, prices)
+        if budget is not None and budget <= 0:
+            return None, cap
+        span = select_span(priced_nodes(surface.nodes, prices), retain, budget)
         if span is None:
             return None, cap
+        return span, max(1, min(cap, span.tokens))
+
+    def plan_region(
+        self, job: CompactionJob, surface: Surface, start: int, end: int
+    ) -> tuple[Span | str, int]:
+        """The span for body positions ``start..end``, or the reason it cannot be one."""
+        prices = self.meter.node_tokens(job.view, surface)
+        cap, budget = self._budget(job, surface, prices)
+        span = region_span(priced_nodes(surface.nodes, prices), len(job.view.body), start, end)
+        if isinstance(span, str):
+            return span, cap
+        if budget is not None and span.tokens > budget:
+            return (
+                f"the region holds {span.tokens} tokens, more than one summary call can "
+                f"carry ({budget})"
+            ), cap
         return span, max(1, min(cap, span.tokens))
 
     async def summarize_round(
@@ -264,10 +286,22 @@ class Engine:
         trigger: str,
     ) -> Round:
         """Select, summarize and commit one head span."""
-        span, cap = self._plan(job, surface, retain)
+        span, cap = self.plan(job, surface, retain)
         if span is None:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="no_range").inc()
             return Round(Outcome.NO_RANGE)
+        return await self.compact_span(job, state, surface, span, cap, trigger)
+
+    async def compact_span(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        surface: Surface,
+        span: Span,
+        cap: int,
+        trigger: str,
+    ) -> Round:
+        """Summarize ``span`` of ``surface`` and commit it as one checkpoint."""
         began, owner = await self._begin(
             job, state, trigger, "summary", span={"start": span.start, "end": span.end}
         )
@@ -342,98 +376,3 @@ class Engine:
             return outcome, None
         TOKENS_SAVED.labels(mechanism="summary").inc(span.tokens - tokens)
         return Outcome.COMMITTED, fresh
-
-    # -- triggers --------------------------------------------------------------------------
-
-    def cooling_down(self, state: ConversationState, tokens: int) -> bool:
-        """After a failed summary, wait for growth or a cooldown before paying for another."""
-        failed_at = state.attributes.get(FAILED_AT)
-        if failed_at is None:
-            return False
-        recent = time.time() - float(failed_at) < self.settings.failure_cooldown_seconds
-        grown_from = float(state.attributes.get(FAILED_TOKENS, "0"))
-        grew = tokens >= grown_from * (1 + self.settings.failure_growth_ratio)
-        return recent and not grew
-
-    async def _remember_failure(self, job: CompactionJob, tokens: int) -> None:
-        await self.store.append(
-            job.view.conversation,
-            [],
-            [],
-            attributes={FAILED_AT: f"{time.time():.3f}", FAILED_TOKENS: str(tokens)},
-        )
-
-    async def relieve_pressure(
-        self, job: CompactionJob, state: ConversationState, threshold: int, retain: int
-    ) -> Relief:
-        """The ``pressure`` trigger: prune, re-measure; then summarize head spans while the
-        surface stays at or above ``threshold``: ``1 + compaction_retries`` rounds, more (up
-        to ``max_rounds``) while each round was cut short to fit the summary call."""
-        surface = job.view.surface(state.records)
-        measurement = self.measure(job, state, surface)
-        if measurement.tokens < threshold:
-            return Relief(state, surface, measurement)
-        state, surface, pruned = await self.prune(job, state, surface, "pressure")
-        measurement = self.measure(job, state, surface)
-        compacted = False
-        if measurement.tokens < threshold or self.cooling_down(state, measurement.tokens):
-            return Relief(state, surface, measurement, pruned=pruned)
-
-        rounds, waits = 0, 0
-        allowed = 1 + job.policy.compaction_retries
-        while rounds < self.settings.max_rounds and measurement.tokens >= threshold:
-            result = await self.summarize_round(job, state, surface, retain, "pressure")
-            if result.outcome is Outcome.BUSY:
-                waits += 1
-                if waits > self.settings.max_busy_waits:
-                    break
-                await self.store.wait_for_lease(
-                    job.view.conversation, self.settings.lease_ttl_seconds
-                )
-                state, surface = await self.reload(job)
-                measurement = self.measure(job, state, surface)
-                continue
-            if result.outcome is not Outcome.COMMITTED or result.state is None:
-                if result.outcome is not Outcome.NO_RANGE:
-                    await self._remember_failure(job, measurement.tokens)
-                break
-            compacted = True
-            rounds += 1
-            state = result.state
-            surface = job.view.surface(state.records)
-            measurement = self.measure(job, state, surface)
-            limited = result.span is not None and result.span.limited_by_fit
-            if rounds >= allowed and not limited:
-                break
-        return Relief(state, surface, measurement, pruned=pruned, compacted=compacted)
-
-    async def recover_overflow(
-        self, job: CompactionJob, state: ConversationState, threshold: int | None
-    ) -> None:
-        """The ``context-overflow`` trigger: prune; unless that is clearly enough, summarize
-        with ``retain = 0`` (the last node is still kept), more rounds while each was cut short
-        to fit the summary call. Whether the request may be retried is not this method's
-        call: the caller decides from what the store committed."""
-        state, surface = await self.reload(job)
-        state, surface, pruned = await self.prune(job, state, surface, "context-overflow")
-        enough = threshold is not None and self.measure(job, state, surface).tokens < threshold
-        if pruned and enough:
-            return
-        waits = 0
-        for _ in range(self.settings.max_rounds):
-            result = await self.summarize_round(job, state, surface, 0, "context-overflow")
-            if result.outcome is Outcome.BUSY:
-                waits += 1
-                if waits > self.settings.max_busy_waits:
-                    return
-                await self.store.wait_for_lease(
-                    job.view.conversation, self.settings.lease_ttl_seconds
-                )
-                state, surface = await self.reload(job)
-                continue
-            if result.outcome is not Outcome.COMMITTED or result.state is None:
-                return
-            state = result.state
-            surface = job.view.surface(state.records)
-            if result.span is None or not result.span.limited_by_fit:
-                return

@@ -117,3 +117,27 @@ def priced_nodes(surface_nodes: Sequence[Any], prices: Sequence[int]) -> list[Pr
         PricedNode(n.message, p, n.kind, n.start, n.end)
         for n, p in zip(surface_nodes, prices, strict=True)
     ]
+
+
+def region_span(nodes: Sequence[PricedNode], body_length: int, start: int, end: int) -> Span | str:
+    """The span standing for body positions ``start..end`` (inclusive), or why there is none:
+    out of range, the last message (always kept), a cut inside an existing checkpoint, or a cut
+    that separates a tool result from its call."""
+    if not 0 <= start <= end < body_length:
+        return f"positions {start}..{end} are out of range (the body has {body_length} messages)"
+    if end == body_length - 1:
+        return "the last message is always kept: end must be before it"
+    first = next((i for i, n in enumerate(nodes) if n.kind != "head" and n.start == start), None)
+    last = next((i for i, n in enumerate(nodes) if n.kind != "head" and n.end == end), None)
+    if first is None:
+        return f"start {start} falls inside an existing checkpoint"
+    if last is None:
+        return f"end {end} falls inside an existing checkpoint"
+    balanced = balanced_cuts([n.message for n in nodes])
+    if not balanced[first]:
+        return f"start {start} would separate a tool result from the call before it"
+    if not balanced[last + 1]:
+        return f"end {end} would separate a tool call from its result after it"
+    if first == last and nodes[first].kind == "checkpoint":
+        return "the region is a single checkpoint already"
+    return Span(first, last, start, end, _tokens(nodes, first, last + 1))

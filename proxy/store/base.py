@@ -63,13 +63,35 @@ class ConversationState:
     attributes: dict[str, str] = field(default_factory=dict)
 
 
+CONTEXT_POSITION = -1  # MessageEvent position of a logged head-and-tools context
+
+
 @dataclass(frozen=True)
 class MessageEvent:
-    """A body message to log at chain position ``position`` (deduplicated by ``hash``)."""
+    """A body message to log at chain position ``position`` (deduplicated by ``hash``).
+
+    Position ``CONTEXT_POSITION`` marks a request context (head and tools), deduplicated the
+    same way but never the logged tip."""
 
     position: int
     hash: str
     event: Event
+
+
+def body_tip(messages: Sequence[MessageEvent]) -> tuple[int, str] | None:
+    """Position and chain hash of the last body message among ``messages`` (contexts skipped)."""
+    for message in reversed(messages):
+        if message.position >= 0:
+            return message.position, message.hash
+    return None
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    conversation: str
+    last_seen: float
+    generation: int
+    attributes: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -130,6 +152,9 @@ class Store(Protocol):
         self, conversation: str, after: str | None = None, limit: int = 100
     ) -> LogPage:
         """Events in order, ``limit`` at a time, starting after cursor ``after``."""
+
+    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
+        """The most recently active conversations, newest first."""
 
     async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         """Wait until no live lease holds the conversation; False if it still does."""

@@ -22,3 +22,8 @@ def conversation_keys(conversation: str) -> dict[str, str]:
 
 def secret_key(name: str) -> str:
     return f"{PREFIX}:secret:{name}"
+
+
+def conversations_key() -> str:
+    """Sorted set of conversation ids by last activity (for the admin listing)."""
+    return f"{PREFIX}:conversations"

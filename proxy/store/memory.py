@@ -18,9 +18,11 @@ from proxy.store.base import (
     Anchor,
     BeginResult,
     ConversationState,
+    ConversationSummary,
     Event,
     LogPage,
     MessageEvent,
+    body_tip,
 )
 
 _LEASE_POLL_SECONDS = 0.02
@@ -114,9 +116,9 @@ class MemoryStore:
                 entry.seen.add(message.hash)
                 entry.add(message.event)
                 added += 1
-        if messages:
-            last = messages[-1]
-            entry.logged_tip = (last.position, last.hash)
+        tip = body_tip(messages)
+        if tip is not None:
+            entry.logged_tip = tip
         for event in events:
             entry.add(event)
         if attributes:
@@ -193,6 +195,22 @@ class MemoryStore:
         page = entry.log[start : start + limit]
         more = start + limit < len(entry.log)
         return LogPage(list(page), page[-1][0] if page and more else None)
+
+    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
+        now = time.monotonic()
+        wall = time.time()
+        summaries: list[ConversationSummary] = []
+        for name in reversed(self._conversations):
+            entry = self._conversations[name]
+            if now - entry.touched > self._ttl:
+                continue
+            last_seen = wall - (now - entry.touched)
+            summaries.append(
+                ConversationSummary(name, last_seen, entry.generation, dict(entry.attributes))
+            )
+            if len(summaries) >= limit:
+                break
+        return summaries
 
     async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         deadline = time.monotonic() + max_wait

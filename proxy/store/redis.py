@@ -26,12 +26,14 @@ from proxy.store.base import (
     Anchor,
     BeginResult,
     ConversationState,
+    ConversationSummary,
     Event,
     LogPage,
     MessageEvent,
     StoreUnavailable,
+    body_tip,
 )
-from proxy.store.keys import conversation_keys, secret_key
+from proxy.store.keys import conversation_keys, conversations_key, secret_key
 
 _LEASE_POLL_SECONDS = 0.05
 _Arg = str | int
@@ -127,8 +129,9 @@ class RedisStore:
         attributes: dict[str, str] | None = None,
     ) -> int:
         fields = dict(attributes or {})
-        if messages:
-            fields["tip"] = f"{messages[-1].position}:{messages[-1].hash}"
+        tip = body_tip(messages)
+        if tip is not None:
+            fields["tip"] = f"{tip[0]}:{tip[1]}"
         args: list[_Arg] = [self._ttl_ms, len(messages)]
         for message in messages:
             args += [message.hash, _json(message.event)]
@@ -140,6 +143,9 @@ class RedisStore:
         keys = self._keys(conversation, "log", "seen", "state", "records")
         async with _unavailable_on_error("append"):
             added = await self._append(keys=keys, args=args)
+            # The index spans every conversation, so it cannot join the per-conversation script
+            # (one Cluster slot); losing one update only makes the admin listing stale.
+            await self._client.zadd(conversations_key(), {conversation: time.time()})
         return int(added)
 
     async def record_usage(
@@ -197,6 +203,23 @@ class RedisStore:
         page = [(entry_id, orjson.loads(fields["e"])) for entry_id, fields in entries[:limit]]
         more = len(entries) > limit
         return LogPage(page, page[-1][0] if page and more else None)
+
+    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
+        index = conversations_key()
+        async with _unavailable_on_error("list_conversations"):
+            await self._client.zremrangebyscore(index, "-inf", time.time() - self._ttl_ms / 1000)
+            raw = await self._client.zrevrange(index, 0, limit - 1, withscores=True)
+            entries = cast(list[tuple[str, float]], raw)
+            pipe = self._client.pipeline(transaction=False)
+            for name, _ in entries:
+                pipe.hgetall(conversation_keys(name)["state"])
+            states = cast(list[dict[str, str]], await pipe.execute())
+        summaries: list[ConversationSummary] = []
+        for (name, score), state in zip(entries, states, strict=True):
+            attributes = {k: v for k, v in state.items() if k not in _STATE_FIELDS}
+            generation = int(state.get("generation", 0))
+            summaries.append(ConversationSummary(name, float(score), generation, attributes))
+        return summaries
 
     async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         (lease,) = self._keys(conversation, "lease")

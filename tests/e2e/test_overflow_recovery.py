@@ -11,6 +11,7 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
+from proxy.compaction.engine import Outcome, Round
 from proxy.keys import ENGINE
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
@@ -199,16 +200,23 @@ async def test_engine_claiming_success_without_a_commit_never_causes_a_retry(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
     calls = 0
+    engine = proxy.app[ENGINE]
 
-    async def claims_success(*args: Any, **kwargs: Any) -> str:
+    async def pruned_nothing_but_says_so(job: Any, state: Any, surface: Any, trigger: str) -> Any:
         nonlocal calls
         calls += 1
-        return "committed"
+        return state, surface, True
 
-    proxy.app[ENGINE].recover_overflow = claims_success  # type: ignore[method-assign]
+    async def summarized_nothing_but_says_so(job: Any, state: Any, *args: Any) -> Round:
+        nonlocal calls
+        calls += 1
+        return Round(Outcome.COMMITTED, state=state)
+
+    engine.prune = pruned_nothing_but_says_so  # type: ignore[method-assign]
+    engine.summarize_round = summarized_nothing_but_says_so  # type: ignore[method-assign]
     with pytest.raises(openai.BadRequestError) as caught:
         await ask(proxy, long_history())
-    assert calls == 1
+    assert calls >= 2
     assert caught.value.response.content == fake.overflows[0]
     assert len(fake.received) == 1
 

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from proxy.compaction import triggers
 from proxy.compaction.engine import (
     FAILED_AT,
     CompactionJob,
@@ -81,7 +82,7 @@ async def test_pressure_commits_one_checkpoint_as_a_whole_transaction(
     job = job_for(conversation, long_conversation(), summarizer)
     state = await store.load(conversation)
     before = engine.measure(job, state, job.view.surface(()))
-    relief = await engine.relieve_pressure(job, state, threshold=3_200, retain=640)
+    relief = await triggers.relieve_pressure(engine, job, state, threshold=3_200, retain=640)
 
     assert relief.compacted and relief.state.generation == 1
     assert relief.measurement.tokens < 3_200 < before.tokens
@@ -127,7 +128,9 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
     engine, summarizer = engine_on(store), Summarizer()
     summarizer.failure = "timeout"
     job = job_for(conversation, long_conversation(), summarizer)
-    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    relief = await triggers.relieve_pressure(
+        engine, job, await store.load(conversation), 3_200, 640
+    )
     assert not relief.compacted
     assert relief.surface.messages == job.view.head + job.view.body
     state = await store.load(conversation)
@@ -140,13 +143,13 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
         "timeout",
     )
     # Cooling down: the same conversation does not pay for another summary right away.
-    await engine.relieve_pressure(job, state, 3_200, 640)
+    await triggers.relieve_pressure(engine, job, state, 3_200, 640)
     assert len(summarizer.calls) == 1
     # Grown by more than the growth ratio: it tries again.
     grown = job_for(
         conversation, [*long_conversation(), *agent_turns(4, output="x " * 400)], summarizer
     )
-    await engine.relieve_pressure(grown, await store.load(conversation), 3_200, 640)
+    await triggers.relieve_pressure(engine, grown, await store.load(conversation), 3_200, 640)
     assert len(summarizer.calls) == 2
 
 
@@ -156,7 +159,9 @@ async def test_summary_not_smaller_than_its_span_is_rejected(
     engine = engine_on(store)
     summarizer = Summarizer(text="verbose " * 5_000)
     job = job_for(conversation, long_conversation(), summarizer)
-    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    relief = await triggers.relieve_pressure(
+        engine, job, await store.load(conversation), 3_200, 640
+    )
     assert not relief.compacted
     assert (await store.load(conversation)).records == ()
     assert (await log_of(store, conversation))[-1]["error"] == "not_smaller"
@@ -212,7 +217,7 @@ async def test_ten_concurrent_requests_pay_for_one_summary(store: Store, convers
     job = job_for(conversation, long_conversation(), summarizer)
     state = await store.load(conversation)
     reliefs = await asyncio.gather(
-        *(engine.relieve_pressure(job, state, 3_200, 640) for _ in range(10))
+        *(triggers.relieve_pressure(engine, job, state, 3_200, 640) for _ in range(10))
     )
     assert len(summarizer.calls) == 1
     assert all(r.measurement.tokens < 3_200 for r in reliefs)
@@ -229,7 +234,9 @@ async def test_first_contact_with_a_huge_history_compacts_progressively(
     summarizer = Summarizer()
     history = long_conversation(turns=40)  # several windows long
     job = job_for(conversation, history, summarizer, compaction_retries=0)
-    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    relief = await triggers.relieve_pressure(
+        engine, job, await store.load(conversation), 3_200, 640
+    )
     assert relief.compacted
     assert relief.measurement.tokens < 3_200
     assert len(summarizer.calls) > 1  # more rounds than compaction_retries allows alone
@@ -247,5 +254,7 @@ async def test_nothing_compactable_gives_no_range(store: Store, conversation: st
     engine, summarizer = engine_on(store), Summarizer()
     messages = [system(), user("x " * 5_000)]
     job = job_for(conversation, messages, summarizer)
-    relief = await engine.relieve_pressure(job, await store.load(conversation), 3_200, 640)
+    relief = await triggers.relieve_pressure(
+        engine, job, await store.load(conversation), 3_200, 640
+    )
     assert not relief.compacted and summarizer.calls == []

@@ -1,0 +1,134 @@
+"""The compaction triggers (docs/design.md §6): pressure, context overflow, manual, region.
+
+Each is a policy over the engine's transactional steps (prune, summarize a span); none of them
+decides whether a request may be retried: that takes evidence from the store (see recovery).
+"""
+
+from __future__ import annotations
+
+import time
+
+from proxy.compaction.engine import (
+    FAILED_AT,
+    FAILED_TOKENS,
+    CompactionJob,
+    Engine,
+    Outcome,
+    Relief,
+    Round,
+)
+from proxy.store.base import ConversationState
+
+
+def cooling_down(engine: Engine, state: ConversationState, tokens: int) -> bool:
+    """After a failed summary, wait for growth or a cooldown before paying for another."""
+    failed_at = state.attributes.get(FAILED_AT)
+    if failed_at is None:
+        return False
+    recent = time.time() - float(failed_at) < engine.settings.failure_cooldown_seconds
+    grown_from = float(state.attributes.get(FAILED_TOKENS, "0"))
+    grew = tokens >= grown_from * (1 + engine.settings.failure_growth_ratio)
+    return recent and not grew
+
+
+async def remember_failure(engine: Engine, job: CompactionJob, tokens: int) -> None:
+    await engine.store.append(
+        job.view.conversation,
+        [],
+        [],
+        attributes={FAILED_AT: f"{time.time():.3f}", FAILED_TOKENS: str(tokens)},
+    )
+
+
+async def relieve_pressure(
+    engine: Engine, job: CompactionJob, state: ConversationState, threshold: int, retain: int
+) -> Relief:
+    """The ``pressure`` trigger: prune, re-measure; then summarize head spans while the
+    surface stays at or above ``threshold``: ``1 + compaction_retries`` rounds, more (up
+    to ``max_rounds``) while each round was cut short to fit the summary call."""
+    surface = job.view.surface(state.records)
+    measurement = engine.measure(job, state, surface)
+    if measurement.tokens < threshold:
+        return Relief(state, surface, measurement)
+    state, surface, pruned = await engine.prune(job, state, surface, "pressure")
+    measurement = engine.measure(job, state, surface)
+    compacted = False
+    if measurement.tokens < threshold or cooling_down(engine, state, measurement.tokens):
+        return Relief(state, surface, measurement, pruned=pruned)
+
+    rounds, waits = 0, 0
+    allowed = 1 + job.policy.compaction_retries
+    while rounds < engine.settings.max_rounds and measurement.tokens >= threshold:
+        result = await engine.summarize_round(job, state, surface, retain, "pressure")
+        if result.outcome is Outcome.BUSY:
+            waits += 1
+            if waits > engine.settings.max_busy_waits:
+                break
+            await engine.store.wait_for_lease(
+                job.view.conversation, engine.settings.lease_ttl_seconds
+            )
+            state, surface = await engine.reload(job)
+            measurement = engine.measure(job, state, surface)
+            continue
+        if result.outcome is not Outcome.COMMITTED or result.state is None:
+            if result.outcome is not Outcome.NO_RANGE:
+                await remember_failure(engine, job, measurement.tokens)
+            break
+        compacted = True
+        rounds += 1
+        state = result.state
+        surface = job.view.surface(state.records)
+        measurement = engine.measure(job, state, surface)
+        limited = result.span is not None and result.span.limited_by_fit
+        if rounds >= allowed and not limited:
+            break
+    return Relief(state, surface, measurement, pruned=pruned, compacted=compacted)
+
+
+async def recover_overflow(
+    engine: Engine, job: CompactionJob, state: ConversationState, threshold: int | None
+) -> None:
+    """The ``context-overflow`` trigger: prune; unless that is clearly enough, summarize
+    with ``retain = 0`` (the last node is still kept), more rounds while each was cut short
+    to fit the summary call. Whether the request may be retried is not this method's
+    call: the caller decides from what the store committed."""
+    state, surface = await engine.reload(job)
+    state, surface, pruned = await engine.prune(job, state, surface, "context-overflow")
+    enough = threshold is not None and engine.measure(job, state, surface).tokens < threshold
+    if pruned and enough:
+        return
+    waits = 0
+    for _ in range(engine.settings.max_rounds):
+        result = await engine.summarize_round(job, state, surface, 0, "context-overflow")
+        if result.outcome is Outcome.BUSY:
+            waits += 1
+            if waits > engine.settings.max_busy_waits:
+                return
+            await engine.store.wait_for_lease(
+                job.view.conversation, engine.settings.lease_ttl_seconds
+            )
+            state, surface = await engine.reload(job)
+            continue
+        if result.outcome is not Outcome.COMMITTED or result.state is None:
+            return
+        state = result.state
+        surface = job.view.surface(state.records)
+        if result.span is None or not result.span.limited_by_fit:
+            return
+
+
+async def compact_manual(engine: Engine, job: CompactionJob, state: ConversationState) -> Round:
+    """The ``manual`` trigger: summarize everything but the last node (``retain = 0``)."""
+    return await engine.summarize_round(job, state, job.view.surface(state.records), 0, "manual")
+
+
+async def compact_region(
+    engine: Engine, job: CompactionJob, state: ConversationState, start: int, end: int
+) -> Round | str:
+    """The ``region`` trigger: summarize body positions ``start..end``; a prior checkpoint
+    inside the region is merged. Returns the reason when the region is not a valid span."""
+    surface = job.view.surface(state.records)
+    span, cap = engine.plan_region(job, surface, start, end)
+    if isinstance(span, str):
+        return span
+    return await engine.compact_span(job, state, surface, span, cap, "region")
