@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 
 from proxy import handlers
+from proxy.admin import admin_routes
 from proxy.compaction.engine import Engine, EngineSettings
 from proxy.config import Settings
 from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
+    IN_FLIGHT,
     LEARNED_WINDOWS,
     POLICIES,
     SETTINGS,
@@ -102,6 +105,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[POLICIES] = PolicyBook(settings)
     app[LEARNED_WINDOWS] = LearnedWindows()
+    app[IN_FLIGHT] = Counter()
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
     app.cleanup_ctx.append(_engine)
@@ -113,6 +117,7 @@ def create_app(settings: Settings) -> web.Application:
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),
             web.get("/metrics", metrics_handler),
+            *admin_routes(),
         ]
     )
     return app

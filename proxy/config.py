@@ -168,6 +168,7 @@ class Settings(BaseSettings):
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True
     tenant_secret: SecretStr | None = None
+    admin_token: SecretStr | None = None
     shutdown_timeout: float = Field(default=30.0, ge=0)
     log_level: str = "INFO"
     policy: Policy = Policy()

@@ -16,13 +16,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.chat_request import parse_chat_request
+from proxy.chat_request import ChatRequest, parse_chat_request
 from proxy.config import Route
 from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
 from proxy.events import usage_event
-from proxy.forwarding import forward
-from proxy.keys import HTTP_CLIENT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
+from proxy.forwarding import Reply, forward
+from proxy.keys import HTTP_CLIENT, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
 from proxy.metrics import (
     METER_ERROR,
     OVERFLOW_RECOVERIES,
@@ -33,6 +33,7 @@ from proxy.metrics import (
     STORE_ERRORS,
 )
 from proxy.overflow import classify_overflow
+from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
 from proxy.store import StoreUnavailable
@@ -95,6 +96,30 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prepared = Prepared(payload=raw, status="bypass")
 
     PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
+    in_flight = app[IN_FLIGHT]
+    conversation = prepared.conversation
+    if conversation is not None:
+        in_flight[conversation] += 1
+    try:
+        reply, prepared = await _forward_with_recovery(request, chat, model_policy, prepared)
+    finally:
+        if conversation is not None:
+            in_flight[conversation] -= 1
+            if in_flight[conversation] <= 0:
+                del in_flight[conversation]
+    REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
+    REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
+    if prepared.conversation is not None and reply.usage is not None:
+        await _record_usage(request, prepared, reply.usage, reply.status)
+    return reply.response
+
+
+async def _forward_with_recovery(
+    request: web.Request, chat: ChatRequest, model_policy: ModelPolicy, prepared: Prepared
+) -> tuple[Reply, Prepared]:
+    """Forward; after a context overflow, compact and retry while the evidence allows."""
+    app = request.app
+    route = model_policy.route
     reply = await forward(request, route, prepared.payload, _compaction_headers(prepared, route))
     retries = 0
     while reply.error_body is not None:
@@ -115,12 +140,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         reply = await forward(
             request, route, prepared.payload, _compaction_headers(prepared, route)
         )
-
-    REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
-    REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
-    if prepared.conversation is not None and reply.usage is not None:
-        await _record_usage(request, prepared, reply.usage, reply.status)
-    return reply.response
+    return reply, prepared
 
 
 def _compaction_headers(prepared: Prepared, route: Route) -> dict[str, str]:

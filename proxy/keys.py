@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import aiohttp
 from aiohttp import web
 
@@ -19,3 +21,5 @@ TENANT_SECRET = web.AppKey("tenant_secret", TenantSecret)
 ENGINE = web.AppKey("engine", Engine)
 POLICIES = web.AppKey("policies", PolicyBook)
 LEARNED_WINDOWS = web.AppKey("learned_windows", LearnedWindows)
+# Requests being forwarded per conversation on this process (manual compaction waits for 0).
+IN_FLIGHT: web.AppKey[Counter[str]] = web.AppKey("in_flight")

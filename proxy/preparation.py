@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
-from proxy.compaction.engine import CompactionJob, Engine, Relief
+from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
 from proxy.compaction.summarize import Summary, call_summarizer
 from proxy.conversation import Message
 from proxy.events import (
@@ -64,13 +65,14 @@ class Prepared:
     forwarded: list[Message] | None = None  # the messages the payload carries
 
 
-def summary_call(request: web.Request, summary_model: str) -> Any:
-    """The summary call for this request: the summary model's route, the client's credentials
-    (or the route's own key), the configured timeout."""
-    app = request.app
+def summary_call(
+    app: web.Application, client_headers: Mapping[str, str], summary_model: str
+) -> SummaryCall:
+    """The summary call: the summary model's route, the client's credentials (or the route's
+    own key), the configured timeout."""
     route = app[POLICIES].for_model(summary_model).route
     url = f"{route.base}/chat/completions"
-    headers = upstream_headers(request.headers, route.api_key_env)
+    headers = upstream_headers(client_headers, route.api_key_env)
     headers["Content-Type"] = "application/json"
     timeout = app[SETTINGS].summary_timeout_seconds
 
@@ -137,7 +139,7 @@ async def prepare(
         pruner=model_policy.pruner,
         window=window,
         summary_model=summary_model,
-        summarize=summary_call(request, summary_model),
+        summarize=summary_call(app, request.headers, summary_model),
         route=route.model,
     )
     relief = await _relieve(engine, job, state, model_policy)

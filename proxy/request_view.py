@@ -45,14 +45,17 @@ class RequestView:
         messages: list[Message],
         session_id: str | None,
         tools: Any = None,
+        conversation: str | None = None,
     ) -> RequestView:
+        """``conversation`` overrides the derived id (when it is already known, e.g. from the
+        admin API for a conversation named by a session header)."""
         head, body = split_head(messages)
         root = chain_root(tenant)
         body_digests = [message_digest(m) for m in body]
         chain = chain_hashes(root, body, body_digests)
         return cls(
             tenant=tenant,
-            conversation=conversation_id(tenant, root, chain, session_id),
+            conversation=conversation or conversation_id(tenant, root, chain, session_id),
             model=model,
             head=head,
             body=body,

@@ -1,0 +1,287 @@
+"""Admin API under ``/admin/``: inspect conversations, compact them by hand.
+
+Every route answers 404 unless ``admin_token`` is configured, and 401 unless the request
+carries ``Authorization: Bearer <admin_token>`` (compared in constant time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.compaction import triggers
+from proxy.compaction.engine import CompactionJob, Outcome, Round
+from proxy.conversation import Checkpoint, ReplacementRecord
+from proxy.keys import ENGINE, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
+from proxy.log_view import LoggedRequest, latest_request
+from proxy.preparation import summary_call
+from proxy.request_view import RequestView
+from proxy.store.base import ConversationState, Event, Store, StoreUnavailable
+from proxy.windows import resolve_window
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_CONVERSATION_ID = re.compile(r"[a-z0-9]{1,80}")
+UPSTREAM_AUTH_HEADER = "X-Upstream-Authorization"
+_OUTCOME_STATUS = {
+    Outcome.COMMITTED: 200,
+    Outcome.BUSY: 409,
+    Outcome.CHANGED: 409,
+    Outcome.NO_RANGE: 409,
+    Outcome.NOT_SMALLER: 409,
+    Outcome.COMMIT_FAILED: 409,
+    Outcome.SUMMARY_FAILED: 502,
+}
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _problem(status: int, reason: str, **extra: Any) -> web.Response:
+    return _json({"reason": reason, **extra}, status)
+
+
+def admin_only(handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        token = request.app[SETTINGS].admin_token
+        if token is None:
+            raise web.HTTPNotFound()
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        expected = token.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            return web.Response(
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+                body=orjson.dumps({"reason": "admin token required"}),
+                content_type="application/json",
+            )
+        conversation = request.match_info.get("conversation")
+        if conversation is not None and not _CONVERSATION_ID.fullmatch(conversation):
+            return _problem(404, "no such conversation")
+        try:
+            return await handler(request)
+        except StoreUnavailable:
+            return _problem(503, "the store is unavailable", outcome="persistence")
+
+    return guarded
+
+
+def _record_view(record: ReplacementRecord) -> dict[str, Any]:
+    if isinstance(record, Checkpoint):
+        return {
+            "kind": "checkpoint",
+            "start": record.start,
+            "end": record.end,
+            "tokens": record.tokens,
+            "shadowed_tokens": record.shadowed_tokens,
+        }
+    return {
+        "kind": "prune",
+        "position": record.position,
+        "chars_before": record.chars_before,
+        "chars_after": record.chars_after,
+    }
+
+
+@admin_only
+async def list_conversations(request: web.Request) -> web.StreamResponse:
+    limit = min(max(int(request.query.get("limit", "50") or 50), 1), 1000)
+    summaries = await request.app[STORE].list_conversations(limit)
+    return _json(
+        {
+            "conversations": [
+                {
+                    "conversation": s.conversation,
+                    "tenant": s.attributes.get("tenant"),
+                    "model": s.attributes.get("model"),
+                    "last_seen": s.last_seen,
+                    "generation": s.generation,
+                    "last_pressure": float(s.attributes["last_pressure"])
+                    if "last_pressure" in s.attributes
+                    else None,
+                }
+                for s in summaries
+            ]
+        }
+    )
+
+
+@admin_only
+async def show_conversation(request: web.Request) -> web.StreamResponse:
+    conversation = request.match_info["conversation"]
+    state = await request.app[STORE].load(conversation)
+    if state.generation == 0 and not state.attributes:
+        return _problem(404, "no such conversation")
+    return _json(
+        {
+            "conversation": conversation,
+            "generation": state.generation,
+            "lease_owner": state.lease_owner,
+            "in_flight": request.app[IN_FLIGHT].get(conversation, 0),
+            "anchor": state.anchor.__dict__ if state.anchor else None,
+            "attributes": state.attributes,
+            "records": [_record_view(r) for r in state.records],
+        }
+    )
+
+
+@admin_only
+async def conversation_log(request: web.Request) -> web.StreamResponse:
+    conversation = request.match_info["conversation"]
+    limit = min(max(int(request.query.get("limit", "100") or 100), 1), 1000)
+    page = await request.app[STORE].read_log(conversation, request.query.get("after"), limit)
+    return _json(
+        {"events": [{"id": eid, **event} for eid, event in page.events], "next": page.next_cursor}
+    )
+
+
+async def _all_events(store: Store, conversation: str) -> list[Event]:
+    events: list[Event] = []
+    cursor: str | None = None
+    while True:
+        page = await store.read_log(conversation, cursor, 1000)
+        events.extend(event for _, event in page.events)
+        if page.next_cursor is None:
+            return events
+        cursor = page.next_cursor
+
+
+async def _logged(
+    request: web.Request,
+) -> tuple[str, ConversationState, LoggedRequest, RequestView] | web.Response:
+    conversation = request.match_info["conversation"]
+    store = request.app[STORE]
+    state = await store.load(conversation)
+    logged = latest_request(await _all_events(store, conversation))
+    tenant = state.attributes.get("tenant")
+    if logged is None or tenant is None:
+        return _problem(404, "no request of this conversation can be read back from its log")
+    view = RequestView.of(
+        tenant,
+        logged.model,
+        [*logged.head, *logged.body],
+        None,
+        logged.tools,
+        conversation=conversation,
+    )
+    return conversation, state, logged, view
+
+
+@admin_only
+async def conversation_surface(request: web.Request) -> web.StreamResponse:
+    found = await _logged(request)
+    if isinstance(found, web.Response):
+        return found
+    conversation, state, logged, view = found
+    surface = view.surface(state.records)
+    return _json(
+        {
+            "conversation": conversation,
+            "model": logged.model,
+            "generation": state.generation,
+            "has_content": logged.has_content,
+            "messages": surface.messages,
+            "nodes": [{"kind": n.kind, "start": n.start, "end": n.end} for n in surface.nodes],
+        }
+    )
+
+
+def _job(request: web.Request, logged: LoggedRequest, view: RequestView) -> CompactionJob:
+    app = request.app
+    model_policy = app[POLICIES].for_model(logged.model)
+    route = model_policy.route
+    window = resolve_window(
+        model_policy.configured_window,
+        model_policy.mapped_window,
+        app[LEARNED_WINDOWS].get(route.model, logged.model),
+    )
+    summary_model = model_policy.policy.summary_model or logged.model
+    credentials = {}
+    if UPSTREAM_AUTH_HEADER in request.headers:
+        credentials["Authorization"] = request.headers[UPSTREAM_AUTH_HEADER]
+    return CompactionJob(
+        view,
+        model_policy.policy,
+        model_policy.pruner,
+        window,
+        summary_model,
+        summary_call(app, credentials, summary_model),
+        route=route.model,
+    )
+
+
+def _round_result(result: Round, generation: int) -> web.Response:
+    committed = result.outcome is Outcome.COMMITTED
+    body: dict[str, Any] = {
+        "outcome": result.outcome.value,
+        "tokens_shadowed": result.shadowed_tokens if committed else 0,
+        "generation": result.state.generation if committed and result.state else generation,
+    }
+    if result.span is not None:
+        body["span"] = {"start": result.span.start, "end": result.span.end}
+    return _json(body, _OUTCOME_STATUS[result.outcome])
+
+
+async def _manual(
+    request: web.Request, run: Callable[[CompactionJob, ConversationState], Awaitable[Any]]
+) -> web.StreamResponse:
+    found = await _logged(request)
+    if isinstance(found, web.Response):
+        return found
+    conversation, state, logged, view = found
+    if request.app[IN_FLIGHT].get(conversation, 0) or state.lease_owner is not None:
+        return _problem(409, "a request of this conversation is in flight", outcome="busy")
+    if not logged.has_content:
+        return _problem(
+            409,
+            "log_content is off: the conversation's messages were not kept",
+            outcome="persistence",
+        )
+    job = _job(request, logged, view)
+    # Shielded: an admin client that hangs up must not leave the lease held.
+    result = await asyncio.shield(run(job, state))
+    if isinstance(result, str):
+        return _problem(400, result)
+    return _round_result(result, state.generation)
+
+
+@admin_only
+async def compact(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    return await _manual(request, lambda job, state: triggers.compact_manual(engine, job, state))
+
+
+@admin_only
+async def compact_region(request: web.Request) -> web.StreamResponse:
+    try:
+        body = orjson.loads(await request.read())
+        start, end = body["start"], body["end"]
+        if not isinstance(start, int) or not isinstance(end, int):
+            raise TypeError
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return _problem(
+            400, 'the body must be {"start": <int>, "end": <int>} (body positions, both inclusive)'
+        )
+    engine = request.app[ENGINE]
+    return await _manual(
+        request, lambda job, state: triggers.compact_region(engine, job, state, start, end)
+    )
+
+
+def admin_routes() -> list[web.RouteDef]:
+    base = "/admin/conversations"
+    return [
+        web.get(base, list_conversations),
+        web.get(base + "/{conversation}", show_conversation),
+        web.get(base + "/{conversation}/log", conversation_log),
+        web.get(base + "/{conversation}/surface", conversation_surface),
+        web.post(base + "/{conversation}/compact", compact),
+        web.post(base + "/{conversation}/compact-region", compact_region),
+    ]

@@ -1,0 +1,216 @@
+"""The admin API: auth, inspection, manual and region compaction."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.builders import agent_turns, system, user
+from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+
+TOKEN = "admin-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MODEL = "fake-model"
+
+
+def history() -> list[dict[str, Any]]:
+    return [
+        system(),
+        user(f"FACT-3: job {uuid.uuid4().hex[:6]}. Fix the race in the cache."),
+        *agent_turns(8, output="cache trace " * 60),
+        user("What now?"),
+    ]
+
+
+async def chat(proxy: RunningProxy, messages: list[dict[str, Any]]) -> str:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-c", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+        )
+        return str(raw.headers["x-compaction-conversation"])
+
+
+async def admin(
+    proxy: RunningProxy,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.request(
+            method,
+            f"{proxy.root}/admin{path}",
+            headers=AUTH if headers is None else headers,
+            **kwargs,
+        ) as response:
+            body = await response.json() if response.content_type == "application/json" else None
+            return response.status, body
+
+
+def routes(upstream_url: str) -> list[dict[str, Any]]:
+    return [{"model": "fake-*", "base_url": upstream_url, "context_window": 64_000}]
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory, upstream_url: str) -> RunningProxy:
+    return await make_proxy(admin_token=TOKEN, routes=routes(upstream_url))
+
+
+async def test_admin_is_off_without_a_token(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    status, _ = await admin(proxy, "GET", "/conversations")
+    assert status == 404
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}]
+)
+async def test_admin_needs_the_bearer_token(proxy: RunningProxy, headers: dict[str, str]) -> None:
+    status, body = await admin(proxy, "GET", "/conversations", headers=headers)
+    assert status == 401
+    assert body == {"reason": "admin token required"}
+
+
+@pytest.mark.parametrize("store_url", ["memory://", REDIS_URL])
+async def test_inspection_lists_shows_logs_and_derives_the_surface(
+    make_proxy: ProxyFactory, upstream_url: str, store_url: str
+) -> None:
+    proxy = await make_proxy(admin_token=TOKEN, store_url=store_url, routes=routes(upstream_url))
+    messages = history()
+    conversation = await chat(proxy, messages)
+    await chat(proxy, [*messages, user("and then?")])
+
+    status, listing = await admin(proxy, "GET", "/conversations?limit=500")
+    assert status == 200
+    entry = next(c for c in listing["conversations"] if c["conversation"] == conversation)
+    assert entry["tenant"] and entry["model"] == MODEL and entry["generation"] == 0
+    assert entry["last_pressure"] is not None and 0 < entry["last_pressure"] < 1
+
+    status, shown = await admin(proxy, "GET", f"/conversations/{conversation}")
+    assert status == 200
+    assert shown["generation"] == 0 and shown["records"] == [] and shown["lease_owner"] is None
+    assert shown["anchor"]["prompt_tokens"] > 0
+
+    events: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        query = f"?limit=7&after={cursor}" if cursor else "?limit=7"
+        status, page = await admin(proxy, "GET", f"/conversations/{conversation}/log{query}")
+        assert status == 200
+        events += page["events"]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    kinds = [e["type"] for e in events]
+    assert kinds.count("message") == len(messages)  # the body, then one more user message
+    assert kinds.count("request") == 2 and kinds.count("usage") == 2 and "context" in kinds
+
+    status, surface = await admin(proxy, "GET", f"/conversations/{conversation}/surface")
+    assert status == 200
+    assert surface["messages"] == [*messages, user("and then?")]
+    assert surface["nodes"][0] == {"kind": "head", "start": None, "end": None}
+    assert surface["nodes"][1] == {"kind": "body", "start": 0, "end": 0}
+
+
+async def test_unknown_conversation_is_404(proxy: RunningProxy) -> None:
+    assert (await admin(proxy, "GET", "/conversations/cdeadbeef"))[0] == 404
+    assert (await admin(proxy, "GET", "/conversations/cdeadbeef/surface"))[0] == 404
+    assert (await admin(proxy, "GET", "/conversations/NOT{valid}"))[0] == 404
+
+
+async def test_manual_compaction_commits_and_later_requests_use_it(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    messages = history()
+    conversation = await chat(proxy, messages)
+    status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
+    assert status == 200
+    assert result["outcome"] == "committed"
+    assert result["tokens_shadowed"] > 0 and result["generation"] == 1
+    assert result["span"] == {"start": 0, "end": len(messages) - 3}
+    await chat(proxy, [*messages, user("continue")])
+    forwarded = fake.chat_requests[-1].body
+    assert forwarded is not None
+    assert forwarded["messages"][0] == system()
+    assert "<compacted-summary>" in forwarded["messages"][1]["content"]
+    assert "FACT-3" in forwarded["messages"][1]["content"]
+    status, surface = await admin(proxy, "GET", f"/conversations/{conversation}/surface")
+    assert surface["nodes"][1] == {"kind": "checkpoint", "start": 0, "end": len(messages) - 3}
+
+
+async def test_manual_compaction_is_refused_while_a_request_is_in_flight(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    messages = history()
+    conversation = await chat(proxy, messages)
+    fake.response_delay = 1.0
+    in_flight = asyncio.ensure_future(chat(proxy, [*messages, user("slow one")]))
+    while len(fake.chat_requests) < 2:
+        await asyncio.sleep(0.02)
+    status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
+    assert (status, result["outcome"]) == (409, "busy")
+    await in_flight
+
+
+async def test_manual_compaction_needs_logged_content(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(admin_token=TOKEN, log_content=False)
+    conversation = await chat(proxy, history())
+    status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
+    assert status == 409
+    assert "log_content" in result["reason"]
+
+
+@pytest.mark.parametrize(
+    ("region", "cause"),
+    [
+        ({"start": 2, "end": 5}, "would separate a tool result"),  # 2 is a tool result
+        ({"start": 1, "end": 3}, "would separate a tool call from its result"),
+        ({"start": 0, "end": 99}, "out of range"),
+        ({"start": 4, "end": 2}, "out of range"),
+        ({"start": 0, "end": 17}, "last message is always kept"),
+        ({"start": "a", "end": 2}, "must be"),
+    ],
+)
+async def test_region_is_validated_naming_the_cause(
+    proxy: RunningProxy, region: dict[str, Any], cause: str
+) -> None:
+    conversation = await chat(proxy, history())
+    status, result = await admin(
+        proxy, "POST", f"/conversations/{conversation}/compact-region", json=region
+    )
+    assert status == 400
+    assert cause in result["reason"]
+
+
+async def test_region_compaction_merges_a_prior_checkpoint_inside_it(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    messages = history()  # body: user, 8 x (call, result), user  -> positions 0..17
+    conversation = await chat(proxy, messages)
+    path = f"/conversations/{conversation}/compact-region"
+    status, inner = await admin(proxy, "POST", path, json={"start": 3, "end": 6})
+    assert (status, inner["outcome"], inner["generation"]) == (200, "committed", 1)
+    status, outer = await admin(proxy, "POST", path, json={"start": 1, "end": 10})
+    assert (status, outer["outcome"], outer["generation"]) == (200, "committed", 2)
+    summary_call = fake.summary_requests[-1].body
+    assert summary_call is not None
+    assert any("<compacted-summary>" in str(m.get("content")) for m in summary_call["messages"])
+    status, surface = await admin(proxy, "GET", f"/conversations/{conversation}/surface")
+    kinds = [(n["kind"], n["start"], n["end"]) for n in surface["nodes"]]
+    assert kinds[:4] == [
+        ("head", None, None),
+        ("body", 0, 0),
+        ("checkpoint", 1, 10),
+        ("body", 11, 11),
+    ]
+    # Splitting the merged checkpoint is refused.
+    status, result = await admin(proxy, "POST", path, json={"start": 5, "end": 12})
+    assert status == 400 and "inside an existing checkpoint" in result["reason"]
