@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from proxy import admin_cli
 from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
 from proxy.policy import configured_window, resolve_policy
 
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", nargs="?", help="YAML file (default as for serve)")
     check.set_defaults(run=_check_config)
+
+    admin_cli.add_parser(commands)
     return parser
 
 

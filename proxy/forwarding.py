@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from aiohttp import web
 from proxy.config import Route
 from proxy.errors import error_response
 from proxy.keys import HTTP_CLIENT
+from proxy.metrics import UPSTREAM_DURATION
 from proxy.upstream import (
     UsageScanner,
     buffered_response,
@@ -24,6 +26,10 @@ from proxy.upstream import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _observe(route: Route, started: float) -> None:
+    UPSTREAM_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ async def forward(
     headers = upstream_headers(request.headers, route.api_key_env)
     headers.setdefault("Content-Type", "application/json")
     url = f"{route.base}/chat/completions"
+    started = time.perf_counter()
     try:
         async with session.post(url, data=payload, headers=headers) as upstream:
             reply_headers = client_headers(upstream)
@@ -59,8 +66,10 @@ async def forward(
                     # cut the connection, so the client sees a truncated stream.
                     log.warning("upstream stream broke off: %s", type(exc).__name__)
                     raise ConnectionResetError("upstream stream broke off") from exc
+                _observe(route, started)
                 return Reply(streamed, upstream.status, scanner.usage)
             body = await upstream.read()
+            _observe(route, started)
             response = buffered_response(upstream.status, reply_headers, body)
             if upstream.status >= 400:
                 return Reply(response, upstream.status, error_body=body)

@@ -8,6 +8,7 @@ client byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -30,7 +31,6 @@ from proxy.metrics import (
     PROXY_OVERHEAD,
     REQUEST_DURATION,
     REQUESTS,
-    STORE_ERRORS,
 )
 from proxy.overflow import classify_overflow
 from proxy.policy import ModelPolicy
@@ -91,7 +91,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         prepared = await prepare(request, chat, raw, model_policy, session_id)
     except StoreUnavailable as exc:
-        STORE_ERRORS.labels(operation=exc.operation).inc()
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
         prepared = Prepared(payload=raw, status="bypass")
 
@@ -177,10 +176,9 @@ async def _record_usage(
         anchor = measurement.anchor_for(prompt_tokens)
         if not measurement.anchored:
             METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
-    try:
+    # A lost usage record is counted by the instrumented store; not worth failing a request.
+    with contextlib.suppress(StoreUnavailable):
         await request.app[STORE].record_usage(prepared.conversation, [event], anchor)
-    except StoreUnavailable as exc:
-        STORE_ERRORS.labels(operation=exc.operation).inc()
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:
@@ -210,6 +208,5 @@ async def readyz(request: web.Request) -> web.Response:
     try:
         await request.app[STORE].ping()
     except StoreUnavailable:
-        STORE_ERRORS.labels(operation="ping").inc()
         return web.json_response({"status": "unavailable", "store": "down"}, status=503)
     return web.json_response({"status": "ready", "store": "up"})

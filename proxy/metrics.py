@@ -61,8 +61,9 @@ PROMPT_TOKENS_FORWARDED = Counter(
 )
 TOKENS_SAVED = Counter(
     "compaction_proxy_tokens_saved_total",
-    "Estimated prompt tokens removed from what a request would have sent, by mechanism.",
-    ["mechanism"],
+    "Estimated prompt tokens not sent upstream because of compaction, counted on every "
+    "forwarded request, by mechanism (summary, prune).",
+    ["route", "mechanism"],
 )
 COMPACTIONS = Counter(
     "compaction_proxy_compactions_total",
@@ -89,4 +90,20 @@ OVERFLOW_RECOVERIES = Counter(
     "Upstream context overflows, by what the proxy did: retried after a committed compaction "
     "changed the request, or passed the upstream's error through unchanged.",
     ["result"],
+)
+STORE_DURATION = Histogram(
+    "compaction_proxy_store_operation_duration_seconds",
+    "Duration of store operations, by operation.",
+    ["operation"],
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5),
+)
+LEASE_WAITS = Counter(
+    "compaction_proxy_lease_waits_total",
+    "Requests that waited for another compaction of their conversation, by how it ended.",
+    ["result"],
+)
+LEASE_WAIT_DURATION = Histogram(
+    "compaction_proxy_lease_wait_duration_seconds",
+    "Time requests spent waiting for another compaction of their conversation.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )

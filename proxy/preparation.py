@@ -21,7 +21,7 @@ from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
 from proxy.compaction.summarize import Summary, call_summarizer
-from proxy.conversation import Message
+from proxy.conversation import Message, Surface
 from proxy.events import (
     context_digest,
     context_event,
@@ -39,7 +39,7 @@ from proxy.keys import (
     TENANT_SECRET,
 )
 from proxy.meter import Measurement
-from proxy.metrics import COMPACTION_ERRORS, PRESSURE
+from proxy.metrics import COMPACTION_ERRORS, PRESSURE, TOKENS_SAVED
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, StoreUnavailable
@@ -80,6 +80,18 @@ def summary_call(
         return await call_summarizer(app[HTTP_CLIENT], url, headers, body, timeout)
 
     return call
+
+
+def _count_savings(route: str, surface: Surface, saved: int) -> None:
+    """Split a request's saved tokens between its checkpoints and its prunes."""
+    if saved <= 0:
+        return
+    by_summary = sum(max(0, c.shadowed_tokens - c.tokens) for c in surface.checkpoints)
+    by_summary = min(by_summary, saved)
+    if by_summary:
+        TOKENS_SAVED.labels(route=route, mechanism="summary").inc(by_summary)
+    if saved > by_summary:
+        TOKENS_SAVED.labels(route=route, mechanism="prune").inc(saved - by_summary)
 
 
 def payload_for(chat: ChatRequest, messages: list[Message]) -> bytes:
@@ -190,7 +202,9 @@ async def prepare(
     payload = raw
     if surface.changed:
         payload = payload_for(chat, surface.messages)
-        tokens_before = view.measure(engine.meter, view.surface(())).tokens
+        unchanged = view.measure(engine.meter, view.surface(()))
+        tokens_before = unchanged.tokens
+        _count_savings(route.model, surface, unchanged.estimated - measurement.estimated)
     return Prepared(
         payload=payload,
         status=status,

@@ -30,7 +30,7 @@ from proxy.compaction.summarize import (
 from proxy.config import Policy
 from proxy.conversation import Checkpoint, Prune, ReplacementRecord, Surface
 from proxy.meter import Measurement, TokenMeter, counter_for
-from proxy.metrics import COMPACTIONS, SUMMARY_DURATION, TOKENS_SAVED
+from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
 from proxy.request_view import RequestView
 from proxy.store.base import BeginResult, ConversationState, Event, Store
 
@@ -374,5 +374,4 @@ class Engine:
             outcome = Outcome.CHANGED if deeper else Outcome.COMMIT_FAILED
             await self._fail(job, owner, trigger, "summary", outcome)
             return outcome, None
-        TOKENS_SAVED.labels(mechanism="summary").inc(span.tokens - tokens)
         return Outcome.COMMITTED, fresh

@@ -13,11 +13,16 @@ from proxy.store.base import (
     Store,
     StoreUnavailable,
 )
+from proxy.store.instrumented import InstrumentedStore
 from proxy.store.memory import MemoryStore
 
 
 def open_store(settings: Settings) -> Store:
-    """The store ``store_url`` names: ``memory://`` or a Redis URL."""
+    """The store ``store_url`` names (``memory://`` or a Redis URL), instrumented."""
+    return InstrumentedStore(_backend(settings))
+
+
+def _backend(settings: Settings) -> Store:
     if settings.store_url.startswith("memory://"):
         return MemoryStore(
             max_conversations=settings.memory_max_conversations,

@@ -1,0 +1,256 @@
+"""``compaction-proxy conversations …``: the admin API from a terminal.
+
+Talks to a running proxy (``--url``, default ``$COMPACTION_PROXY_ADMIN_URL`` or
+http://127.0.0.1:8080) with its admin token (``--token`` or ``$COMPACTION_PROXY_ADMIN_TOKEN``).
+Human-readable tables by default; ``--json`` prints the API's own JSON for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class AdminError(Exception):
+    pass
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    token = args.token or os.environ.get("COMPACTION_PROXY_ADMIN_TOKEN")
+    if not token:
+        raise AdminError("no admin token: pass --token or set COMPACTION_PROXY_ADMIN_TOKEN")
+    url = (args.url or os.environ.get("COMPACTION_PROXY_ADMIN_URL") or DEFAULT_URL).rstrip("/")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    upstream_key = getattr(args, "upstream_key", None)
+    if upstream_key:
+        headers["X-Upstream-Authorization"] = f"Bearer {upstream_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        f"{url}/admin{path}", data=data, method=method, headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        try:
+            detail = json.loads(error.read())
+        except ValueError:
+            detail = {}
+        if isinstance(detail, dict) and "outcome" in detail:
+            return detail  # a refused compaction is an answer, not a transport failure
+        reason = detail.get("reason") if isinstance(detail, dict) else None
+        raise AdminError(f"HTTP {error.code}: {reason or error.reason}") from error
+    except urllib.error.URLError as error:
+        raise AdminError(f"cannot reach {url}: {error.reason}") from error
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=False)]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _ago(timestamp: float | None) -> str:
+    if not timestamp:
+        return "-"
+    seconds = max(0, int(time.time() - timestamp))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _preview(message: dict[str, Any], width: int = 60) -> str:
+    content = message.get("content")
+    if content is None and message.get("tool_calls"):
+        content = "→ " + ", ".join(c["function"]["name"] for c in message["tool_calls"])
+    text = " ".join(str(content if content is not None else "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _list(args: argparse.Namespace) -> str:
+    data = _call(args, "GET", f"/conversations?limit={args.limit}")
+    if args.json:
+        return json.dumps(data, indent=2)
+    rows = [
+        [
+            c["conversation"],
+            (c["tenant"] or "-")[:12],
+            c["model"] or "-",
+            _ago(c["last_seen"]),
+            str(c["generation"]),
+            f"{c['last_pressure']:.0%}" if c["last_pressure"] is not None else "-",
+        ]
+        for c in data["conversations"]
+    ]
+    return _table(rows, ["CONVERSATION", "TENANT", "MODEL", "LAST SEEN", "GEN", "PRESSURE"])
+
+
+def _show(args: argparse.Namespace) -> str:
+    data = _call(args, "GET", f"/conversations/{args.conversation}")
+    if args.json:
+        return json.dumps(data, indent=2)
+    anchor = data["anchor"]
+    lines = [
+        f"conversation  {data['conversation']}",
+        f"generation    {data['generation']}",
+        f"lease         {data['lease_owner'] or 'free'}",
+        f"in flight     {data['in_flight']}",
+        f"anchor        {anchor['prompt_tokens']} tokens up to body position {anchor['tip']}"
+        if anchor
+        else "anchor        none",
+    ]
+    rows = [
+        [
+            r["kind"],
+            f"{r['start']}..{r['end']}" if r["kind"] == "checkpoint" else str(r["position"]),
+            f"{r['shadowed_tokens']} → {r['tokens']} tokens"
+            if r["kind"] == "checkpoint"
+            else f"{r['chars_before']} → {r['chars_after']} chars",
+        ]
+        for r in data["records"]
+    ]
+    if rows:
+        lines += ["", _table(rows, ["RECORD", "POSITIONS", "SIZE"])]
+    return "\n".join(lines)
+
+
+def _log(args: argparse.Namespace) -> str:
+    query = f"?limit={args.limit}" + (f"&after={args.after}" if args.after else "")
+    data = _call(args, "GET", f"/conversations/{args.conversation}/log{query}")
+    if args.json:
+        return json.dumps(data, indent=2)
+    rows = []
+    for event in data["events"]:
+        detail = {
+            k: v
+            for k, v in event.items()
+            if k
+            in (
+                "position",
+                "role",
+                "status",
+                "generation",
+                "prompt_tokens",
+                "outcome",
+                "error",
+                "trigger",
+                "kind",
+                "start",
+                "end",
+            )
+        }
+        rows.append([event["id"], event["type"], " ".join(f"{k}={v}" for k, v in detail.items())])
+    text = _table(rows, ["ID", "EVENT", "DETAIL"])
+    if data["next"]:
+        text += f"\n(more: --after {data['next']})"
+    return text
+
+
+def _surface(args: argparse.Namespace) -> str:
+    data = _call(args, "GET", f"/conversations/{args.conversation}/surface")
+    if args.json:
+        return json.dumps(data, indent=2)
+    rows = []
+    for index, (node, message) in enumerate(zip(data["nodes"], data["messages"], strict=True)):
+        positions = (
+            "-"
+            if node["start"] is None
+            else (
+                str(node["start"])
+                if node["start"] == node["end"]
+                else f"{node['start']}..{node['end']}"
+            )
+        )
+        rows.append(
+            [str(index), node["kind"], positions, str(message.get("role")), _preview(message)]
+        )
+    return _table(rows, ["#", "KIND", "BODY", "ROLE", "CONTENT"])
+
+
+def _compact(args: argparse.Namespace) -> str:
+    if (args.start is None) != (args.end is None):
+        raise AdminError("give both --start and --end for a region, or neither")
+    if args.start is None:
+        data = _call(args, "POST", f"/conversations/{args.conversation}/compact")
+    else:
+        data = _call(
+            args,
+            "POST",
+            f"/conversations/{args.conversation}/compact-region",
+            {"start": args.start, "end": args.end},
+        )
+    args.failed = data.get("outcome") != "committed"
+    if args.json:
+        return json.dumps(data, indent=2)
+    line = f"{data['outcome']}: {data.get('tokens_shadowed', 0)} tokens shadowed"
+    if "generation" in data:
+        line += f", generation {data['generation']}"
+    if data.get("reason"):
+        line += f" ({data['reason']})"
+    return line
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "conversations",
+        help="inspect and compact conversations through a running proxy's admin API",
+    )
+    parser.add_argument(
+        "--url", help=f"proxy base URL (default $COMPACTION_PROXY_ADMIN_URL or {DEFAULT_URL})"
+    )
+    parser.add_argument("--token", help="admin token (default $COMPACTION_PROXY_ADMIN_TOKEN)")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    actions = parser.add_subparsers(dest="action", required=True)
+
+    listing = actions.add_parser("list", help="recently active conversations")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.set_defaults(show=_list)
+
+    for name, func, text in (
+        ("show", _show, "state and replacement records"),
+        ("surface", _surface, "what the latest request would be sent"),
+    ):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("conversation")
+        sub.set_defaults(show=func)
+
+    log = actions.add_parser("log", help="the session log, a page at a time")
+    log.add_argument("conversation")
+    log.add_argument("--after", help="cursor from the previous page")
+    log.add_argument("--limit", type=int, default=100)
+    log.set_defaults(show=_log)
+
+    compact = actions.add_parser(
+        "compact",
+        help="summarize an idle conversation now (everything but the last message, or a region)",
+    )
+    compact.add_argument("conversation")
+    compact.add_argument("--start", type=int, help="first body position of a region")
+    compact.add_argument("--end", type=int, help="last body position of a region (inclusive)")
+    compact.add_argument(
+        "--upstream-key", help="API key for the summary call when the route has none of its own"
+    )
+    compact.set_defaults(show=_compact)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        print(args.show(args))
+    except AdminError as error:
+        print(f"compaction-proxy: {error}", file=sys.stderr)
+        return 1
+    return 1 if getattr(args, "failed", False) else 0
