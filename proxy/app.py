@@ -25,7 +25,7 @@ from proxy.keys import (
     TENANT_SECRET,
 )
 from proxy.meter import TokenMeter
-from proxy.metrics import metrics_handler
+from proxy.metrics import initialize_label_sets, metrics_handler
 from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
 from proxy.tenant import TenantSecret
@@ -103,6 +103,7 @@ def create_app(settings: Settings) -> web.Application:
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
+    initialize_label_sets()
     app[POLICIES] = PolicyBook(settings)
     app[LEARNED_WINDOWS] = LearnedWindows()
     app[IN_FLIGHT] = Counter()

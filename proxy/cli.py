@@ -1,4 +1,4 @@
-"""Command line: ``compaction-proxy serve | check-config``."""
+"""Command line: ``compaction-proxy serve | check-config | conversations``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from aiohttp import web
 
 from proxy import admin_cli
 from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
+from proxy.metrics import serve_metrics_port
 from proxy.policy import configured_window, resolve_policy
 
 
@@ -34,6 +35,8 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     app = create_app(settings)
+    if settings.metrics_port is not None:
+        serve_metrics_port(settings.host, settings.metrics_port)
     web.run_app(
         app,
         host=settings.host,

@@ -140,6 +140,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
     upstream_base_url: AnyHttpUrl = Field(
         default=AnyHttpUrl(DEFAULT_UPSTREAM),
         validation_alias=AliasChoices(

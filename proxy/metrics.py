@@ -6,8 +6,19 @@ small closed sets of outcomes; never a conversation id or a key.
 
 from __future__ import annotations
 
+import os
+
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    start_http_server,
+)
 
 LLM_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -40,12 +51,6 @@ STORE_ERRORS = Counter(
     "Store operations that failed; the request was served without the store (bypass).",
     ["operation"],
 )
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    response = web.Response(body=generate_latest())
-    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-    return response
 
 
 PRESSURE = Histogram(
@@ -107,3 +112,50 @@ LEASE_WAIT_DURATION = Histogram(
     "Time requests spent waiting for another compaction of their conversation.",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+
+
+STORE_OPERATIONS = (
+    "ping",
+    "load",
+    "append",
+    "record_usage",
+    "begin_compaction",
+    "commit_compaction",
+    "end_compaction",
+    "read_log",
+    "list_conversations",
+    "wait_for_lease",
+    "shared_secret",
+)
+
+
+def initialize_label_sets() -> None:
+    """Create the known label combinations at zero, so that rates and dashboards show 0
+    rather than nothing before the first event of a kind."""
+    for operation in STORE_OPERATIONS:
+        STORE_ERRORS.labels(operation=operation)
+    for result in ("retried", "passed_through"):
+        OVERFLOW_RECOVERIES.labels(result=result)
+    for result in ("released", "timed_out"):
+        LEASE_WAITS.labels(result=result)
+
+
+def exposition_registry() -> CollectorRegistry:
+    """The registry to expose: the process's own, or, when the server runs several worker
+    processes (``PROMETHEUS_MULTIPROC_DIR`` set before start-up), all workers' combined."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    response = web.Response(body=generate_latest(exposition_registry()))
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response
+
+
+def serve_metrics_port(host: str, port: int) -> None:
+    """Expose the metrics on a port of their own too (a background thread)."""
+    start_http_server(port, addr=host, registry=exposition_registry())

@@ -29,3 +29,23 @@ async def test_sigterm_drains_in_flight_requests(fake: FakeUpstream, upstream_ur
             reply = await in_flight
             assert reply.choices[0].message.content == "ok"
         assert await asyncio.wait_for(process.wait(), 10) == 0
+
+
+async def test_metrics_on_their_own_port(upstream_url: str) -> None:
+    import aiohttp
+
+    from tests.processes import free_port
+
+    port = free_port()
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "s",
+        "COMPACTION_PROXY_METRICS_PORT": str(port),
+    }
+    async with proxy_process(env) as (_, base):
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0) as client:
+            await client.chat.completions.create(model="fake-model", messages=[user("hi")])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                text = await response.text()
+    assert 'compaction_proxy_requests_total{outcome="ok",route="*"} 1.0' in text

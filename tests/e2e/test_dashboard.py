@@ -1,0 +1,190 @@
+"""The Grafana dashboard, checked against a real Prometheus scraping a real proxy process.
+
+A workload that compacts, prunes, waits for leases and recovers from an overflow runs through
+a proxy process; Prometheus scrapes it every second; then every panel's query is evaluated
+through Prometheus's HTTP API and must return data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.builders import agent_turns, assistant, system, tool, user
+from tests.processes import free_port, proxy_process
+
+DASHBOARD = Path(__file__).parents[2] / "charts" / "compaction-proxy" / "dashboards"
+SCRAPE_SECONDS = 1
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = orjson.loads((DASHBOARD / "compaction-proxy.json").read_bytes())
+    return loaded
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in dashboard()["panels"] for t in p["targets"]]
+
+
+def test_dashboard_is_well_formed() -> None:
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["route"]["query"]["query"].startswith("label_values(")
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+    titles = " ".join(p["title"].lower() for p in board["panels"])
+    for topic in (
+        "outcome",
+        "overhead",
+        "pressure",
+        "compactions",
+        "saved",
+        "overflow",
+        "summary",
+        "store",
+    ):
+        assert topic in titles
+
+
+class Prometheus:
+    """A real Prometheus server, scraping one target every second."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.base = f"http://127.0.0.1:{free_port()}"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self, target: str) -> None:
+        config = self.workdir / "prometheus.yml"
+        config.write_text(
+            f"global:\n  scrape_interval: {SCRAPE_SECONDS}s\n"
+            f"scrape_configs:\n  - job_name: compaction-proxy\n"
+            f"    static_configs:\n      - targets: ['{target}']\n"
+        )
+        self.process = await asyncio.create_subprocess_exec(
+            self.binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address={self.base.removeprefix('http://')}",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await wait_for_prometheus(self.base)
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            await self.process.wait()
+
+
+@pytest.fixture
+async def prometheus(tmp_path: Path) -> AsyncIterator[Prometheus]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the prometheus binary is not installed (.ci/run installs Debian's)")
+    server = Prometheus(binary, tmp_path)
+    yield server
+    await server.stop()
+
+
+async def wait_for_prometheus(base: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            try:
+                async with http.get(f"{base}/-/ready") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError("prometheus did not become ready")
+
+
+async def workload(base: str) -> None:
+    """Prunes, compacts under pressure, waits for a lease, recovers from an overflow."""
+    tag = uuid.uuid4().hex[:6]
+    big_tool = " ".join(f"trace{i % 61}" for i in range(6_000))
+    pressure = [
+        system(),
+        user(f"FACT-1: {tag}"),
+        *agent_turns(30, output="log line " * 160),
+        assistant(None, ("t", "bash", "{}")),
+        tool("t", big_tool),
+        user("next?"),
+    ]
+    overflowing = [
+        system(),
+        user(f"overflow {tag}"),
+        *agent_turns(40, output="scheduler trace entry " * 150),
+        user("go on"),
+    ]
+    async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0) as client:
+        await asyncio.gather(
+            *(
+                client.chat.completions.create(model="dash-small", messages=pressure)  # type: ignore[arg-type]
+                for _ in range(3)
+            )
+        )
+        await client.chat.completions.create(model="dash-tight", messages=overflowing)  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(
+            model="dash-small",
+            messages=[*pressure, assistant("ok"), user("more")],  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for _ in stream:
+            pass
+
+
+async def test_every_panel_query_returns_data(
+    prometheus: Prometheus, fake: FakeUpstream, upstream_url: str
+) -> None:
+    fake.windows["dash-tight"] = 16_000
+    fake.summary_delay = 0.2
+    routes = orjson.dumps(
+        [
+            {"model": "dash-small", "base_url": upstream_url, "context_window": 16_000},
+            {"model": "dash-tight", "base_url": upstream_url, "context_window": 128_000},
+        ]
+    ).decode()
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "dash",
+        "COMPACTION_PROXY_ROUTES": routes,
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+    }
+    async with proxy_process(env) as (_, base):
+        await prometheus.start(base.removeprefix("http://"))
+        await asyncio.sleep(3 * SCRAPE_SECONDS)
+        await workload(base)
+        await asyncio.sleep(3 * SCRAPE_SECONDS)
+        await workload(base)
+        await asyncio.sleep(4 * SCRAPE_SECONDS)
+
+        empty: list[str] = []
+        async with aiohttp.ClientSession() as http:
+            for title, expr in panel_queries():
+                concrete = expr.replace("$__rate_interval", "1m").replace("$route", ".*")
+                async with http.get(
+                    f"{prometheus.base}/api/v1/query", params={"query": concrete}
+                ) as response:
+                    answer = await response.json()
+                assert answer["status"] == "success", (title, answer)
+                if not answer["data"]["result"]:
+                    empty.append(f"{title}: {concrete}")
+    assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
