@@ -41,3 +41,13 @@ def warm_up_litellm() -> None:
         import litellm  # noqa: F401
     except ImportError:
         return
+
+
+def main() -> None:
+    """``python -m proxy.tokenizers``: load every bundled encoding (fails loudly if missing)."""
+    for name in ("o200k_base", "cl100k_base"):
+        print(f"{name}: {encoding(name).n_vocab} tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -34,14 +34,28 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local three-master Redis Cluster, started once per test session."""
+    from tests.redis_cluster import RedisCluster
+
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    yield cluster.url
+    cluster.stop()
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    """Both backends: the in-process store and a real Redis server."""
+    """Every backend: the in-process store, a real Redis server, a real Redis Cluster."""
     backend: Store
     if request.param == "memory":
         backend = MemoryStore(ttl_seconds=3600)
     else:
-        backend = RedisStore(REDIS_URL, ttl_seconds=3600)
+        url = REDIS_URL
+        if request.param == "redis-cluster":
+            url = request.getfixturevalue("redis_cluster_url")
+        backend = RedisStore(url, ttl_seconds=3600)
         await backend.ping()
     yield backend
     await backend.close()

@@ -1,0 +1,119 @@
+"""A local three-master Redis Cluster for tests (``redis-server --cluster-enabled yes``)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """Ports whose cluster bus port (+10000) is free too."""
+    ports: list[int] = []
+    candidate = 21000 + (int(time.time() * 1000) % 4000)
+    while len(ports) < count:
+        if _free(candidate) and _free(candidate + 10000):
+            ports.append(candidate)
+        candidate += 1
+    return ports
+
+
+class RedisCluster:
+    def __init__(self, workdir: Path, masters: int = 3) -> None:
+        server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if server is None or cli is None:
+            pytest.skip(
+                "redis-server and redis-cli are needed for Redis Cluster tests "
+                "(.ci/run installs them)"
+            )
+        self.server, self.cli = server, cli
+        self.workdir = workdir
+        self.ports = _cluster_ports(masters)
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}/0"
+
+    def start(self) -> None:
+        for port in self.ports:
+            node_dir = self.workdir / str(port)
+            node_dir.mkdir(parents=True, exist_ok=True)
+            self.processes.append(
+                subprocess.Popen(
+                    [
+                        self.server,
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        f"nodes-{port}.conf",
+                        "--dir",
+                        str(node_dir),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+        for port in self.ports:
+            self._wait(lambda p=port: self._cli(p, "ping") == "PONG")
+        subprocess.run(
+            [
+                self.cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in self.ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in self.ports:
+            self._wait(lambda p=port: "cluster_state:ok" in self._cli(p, "cluster", "info"))
+
+    def _cli(self, port: int, *args: str) -> str:
+        done = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True, text=True)
+        return done.stdout.strip()
+
+    @staticmethod
+    def _wait(ready: object, seconds: float = 20.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.1)
+        raise TimeoutError("redis cluster did not become ready")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
+async def started_cluster(workdir: Path) -> RedisCluster:
+    cluster = RedisCluster(workdir)
+    await asyncio.to_thread(cluster.start)
+    return cluster
