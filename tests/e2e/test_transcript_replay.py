@@ -8,6 +8,7 @@ seeing an error.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,11 @@ FACTS = [
 REPLAY_REPORT: list[str] = []
 
 
-def plant_facts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def plant_facts(messages: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
     planted = [dict(m) for m in messages]
     first_user = next(i for i, m in enumerate(planted) if m["role"] == "user")
-    planted[first_user]["content"] = "\n".join(FACTS) + "\n\n" + str(planted[first_user]["content"])
+    facts = "\n".join(FACTS) + f"\nrun {run} {uuid.uuid4().hex}\n\n"
+    planted[first_user]["content"] = facts + str(planted[first_user]["content"])
     return planted
 
 
@@ -74,11 +76,32 @@ def cap_of(received: Received) -> int:
 async def test_replay_stays_inside_the_window(
     path: Path, window: int, make_proxy: ProxyFactory, fake: FakeUpstream, upstream_url: str
 ) -> None:
+    await replay(path, window, make_proxy, fake, upstream_url, "memory://")
+
+
+async def test_replay_on_a_redis_cluster(
+    make_proxy: ProxyFactory, fake: FakeUpstream, upstream_url: str, redis_cluster_url: str
+) -> None:
+    path = next(p for p in transcript_paths() if "django-11283" in p.name)
+    await replay(path, 16_000, make_proxy, fake, upstream_url, redis_cluster_url, "cluster")
+
+
+async def replay(
+    path: Path,
+    window: int,
+    make_proxy: ProxyFactory,
+    fake: FakeUpstream,
+    upstream_url: str,
+    store_url: str,
+    label: str = "",
+) -> None:
     fake.windows[MODEL] = window
     proxy = await make_proxy(
-        routes=[{"model": MODEL, "base_url": upstream_url, "context_window": window}]
+        store_url=store_url,
+        routes=[{"model": MODEL, "base_url": upstream_url, "context_window": window}],
     )
-    messages = plant_facts(load(path))
+    # A unique first message: a shared store must not see this conversation from earlier runs.
+    messages = plant_facts(load(path), label or "memory")
     head, _ = split_head(messages)
     uses_tools = any(m.get("tool_calls") for m in messages)
     extra: dict[str, Any] = {"tools": BASH_TOOL} if uses_tools else {}
@@ -122,7 +145,7 @@ async def test_replay_stays_inside_the_window(
     assert len(fake.summary_requests) == len(committed)
     if largest < 0.8 * window:
         assert committed == [] and raw_tokens == forwarded_tokens
-        _report(path, window, statuses, raw_tokens, forwarded_tokens, 0, 0)
+        _report(path, window, statuses, raw_tokens, forwarded_tokens, 0, 0, label)
         return
     assert {"compacted", "pruned"} & set(statuses), "crossing the threshold must compact"
     assert len(fake.summary_requests) * 4 < len(fake.chat_requests)
@@ -148,6 +171,7 @@ async def test_replay_stays_inside_the_window(
         forwarded_tokens,
         len(committed),
         len(fake.summary_requests),
+        label,
     )
 
 
@@ -159,9 +183,11 @@ def _report(
     forwarded: int,
     compactions: int,
     summary_calls: int,
+    label: str,
 ) -> None:
+    name = path.name.split(".")[0][:48] + (f" [{label}]" if label else "")
     REPLAY_REPORT.append(
-        f"{path.name.split('.')[0][:52]:<52} {window // 1000:>3}k  requests {len(statuses):>3}"
+        f"{name:<58} {window // 1000:>3}k  requests {len(statuses):>3}"
         f"  raw {raw:>9,}  forwarded {forwarded:>9,}  ({forwarded / raw:.0%})"
         f"  compactions {compactions:>2}  summary calls {summary_calls:>2}"
         f"  prunes {statuses.count('pruned'):>2}"

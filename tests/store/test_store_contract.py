@@ -238,3 +238,15 @@ async def test_begin_is_stale_when_the_generation_moved_on(store: Store, convers
     assert await store.begin_compaction(conversation, "b", 30, START, 1) is BEGUN
     starts = [e for e in await log_of(store, conversation) if e["type"] == "compaction/start"]
     assert len(starts) == 2
+
+
+async def test_recently_active_conversations_are_listed_newest_first(store: Store) -> None:
+    names = [f"test-list-{uuid.uuid4().hex}" for _ in range(3)]
+    for name in names:
+        await store.append(name, messages(1), attributes={"tenant": "t", "last_pressure": "0.5"})
+        await asyncio.sleep(0.01)
+    listed = await store.list_conversations(limit=1000)
+    ours = [s for s in listed if s.conversation in names]
+    assert [s.conversation for s in ours] == names[::-1]
+    assert all(s.attributes["tenant"] == "t" and s.generation == 0 for s in ours)
+    assert len(await store.list_conversations(limit=2)) == 2
