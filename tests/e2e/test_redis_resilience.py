@@ -125,3 +125,36 @@ async def test_records_and_log_survive_a_proxy_restart(
     await store.close()
     assert [e["type"] for e in events].count("request") == 2
     assert [e["position"] for e in events if e["type"] == "message"] == list(range(len(later) - 1))
+
+
+async def test_redis_lost_mid_replay_then_compaction_resumes(
+    make_proxy: ProxyFactory, private_redis: RedisServer, fake: FakeUpstream, upstream_url: str
+) -> None:
+    from tests.transcripts import load, replay_requests, transcript_paths
+
+    fake.windows["resilient-model"] = 16_000
+    proxy = await make_proxy(
+        store_url=private_redis.url,
+        tenant_secret=None,
+        routes=[{"model": "resilient-model", "base_url": upstream_url, "context_window": 16_000}],
+    )
+    path = next(p for p in transcript_paths() if "django-11283" in p.name)
+    statuses: list[str] = []
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+        for turn, history in enumerate(replay_requests(load(path))):
+            if turn == 5:
+                await private_redis.stop()
+            if turn == 15:
+                await private_redis.start()
+            raw = await client.chat.completions.with_raw_response.create(
+                model="resilient-model",
+                messages=history,  # type: ignore[arg-type]
+            )
+            assert raw.parse().choices[0].message.content == "ok"
+            statuses.append(raw.headers["x-compaction-status"])
+    assert set(statuses[:5]) == {"none"}
+    assert set(statuses[5:15]) == {"bypass"}
+    assert "bypass" not in statuses[15:]
+    assert "compacted" in statuses[15:]  # compaction resumed on the restarted Redis
+    assert fake.summary_requests
+    assert all(r.prompt_tokens <= 16_000 for r in fake.chat_requests)

@@ -1,0 +1,144 @@
+"""Many replicas on one Redis: two proxy processes, conversations alternating between them,
+and parallel runs with identical openings, replaying real transcripts concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import openai
+import orjson
+
+from proxy.request_view import RequestView
+from proxy.store.redis import RedisStore
+from proxy.tenant import TenantSecret, tenant_of
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import REDIS_URL
+from tests.processes import proxy_process
+from tests.transcripts import load, replay_requests, transcript_paths
+
+MODEL = "replica-model"
+WINDOW = 16_000
+API_KEY = "sk-replicas"
+
+
+def transcript(name: str) -> list[dict[str, Any]]:
+    messages = load(next(p for p in transcript_paths() if name in p.name))
+    first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    opened = [dict(m) for m in messages]
+    opened[first_user]["content"] = f"run {uuid.uuid4().hex}\n{opened[first_user]['content']}"
+    return opened
+
+
+def diverged(messages: list[dict[str, Any]], at: int) -> list[dict[str, Any]]:
+    """The same run up to ``at``, then a different tool output: a parallel run."""
+    fork = [dict(m) for m in messages]
+    index = next(i for i in range(at, len(fork)) if fork[i]["role"] in ("tool", "user"))
+    fork[index]["content"] = f"(a different machine) {fork[index]['content']}"
+    return fork
+
+
+class Client:
+    """Replays one conversation, request by request, over the given replicas in turn."""
+
+    def __init__(self, name: str, messages: list[dict[str, Any]], bases: list[str]) -> None:
+        self.name = name
+        self.messages = messages
+        self.bases = bases
+        self.sent: list[tuple[str, list[dict[str, Any]], int, str]] = []
+
+    async def run(self) -> None:
+        clients = [
+            openai.AsyncOpenAI(base_url=f"{b}/v1", api_key=API_KEY, max_retries=0)
+            for b in self.bases
+        ]
+        try:
+            for turn, history in enumerate(replay_requests(self.messages)):
+                marker = f"{self.name}-{turn}"
+                raw = await clients[turn % len(clients)].chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=history,
+                    user=marker,  # type: ignore[arg-type]
+                )
+                assert raw.parse().choices[0].message.content == "ok"
+                self.sent.append(
+                    (
+                        marker,
+                        history,
+                        int(raw.headers["x-compaction-generation"]),
+                        raw.headers["x-compaction-conversation"],
+                    )
+                )
+        finally:
+            for client in clients:
+                await client.close()
+
+
+async def test_two_replicas_on_one_redis_stay_consistent(
+    fake: FakeUpstream, upstream_url: str
+) -> None:
+    fake.windows[MODEL] = WINDOW
+    fake.summary_delay = 0.05
+    routes = orjson.dumps(
+        [{"model": MODEL, "base_url": upstream_url, "context_window": WINDOW}]
+    ).decode()
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "REDIS_URL": REDIS_URL,
+        "COMPACTION_PROXY_ROUTES": routes,
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+    }
+    alternating = transcript("django-11283")
+    opening = transcript("gpt5mini__django__django-13925")
+    async with proxy_process(env) as (_, first), proxy_process(env) as (_, second):
+        clients = [
+            Client("alternating", alternating, [first, second]),
+            Client("run-a", opening, [first, second]),
+            Client("run-b", diverged(opening, 12), [second, first]),
+        ]
+        await asyncio.gather(*(c.run() for c in clients))
+
+    store = RedisStore(REDIS_URL)
+    try:
+        secret = await TenantSecret(None, store).get()
+        tenant = tenant_of(secret, API_KEY)
+        await check_replicas(store, tenant, clients, fake)
+    finally:
+        await store.close()
+
+
+async def check_replicas(
+    store: RedisStore, tenant: str, clients: list[Client], fake: FakeUpstream
+) -> None:
+    # One summary call per compacted span, across both replicas.
+    spans = [orjson.dumps(r.body["messages"][:-1]) for r in fake.summary_requests if r.body]
+    assert spans and len(spans) == len(set(spans))
+
+    forwarded = {r.body["user"]: r.body["messages"] for r in fake.chat_requests if r.body}
+    by_conversation: dict[str, list[tuple[Client, int]]] = defaultdict(list)
+    for client in clients:
+        generations = [g for _, _, g, _ in client.sent]
+        assert generations == sorted(generations), f"{client.name}: generations went back"
+        for index, (_, _, _, conversation) in enumerate(client.sent):
+            by_conversation[conversation].append((client, index))
+    assert len(by_conversation) == 2  # the two runs with one opening share a conversation
+
+    for conversation, sends in by_conversation.items():
+        state = await store.load(conversation)
+        events = [e for _, e in (await store.read_log(conversation, limit=100_000)).events]
+        logged = [(e["position"], e["hash"]) for e in events if e["type"] == "message"]
+        assert len(logged) == len(set(logged)), "a message was logged twice"
+        expected_hashes: set[str] = set()
+        for client, index in sends:
+            marker, history, _, _ = client.sent[index]
+            view = RequestView.of(tenant, MODEL, history, None)
+            expected_hashes |= set(view.chain)
+            records = state.records
+            candidates = [view.surface(records[:n]).messages for n in range(len(records) + 1)]
+            assert forwarded[marker] in candidates, f"{marker}: not derived from committed records"
+        assert {h for _, h in logged} == expected_hashes, "log lost or invented messages"
+        requests = [e for e in events if e["type"] == "request"]
+        usages = [e for e in events if e["type"] == "usage"]
+        assert len(requests) == len(usages) == len(sends)
