@@ -19,18 +19,19 @@ def free_port() -> int:
         return port
 
 
-async def wait_until_healthy(base: str, timeout: float = 30.0) -> None:
+async def wait_until_ready(url: str, timeout: float = 30.0) -> None:
+    """Poll ``url`` until it answers 200 (a server starting in another process)."""
     deadline = asyncio.get_running_loop().time() + timeout
     async with aiohttp.ClientSession() as http:
         while True:
             try:
-                async with http.get(f"{base}/healthz") as response:
+                async with http.get(url) as response:
                     if response.status == 200:
                         return
             except aiohttp.ClientError:
                 pass
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"proxy at {base} did not become healthy")
+                raise TimeoutError(f"{url} did not become ready")
             await asyncio.sleep(0.1)
 
 
@@ -52,7 +53,7 @@ async def proxy_process(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        await wait_until_healthy(base)
+        await wait_until_ready(f"{base}/healthz")
         yield process, base
     finally:
         if process.returncode is None:

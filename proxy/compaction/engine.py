@@ -114,6 +114,12 @@ class Engine:
         fresh = await self.store.load(job.view.conversation)
         return fresh, job.view.surface(fresh.records)
 
+    async def wait_and_reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
+        """Wait (bounded by the lease TTL) for another compaction of this conversation, then
+        read what it committed."""
+        await self.store.wait_for_lease(job.view.conversation, self.settings.lease_ttl_seconds)
+        return await self.reload(job)
+
     async def _begin(
         self, job: CompactionJob, state: ConversationState, trigger: str, kind: str, **extra: Any
     ) -> tuple[BeginResult, str]:
@@ -185,8 +191,9 @@ class Engine:
         outcome = await self._commit_prunes(job, state, candidates, trigger)
         COMPACTIONS.labels(trigger=trigger, mechanism="prune", outcome=outcome.value).inc()
         if outcome is Outcome.BUSY:
-            await self.store.wait_for_lease(job.view.conversation, self.settings.lease_ttl_seconds)
-        fresh, fresh_surface = await self.reload(job)
+            fresh, fresh_surface = await self.wait_and_reload(job)
+        else:
+            fresh, fresh_surface = await self.reload(job)
         if outcome is Outcome.COMMITTED:
             saved = sum(c.pruned.chars_before - c.pruned.chars_after for c in candidates)
             log.debug("pruned %d tool results (%d characters)", len(candidates), saved)

@@ -64,10 +64,7 @@ async def relieve_pressure(
             waits += 1
             if waits > engine.settings.max_busy_waits:
                 break
-            await engine.store.wait_for_lease(
-                job.view.conversation, engine.settings.lease_ttl_seconds
-            )
-            state, surface = await engine.reload(job)
+            state, surface = await engine.wait_and_reload(job)
             measurement = engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
@@ -94,8 +91,7 @@ async def recover_overflow(
     call: the caller decides from what the store committed."""
     state, surface = await engine.reload(job)
     state, surface, pruned = await engine.prune(job, state, surface, "context-overflow")
-    enough = threshold is not None and engine.measure(job, state, surface).tokens < threshold
-    if pruned and enough:
+    if pruned and threshold is not None and engine.measure(job, state, surface).tokens < threshold:
         return
     waits = 0
     for _ in range(engine.settings.max_rounds):
@@ -104,10 +100,7 @@ async def recover_overflow(
             waits += 1
             if waits > engine.settings.max_busy_waits:
                 return
-            await engine.store.wait_for_lease(
-                job.view.conversation, engine.settings.lease_ttl_seconds
-            )
-            state, surface = await engine.reload(job)
+            state, surface = await engine.wait_and_reload(job)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
             return

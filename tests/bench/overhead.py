@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import orjson
 
-from tests.processes import free_port, proxy_process, wait_until_healthy
+from tests.processes import free_port, proxy_process, wait_until_ready
 from tests.transcripts import load, replay_requests, transcript_paths
 
 
@@ -85,9 +85,8 @@ async def run(rounds: int, transcript: str | None, concurrency: int) -> None:
         ) as (_, proxy_base),
     ):
         relay = f"http://127.0.0.1:{relay_port}"
-        await wait_until_healthy_models(upstream)
-        await wait_until_healthy_models(relay)
-        await wait_until_healthy(proxy_base)
+        for ready in (f"{upstream}/v1/models", f"{relay}/v1/models", f"{proxy_base}/healthz"):
+            await wait_until_ready(ready)
         modes = {"direct": upstream, "relay": relay, "proxy": proxy_base}
         connector = aiohttp.TCPConnector(limit=64)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -118,21 +117,6 @@ async def run(rounds: int, transcript: str | None, concurrency: int) -> None:
     for other in ("relay", "direct"):
         rps, p50, p99 = (summary["proxy"][i] / summary[other][i] for i in range(3))
         print(f"proxy/{other:<7} req/s x{rps:.2f}  p50 x{p50:.2f}  p99 x{p99:.2f}")
-
-
-async def wait_until_healthy_models(base: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while True:
-            try:
-                async with http.get(f"{base}/v1/models") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(base)
-            await asyncio.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> None:

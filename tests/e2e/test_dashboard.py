@@ -21,7 +21,7 @@ import pytest
 
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
-from tests.processes import free_port, proxy_process
+from tests.processes import free_port, proxy_process, wait_until_ready
 
 DASHBOARD = Path(__file__).parents[2] / "charts" / "compaction-proxy" / "dashboards"
 SCRAPE_SECONDS = 1
@@ -84,7 +84,7 @@ class Prometheus:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
-        await wait_for_prometheus(self.base)
+        await wait_until_ready(f"{self.base}/-/ready")
 
     async def stop(self) -> None:
         if self.process is not None and self.process.returncode is None:
@@ -100,19 +100,6 @@ async def prometheus(tmp_path: Path) -> AsyncIterator[Prometheus]:
     server = Prometheus(binary, tmp_path)
     yield server
     await server.stop()
-
-
-async def wait_for_prometheus(base: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(200):
-            try:
-                async with http.get(f"{base}/-/ready") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise TimeoutError("prometheus did not become ready")
 
 
 async def workload(base: str) -> None:
