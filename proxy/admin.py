@@ -6,10 +6,9 @@ carries ``Authorization: Bearer <admin_token>`` (compared in constant time).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -23,6 +22,7 @@ from proxy.log_view import LoggedRequest, latest_request
 from proxy.preparation import summary_call
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, Event, Store, StoreUnavailable
+from proxy.tasks import shielded
 from proxy.windows import resolve_window
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -230,7 +230,8 @@ def _round_result(result: Round, generation: int) -> web.Response:
 
 
 async def _manual(
-    request: web.Request, run: Callable[[CompactionJob, ConversationState], Awaitable[Any]]
+    request: web.Request,
+    run: Callable[[CompactionJob, ConversationState], Coroutine[Any, Any, Round | str]],
 ) -> web.StreamResponse:
     found = await _logged(request)
     if isinstance(found, web.Response):
@@ -245,8 +246,7 @@ async def _manual(
             outcome="persistence",
         )
     job = _job(request, logged, view)
-    # Shielded: an admin client that hangs up must not leave the lease held.
-    result = await asyncio.shield(run(job, state))
+    result: Round | str = await shielded(run(job, state))
     if isinstance(result, str):
         return _problem(400, result)
     return _round_result(result, state.generation)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -198,7 +198,7 @@ class Surface:
     checkpoints: tuple[Checkpoint, ...] = ()
     prunes: tuple[Prune, ...] = ()
     head_length: int = 0
-    body_length: int = field(default=0)
+    body_length: int = 0
 
     @property
     def messages(self) -> list[Message]:

@@ -119,7 +119,7 @@ async def _forward_with_recovery(
     """Forward; after a context overflow, compact and retry while the evidence allows."""
     app = request.app
     route = model_policy.route
-    reply = await forward(request, route, prepared.payload, _compaction_headers(prepared, route))
+    reply = await _send(request, route, prepared)
     retries = 0
     while reply.error_body is not None:
         verdict = classify_overflow(reply.status, reply.error_body)
@@ -136,13 +136,17 @@ async def _forward_with_recovery(
             break
         OVERFLOW_RECOVERIES.labels(result="retried").inc()
         prepared = retry
-        reply = await forward(
-            request, route, prepared.payload, _compaction_headers(prepared, route)
-        )
+        reply = await _send(request, route, prepared)
     return reply, prepared
 
 
-def _compaction_headers(prepared: Prepared, route: Route) -> dict[str, str]:
+async def _send(request: web.Request, route: Route, prepared: Prepared) -> Reply:
+    if prepared.measurement is not None:
+        PROMPT_TOKENS_FORWARDED.labels(route=route.model).inc(prepared.measurement.tokens)
+    return await forward(request, route, prepared.payload, _compaction_headers(prepared))
+
+
+def _compaction_headers(prepared: Prepared) -> dict[str, str]:
     headers = {"X-Compaction-Status": prepared.status}
     if prepared.conversation is not None:
         headers["X-Compaction-Conversation"] = prepared.conversation
@@ -150,7 +154,6 @@ def _compaction_headers(prepared: Prepared, route: Route) -> dict[str, str]:
         headers["X-Compaction-Generation"] = str(prepared.generation)
     if prepared.measurement is not None:
         headers["X-Compaction-Tokens"] = str(prepared.measurement.tokens)
-        PROMPT_TOKENS_FORWARDED.labels(route=route.model).inc(prepared.measurement.tokens)
     if prepared.tokens_before is not None:
         headers["X-Compaction-Tokens-Before"] = str(prepared.tokens_before)
     return headers

@@ -7,7 +7,6 @@ request goes on with the best surface there is: the proxy never makes a request 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -43,6 +42,7 @@ from proxy.metrics import COMPACTION_ERRORS, PRESSURE, TOKENS_SAVED
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, StoreUnavailable
+from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
 from proxy.upstream import upstream_headers
 from proxy.windows import resolve_window
@@ -108,15 +108,11 @@ async def _relieve(
     if job.window is None or not model_policy.policy.auto:
         return plain
     limits = budgets(model_policy.policy, job.window)
-    work = asyncio.ensure_future(
-        triggers.relieve_pressure(engine, job, state, limits.threshold, limits.retain)
-    )
     try:
-        # Shielded: a client that disconnects must not leave a lease held mid-transaction.
-        return await asyncio.shield(work)
+        return await shielded(
+            triggers.relieve_pressure(engine, job, state, limits.threshold, limits.retain)
+        )
     except StoreUnavailable:
-        raise
-    except asyncio.CancelledError:
         raise
     except Exception:
         COMPACTION_ERRORS.inc()

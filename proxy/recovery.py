@@ -10,7 +10,6 @@ claims success without committing anything can never cause a retry.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -28,6 +27,7 @@ from proxy.metrics import COMPACTION_ERRORS
 from proxy.policy import ModelPolicy, budgets
 from proxy.preparation import Prepared, payload_for
 from proxy.store.base import StoreUnavailable
+from proxy.tasks import shielded
 from proxy.windows import resolve_window
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,9 @@ def should_retry(
 
 async def _compact(engine: Engine, prepared: Prepared, threshold: int | None) -> None:
     assert prepared.job is not None and prepared.state is not None
-    work = asyncio.ensure_future(
-        triggers.recover_overflow(engine, prepared.job, prepared.state, threshold)
-    )
     try:
-        await asyncio.shield(work)
-    except (StoreUnavailable, asyncio.CancelledError):
+        await shielded(triggers.recover_overflow(engine, prepared.job, prepared.state, threshold))
+    except StoreUnavailable:
         raise
     except Exception:
         COMPACTION_ERRORS.inc()
