@@ -37,6 +37,7 @@ _OUTCOME_STATUS = {
     Outcome.NOT_SMALLER: 409,
     Outcome.COMMIT_FAILED: 409,
     Outcome.SUMMARY_FAILED: 502,
+    Outcome.CEILING: 429,
 }
 
 

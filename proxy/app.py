@@ -91,6 +91,7 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
         max_rounds=settings.max_compaction_rounds,
         failure_cooldown_seconds=settings.failure_cooldown_seconds,
         failure_growth_ratio=settings.failure_growth_ratio,
+        summaries_per_minute_per_tenant=settings.summaries_per_minute_per_tenant,
     )
     app[ENGINE] = Engine(app[STORE], meter, engine_settings)
     yield

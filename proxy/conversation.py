@@ -279,3 +279,14 @@ def derive_surface(
         head_length=len(head),
         body_length=count,
     )
+
+
+def missed_checkpoints(
+    records: Iterable[ReplacementRecord], surface: Surface, body_length: int
+) -> bool:
+    """The request is long enough for a committed checkpoint, yet shares the prefix of none.
+
+    A client that rewrites its early messages every turn looks like this on every request.
+    """
+    reachable = [r for r in records if isinstance(r, Checkpoint) and r.end < body_length - 1]
+    return bool(reachable) and not surface.checkpoints

@@ -96,6 +96,15 @@ OVERFLOW_RECOVERIES = Counter(
     "changed the request, or passed the upstream's error through unchanged.",
     ["result"],
 )
+CHECKPOINT_MISSES = Counter(
+    "compaction_proxy_checkpoint_misses_total",
+    "Requests long enough for a committed checkpoint of their conversation that shared the "
+    "prefix of none (a client rewriting early messages).",
+)
+PROACTIVE_STOPPED = Counter(
+    "compaction_proxy_proactive_compaction_stopped_total",
+    "Conversations whose proactive compaction stopped after repeated checkpoint misses.",
+)
 STORE_DURATION = Histogram(
     "compaction_proxy_store_operation_duration_seconds",
     "Duration of store operations, by operation.",

@@ -20,7 +20,7 @@ from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
 from proxy.compaction.summarize import Summary, call_summarizer
-from proxy.conversation import Message, Surface
+from proxy.conversation import Message, Surface, missed_checkpoints
 from proxy.events import (
     context_digest,
     context_event,
@@ -38,7 +38,13 @@ from proxy.keys import (
     TENANT_SECRET,
 )
 from proxy.meter import Measurement
-from proxy.metrics import COMPACTION_ERRORS, PRESSURE, TOKENS_SAVED
+from proxy.metrics import (
+    CHECKPOINT_MISSES,
+    COMPACTION_ERRORS,
+    PRESSURE,
+    PROACTIVE_STOPPED,
+    TOKENS_SAVED,
+)
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, StoreUnavailable
@@ -94,18 +100,44 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
         TOKENS_SAVED.labels(route=route, mechanism="prune").inc(saved - by_summary)
 
 
+MISSES = "checkpoint_misses"
+
+
+def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) -> int:
+    """Requests in a row that missed every committed checkpoint, this one included."""
+    misses = int(state.attributes.get(MISSES, "0"))
+    surface = view.surface(state.records)
+    if missed_checkpoints(state.records, surface, len(view.body)):
+        misses += 1
+        CHECKPOINT_MISSES.inc()
+        if misses == limit:
+            PROACTIVE_STOPPED.inc()
+            log.warning(
+                "conversation %s keeps missing its own checkpoints (the client rewrites early "
+                "messages?): proactive compaction stops for it",
+                view.conversation,
+            )
+    elif surface.checkpoints:
+        misses = 0
+    return misses
+
+
 def payload_for(chat: ChatRequest, messages: list[Message]) -> bytes:
     """The client's body with only ``messages`` replaced; every other field as sent."""
     return orjson.dumps({**chat.body, "messages": messages})
 
 
 async def _relieve(
-    engine: Engine, job: CompactionJob, state: ConversationState, model_policy: ModelPolicy
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    model_policy: ModelPolicy,
+    proactive: bool,
 ) -> Relief:
     view = job.view
     surface = view.surface(state.records)
     plain = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
-    if job.window is None or not model_policy.policy.auto:
+    if job.window is None or not model_policy.policy.auto or not proactive:
         return plain
     limits = budgets(model_policy.policy, job.window)
     try:
@@ -150,7 +182,9 @@ async def prepare(
         summarize=summary_call(app, request.headers, summary_model),
         route=route.model,
     )
-    relief = await _relieve(engine, job, state, model_policy)
+    misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
+    proactive = settings.checkpoint_miss_limit == 0 or misses < settings.checkpoint_miss_limit
+    relief = await _relieve(engine, job, state, model_policy, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     if window is not None:
         PRESSURE.labels(route=route.model).observe(measurement.tokens / window)
@@ -189,6 +223,7 @@ async def prepare(
         "last_seen": f"{now:.3f}",
         "model": chat.model,
         "context": context,
+        MISSES: str(misses),
     }
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"

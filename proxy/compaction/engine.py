@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from proxy.compaction.ceiling import SummaryCeiling
 from proxy.compaction.prune import PruneCandidate, Pruner, prune_candidates
 from proxy.compaction.select import Span, priced_nodes, region_span, select_span
 from proxy.compaction.summarize import (
@@ -50,6 +51,7 @@ class Outcome(StrEnum):
     NOT_SMALLER = "not_smaller"
     SUMMARY_FAILED = "summary_failed"
     COMMIT_FAILED = "commit_failed"
+    CEILING = "ceiling"  # the tenant reached its summary calls per minute
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class EngineSettings:
     failure_cooldown_seconds: float = 300.0
     failure_growth_ratio: float = 0.1
     max_busy_waits: int = 3
+    summaries_per_minute_per_tenant: int = 60
 
 
 def _event(event_type: str, **fields: object) -> Event:
@@ -102,6 +105,10 @@ class Engine:
     store: Store
     meter: TokenMeter
     settings: EngineSettings = field(default_factory=EngineSettings)
+    ceiling: SummaryCeiling = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ceiling = SummaryCeiling(self.settings.summaries_per_minute_per_tenant)
 
     # -- shared steps ----------------------------------------------------------------------
 
@@ -309,6 +316,10 @@ class Engine:
         trigger: str,
     ) -> Round:
         """Summarize ``span`` of ``surface`` and commit it as one checkpoint."""
+        if not self.ceiling.allow(job.view.tenant):
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
+            log.warning("summary ceiling reached for a tenant; not summarizing")
+            return Round(Outcome.CEILING, span)
         began, owner = await self._begin(
             job, state, trigger, "summary", span={"start": span.start, "end": span.end}
         )

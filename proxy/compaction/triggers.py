@@ -68,7 +68,7 @@ async def relieve_pressure(
             measurement = engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
-            if result.outcome is not Outcome.NO_RANGE:
+            if result.outcome not in (Outcome.NO_RANGE, Outcome.CEILING):
                 await remember_failure(engine, job, measurement.tokens)
             break
         compacted = True

@@ -168,3 +168,43 @@ async def test_a_proxy_killed_mid_summary_blocks_nothing_once_its_lease_expires(
     assert len(fake.summary_requests) == 2
     assert fake.chat_requests[-1].body is not None
     assert "<compacted-summary>" in str(fake.chat_requests[-1].body["messages"][1]["content"])
+
+
+async def test_a_client_rewriting_early_messages_stops_paying_for_summaries(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    stopped = counter("compaction_proxy_proactive_compaction_stopped_total")
+    proxy = await make_proxy(routes=routes(upstream_url), checkpoint_miss_limit=3)
+    base = history()
+    statuses = []
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        for turn in range(6):
+            rewritten = [
+                base[0],
+                user(f"[now: 12:00:0{turn}] {base[1]['content']}"),
+                *base[2:],
+                user(f"turn {turn}"),
+            ]
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=rewritten,  # type: ignore[arg-type]
+                extra_headers={"X-Session-Id": "rewriting-client"},
+            )
+            statuses.append(raw.headers["x-compaction-status"])
+    assert statuses == ["compacted"] * 3 + ["none"] * 3
+    assert len(fake.summary_requests) == 3
+    assert counter("compaction_proxy_proactive_compaction_stopped_total") == stopped + 1
+
+
+async def test_summary_calls_per_tenant_have_a_ceiling(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=routes(upstream_url), summaries_per_minute_per_tenant=2)
+    statuses = [
+        (await ask(proxy.url, history(), key="sk-busy")).headers["x-compaction-status"]
+        for _ in range(3)
+    ]
+    assert statuses == ["compacted", "compacted", "none"]
+    other = await ask(proxy.url, history(), key="sk-other-tenant")
+    assert other.headers["x-compaction-status"] == "compacted"
+    assert len(fake.summary_requests) == 3

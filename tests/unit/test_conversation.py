@@ -310,3 +310,24 @@ def test_derivation_never_mutates_its_input() -> None:
     before = copy.deepcopy((head, body, records))
     surface_of(body, records, head)
     assert (head, body, records) == before
+
+
+@pytest.mark.parametrize(
+    ("edit_at", "extra", "missed"),
+    [
+        (None, 1, False),  # the checkpoint applies
+        (0, 1, True),  # early message rewritten: long enough, shares no prefix
+        (7, 1, False),  # edited after the span: the checkpoint still applies
+        (0, -6, False),  # too short to have used the checkpoint anyway
+    ],
+)
+def test_missed_checkpoints(edit_at: int | None, extra: int, missed: bool) -> None:
+    from proxy.conversation import missed_checkpoints
+
+    body = conversation()
+    record = checkpoint_over(body, 0, 4)
+    request = copy.deepcopy(body[: len(body) + extra] if extra < 0 else [*body, user("next")])
+    if edit_at is not None:
+        request[edit_at]["content"] = "rewritten at 12:00:07"
+    surface = surface_of(request, [record])
+    assert missed_checkpoints([record], surface, len(request)) is missed
