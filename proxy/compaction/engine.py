@@ -100,6 +100,19 @@ def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One compaction attempt: its job, lease owner token, trigger and kind."""
+
+    job: CompactionJob
+    owner: str
+    trigger: str
+    kind: str
+
+    def event(self, event_type: str, **fields: object) -> Event:
+        return _event(event_type, trigger=self.trigger, kind=self.kind, owner=self.owner, **fields)
+
+
 @dataclass
 class Engine:
     store: Store
@@ -129,57 +142,41 @@ class Engine:
 
     async def _begin(
         self, job: CompactionJob, state: ConversationState, trigger: str, kind: str, **extra: Any
-    ) -> tuple[BeginResult, str]:
-        owner = uuid.uuid4().hex
-        start = _event(
-            "compaction/start",
-            trigger=trigger,
-            kind=kind,
-            owner=owner,
-            generation=state.generation,
-            **extra,
-        )
+    ) -> tuple[BeginResult, Attempt]:
+        """Take the lease and log ``compaction/start``, unless busy or the surface is stale."""
+        attempt = Attempt(job, uuid.uuid4().hex, trigger, kind)
+        start = attempt.event("compaction/start", generation=state.generation, **extra)
         result = await self.store.begin_compaction(
-            job.view.conversation, owner, self.settings.lease_ttl_seconds, start, state.generation
+            job.view.conversation,
+            attempt.owner,
+            self.settings.lease_ttl_seconds,
+            start,
+            state.generation,
         )
-        return result, owner
+        return result, attempt
 
-    async def _fail(
-        self,
-        job: CompactionJob,
-        owner: str,
-        trigger: str,
-        kind: str,
-        outcome: Outcome,
-        detail: str = "",
-    ) -> None:
-        end = _event(
-            "compaction/end",
-            trigger=trigger,
-            kind=kind,
-            owner=owner,
-            outcome=outcome.value,
-            error=outcome.value,
-            detail=detail,
+    async def _fail(self, attempt: Attempt, outcome: Outcome, detail: str = "") -> None:
+        """Close the attempt with its error class; the surface stays as it was."""
+        end = attempt.event(
+            "compaction/end", outcome=outcome.value, error=outcome.value, detail=detail
         )
-        await self.store.end_compaction(job.view.conversation, owner, end)
+        await self.store.end_compaction(attempt.job.view.conversation, attempt.owner, end)
 
     async def _commit(
         self,
-        job: CompactionJob,
-        owner: str,
-        trigger: str,
-        kind: str,
+        attempt: Attempt,
         records: Sequence[ReplacementRecord],
         events: Sequence[Event],
     ) -> ConversationState | None:
-        end = _event("compaction/end", trigger=trigger, kind=kind, owner=owner, outcome="committed")
+        """Commit everything at once while the lease is ours; the fresh state, or None."""
+        end = attempt.event("compaction/end", outcome="committed")
+        conversation = attempt.job.view.conversation
         generation = await self.store.commit_compaction(
-            job.view.conversation, owner, [*events, end], records
+            conversation, attempt.owner, [*events, end], records
         )
         if generation is None:
             return None
-        fresh, _ = await self.reload(job)
+        fresh, _ = await self.reload(attempt.job)
         return fresh
 
     # -- pruning ---------------------------------------------------------------------------
@@ -224,7 +221,7 @@ class Engine:
             )
             for c in candidates
         ]
-        began, owner = await self._begin(job, state, trigger, "prune")
+        began, attempt = await self._begin(job, state, trigger, "prune")
         if began is not BeginResult.BEGUN:
             return Outcome.BUSY
         events = [
@@ -237,8 +234,8 @@ class Engine:
             )
             for r in records
         ]
-        if await self._commit(job, owner, trigger, "prune", records, events) is None:
-            await self._fail(job, owner, trigger, "prune", Outcome.COMMIT_FAILED)
+        if await self._commit(attempt, records, events) is None:
+            await self._fail(attempt, Outcome.COMMIT_FAILED)
             return Outcome.COMMIT_FAILED
         return Outcome.COMMITTED
 
@@ -320,28 +317,20 @@ class Engine:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
             log.warning("summary ceiling reached for a tenant; not summarizing")
             return Round(Outcome.CEILING, span)
-        began, owner = await self._begin(
+        began, attempt = await self._begin(
             job, state, trigger, "summary", span={"start": span.start, "end": span.end}
         )
         if began is not BeginResult.BEGUN:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="busy").inc()
             return Round(Outcome.BUSY, span)
-        outcome, new_state = await self._summarize_and_commit(
-            job, state, surface, span, cap, owner, trigger
-        )
+        outcome, new_state = await self._summarize_and_commit(attempt, surface, span, cap)
         COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=outcome.value).inc()
         return Round(outcome, span, new_state, span.tokens)
 
     async def _summarize_and_commit(
-        self,
-        job: CompactionJob,
-        state: ConversationState,
-        surface: Surface,
-        span: Span,
-        cap: int,
-        owner: str,
-        trigger: str,
+        self, attempt: Attempt, surface: Surface, span: Span, cap: int
     ) -> tuple[Outcome, ConversationState | None]:
+        job = attempt.job
         view = job.view
         span_messages = [n.message for n in surface.nodes[span.first : span.last + 1]]
         body = summary_body(job.summary_model, view.head, span_messages, view.tools, cap)
@@ -351,16 +340,14 @@ class Engine:
         except SummaryFailed as failure:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)
-            await self._fail(job, owner, trigger, "summary", Outcome.SUMMARY_FAILED, failure.reason)
+            await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
             return Outcome.SUMMARY_FAILED, None
         SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
 
         message = frame(summary.text)
         tokens = self.meter.message(message, counter_for(view.model))
         if tokens >= span.tokens:
-            await self._fail(
-                job, owner, trigger, "summary", Outcome.NOT_SMALLER, f"{tokens} >= {span.tokens}"
-            )
+            await self._fail(attempt, Outcome.NOT_SMALLER, f"{tokens} >= {span.tokens}")
             return Outcome.NOT_SMALLER, None
         start_prev = view.root if span.start == 0 else view.chain[span.start - 1]
         record = Checkpoint(
@@ -385,11 +372,11 @@ class Engine:
             model=job.summary_model,
             usage=summary.usage,
         )
-        fresh = await self._commit(job, owner, trigger, "summary", [record], [summary_event])
+        fresh = await self._commit(attempt, [record], [summary_event])
         if fresh is None:
             _, reloaded_surface = await self.reload(job)
             deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)
             outcome = Outcome.CHANGED if deeper else Outcome.COMMIT_FAILED
-            await self._fail(job, owner, trigger, "summary", outcome)
+            await self._fail(attempt, outcome)
             return outcome, None
         return Outcome.COMMITTED, fresh
