@@ -8,26 +8,42 @@ reaches the upstream unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
-
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Role
 
 
 class _ChatBody(BaseModel):
+    """The top-level fields the proxy relies on. Messages are checked by hand below: a
+    validating model per message would copy every message of a long history on each request."""
+
     model_config = ConfigDict(extra="allow")
     model: str
-    messages: list[_Message]
+    messages: list[Any]
     stream: bool | None = None
+
+
+def _check_messages(messages: list[Any]) -> None:
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(
+                f"Invalid value for 'messages[{index}]': a message must be an object.",
+                param=f"messages[{index}]",
+                code="invalid_value",
+            )
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            roles = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
+            raise BadRequest(
+                f"Invalid value for 'messages[{index}].role': expected one of {roles}, "
+                f"got {role!r}.",
+                param=f"messages[{index}].role",
+                code="invalid_value",
+            )
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise BadRequest(
             f"Invalid value for '{param}': {first['msg']}", param=param, code="invalid_value"
         ) from exc
+    _check_messages(parsed.messages)
     return ChatRequest(
         body=body,
         model=parsed.model,

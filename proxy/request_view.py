@@ -5,8 +5,8 @@ Derives the surface for a set of replacement records and measures it; holds no I
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.conversation import (
@@ -36,6 +36,9 @@ class RequestView:
     head_digests: list[str]
     body_digests: list[str]
     tools: Any = None
+    _surfaces: dict[int, tuple[Sequence[ReplacementRecord], Surface]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(
@@ -66,8 +69,16 @@ class RequestView:
             tools=tools,
         )
 
-    def surface(self, records: Iterable[ReplacementRecord]) -> Surface:
-        return derive_surface(self.head, self.body, self.chain, self.root, records)
+    def surface(self, records: Sequence[ReplacementRecord]) -> Surface:
+        """The surface for ``records``; derived once per records sequence (the request is
+        immutable, and its steps ask for the same state's surface several times)."""
+        key = id(records)
+        cached = self._surfaces.get(key)
+        if cached is not None and cached[0] is records:
+            return cached[1]
+        surface = derive_surface(self.head, self.body, self.chain, self.root, records)
+        self._surfaces[key] = (records, surface)
+        return surface
 
     def measure(
         self, meter: TokenMeter, surface: Surface, anchor: Anchor | None = None

@@ -60,8 +60,7 @@ class Summarizer:
 def job_for(
     conversation: str, messages: list[dict[str, Any]], summarizer: Summarizer, **policy: Any
 ) -> CompactionJob:
-    view = RequestView.of("tenant", "fake-model", messages, None, TOOLS)
-    view = RequestView(**{**view.__dict__, "conversation": conversation})
+    view = RequestView.of("tenant", "fake-model", messages, None, TOOLS, conversation)
     return CompactionJob(
         view, Policy(**policy), Pruner(), WINDOW, "fake-model", summarizer, route="fake-*"
     )
