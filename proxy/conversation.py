@@ -197,8 +197,6 @@ class Surface:
     nodes: tuple[SurfaceNode, ...]
     checkpoints: tuple[Checkpoint, ...] = ()
     prunes: tuple[Prune, ...] = ()
-    head_length: int = 0
-    body_length: int = 0
 
     @property
     def messages(self) -> list[Message]:
@@ -276,8 +274,6 @@ def derive_surface(
         nodes=tuple(nodes),
         checkpoints=tuple(sorted(chosen, key=lambda r: r.start)),
         prunes=tuple(applied_prunes),
-        head_length=len(head),
-        body_length=count,
     )
 
 
