@@ -43,10 +43,16 @@ def should_retry(
     return fresh_generation > snapshot_generation and fresh != failed
 
 
-async def _compact(engine: Engine, prepared: Prepared, threshold: int | None) -> None:
+async def _compact(
+    engine: Engine, prepared: Prepared, threshold: int | None, window_is_a_guess: bool
+) -> None:
     assert prepared.job is not None and prepared.state is not None
     try:
-        await shielded(triggers.recover_overflow(engine, prepared.job, prepared.state, threshold))
+        await shielded(
+            triggers.recover_overflow(
+                engine, prepared.job, prepared.state, threshold, window_is_a_guess
+            )
+        )
     except StoreUnavailable:
         raise
     except Exception:
@@ -68,11 +74,16 @@ async def recover_overflow(
         model_policy.mapped_window,
         app[LEARNED_WINDOWS].get(route.model, chat.model),
     )
+    window_is_a_guess = window is None and prepared.measurement is not None
+    if window is None and prepared.measurement is not None:
+        # The upstream stated no limit and none is known, but the request that overflowed is
+        # an upper bound: summary calls must fit below it.
+        window = max(1, prepared.measurement.tokens - 1)
     job = dataclasses.replace(job, window=window)
     threshold = budgets(model_policy.policy, window).threshold if window is not None else None
     engine = app[ENGINE]
     try:
-        await _compact(engine, dataclasses.replace(prepared, job=job), threshold)
+        await _compact(engine, dataclasses.replace(prepared, job=job), threshold, window_is_a_guess)
         fresh = await app[STORE].load(job.view.conversation)
     except StoreUnavailable:
         return None

@@ -84,6 +84,7 @@ class Round:
     span: Span | None = None
     state: ConversationState | None = None
     shadowed_tokens: int = 0
+    failure: SummaryFailed | None = None
 
 
 @dataclass(frozen=True)
@@ -323,13 +324,13 @@ class Engine:
         if began is not BeginResult.BEGUN:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="busy").inc()
             return Round(Outcome.BUSY, span)
-        outcome, new_state = await self._summarize_and_commit(attempt, surface, span, cap)
-        COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=outcome.value).inc()
-        return Round(outcome, span, new_state, span.tokens)
+        result = await self._summarize_and_commit(attempt, surface, span, cap)
+        COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=result.outcome.value).inc()
+        return result
 
     async def _summarize_and_commit(
         self, attempt: Attempt, surface: Surface, span: Span, cap: int
-    ) -> tuple[Outcome, ConversationState | None]:
+    ) -> Round:
         job = attempt.job
         view = job.view
         span_messages = [n.message for n in surface.nodes[span.first : span.last + 1]]
@@ -341,14 +342,14 @@ class Engine:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)
             await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
-            return Outcome.SUMMARY_FAILED, None
+            return Round(Outcome.SUMMARY_FAILED, span, failure=failure)
         SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
 
         message = frame(summary.text)
         tokens = self.meter.message(message, counter_for(view.model))
         if tokens >= span.tokens:
             await self._fail(attempt, Outcome.NOT_SMALLER, f"{tokens} >= {span.tokens}")
-            return Outcome.NOT_SMALLER, None
+            return Round(Outcome.NOT_SMALLER, span)
         start_prev = view.root if span.start == 0 else view.chain[span.start - 1]
         record = Checkpoint(
             start=span.start,
@@ -378,5 +379,5 @@ class Engine:
             deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)
             outcome = Outcome.CHANGED if deeper else Outcome.COMMIT_FAILED
             await self._fail(attempt, outcome)
-            return outcome, None
-        return Outcome.COMMITTED, fresh
+            return Round(outcome, span)
+        return Round(Outcome.COMMITTED, span, fresh, span.tokens)

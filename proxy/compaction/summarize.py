@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from proxy.conversation import Message
+from proxy.overflow import classify_overflow
 
 SECTIONS = (
     "Primary Request and Intent",
@@ -60,11 +61,13 @@ _SUMMARY_BLOCK = re.compile(r"<compacted-summary>\n?(.*?)\n?</compacted-summary>
 
 
 class SummaryFailed(Exception):
-    """The summary call produced nothing usable; ``reason`` is a short class."""
+    """The summary call produced nothing usable; ``reason`` is a short class. An ``overflow``
+    (the summary call itself too large) carries the limit the upstream stated, if any."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, limit: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ async def call_summarizer(
     except aiohttp.ClientError as exc:
         raise SummaryFailed("unreachable") from exc
     if status >= 400:
+        verdict = classify_overflow(status, raw)
+        if verdict.is_overflow:
+            raise SummaryFailed("overflow", verdict.limit)
         raise SummaryFailed(f"http_{status}")
     try:
         parsed = orjson.loads(raw)

@@ -6,6 +6,7 @@ decides whether a request may be retried: that takes evidence from the store (se
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from proxy.compaction.engine import (
@@ -18,6 +19,8 @@ from proxy.compaction.engine import (
     Round,
 )
 from proxy.store.base import ConversationState
+
+MAX_WINDOW_SHRINKS = 3
 
 
 def cooling_down(engine: Engine, state: ConversationState, tokens: int) -> bool:
@@ -83,17 +86,23 @@ async def relieve_pressure(
 
 
 async def recover_overflow(
-    engine: Engine, job: CompactionJob, state: ConversationState, threshold: int | None
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    threshold: int | None,
+    window_is_a_guess: bool = False,
 ) -> None:
     """The ``context-overflow`` trigger: prune; unless that is clearly enough, summarize
     with ``retain = 0`` (the last node is still kept), more rounds while each was cut short
-    to fit the summary call. Whether the request may be retried is not this method's
-    call: the caller decides from what the store committed."""
+    to fit the summary call. When the window is only a guess and the summary call itself
+    overflows, the guess shrinks (to the limit that error states, else by 40 %) and the round
+    is tried again. Whether the request may be retried is not this function's call: the
+    caller decides from what the store committed."""
     state, surface = await engine.reload(job)
     state, surface, pruned = await engine.prune(job, state, surface, "context-overflow")
     if pruned and threshold is not None and engine.measure(job, state, surface).tokens < threshold:
         return
-    waits = 0
+    waits = shrinks = 0
     for _ in range(engine.settings.max_rounds):
         result = await engine.summarize_round(job, state, surface, 0, "context-overflow")
         if result.outcome is Outcome.BUSY:
@@ -101,6 +110,13 @@ async def recover_overflow(
             if waits > engine.settings.max_busy_waits:
                 return
             state, surface = await engine.wait_and_reload(job)
+            continue
+        failure = result.failure
+        if failure is not None and failure.reason == "overflow" and job.window is not None:
+            shrinks += 1
+            if not window_is_a_guess or shrinks > MAX_WINDOW_SHRINKS:
+                return
+            job = dataclasses.replace(job, window=failure.limit or int(job.window * 0.6))
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
             return

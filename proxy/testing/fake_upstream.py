@@ -51,9 +51,16 @@ def _count(encoding_name: str, text: str) -> int:
     return len(encoding(encoding_name).encode(text, disallowed_special=()))
 
 
-def overflow_body(window: int, prompt_tokens: int, completion_tokens: int = 0) -> bytes:
-    """OpenAI's exact context-overflow error body."""
-    if completion_tokens:
+def overflow_body(
+    window: int, prompt_tokens: int, completion_tokens: int = 0, *, states_limit: bool = True
+) -> bytes:
+    """OpenAI's exact context-overflow error body (its newer wording states no limit)."""
+    if not states_limit:
+        message = (
+            "Your input exceeds the context window of this model. Please adjust your input "
+            "and try again."
+        )
+    elif completion_tokens:
         message = (
             f"This model's maximum context length is {window} tokens. However, you requested "
             f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
@@ -122,6 +129,7 @@ class FakeUpstream:
     stream_delay: float = 0.0
     response_delay: float = 0.0
     count_tokens: bool = True
+    overflow_states_limit: bool = True
     summary_failures: int = 0
     summary_delay: float = 0.0
     received: list[Received] = field(default_factory=list)
@@ -263,7 +271,9 @@ class FakeUpstream:
         window = self.window_of(model)
         cap = body.get("max_completion_tokens") or body.get("max_tokens") or 0
         if prompt_tokens + int(cap) > window:
-            error = overflow_body(window, prompt_tokens, int(cap))
+            error = overflow_body(
+                window, prompt_tokens, int(cap), states_limit=self.overflow_states_limit
+            )
             self.overflows.append(error)
             return web.Response(
                 status=400,

@@ -241,3 +241,28 @@ async def test_zero_overflow_retries_disables_recovery(
         "context_length_exceeded"
     )
     assert len(fake.received) == 1
+
+
+async def test_overflow_without_a_stated_limit_on_an_unknown_model_recovers(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """No window configured, none in litellm's map, none in the error: the failed request's
+    own size bounds the summary calls, and the bound shrinks when a summary call overflows."""
+    fake.windows["mystery-model"] = REAL_WINDOW
+    fake.overflow_states_limit = False
+    proxy = await make_proxy(routes=[{"model": "mystery-*", "base_url": upstream_url}])
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-o", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="mystery-model",
+            messages=long_history(),  # type: ignore[arg-type]
+        )
+    assert raw.headers["x-compaction-status"] == "recovered"
+    assert b"exceeds the context window" in fake.overflows[0]
+    fits = [r.prompt_tokens + cap_of(r) <= REAL_WINDOW for r in fake.summary_requests]
+    assert fits[-1]  # the summary that committed fit the real window
+    assert len(fake.overflows) == 1 + fits.count(False)  # the request's, then too-large guesses
+
+
+def cap_of(received: Any) -> int:
+    body = received.body or {}
+    return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
