@@ -20,11 +20,13 @@ from proxy.keys import (
     HTTP_CLIENT,
     IN_FLIGHT,
     LEARNED_WINDOWS,
+    LOG_CURSORS,
     POLICIES,
     SETTINGS,
     STORE,
     TENANT_SECRET,
 )
+from proxy.log_cursor import LogCursors
 from proxy.meter import TokenMeter
 from proxy.metrics import initialize_label_sets, metrics_handler
 from proxy.policy import PolicyBook, validate_all_policies
@@ -112,6 +114,7 @@ def create_app(settings: Settings) -> web.Application:
     app[POLICIES] = PolicyBook(settings)
     app[LEARNED_WINDOWS] = LearnedWindows()
     app[IN_FLIGHT] = Counter()
+    app[LOG_CURSORS] = LogCursors()
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
     app.cleanup_ctx.append(_engine)

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -37,6 +36,7 @@ from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
 from proxy.store import StoreUnavailable
+from proxy.tasks import shielded
 from proxy.upstream import buffered_response, client_headers, upstream_headers
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     conversation = prepared.conversation
     if conversation is not None:
         in_flight[conversation] += 1
+    reply: Reply | None = None
     try:
         reply, prepared = await _forward_with_recovery(request, chat, model_policy, prepared)
     finally:
@@ -106,10 +107,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             in_flight[conversation] -= 1
             if in_flight[conversation] <= 0:
                 del in_flight[conversation]
+            # Logged even when the client went away mid-answer.
+            await shielded(_record(request, prepared, reply))
     REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
     REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
-    if prepared.conversation is not None and reply.usage is not None:
-        await _record_usage(request, prepared, reply.usage, reply.status)
     return reply.response
 
 
@@ -167,21 +168,25 @@ def _outcome(upstream_status: int, status: str) -> str:
     return "bypass" if status == "bypass" else "ok"
 
 
-async def _record_usage(
-    request: web.Request, prepared: Prepared, usage: dict[str, Any], upstream_status: int
-) -> None:
+async def _record(request: web.Request, prepared: Prepared, reply: Reply | None) -> None:
+    """The request's second round trip: what was forwarded, the upstream's usage, the anchor."""
     assert prepared.conversation is not None
-    event = usage_event(now=time.time(), usage=usage, status=upstream_status)
+    events = list(prepared.pending_events)
     anchor = None
-    prompt_tokens = usage.get("prompt_tokens")
-    measurement = prepared.measurement
-    if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
-        anchor = measurement.anchor_for(prompt_tokens)
-        if not measurement.anchored:
-            METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
-    # A lost usage record is counted by the instrumented store; not worth failing a request.
+    usage = reply.usage if reply is not None else None
+    if reply is not None and usage is not None:
+        events.append(usage_event(now=time.time(), usage=usage, status=reply.status))
+        prompt_tokens = usage.get("prompt_tokens")
+        measurement = prepared.measurement
+        if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
+            anchor = measurement.anchor_for(prompt_tokens)
+            if not measurement.anchored:
+                METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
+    # A lost record is counted by the instrumented store; not worth failing a request.
     with contextlib.suppress(StoreUnavailable):
-        await request.app[STORE].record_usage(prepared.conversation, [event], anchor)
+        await request.app[STORE].record_request(
+            prepared.conversation, events, anchor, prepared.pending_attributes
+        )
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from proxy.compaction.engine import Engine
 from proxy.config import Settings
+from proxy.log_cursor import LogCursors
 from proxy.policy import PolicyBook
 from proxy.store.base import Store
 from proxy.tenant import TenantSecret
@@ -23,3 +24,4 @@ POLICIES = web.AppKey("policies", PolicyBook)
 LEARNED_WINDOWS = web.AppKey("learned_windows", LearnedWindows)
 # Requests being forwarded per conversation on this process (manual compaction waits for 0).
 IN_FLIGHT: web.AppKey[Counter[str]] = web.AppKey("in_flight")
+LOG_CURSORS = web.AppKey("log_cursors", LogCursors)

@@ -126,8 +126,9 @@ LEASE_WAIT_DURATION = Histogram(
 STORE_OPERATIONS = (
     "ping",
     "load",
+    "open",
     "append",
-    "record_usage",
+    "record_request",
     "begin_compaction",
     "commit_compaction",
     "end_compaction",

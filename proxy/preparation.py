@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -32,11 +32,13 @@ from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
     LEARNED_WINDOWS,
+    LOG_CURSORS,
     POLICIES,
     SETTINGS,
     STORE,
     TENANT_SECRET,
 )
+from proxy.log_cursor import Cursor, log_is_contiguous
 from proxy.meter import Measurement
 from proxy.metrics import (
     CHECKPOINT_MISSES,
@@ -47,7 +49,7 @@ from proxy.metrics import (
 )
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
-from proxy.store.base import ConversationState, StoreUnavailable
+from proxy.store.base import ConversationState, Event, StoreUnavailable
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
 from proxy.upstream import upstream_headers
@@ -69,6 +71,9 @@ class Prepared:
     job: CompactionJob | None = None
     state: ConversationState | None = None
     forwarded: list[Message] | None = None  # the messages the payload carries
+    # Logged after the answer, with its usage, in the request's second round trip.
+    pending_events: list[Event] = field(default_factory=list)
+    pending_attributes: dict[str, str] = field(default_factory=dict)
 
 
 def summary_call(
@@ -152,6 +157,39 @@ async def _relieve(
         return plain
 
 
+async def _open(
+    app: web.Application, view: RequestView, model: str, tenant: str
+) -> tuple[ConversationState, str]:
+    """One round trip: log what may be new of this request and read the conversation's state.
+
+    Returns the state and the digest of the request's context (head and tools)."""
+    settings, store, cursors = app[SETTINGS], app[STORE], app[LOG_CURSORS]
+    cursor = cursors.get(view.conversation)
+    start = first_unlogged(view.chain, cursor.tip)
+    now = time.time()
+    messages = message_events(
+        view.body, view.chain, view.root, start, log_content=settings.log_content, now=now
+    )
+    context = context_digest(view.head, view.tools)
+    if context != cursor.context:
+        messages.insert(
+            0,
+            context_event(
+                view.head, view.tools, context, log_content=settings.log_content, now=now
+            ),
+        )
+    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": model, "context": context}
+    opened = await store.open(view.conversation, messages, attributes)
+    if not log_is_contiguous(view.chain, opened.previous_tip, start):
+        # The hint was wrong (another branch, or the store lost the log): log the rest too.
+        earlier = message_events(
+            view.body[:start], view.chain, view.root, 0, log_content=settings.log_content, now=now
+        )
+        await store.append(view.conversation, earlier)
+    cursors.set(view.conversation, Cursor(opened.state.logged_tip, context))
+    return opened.state, context
+
+
 async def prepare(
     request: web.Request,
     chat: ChatRequest,
@@ -160,11 +198,11 @@ async def prepare(
     session_id: str | None,
 ) -> Prepared:
     app = request.app
-    settings, store, engine = app[SETTINGS], app[STORE], app[ENGINE]
+    settings, engine = app[SETTINGS], app[ENGINE]
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
     view = RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
-    state = await store.load(view.conversation)
+    state, context = await _open(app, view, chat.model, tenant)
     window = resolve_window(
         model_policy.configured_window,
         model_policy.mapped_window,
@@ -190,23 +228,8 @@ async def prepare(
         PRESSURE.labels(route=route.model).observe(measurement.tokens / window)
     status = "compacted" if relief.compacted else "pruned" if relief.pruned else "none"
 
-    now = time.time()
-    new_messages = message_events(
-        view.body,
-        view.chain,
-        view.root,
-        first_unlogged(view.chain, state.logged_tip),
-        log_content=settings.log_content,
-        now=now,
-    )
-    context = context_digest(view.head, view.tools)
-    if state.attributes.get("context") != context:
-        logged_context = context_event(
-            view.head, view.tools, context, log_content=settings.log_content, now=now
-        )
-        new_messages.insert(0, logged_context)
     forwarded = request_event(
-        now=now,
+        now=time.time(),
         model=chat.model,
         route=route.model,
         generation=state.generation,
@@ -218,16 +241,9 @@ async def prepare(
         tip=view.chain[-1] if view.chain else None,
         context=context,
     )
-    attributes = {
-        "tenant": tenant,
-        "last_seen": f"{now:.3f}",
-        "model": chat.model,
-        "context": context,
-        MISSES: str(misses),
-    }
+    attributes = {MISSES: str(misses)}
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
-    await store.append(view.conversation, new_messages, [forwarded], attributes=attributes)
 
     tokens_before = None
     payload = raw
@@ -246,4 +262,6 @@ async def prepare(
         job=job,
         state=state,
         forwarded=surface.messages,
+        pending_events=[forwarded],
+        pending_attributes=attributes,
     )

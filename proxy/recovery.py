@@ -10,7 +10,6 @@ claims success without committing anything can never cause a retry.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -104,9 +103,6 @@ async def recover_overflow(
         tip=job.view.chain[-1] if job.view.chain else None,
         context=context_digest(job.view.head, job.view.tools),
     )
-    # The retry is justified by what was committed; the log entry is not essential.
-    with contextlib.suppress(StoreUnavailable):
-        await app[STORE].append(job.view.conversation, [], [event])
     return Prepared(
         payload=payload_for(chat, surface.messages),
         status="recovered",
@@ -117,4 +113,6 @@ async def recover_overflow(
         job=job,
         state=fresh,
         forwarded=surface.messages,
+        pending_events=[*prepared.pending_events, event],
+        pending_attributes=prepared.pending_attributes,
     )

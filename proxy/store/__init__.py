@@ -10,6 +10,7 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
+    Opened,
     Store,
     StoreUnavailable,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "LogPage",
     "MemoryStore",
     "MessageEvent",
+    "Opened",
     "Store",
     "StoreUnavailable",
     "open_store",

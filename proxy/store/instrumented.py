@@ -19,6 +19,7 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
+    Opened,
     Store,
     StoreUnavailable,
 )
@@ -58,11 +59,24 @@ class InstrumentedStore:
         async with _observed("append"):
             return await self.inner.append(conversation, messages, events, attributes)
 
-    async def record_usage(
-        self, conversation: str, events: Sequence[Event], anchor: Anchor | None
+    async def open(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        attributes: dict[str, str] | None = None,
+    ) -> Opened:
+        async with _observed("open"):
+            return await self.inner.open(conversation, messages, attributes)
+
+    async def record_request(
+        self,
+        conversation: str,
+        events: Sequence[Event],
+        anchor: Anchor | None = None,
+        attributes: dict[str, str] | None = None,
     ) -> None:
-        async with _observed("record_usage"):
-            await self.inner.record_usage(conversation, events, anchor)
+        async with _observed("record_request"):
+            await self.inner.record_request(conversation, events, anchor, attributes)
 
     async def begin_compaction(
         self,

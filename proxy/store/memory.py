@@ -22,6 +22,7 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
+    Opened,
     body_tip,
 )
 
@@ -125,8 +126,23 @@ class MemoryStore:
             entry.attributes.update(attributes)
         return added
 
-    async def record_usage(
-        self, conversation: str, events: Sequence[Event], anchor: Anchor | None
+    async def open(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        attributes: dict[str, str] | None = None,
+    ) -> Opened:
+        entry = self._conversations.get(conversation)
+        previous = entry.logged_tip if entry is not None else None
+        await self.append(conversation, messages, (), attributes)
+        return Opened(await self.load(conversation), previous)
+
+    async def record_request(
+        self,
+        conversation: str,
+        events: Sequence[Event],
+        anchor: Anchor | None = None,
+        attributes: dict[str, str] | None = None,
     ) -> None:
         entry = self._get(conversation, create=True)
         assert entry is not None
@@ -134,6 +150,8 @@ class MemoryStore:
             entry.add(event)
         if anchor is not None:
             entry.anchor = anchor
+        if attributes:
+            entry.attributes.update(attributes)
 
     async def begin_compaction(
         self,

@@ -30,6 +30,7 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
+    Opened,
     StoreUnavailable,
     body_tip,
 )
@@ -46,6 +47,26 @@ def _script(name: str) -> str:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def _tip(raw: str | None) -> tuple[int, str] | None:
+    if not raw:
+        return None
+    position, _, tip_hash = raw.partition(":")
+    return int(position), tip_hash
+
+
+def _state(state_flat: list[str], raw_records: list[str], lease: str | None) -> ConversationState:
+    state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
+    anchor = Anchor(**orjson.loads(state["anchor"])) if "anchor" in state else None
+    return ConversationState(
+        records=tuple(record_from_dict(orjson.loads(r)) for r in raw_records),
+        generation=int(state.get("generation", 0)),
+        anchor=anchor,
+        lease_owner=lease or None,
+        logged_tip=_tip(state.get("tip")),
+        attributes={k: v for k, v in state.items() if k not in _STATE_FIELDS},
+    )
 
 
 @asynccontextmanager
@@ -85,7 +106,7 @@ class RedisStore:
         self._ttl_ms = int(ttl_seconds * 1000)
         register = self._client.register_script
         self._load = register(_script("load"))
-        self._append = register(_script("append"))
+        self._append_script = register(_script("append"))
         self._begin = register(_script("begin"))
         self._commit = register(_script("commit"))
         self._end = register(_script("end"))
@@ -104,30 +125,16 @@ class RedisStore:
         keys = self._keys(conversation, "state", "records", "lease")
         async with _unavailable_on_error("load"):
             state_flat, raw_records, lease = await self._load(keys=keys)
-        state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
-        anchor = None
-        if "anchor" in state:
-            anchor = Anchor(**orjson.loads(state["anchor"]))
-        tip = None
-        if "tip" in state:
-            position, _, tip_hash = state["tip"].partition(":")
-            tip = (int(position), tip_hash)
-        return ConversationState(
-            records=tuple(record_from_dict(orjson.loads(r)) for r in raw_records),
-            generation=int(state.get("generation", 0)),
-            anchor=anchor,
-            lease_owner=lease or None,
-            logged_tip=tip,
-            attributes={k: v for k, v in state.items() if k not in _STATE_FIELDS},
-        )
+        return _state(state_flat, raw_records, lease)
 
-    async def append(
+    async def _append(
         self,
+        operation: str,
         conversation: str,
         messages: Sequence[MessageEvent],
-        events: Sequence[Event] = (),
-        attributes: dict[str, str] | None = None,
-    ) -> int:
+        events: Sequence[Event],
+        attributes: dict[str, str] | None,
+    ) -> tuple[int, tuple[int, str] | None, ConversationState]:
         fields = dict(attributes or {})
         tip = body_tip(messages)
         if tip is not None:
@@ -140,21 +147,50 @@ class RedisStore:
         args.append(len(fields))
         for name, value in fields.items():
             args += [name, value]
-        keys = self._keys(conversation, "log", "seen", "state", "records")
-        async with _unavailable_on_error("append"):
-            added = await self._append(keys=keys, args=args)
+        keys = self._keys(conversation, "log", "seen", "state", "records", "lease")
+        async with _unavailable_on_error(operation):
+            added, previous, state_flat, raw_records, lease = await self._append_script(
+                keys=keys, args=args
+            )
             # The index spans every conversation, so it cannot join the per-conversation script
             # (one Cluster slot); losing one update only makes the admin listing stale.
             await self._client.zadd(conversations_key(), {conversation: time.time()})
-        return int(added)
+        return int(added), _tip(previous), _state(state_flat, raw_records, lease)
 
-    async def record_usage(
-        self, conversation: str, events: Sequence[Event], anchor: Anchor | None
+    async def append(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event] = (),
+        attributes: dict[str, str] | None = None,
+    ) -> int:
+        added, _, _ = await self._append("append", conversation, messages, events, attributes)
+        return added
+
+    async def open(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        attributes: dict[str, str] | None = None,
+    ) -> Opened:
+        _, previous, state = await self._append("open", conversation, messages, (), attributes)
+        return Opened(state, previous)
+
+    async def record_request(
+        self,
+        conversation: str,
+        events: Sequence[Event],
+        anchor: Anchor | None = None,
+        attributes: dict[str, str] | None = None,
     ) -> None:
         anchor_json = _json(anchor.__dict__) if anchor is not None else ""
-        args: list[_Arg] = [self._ttl_ms, anchor_json, *(_json(event) for event in events)]
+        fields = attributes or {}
+        args: list[_Arg] = [self._ttl_ms, anchor_json, len(fields)]
+        for name, value in fields.items():
+            args += [name, value]
+        args += [_json(event) for event in events]
         keys = self._keys(conversation, "log", "seen", "state", "records")
-        async with _unavailable_on_error("record_usage"):
+        async with _unavailable_on_error("record_request"):
             await self._usage(keys=keys, args=args)
 
     def _compaction_keys(self, conversation: str) -> list[str]:

@@ -158,3 +158,14 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
     assert "compacted" in statuses[15:]  # compaction resumed on the restarted Redis
     assert fake.summary_requests
     assert all(r.prompt_tokens <= 16_000 for r in fake.chat_requests)
+    # The restarted Redis holds the whole body again, though this process remembered a tip.
+    from proxy.log_view import latest_request
+
+    conversation = raw.headers["x-compaction-conversation"]
+    store = RedisStore(private_redis.url)
+    events = [e for _, e in (await store.read_log(conversation, limit=100_000)).events]
+    await store.close()
+    positions = sorted(e["position"] for e in events if e["type"] == "message")
+    assert positions == list(range(len(history) - 1))  # the body: all but the system prompt
+    logged = latest_request(events)
+    assert logged is not None and logged.body == history[1:]

@@ -171,15 +171,31 @@ async def test_wait_for_lease_is_bounded(store: Store, conversation: str) -> Non
     await releaser
 
 
-async def test_usage_replaces_the_anchor(store: Store, conversation: str) -> None:
+async def test_recorded_request_replaces_the_anchor(store: Store, conversation: str) -> None:
     first = Anchor("hash-3", 5, 1200, 1180)
-    await store.record_usage(conversation, [{"type": "usage", "prompt_tokens": 1200}], first)
-    await store.record_usage(conversation, [{"type": "usage", "prompt_tokens": 1}], None)
-    assert (await store.load(conversation)).anchor == first
+    usage = {"type": "usage", "prompt_tokens": 1200}
+    await store.record_request(conversation, [{"type": "request"}, usage], first, {"p": "0.5"})
+    await store.record_request(conversation, [{"type": "usage", "prompt_tokens": 1}], None)
+    state = await store.load(conversation)
+    assert state.anchor == first and state.attributes == {"p": "0.5"}
     second = Anchor("hash-9", 9, 2000, 1990)
-    await store.record_usage(conversation, [], second)
+    await store.record_request(conversation, [], second)
     assert (await store.load(conversation)).anchor == second
-    assert len(await log_of(store, conversation)) == 2
+    assert [e["type"] for e in await log_of(store, conversation)] == ["request", "usage", "usage"]
+
+
+async def test_open_logs_and_reads_in_one_step(store: Store, conversation: str) -> None:
+    first = await store.open(conversation, messages(3), {"tenant": "t"})
+    assert first.previous_tip is None
+    assert first.state.logged_tip == (2, "hash-2")
+    assert first.state.attributes == {"tenant": "t"}
+    assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
+    again = await store.open(conversation, messages(5))
+    assert again.previous_tip == (2, "hash-2")
+    assert again.state.logged_tip == (4, "hash-4")
+    assert again.state.lease_owner == "me"
+    logged = [e["position"] for e in await log_of(store, conversation) if e["type"] == "message"]
+    assert logged == [0, 1, 2, 3, 4]
 
 
 async def test_log_reads_in_pages(store: Store, conversation: str) -> None:

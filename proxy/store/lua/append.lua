@@ -1,7 +1,10 @@
--- KEYS: log, seen, state, records
+-- KEYS: log, seen, state, records, lease
 -- ARGV: ttl_ms, n_messages, (hash, event)*, n_events, event*, n_attributes, (field, value)*
--- Logs each message whose chain hash is new (SADD decides), then the plain events.
+-- Logs each message whose chain hash is new (SADD decides), then the plain events, sets the
+-- attributes, and returns what a request needs in the same round trip:
+-- {added, tip before this call, state hash, records, lease owner}.
 local ttl = ARGV[1]
+local previous_tip = redis.call('HGET', KEYS[3], 'tip') or false
 local i = 2
 local added = 0
 local n = tonumber(ARGV[i]); i = i + 1
@@ -22,5 +25,11 @@ for _ = 1, n do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end
-return added
+for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ttl) end
+return {
+  added,
+  previous_tip,
+  redis.call('HGETALL', KEYS[3]),
+  redis.call('LRANGE', KEYS[4], 0, -1),
+  redis.call('GET', KEYS[5]) or false,
+}
