@@ -148,13 +148,20 @@ class RedisStore:
         for name, value in fields.items():
             args += [name, value]
         keys = self._keys(conversation, "log", "seen", "state", "records", "lease")
+        index = {conversation: time.time()}
         async with _unavailable_on_error(operation):
-            added, previous, state_flat, raw_records, lease = await self._append_script(
-                keys=keys, args=args
-            )
             # The index spans every conversation, so it cannot join the per-conversation script
-            # (one Cluster slot); losing one update only makes the admin listing stale.
-            await self._client.zadd(conversations_key(), {conversation: time.time()})
+            # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
+            # Redis Cluster refuses scripts in pipelines, so there it is a second command.
+            if isinstance(self._client, RedisCluster):
+                appended = await self._append_script(keys=keys, args=args)
+                await self._client.zadd(conversations_key(), index)
+            else:
+                pipe = self._client.pipeline(transaction=False)
+                await self._append_script(keys=keys, args=args, client=cast(Any, pipe))
+                pipe.zadd(conversations_key(), index)
+                appended, _ = await pipe.execute()
+        added, previous, state_flat, raw_records, lease = appended
         return int(added), _tip(previous), _state(state_flat, raw_records, lease)
 
     async def append(

@@ -61,7 +61,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-async def run(rounds: int, transcript: str | None, concurrency: int) -> None:
+async def run(rounds: int, transcript: str | None, concurrency: int, store_url: str) -> None:
     paths = transcript_paths()
     path = next((p for p in paths if transcript and transcript in p.name), paths[0])
     messages = load(path)
@@ -81,6 +81,7 @@ async def run(rounds: int, transcript: str | None, concurrency: int) -> None:
                 "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
                 "COMPACTION_PROXY_TENANT_SECRET": "bench",
                 "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+                "COMPACTION_PROXY_STORE_URL": store_url,
             }
         ) as (_, proxy_base),
     ):
@@ -104,7 +105,7 @@ async def run(rounds: int, transcript: str | None, concurrency: int) -> None:
     size = statistics.mean(len(b) for b in bodies)
     print(
         f"transcript {path.name}: {len(bodies)} requests per replay, mean body "
-        f"{size / 1024:.0f} KiB, {rounds} rounds, concurrency {concurrency}"
+        f"{size / 1024:.0f} KiB, {rounds} rounds, concurrency {concurrency}, store {store_url}"
     )
     print(f"{'mode':<8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
     summary: dict[str, tuple[float, float, float]] = {}
@@ -124,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--transcript", help="part of a transcript file name")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--store", default="memory://", help="the proxy's store_url")
     args = parser.parse_args(argv)
-    asyncio.run(run(args.rounds, args.transcript, args.concurrency))
+    asyncio.run(run(args.rounds, args.transcript, args.concurrency, args.store))
 
 
 if __name__ == "__main__":
