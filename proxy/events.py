@@ -6,11 +6,8 @@ Message content is kept only when ``log_content`` is on; hashes, roles and posit
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
-
-import orjson
 
 from proxy.conversation import Message
 from proxy.store.base import CONTEXT_POSITION, Event, MessageEvent
@@ -57,10 +54,6 @@ def message_events(
             event["message"] = message
         events.append(MessageEvent(position, chain[position], event))
     return events
-
-
-def context_digest(head: Sequence[Message], tools: Any) -> str:
-    return hashlib.blake2b(orjson.dumps([head, tools]), digest_size=16).hexdigest()
 
 
 def context_event(

@@ -125,10 +125,6 @@ def message_tokens(message: Message, count: TextCounter) -> int:
     return total
 
 
-def tools_digest(tools: Any) -> str:
-    return hashlib.blake2b(orjson.dumps(tools or None), digest_size=16).hexdigest()
-
-
 class MeteredRequest(Protocol):
     """What the meter reads of a request (``RequestView`` provides it)."""
 
@@ -146,6 +142,8 @@ class MeteredRequest(Protocol):
     def chain(self) -> list[str]: ...
     @property
     def tools(self) -> Any: ...
+    @property
+    def tools_digest(self) -> str: ...
 
 
 def prefix_key(request: MeteredRequest, surface: Surface, tip: int) -> str | None:
@@ -154,7 +152,7 @@ def prefix_key(request: MeteredRequest, surface: Surface, tip: int) -> str | Non
     if not 0 <= tip < len(request.body):
         return None
     h = hashlib.blake2b(digest_size=16)
-    h.update(bytes.fromhex(tools_digest(request.tools)))
+    h.update(bytes.fromhex(request.tools_digest))
     for digest in request.head_digests:
         h.update(bytes.fromhex(digest))
     for checkpoint in surface.checkpoints:

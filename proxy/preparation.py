@@ -22,7 +22,6 @@ from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
 from proxy.compaction.summarize import Summary, call_summarizer
 from proxy.conversation import Message, Surface, missed_checkpoints
 from proxy.events import (
-    context_digest,
     context_event,
     first_unlogged,
     message_events,
@@ -139,11 +138,12 @@ async def _relieve(
     model_policy: ModelPolicy,
     proactive: bool,
 ) -> Relief:
-    view = job.view
-    surface = view.surface(state.records)
-    plain = Relief(state, surface, view.measure(engine.meter, surface, state.anchor))
+    def as_it_is() -> Relief:
+        surface = job.view.surface(state.records)
+        return Relief(state, surface, job.view.measure(engine.meter, surface, state.anchor))
+
     if job.window is None or not model_policy.policy.auto or not proactive:
-        return plain
+        return as_it_is()
     limits = budgets(model_policy.policy, job.window)
     try:
         return await shielded(
@@ -154,7 +154,7 @@ async def _relieve(
     except Exception:
         COMPACTION_ERRORS.inc()
         log.exception("compaction failed; forwarding the surface as it was")
-        return plain
+        return as_it_is()
 
 
 async def _open(
@@ -170,7 +170,7 @@ async def _open(
     messages = message_events(
         view.body, view.chain, view.root, start, log_content=settings.log_content, now=now
     )
-    context = context_digest(view.head, view.tools)
+    context = view.context_digest
     if context != cursor.context:
         messages.insert(
             0,

@@ -20,7 +20,7 @@ from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import Engine
 from proxy.conversation import Message
-from proxy.events import context_digest, request_event
+from proxy.events import request_event
 from proxy.keys import ENGINE, LEARNED_WINDOWS, STORE
 from proxy.metrics import COMPACTION_ERRORS
 from proxy.policy import ModelPolicy, budgets
@@ -101,7 +101,7 @@ async def recover_overflow(
         anchored=measurement.anchored,
         status="recovered",
         tip=job.view.chain[-1] if job.view.chain else None,
-        context=context_digest(job.view.head, job.view.tools),
+        context=job.view.context_digest,
     )
     return Prepared(
         payload=payload_for(chat, surface.messages),

@@ -5,9 +5,13 @@ Derives the surface for a set of replacement records and measures it; holds no I
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import orjson
 
 from proxy.conversation import (
     Message,
@@ -68,6 +72,18 @@ class RequestView:
             body_digests=body_digests,
             tools=tools,
         )
+
+    @cached_property
+    def tools_digest(self) -> str:
+        return hashlib.blake2b(orjson.dumps(self.tools or None), digest_size=16).hexdigest()
+
+    @cached_property
+    def context_digest(self) -> str:
+        """Names the request's head and tools together (logged once per distinct value)."""
+        h = hashlib.blake2b(bytes.fromhex(self.tools_digest), digest_size=16)
+        for digest in self.head_digests:
+            h.update(bytes.fromhex(digest))
+        return h.hexdigest()
 
     def surface(self, records: Sequence[ReplacementRecord]) -> Surface:
         """The surface for ``records``; derived once per records sequence (the request is
