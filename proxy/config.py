@@ -41,11 +41,17 @@ class _Strict(BaseModel):
 
 
 class PrunerPolicy(_Strict):
-    """Tool results longer than ``threshold_chars`` code points keep only head and tail."""
+    """Observations longer than ``threshold_chars`` code points keep only head and tail.
+
+    Tool and legacy function results are observations; so are user messages when
+    ``user_messages`` is on (agents without native tool calling send their observations as
+    user messages). The live turn is never pruned.
+    """
 
     threshold_chars: PositiveInt = 8192
     head_chars: int = Field(default=4096, ge=0)
     tail_chars: int = Field(default=1024, ge=0)
+    user_messages: bool = True
 
     @model_validator(mode="after")
     def _head_and_tail_fit(self) -> Self:

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
+from proxy import jsonio
+from proxy.content import cut, text_of
 
 Message = dict[str, Any]
 
@@ -48,10 +49,16 @@ def canonical_message(message: Mapping[str, Any]) -> bytes:
 
     Keeps only the semantic fields; null or empty ones and provider extras (``refusal``,
     ``annotations``, ...) are dropped, so a client that re-serializes an assistant message
-    slightly differently still produces the same bytes.
+    slightly differently still produces the same bytes. Content parts lose their non-semantic
+    fields (``cache_control``, which caching clients move to the newest message every turn), and
+    a lone text part hashes as its plain string, so moving a cache breakpoint never changes a
+    message's identity.
     """
     canonical: dict[str, Any] = {"role": message.get("role")}
-    for key in ("content", "name", "tool_call_id"):
+    content = canonical_content(message.get("content"))
+    if _present(content):
+        canonical["content"] = content
+    for key in ("name", "tool_call_id"):
         value = message.get(key)
         if _present(value):
             canonical[key] = value
@@ -64,7 +71,32 @@ def canonical_message(message: Mapping[str, Any]) -> bytes:
             "name": function_call.get("name"),
             "arguments": function_call.get("arguments"),
         }
-    return orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)
+    return jsonio.dumps(canonical, sort_keys=True)
+
+
+# Part fields that change how a provider caches or annotates a part, not what the model reads.
+NON_SEMANTIC_PART_FIELDS = frozenset({"cache_control", "annotations", "logprobs"})
+
+
+def canonical_content(content: Any) -> Any:
+    """Content as it matters to the model: parts without non-semantic fields, and a list that
+    holds exactly one text part as that part's string."""
+    if not isinstance(content, list):
+        return content
+    parts = [_canonical_part(part) for part in content]
+    if len(parts) == 1 and isinstance(parts[0], dict) and parts[0].get("type") == "text":
+        text = parts[0].get("text")
+        if isinstance(text, str):
+            return text
+    return parts
+
+
+def _canonical_part(part: Any) -> Any:
+    if not isinstance(part, Mapping):
+        return part
+    if part.get("type") == "text":
+        return {"type": "text", "text": part.get("text")}
+    return {k: v for k, v in part.items() if k not in NON_SEMANTIC_PART_FIELDS}
 
 
 def _canonical_call(call: Any) -> Any:
@@ -85,6 +117,15 @@ def split_head(messages: Sequence[Message]) -> tuple[list[Message], list[Message
     while cut < len(messages) and messages[cut].get("role") in HEAD_ROLES:
         cut += 1
     return list(messages[:cut]), list(messages[cut:])
+
+
+def live_turn_start(body: Sequence[Message]) -> int:
+    """Body position where the live turn starts: everything after the last assistant message
+    (the whole body when there is none). The live turn reaches the model exactly as sent."""
+    for position in range(len(body) - 1, -1, -1):
+        if body[position].get("role") == "assistant":
+            return position + 1
+    return 0
 
 
 def chain_root(tenant: str) -> str:
@@ -143,6 +184,7 @@ class Checkpoint:
     message: Message
     tokens: int
     shadowed_tokens: int = 0
+    end_fingerprint: str = ""  # branch_fingerprint at ``end`` of the request it was made from
     kind: Literal["checkpoint"] = "checkpoint"
 
     def __post_init__(self) -> None:
@@ -152,14 +194,34 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Prune:
-    """Content-only replacement of the tool result at body ``position``."""
+    """Content-only replacement of the observation at body ``position``.
+
+    ``head_end``/``tail_start`` are the joined-text offsets of the cut. The cut is applied to
+    the message as the request sends it, so the client's own part fields (``cache_control``
+    moved to another part, say) survive; ``content`` is the result at commit time, used for
+    records made before offsets were kept.
+    """
 
     position: int
     hash: str
     content: Any
     chars_before: int = 0
     chars_after: int = 0
+    head_end: int | None = None
+    tail_start: int | None = None
     kind: Literal["prune"] = "prune"
+
+
+def pruned_message(message: Message, prune: Prune) -> Message:
+    """``message`` with ``prune`` applied; every field but ``content`` as sent."""
+    content = message.get("content")
+    if (
+        prune.head_end is not None
+        and prune.tail_start is not None
+        and len(text_of(content) or "") == prune.chars_before
+    ):
+        return {**message, "content": cut(content, prune.head_end, prune.tail_start)}
+    return {**message, "content": prune.content}
 
 
 ReplacementRecord = Checkpoint | Prune
@@ -263,7 +325,7 @@ def derive_surface(
             continue
         prune = prunes.get(position)
         if prune is not None:
-            pruned = {**body[position], "content": prune.content}
+            pruned = pruned_message(body[position], prune)
             nodes.append(SurfaceNode(pruned, "pruned", position, position))
             applied_prunes.append(prune)
         else:
@@ -277,12 +339,32 @@ def derive_surface(
     )
 
 
-def missed_checkpoints(
-    records: Iterable[ReplacementRecord], surface: Surface, body_length: int
-) -> bool:
-    """The request is long enough for a committed checkpoint, yet shares the prefix of none.
+BRANCH_FINGERPRINT_MESSAGES = 3
 
-    A client that rewrites its early messages every turn looks like this on every request.
+
+def branch_fingerprint(digests: Sequence[str], end: int) -> str:
+    """Names the messages just before and at body position ``end`` by content alone, wherever
+    the prefix before them differs."""
+    first = max(0, end - BRANCH_FINGERPRINT_MESSAGES + 1)
+    return _digest(b"branch\x00", *(bytes.fromhex(d) for d in digests[first : end + 1]))
+
+
+def missed_checkpoints(
+    records: Iterable[ReplacementRecord], surface: Surface, digests: Sequence[str]
+) -> bool:
+    """The request applies no checkpoint, yet resends the very messages a committed checkpoint
+    of its own branch ended at, with something before them rewritten.
+
+    A client that rewrites an early message every turn looks like this on every request. A
+    fork, an edit that starts a new branch, or another conversation that happens to share the
+    first message has other messages at that position, so it never counts.
     """
-    reachable = [r for r in records if isinstance(r, Checkpoint) and r.end < body_length - 1]
-    return bool(reachable) and not surface.checkpoints
+    if surface.checkpoints:
+        return False
+    return any(
+        isinstance(r, Checkpoint)
+        and r.end < len(digests) - 1
+        and r.end_fingerprint != ""
+        and branch_fingerprint(digests, r.end) == r.end_fingerprint
+        for r in records
+    )

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.conversation import Message, Surface, message_digest
+from proxy.conversation import Message, Surface, message_digest, pruned_message
 from proxy.store.base import Anchor
 from proxy.tokenizers import encoding, use_bundled_tokenizers
 
@@ -268,7 +268,7 @@ class TokenMeter:
         for prune in surface.prunes:
             if prune.position > after:
                 original = request.body[prune.position]
-                pruned = {**original, "content": prune.content}
+                pruned = pruned_message(original, prune)
                 total += self.message(pruned, count) - self.message(
                     original, count, request.body_digests[prune.position]
                 )

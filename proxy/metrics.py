@@ -101,6 +101,12 @@ CHECKPOINT_MISSES = Counter(
     "Requests long enough for a committed checkpoint of their conversation that shared the "
     "prefix of none (a client rewriting early messages).",
 )
+OVER_THRESHOLD = Counter(
+    "compaction_proxy_over_threshold_requests_total",
+    "Requests forwarded at or above their compaction threshold, by why compaction could not "
+    "bring them below it (live_turn, no_range, summary_failed, cooldown, stopped, ...).",
+    ["route", "reason"],
+)
 PROACTIVE_STOPPED = Counter(
     "compaction_proxy_proactive_compaction_stopped_total",
     "Conversations whose proactive compaction stopped after repeated checkpoint misses.",

@@ -122,6 +122,7 @@ class PolicyBook:
             threshold_chars=policy.pruner.threshold_chars,
             head_chars=policy.pruner.head_chars,
             tail_chars=policy.pruner.tail_chars,
+            user_messages=policy.pruner.user_messages,
         )
         resolved = ModelPolicy(
             route, policy, pruner, configured_window(route, model), mapped_window(model)

@@ -7,6 +7,7 @@ request goes on with the best surface there is: the proxy never makes a request 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from aiohttp import web
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
-from proxy.compaction.summarize import Summary, call_summarizer
+from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.conversation import Message, Surface, missed_checkpoints
 from proxy.events import (
     context_event,
@@ -42,6 +43,7 @@ from proxy.meter import Measurement
 from proxy.metrics import (
     CHECKPOINT_MISSES,
     COMPACTION_ERRORS,
+    OVER_THRESHOLD,
     PRESSURE,
     PROACTIVE_STOPPED,
     TOKENS_SAVED,
@@ -87,7 +89,13 @@ def summary_call(
     timeout = app[SETTINGS].summary_timeout_seconds
 
     async def call(body: dict[str, Any]) -> Summary:
-        return await call_summarizer(app[HTTP_CLIENT], url, headers, body, timeout)
+        try:
+            return await call_summarizer(app[HTTP_CLIENT], url, headers, body, timeout)
+        except SummaryFailed as failure:
+            if failure.reason == "overflow" and failure.limit is not None:
+                # The summary model stated its window: later summary calls are sized to it.
+                app[LEARNED_WINDOWS].learn(route.model, summary_model, failure.limit)
+            raise
 
     return call
 
@@ -105,13 +113,50 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
 
 
 MISSES = "checkpoint_misses"
+OVER_THRESHOLD_REASON = "over_threshold"
+
+
+def _report_shortfall(
+    view: RequestView, state: ConversationState, route: str, relief: Relief, threshold: int
+) -> str:
+    """Count a request left at or above its threshold, and log it once per conversation and
+    reason. Returns the reason to remember ("" when the request is below its threshold)."""
+    if relief.measurement.tokens < threshold:
+        return ""
+    reason = relief.shortfall or "rounds"
+    OVER_THRESHOLD.labels(route=route, reason=reason).inc()
+    if state.attributes.get(OVER_THRESHOLD_REASON) != reason:
+        log.warning(
+            "conversation %s is forwarded at %d tokens, at or above its threshold of %d: %s",
+            view.conversation,
+            relief.measurement.tokens,
+            threshold,
+            SHORTFALL_REASONS.get(reason, reason),
+        )
+    return reason
+
+
+SHORTFALL_REASONS = {
+    "live_turn": "the live turn alone (with head and tools) does not fit the window",
+    "no_range": "no span of the history can be summarized",
+    "summary_failed": "the summary call failed",
+    "not_smaller": "the summary was not smaller than what it would replace",
+    "ceiling": "the tenant reached its summary ceiling",
+    "cooldown": "a recent summary failure is cooling down",
+    "stopped": "proactive compaction stopped (the client keeps missing its checkpoints)",
+    "busy": "another compaction held the conversation too long",
+    "changed": "a deeper checkpoint was committed meanwhile",
+    "commit_failed": "the commit failed",
+    "rounds": "the compaction rounds ran out",
+    "error": "compaction raised an unexpected error (logged above)",
+}
 
 
 def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) -> int:
     """Requests in a row that missed every committed checkpoint, this one included."""
     misses = int(state.attributes.get(MISSES, "0"))
     surface = view.surface(state.records)
-    if missed_checkpoints(state.records, surface, len(view.body)):
+    if missed_checkpoints(state.records, surface, view.body_digests):
         misses += 1
         CHECKPOINT_MISSES.inc()
         if misses == limit:
@@ -142,19 +187,19 @@ async def _relieve(
         surface = job.view.surface(state.records)
         return Relief(state, surface, job.view.measure(engine.meter, surface, state.anchor))
 
-    if job.window is None or not model_policy.policy.auto or not proactive:
+    if job.window is None or not model_policy.policy.auto:
         return as_it_is()
+    if not proactive:
+        return dataclasses.replace(as_it_is(), shortfall="stopped")
     limits = budgets(model_policy.policy, job.window)
     try:
-        return await shielded(
-            triggers.relieve_pressure(engine, job, state, limits.threshold, limits.retain)
-        )
+        return await shielded(triggers.relieve_pressure(engine, job, state, limits))
     except StoreUnavailable:
         raise
     except Exception:
         COMPACTION_ERRORS.inc()
         log.exception("compaction failed; forwarding the surface as it was")
-        return as_it_is()
+        return dataclasses.replace(as_it_is(), shortfall="error")
 
 
 async def _open(
@@ -190,6 +235,16 @@ async def _open(
     return opened.state, context
 
 
+def _summary_window(app: web.Application, summary_model: str) -> int | None:
+    """The summary model's own window, when it has a known one."""
+    summary_policy = app[POLICIES].for_model(summary_model)
+    return resolve_window(
+        summary_policy.configured_window,
+        summary_policy.mapped_window,
+        app[LEARNED_WINDOWS].get(summary_policy.route.model, summary_model),
+    )
+
+
 async def prepare(
     request: web.Request,
     chat: ChatRequest,
@@ -212,6 +267,7 @@ async def prepare(
         app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
     summary_model = model_policy.policy.summary_model or chat.model
     job = CompactionJob(
+        summary_window=_summary_window(app, summary_model) if summary_model != chat.model else None,
         view=view,
         policy=model_policy.policy,
         pruner=model_policy.pruner,
@@ -244,6 +300,11 @@ async def prepare(
     attributes = {MISSES: str(misses)}
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
+        if model_policy.policy.auto:
+            threshold = budgets(model_policy.policy, window).threshold
+            attributes[OVER_THRESHOLD_REASON] = _report_shortfall(
+                view, state, route.model, relief, threshold
+            )
 
     tokens_before = None
     payload = raw

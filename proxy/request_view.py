@@ -21,6 +21,7 @@ from proxy.conversation import (
     chain_root,
     conversation_id,
     derive_surface,
+    live_turn_start,
     message_digest,
     split_head,
 )
@@ -72,6 +73,11 @@ class RequestView:
             body_digests=body_digests,
             tools=tools,
         )
+
+    @cached_property
+    def live_start(self) -> int:
+        """Body position where the live turn starts (see ``live_turn_start``)."""
+        return live_turn_start(self.body)
 
     @cached_property
     def tools_digest(self) -> str:

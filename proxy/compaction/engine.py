@@ -19,8 +19,16 @@ from enum import StrEnum
 from typing import Any
 
 from proxy.compaction.ceiling import SummaryCeiling
+from proxy.compaction.fit import SummaryBudget, clipped_span, summary_budget
 from proxy.compaction.prune import PruneCandidate, Pruner, prune_candidates
-from proxy.compaction.select import Span, priced_nodes, region_span, select_span
+from proxy.compaction.select import (
+    Span,
+    first_node_at,
+    priced_nodes,
+    region_span,
+    retained_node,
+    select_span,
+)
 from proxy.compaction.summarize import (
     INSTRUCTION,
     Summary,
@@ -29,8 +37,15 @@ from proxy.compaction.summarize import (
     summary_body,
 )
 from proxy.config import Policy
-from proxy.conversation import Checkpoint, Prune, ReplacementRecord, Surface
-from proxy.meter import Measurement, TokenMeter, counter_for
+from proxy.conversation import (
+    Checkpoint,
+    Message,
+    Prune,
+    ReplacementRecord,
+    Surface,
+    branch_fingerprint,
+)
+from proxy.meter import REPLY_PRIMING_TOKENS, Measurement, TokenMeter, counter_for
 from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
 from proxy.request_view import RequestView
 from proxy.store.base import BeginResult, ConversationState, Event, Store
@@ -65,6 +80,12 @@ class CompactionJob:
     summary_model: str
     summarize: SummaryCall
     route: str = ""
+    summary_window: int | None = None  # the summary model's window when it differs
+
+    @property
+    def call_window(self) -> int | None:
+        """The window the summary call must fit."""
+        return self.summary_window if self.summary_window is not None else self.window
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,7 @@ class Relief:
     measurement: Measurement
     pruned: bool = False
     compacted: bool = False
+    shortfall: str | None = None  # why the request is still at or above its threshold
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,16 @@ class Round:
     state: ConversationState | None = None
     shadowed_tokens: int = 0
     failure: SummaryFailed | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A span to summarize, the summary's cap, and the span as the summary call carries it
+    (oversized messages cut there)."""
+
+    span: Span
+    cap: int
+    messages: list[Message]
 
 
 @dataclass(frozen=True)
@@ -183,11 +215,19 @@ class Engine:
     # -- pruning ---------------------------------------------------------------------------
 
     async def prune(
-        self, job: CompactionJob, state: ConversationState, surface: Surface, trigger: str
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        surface: Surface,
+        trigger: str,
+        before: int | None = None,
     ) -> tuple[ConversationState, Surface, bool]:
-        """Prune the surface's oversized tool results. Returns the state and surface to go on
+        """Prune the surface's oversized observations before body position ``before`` (the
+        live turn at the latest: it is never pruned). Returns the state and surface to go on
         with and whether a prune committed; a busy conversation is waited for (bounded)."""
+        limit = job.view.live_start if before is None else min(before, job.view.live_start)
         body = [n for n in surface.nodes if n.kind == "body" and n.start is not None]
+        body = [n for n in body if n.start is not None and n.start < limit]
         candidates = prune_candidates(
             [n.start for n in body if n.start is not None], [n.message for n in body], job.pruner
         )
@@ -201,8 +241,26 @@ class Engine:
             fresh, fresh_surface = await self.reload(job)
         if outcome is Outcome.COMMITTED:
             saved = sum(c.pruned.chars_before - c.pruned.chars_after for c in candidates)
-            log.debug("pruned %d tool results (%d characters)", len(candidates), saved)
+            log.debug("pruned %d observations (%d characters)", len(candidates), saved)
         return fresh, fresh_surface, outcome is Outcome.COMMITTED
+
+    def irreducible_tokens(self, job: CompactionJob, surface: Surface) -> int:
+        """What no compaction can remove from the request: head, tools and the live turn."""
+        view = job.view
+        prices = self.meter.node_tokens(view, surface)
+        nodes = priced_nodes(surface.nodes, prices)
+        live = first_node_at(nodes, view.live_start)
+        head = sum(n.tokens for n in nodes if n.kind == "head")
+        tools = self.meter.tools_tokens(view.tools, counter_for(view.model))
+        return REPLY_PRIMING_TOKENS + tools + head + sum(n.tokens for n in nodes[live:])
+
+    def retained_from(self, job: CompactionJob, surface: Surface, retain: int) -> int:
+        """The body position from which the retain budget keeps messages as they are."""
+        prices = self.meter.node_tokens(job.view, surface)
+        nodes = priced_nodes(surface.nodes, prices)
+        kept = retained_node(nodes, retain, first_node_at(nodes, job.view.live_start))
+        start = nodes[kept].start if kept < len(nodes) else None
+        return len(job.view.body) if start is None else start
 
     async def _commit_prunes(
         self,
@@ -219,6 +277,8 @@ class Engine:
                 content=c.pruned.content,
                 chars_before=c.pruned.chars_before,
                 chars_after=c.pruned.chars_after,
+                head_end=c.pruned.head_end,
+                tail_start=c.pruned.tail_start,
             )
             for c in candidates
         ]
@@ -242,14 +302,8 @@ class Engine:
 
     # -- summarizing -----------------------------------------------------------------------
 
-    def _budget(
-        self, job: CompactionJob, surface: Surface, prices: Sequence[int]
-    ) -> tuple[int, int | None]:
-        """The summary's token cap and the most span tokens one summary call can carry
-        (None without a known window)."""
-        cap = job.policy.max_tokens
-        if job.window is None:
-            return cap, None
+    def _budget(self, job: CompactionJob, surface: Surface, prices: Sequence[int]) -> SummaryBudget:
+        """The summary's cap, the span one summary call can carry, and per message."""
         count = counter_for(job.summary_model)
         fixed = (
             sum(p for n, p in zip(surface.nodes, prices, strict=True) if n.kind == "head")
@@ -257,37 +311,59 @@ class Engine:
             + self.meter.message({"role": "user", "content": INSTRUCTION}, count)
             + 3
         )
-        # A margin for the difference between our estimate and the provider's count.
-        available = int(job.window * 0.97) - fixed
-        cap = max(1, min(cap, available // 2))
-        return cap, available - cap
+        return summary_budget(job.policy.max_tokens, fixed, job.call_window, job.window)
 
-    def plan(self, job: CompactionJob, surface: Surface, retain: int) -> tuple[Span | None, int]:
-        """The head span to summarize (keeping ``retain`` tokens) and the summary's cap."""
+    def _call_view(
+        self, job: CompactionJob, surface: Surface, prices: Sequence[int], budget: SummaryBudget
+    ) -> tuple[list[Message], list[int]]:
+        """Every node as the summary call would carry it, and its price there: observations
+        and other messages too big for the call are cut to head and tail (checkpoints never)."""
+        count = counter_for(job.view.model)
+        return clipped_span(
+            [n.message for n in surface.nodes],
+            prices,
+            [n.kind in ("body", "pruned") for n in surface.nodes],
+            budget.per_message,
+            lambda message: self.meter.message(message, count),
+        )
+
+    def plan(self, job: CompactionJob, surface: Surface, retain: int) -> Plan | None:
+        """The head span to summarize (keeping ``retain`` tokens and the live turn)."""
         prices = self.meter.node_tokens(job.view, surface)
-        cap, budget = self._budget(job, surface, prices)
-        if budget is not None and budget <= 0:
-            return None, cap
-        span = select_span(priced_nodes(surface.nodes, prices), retain, budget)
+        budget = self._budget(job, surface, prices)
+        if budget.span is not None and budget.span <= 0:
+            return None
+        nodes = priced_nodes(surface.nodes, prices)
+        carried, carried_prices = self._call_view(job, surface, prices, budget)
+        span = select_span(
+            nodes,
+            retain,
+            budget.span,
+            live_from=first_node_at(nodes, job.view.live_start),
+            call_tokens=carried_prices,
+        )
         if span is None:
-            return None, cap
-        return span, max(1, min(cap, span.tokens))
+            return None
+        cap = max(1, min(budget.cap, span.tokens))
+        return Plan(span, cap, carried[span.first : span.last + 1])
 
-    def plan_region(
-        self, job: CompactionJob, surface: Surface, start: int, end: int
-    ) -> tuple[Span | str, int]:
-        """The span for body positions ``start..end``, or the reason it cannot be one."""
+    def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:
+        """The plan for body positions ``start..end``, or the reason there cannot be one."""
         prices = self.meter.node_tokens(job.view, surface)
-        cap, budget = self._budget(job, surface, prices)
-        span = region_span(priced_nodes(surface.nodes, prices), len(job.view.body), start, end)
+        budget = self._budget(job, surface, prices)
+        nodes = priced_nodes(surface.nodes, prices)
+        span = region_span(nodes, len(job.view.body), start, end, job.view.live_start)
         if isinstance(span, str):
-            return span, cap
-        if budget is not None and span.tokens > budget:
+            return span
+        carried, carried_prices = self._call_view(job, surface, prices, budget)
+        in_call = sum(carried_prices[span.first : span.last + 1])
+        if budget.span is not None and in_call > budget.span:
             return (
-                f"the region holds {span.tokens} tokens, more than one summary call can "
-                f"carry ({budget})"
-            ), cap
-        return span, max(1, min(cap, span.tokens))
+                f"the region holds {in_call} tokens, more than one summary call can "
+                f"carry ({budget.span})"
+            )
+        cap = max(1, min(budget.cap, span.tokens))
+        return Plan(span, cap, carried[span.first : span.last + 1])
 
     async def summarize_round(
         self,
@@ -298,22 +374,17 @@ class Engine:
         trigger: str,
     ) -> Round:
         """Select, summarize and commit one head span."""
-        span, cap = self.plan(job, surface, retain)
-        if span is None:
+        plan = self.plan(job, surface, retain)
+        if plan is None:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="no_range").inc()
             return Round(Outcome.NO_RANGE)
-        return await self.compact_span(job, state, surface, span, cap, trigger)
+        return await self.compact_span(job, state, plan, trigger)
 
     async def compact_span(
-        self,
-        job: CompactionJob,
-        state: ConversationState,
-        surface: Surface,
-        span: Span,
-        cap: int,
-        trigger: str,
+        self, job: CompactionJob, state: ConversationState, plan: Plan, trigger: str
     ) -> Round:
-        """Summarize ``span`` of ``surface`` and commit it as one checkpoint."""
+        """Summarize the plan's span and commit it as one checkpoint."""
+        span = plan.span
         if not self.ceiling.allow(job.view.tenant):
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
             log.warning("summary ceiling reached for a tenant; not summarizing")
@@ -324,17 +395,15 @@ class Engine:
         if began is not BeginResult.BEGUN:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="busy").inc()
             return Round(Outcome.BUSY, span)
-        result = await self._summarize_and_commit(attempt, surface, span, cap)
+        result = await self._summarize_and_commit(attempt, plan)
         COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=result.outcome.value).inc()
         return result
 
-    async def _summarize_and_commit(
-        self, attempt: Attempt, surface: Surface, span: Span, cap: int
-    ) -> Round:
+    async def _summarize_and_commit(self, attempt: Attempt, plan: Plan) -> Round:
         job = attempt.job
         view = job.view
-        span_messages = [n.message for n in surface.nodes[span.first : span.last + 1]]
-        body = summary_body(job.summary_model, view.head, span_messages, view.tools, cap)
+        span = plan.span
+        body = summary_body(job.summary_model, view.head, plan.messages, view.tools, plan.cap)
         started = time.perf_counter()
         try:
             summary = await job.summarize(body)
@@ -359,6 +428,7 @@ class Engine:
             message=message,
             tokens=tokens,
             shadowed_tokens=span.tokens,
+            end_fingerprint=branch_fingerprint(view.body_digests, span.end),
         )
         summary_event = _event(
             "compaction/summary",

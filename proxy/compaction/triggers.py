@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 from proxy.compaction.engine import (
     FAILED_AT,
@@ -18,6 +19,9 @@ from proxy.compaction.engine import (
     Relief,
     Round,
 )
+from proxy.conversation import Surface
+from proxy.meter import Measurement
+from proxy.policy import Budgets
 from proxy.store.base import ConversationState
 
 MAX_WINDOW_SHRINKS = 3
@@ -44,28 +48,73 @@ async def remember_failure(engine: Engine, job: CompactionJob, tokens: int) -> N
 
 
 async def relieve_pressure(
-    engine: Engine, job: CompactionJob, state: ConversationState, threshold: int, retain: int
+    engine: Engine, job: CompactionJob, state: ConversationState, limits: Budgets
 ) -> Relief:
-    """The ``pressure`` trigger: prune, re-measure; then summarize head spans while the
-    surface stays at or above ``threshold``: ``1 + compaction_retries`` rounds, more (up
-    to ``max_rounds``) while each round was cut short to fit the summary call."""
+    """The ``pressure`` trigger, cheapest first, the newest messages last:
+
+    1. prune observations older than the retain budget; stop if below the threshold;
+    2. summarize head spans while the surface stays at or above the threshold:
+       ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
+       short to fit the summary call;
+    3. only if the request would still not fit its window, prune inside the retain budget.
+
+    The live turn is never touched, and when it alone (with head and tools) cannot fit the
+    window nothing is done: the request goes as sent and the upstream answers. A request left
+    at or above the threshold carries the reason (``Relief.shortfall``)."""
+    threshold, retain = limits.threshold, limits.retain
     surface = job.view.surface(state.records)
     measurement = engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement)
-    state, surface, pruned = await engine.prune(job, state, surface, "pressure")
+    if engine.irreducible_tokens(job, surface) > limits.window:
+        return Relief(state, surface, measurement, shortfall="live_turn")
+    before = engine.retained_from(job, surface, retain)
+    state, surface, pruned = await engine.prune(job, state, surface, "pressure", before)
     measurement = engine.measure(job, state, surface)
-    compacted = False
-    if measurement.tokens < threshold or cooling_down(engine, state, measurement.tokens):
+    if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned)
 
-    rounds, waits = 0, 0
+    rounds = Rounds(state, surface, measurement, shortfall="cooldown")
+    if not cooling_down(engine, state, measurement.tokens):
+        rounds = await _summarize_rounds(engine, job, rounds, threshold, retain)
+    state, surface, measurement = rounds.state, rounds.surface, rounds.measurement
+    if measurement.tokens > limits.window:
+        state, surface, pruned_late = await engine.prune(job, state, surface, "pressure")
+        pruned = pruned or pruned_late
+        measurement = engine.measure(job, state, surface)
+    return Relief(
+        state,
+        surface,
+        measurement,
+        pruned=pruned,
+        compacted=rounds.compacted,
+        shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
+    )
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Where summary rounds left a request, and why it is still over the threshold if it is."""
+
+    state: ConversationState
+    surface: Surface
+    measurement: Measurement
+    compacted: bool = False
+    shortfall: str = "rounds"
+
+
+async def _summarize_rounds(
+    engine: Engine, job: CompactionJob, start: Rounds, threshold: int, retain: int
+) -> Rounds:
+    state, surface, measurement = start.state, start.surface, start.measurement
+    rounds, waits, compacted, shortfall = 0, 0, False, "rounds"
     allowed = 1 + job.policy.compaction_retries
     while rounds < engine.settings.max_rounds and measurement.tokens >= threshold:
         result = await engine.summarize_round(job, state, surface, retain, "pressure")
         if result.outcome is Outcome.BUSY:
             waits += 1
             if waits > engine.settings.max_busy_waits:
+                shortfall = result.outcome.value
                 break
             state, surface = await engine.wait_and_reload(job)
             measurement = engine.measure(job, state, surface)
@@ -73,6 +122,7 @@ async def relieve_pressure(
         if result.outcome is not Outcome.COMMITTED or result.state is None:
             if result.outcome not in (Outcome.NO_RANGE, Outcome.CEILING):
                 await remember_failure(engine, job, measurement.tokens)
+            shortfall = result.outcome.value
             break
         compacted = True
         rounds += 1
@@ -82,7 +132,7 @@ async def relieve_pressure(
         limited = result.span is not None and result.span.limited_by_fit
         if rounds >= allowed and not limited:
             break
-    return Relief(state, surface, measurement, pruned=pruned, compacted=compacted)
+    return Rounds(state, surface, measurement, compacted, shortfall)
 
 
 async def recover_overflow(
@@ -137,7 +187,7 @@ async def compact_region(
     """The ``region`` trigger: summarize body positions ``start..end``; a prior checkpoint
     inside the region is merged. Returns the reason when the region is not a valid span."""
     surface = job.view.surface(state.records)
-    span, cap = engine.plan_region(job, surface, start, end)
-    if isinstance(span, str):
-        return span
-    return await engine.compact_span(job, state, surface, span, cap, "region")
+    plan = engine.plan_region(job, surface, start, end)
+    if isinstance(plan, str):
+        return plan
+    return await engine.compact_span(job, state, plan, "region")

@@ -14,13 +14,13 @@ from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Any, cast
 
-import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from proxy import jsonio
 from proxy.conversation import ReplacementRecord, record_from_dict, record_to_dict
 from proxy.store.base import (
     Anchor,
@@ -46,7 +46,7 @@ def _script(name: str) -> str:
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    return jsonio.dumps(value).decode()
 
 
 def _tip(raw: str | None) -> tuple[int, str] | None:
@@ -58,9 +58,9 @@ def _tip(raw: str | None) -> tuple[int, str] | None:
 
 def _state(state_flat: list[str], raw_records: list[str], lease: str | None) -> ConversationState:
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
-    anchor = Anchor(**orjson.loads(state["anchor"])) if "anchor" in state else None
+    anchor = Anchor(**jsonio.loads(state["anchor"])) if "anchor" in state else None
     return ConversationState(
-        records=tuple(record_from_dict(orjson.loads(r)) for r in raw_records),
+        records=tuple(record_from_dict(jsonio.loads(r)) for r in raw_records),
         generation=int(state.get("generation", 0)),
         anchor=anchor,
         lease_owner=lease or None,
@@ -243,7 +243,7 @@ class RedisStore:
         async with _unavailable_on_error("read_log"):
             raw = await self._client.xrange(log, min=start, max="+", count=limit + 1)
         entries = cast(list[tuple[str, dict[str, str]]], raw)
-        page = [(entry_id, orjson.loads(fields["e"])) for entry_id, fields in entries[:limit]]
+        page = [(entry_id, jsonio.loads(fields["e"])) for entry_id, fields in entries[:limit]]
         more = len(entries) > limit
         return LogPage(page, page[-1][0] if page and more else None)
 

@@ -135,7 +135,9 @@ async def test_manual_compaction_commits_and_later_requests_use_it(
     assert status == 200
     assert result["outcome"] == "committed"
     assert result["tokens_shadowed"] > 0 and result["generation"] == 1
-    assert result["span"] == {"start": 0, "end": len(messages) - 3}
+    # Everything but the live turn (the last tool result and the user's message) and the
+    # assistant call it answers.
+    assert result["span"] == {"start": 0, "end": len(messages) - 5}
     await chat(proxy, [*messages, user("continue")])
     forwarded = fake.chat_requests[-1].body
     assert forwarded is not None
@@ -143,7 +145,7 @@ async def test_manual_compaction_commits_and_later_requests_use_it(
     assert "<compacted-summary>" in forwarded["messages"][1]["content"]
     assert "FACT-3" in forwarded["messages"][1]["content"]
     status, surface = await admin(proxy, "GET", f"/conversations/{conversation}/surface")
-    assert surface["nodes"][1] == {"kind": "checkpoint", "start": 0, "end": len(messages) - 3}
+    assert surface["nodes"][1] == {"kind": "checkpoint", "start": 0, "end": len(messages) - 5}
 
 
 async def test_manual_compaction_is_refused_while_a_request_is_in_flight(
@@ -175,7 +177,8 @@ async def test_manual_compaction_needs_logged_content(make_proxy: ProxyFactory) 
         ({"start": 1, "end": 3}, "would separate a tool call from its result"),
         ({"start": 0, "end": 99}, "out of range"),
         ({"start": 4, "end": 2}, "out of range"),
-        ({"start": 0, "end": 17}, "last message is always kept"),
+        ({"start": 0, "end": 17}, "live turn"),
+        ({"start": 0, "end": 16}, "live turn"),  # the last tool result: the live turn too
         ({"start": "a", "end": 2}, "must be"),
     ],
 )

@@ -133,6 +133,7 @@ async def test_failed_summary_after_a_committed_prune_still_retries(
         *long_history(turns=28, last="What broke?")[:-1],
         assistant(None, ("big", "bash", '{"command": "dump"}')),
         tool("big", bulky),
+        assistant("The dump shows a crash in the frame walker."),
         user("What broke?"),
     ]
     reply = await ask(proxy, messages)
@@ -141,7 +142,8 @@ async def test_failed_summary_after_a_committed_prune_still_retries(
     assert len(fake.chat_requests) == 2
     forwarded = fake.chat_requests[-1].body
     assert forwarded is not None
-    assert "characters removed by compaction-proxy" in forwarded["messages"][-2]["content"]
+    assert "characters removed by compaction-proxy" in forwarded["messages"][-3]["content"]
+    assert forwarded["messages"][-2:] == messages[-2:]
 
 
 async def test_failed_summary_and_nothing_pruned_returns_the_original_error(

@@ -19,6 +19,7 @@ from proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFa
 from proxy.config import Policy
 from proxy.conversation import Checkpoint
 from proxy.meter import TokenMeter
+from proxy.policy import Budgets
 from proxy.request_view import RequestView
 from proxy.store import BeginResult, Store
 from tests.builders import agent_turns, system, user
@@ -57,6 +58,9 @@ class Summarizer:
         return Summary(self.text, {"prompt_tokens": 100, "completion_tokens": 5})
 
 
+LIMITS = Budgets(window=WINDOW, threshold=3_200, retain=640)
+
+
 def job_for(
     conversation: str, messages: list[dict[str, Any]], summarizer: Summarizer, **policy: Any
 ) -> CompactionJob:
@@ -81,7 +85,7 @@ async def test_pressure_commits_one_checkpoint_as_a_whole_transaction(
     job = job_for(conversation, long_conversation(), summarizer)
     state = await store.load(conversation)
     before = engine.measure(job, state, job.view.surface(()))
-    relief = await triggers.relieve_pressure(engine, job, state, threshold=3_200, retain=640)
+    relief = await triggers.relieve_pressure(engine, job, state, LIMITS)
 
     assert relief.compacted and relief.state.generation == 1
     assert relief.measurement.tokens < 3_200 < before.tokens
@@ -127,9 +131,7 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
     engine, summarizer = engine_on(store), Summarizer()
     summarizer.failure = "timeout"
     job = job_for(conversation, long_conversation(), summarizer)
-    relief = await triggers.relieve_pressure(
-        engine, job, await store.load(conversation), 3_200, 640
-    )
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
     assert not relief.compacted
     assert relief.surface.messages == job.view.head + job.view.body
     state = await store.load(conversation)
@@ -142,13 +144,13 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
         "timeout",
     )
     # Cooling down: the same conversation does not pay for another summary right away.
-    await triggers.relieve_pressure(engine, job, state, 3_200, 640)
+    await triggers.relieve_pressure(engine, job, state, LIMITS)
     assert len(summarizer.calls) == 1
     # Grown by more than the growth ratio: it tries again.
     grown = job_for(
         conversation, [*long_conversation(), *agent_turns(4, output="x " * 400)], summarizer
     )
-    await triggers.relieve_pressure(engine, grown, await store.load(conversation), 3_200, 640)
+    await triggers.relieve_pressure(engine, grown, await store.load(conversation), LIMITS)
     assert len(summarizer.calls) == 2
 
 
@@ -158,9 +160,7 @@ async def test_summary_not_smaller_than_its_span_is_rejected(
     engine = engine_on(store)
     summarizer = Summarizer(text="verbose " * 5_000)
     job = job_for(conversation, long_conversation(), summarizer)
-    relief = await triggers.relieve_pressure(
-        engine, job, await store.load(conversation), 3_200, 640
-    )
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
     assert not relief.compacted
     assert (await store.load(conversation)).records == ()
     assert (await log_of(store, conversation))[-1]["error"] == "not_smaller"
@@ -216,7 +216,7 @@ async def test_ten_concurrent_requests_pay_for_one_summary(store: Store, convers
     job = job_for(conversation, long_conversation(), summarizer)
     state = await store.load(conversation)
     reliefs = await asyncio.gather(
-        *(triggers.relieve_pressure(engine, job, state, 3_200, 640) for _ in range(10))
+        *(triggers.relieve_pressure(engine, job, state, LIMITS) for _ in range(10))
     )
     assert len(summarizer.calls) == 1
     assert all(r.measurement.tokens < 3_200 for r in reliefs)
@@ -233,9 +233,7 @@ async def test_first_contact_with_a_huge_history_compacts_progressively(
     summarizer = Summarizer()
     history = long_conversation(turns=40)  # several windows long
     job = job_for(conversation, history, summarizer, compaction_retries=0)
-    relief = await triggers.relieve_pressure(
-        engine, job, await store.load(conversation), 3_200, 640
-    )
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
     assert relief.compacted
     assert relief.measurement.tokens < 3_200
     assert len(summarizer.calls) > 1  # more rounds than compaction_retries allows alone
@@ -253,7 +251,5 @@ async def test_nothing_compactable_gives_no_range(store: Store, conversation: st
     engine, summarizer = engine_on(store), Summarizer()
     messages = [system(), user("x " * 5_000)]
     job = job_for(conversation, messages, summarizer)
-    relief = await triggers.relieve_pressure(
-        engine, job, await store.load(conversation), 3_200, 640
-    )
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
     assert not relief.compacted and summarizer.calls == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -12,12 +13,17 @@ from proxy.conversation import (
     Prune,
     ReplacementRecord,
     Surface,
+    branch_fingerprint,
     canonical_message,
     chain_hashes,
     chain_root,
     conversation_id,
     derive_surface,
     is_valid_session_id,
+    live_turn_start,
+    message_digest,
+    missed_checkpoints,
+    pruned_message,
     record_from_dict,
     record_to_dict,
     split_head,
@@ -40,6 +46,7 @@ def checkpoint_over(body: list[Message], start: int, end: int, text: str = "summ
         end_hash=chain[end],
         message=user(f"<compacted-summary>{text}</compacted-summary>"),
         tokens=10,
+        end_fingerprint=branch_fingerprint([message_digest(m) for m in body], end),
     )
 
 
@@ -54,6 +61,11 @@ def surface_of(
 
 
 # -- canonical messages and chains ---------------------------------------------------------
+
+
+EPHEMERAL = {"cache_control": {"type": "ephemeral"}}
+TEXT_Y = {"type": "text", "text": "y"}
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 
 
 @pytest.mark.parametrize(
@@ -82,6 +94,22 @@ def surface_of(
             },
         ),
         (user("x"), {"content": "x", "role": "user", "name": ""}),
+        # Caching clients move cache_control to the newest message every turn, turning a
+        # string into one text part and back: the message stays the same message.
+        (user("x"), {"role": "user", "content": [{"type": "text", "text": "x"}]}),
+        (user("x"), {"role": "user", "content": [{"type": "text", "text": "x", **EPHEMERAL}]}),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "x"}, TEXT_Y]},
+            {"role": "user", "content": [{"type": "text", "text": "x"}, {**TEXT_Y, **EPHEMERAL}]},
+        ),
+        (
+            {"role": "user", "content": [IMAGE, TEXT_Y]},
+            {"role": "user", "content": [{**IMAGE, **EPHEMERAL}, TEXT_Y]},
+        ),
+        (
+            tool("a", "out"),
+            {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "out"}]},
+        ),
     ],
 )
 def test_reserialized_message_has_the_same_canonical_bytes(first: Message, second: Message) -> None:
@@ -95,7 +123,9 @@ def test_reserialized_message_has_the_same_canonical_bytes(first: Message, secon
         (user("x"), assistant("x")),
         (tool("a", "out"), tool("b", "out")),
         (user("x"), {"role": "user", "content": "x", "name": "alice"}),
-        (user("x"), {"role": "user", "content": [{"type": "text", "text": "x"}]}),
+        (user("x"), {"role": "user", "content": [{"type": "text", "text": "x"}, TEXT_Y]}),
+        (user("x"), {"role": "user", "content": [IMAGE]}),
+        ({"role": "user", "content": [IMAGE]}, {"role": "user", "content": [IMAGE, TEXT_Y]}),
     ],
 )
 def test_semantically_different_messages_differ(first: Message, second: Message) -> None:
@@ -312,22 +342,89 @@ def test_derivation_never_mutates_its_input() -> None:
     assert (head, body, records) == before
 
 
+def branch_of(body: list[Message], change: str) -> list[Message]:
+    """The request a client sends after committing a checkpoint over ``body[0..4]``."""
+    request = copy.deepcopy([*body, user("next")])
+    if change == "rewrite 0":  # a client that rewrites its first message every turn
+        request[0]["content"] = "rewritten at 12:00:07"
+    elif change == "rewrite 1":
+        request[1]["content"] = "rewritten reply"
+    elif change == "edit and branch":  # edited message 2 and went on from there
+        request = [*request[:2], user("edited"), *agent_turns(5, output="another run")]
+    elif change == "other conversation":  # same first message, another agent run
+        request = [request[0], *agent_turns(6, output="other")]
+    elif change == "too short":
+        request = request[:4]
+    return request
+
+
 @pytest.mark.parametrize(
-    ("edit_at", "extra", "missed"),
+    ("change", "missed"),
     [
-        (None, 1, False),  # the checkpoint applies
-        (0, 1, True),  # early message rewritten: long enough, shares no prefix
-        (7, 1, False),  # edited after the span: the checkpoint still applies
-        (0, -6, False),  # too short to have used the checkpoint anyway
+        ("none", False),  # the checkpoint applies
+        ("rewrite 0", True),  # same messages at the checkpoint's end, an early one rewritten
+        ("rewrite 1", True),
+        ("edit and branch", False),  # its own branch: other messages at that position
+        ("other conversation", False),  # shares only the first message
+        ("too short", False),  # cannot have used the checkpoint anyway
     ],
 )
-def test_missed_checkpoints(edit_at: int | None, extra: int, missed: bool) -> None:
-    from proxy.conversation import missed_checkpoints
-
+def test_a_checkpoint_miss_counts_only_on_the_requests_own_branch(
+    change: str, missed: bool
+) -> None:
     body = conversation()
     record = checkpoint_over(body, 0, 4)
-    request = copy.deepcopy(body[: len(body) + extra] if extra < 0 else [*body, user("next")])
-    if edit_at is not None:
-        request[edit_at]["content"] = "rewritten at 12:00:07"
+    request = branch_of(body, change)
     surface = surface_of(request, [record])
-    assert missed_checkpoints([record], surface, len(request)) is missed
+    digests = [message_digest(m) for m in request]
+    assert missed_checkpoints([record], surface, digests) is missed
+
+
+def test_a_checkpoint_without_a_fingerprint_never_counts_as_missed() -> None:
+    body = conversation()
+    record = dataclasses.replace(checkpoint_over(body, 0, 4), end_fingerprint="")
+    request = branch_of(body, "rewrite 0")
+    digests = [message_digest(m) for m in request]
+    assert not missed_checkpoints([record], surface_of(request, [record]), digests)
+
+
+@pytest.mark.parametrize(
+    ("body", "start"),
+    [
+        ([user("task")], 0),  # no answer yet: everything is live
+        ([user("task"), assistant("a"), user("more"), user("and more")], 2),
+        ([user("t"), assistant(None, ("c1", "f", "{}"), ("c2", "f", "{}"))], 2),
+        ([user("t"), assistant(None, ("c1", "f", "{}")), tool("c1", "out")], 2),
+        ([user("t"), assistant("a"), tool("x", "out"), assistant("b")], 4),  # prefill: none
+        ([], 0),
+    ],
+)
+def test_the_live_turn_starts_after_the_last_assistant_message(
+    body: list[Message], start: int
+) -> None:
+    assert live_turn_start(body) == start
+
+
+def test_a_prune_applies_to_the_message_as_resent_keeping_its_part_fields() -> None:
+    text = "a" * 30 + "b" * 30
+    made_from = {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": text}]}
+    prune = Prune(
+        position=0,
+        hash="h",
+        content=[{"type": "text", "text": "aaaa"}],
+        chars_before=60,
+        chars_after=8,
+        head_end=4,
+        tail_start=56,
+    )
+    resent = {**made_from, "content": [{"type": "text", "text": text, **EPHEMERAL}]}
+    pruned = pruned_message(resent, prune)
+    assert pruned["content"][0]["cache_control"] == {"type": "ephemeral"}
+    assert pruned["content"][0]["text"].startswith("aaaa\n[... 52 characters removed")
+    assert pruned["content"][0]["text"].endswith("bbbb")
+    assert pruned_message(made_from, prune)["content"][0].keys() == {"type", "text"}
+
+
+def test_a_prune_without_offsets_applies_its_stored_content() -> None:
+    prune = Prune(position=0, hash="h", content="[pruned]")
+    assert pruned_message(tool("c", "x" * 50), prune)["content"] == "[pruned]"

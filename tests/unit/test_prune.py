@@ -82,18 +82,41 @@ def test_marker_states_how_many_code_points_were_removed() -> None:
     assert pruned.content.endswith("z" * 1024)
 
 
-def test_only_tool_messages_are_pruned_and_inputs_never_change() -> None:
+def test_observations_in_any_role_are_pruned_and_inputs_never_change() -> None:
     messages: list[dict[str, Any]] = [
         user("u" * 50),
         tool("c1", "t" * 50),
         tool("c2", "short"),
         {"role": "tool", "tool_call_id": "c3", "content": None},
+        {"role": "function", "name": "ls", "content": "f" * 50},
+        {"role": "assistant", "content": "a" * 50},
+        {"role": "user", "content": [{"type": "text", "text": "p" * 50}]},
     ]
     before = copy.deepcopy(messages)
-    candidates = prune_candidates([3, 4, 5, 6], messages, SMALL)
+    candidates = prune_candidates([3, 4, 5, 6, 7, 8, 9], messages, SMALL)
     assert messages == before
-    assert [c.position for c in candidates] == [4]
+    assert [c.position for c in candidates] == [3, 4, 7, 9]
     assert candidates[0].pruned.chars_before == 50
+
+
+def test_user_messages_are_observations_only_when_the_policy_says_so() -> None:
+    tools_only = Pruner(threshold_chars=20, head_chars=6, tail_chars=4, user_messages=False)
+    messages = [user("u" * 50), tool("c1", "t" * 50)]
+    assert [c.position for c in prune_candidates([0, 1], messages, tools_only)] == [1]
+
+
+def test_a_checkpoint_is_never_pruned() -> None:
+    checkpoint = user("<compacted-summary>\n" + "s" * 50 + "\n</compacted-summary>")
+    assert prune_candidates([0], [checkpoint], SMALL) == []
+
+
+def test_the_cut_offsets_reproduce_the_pruned_content() -> None:
+    from proxy.content import cut
+
+    text = "0123456789" * 5
+    pruned = prune_content(text, SMALL)
+    assert pruned is not None
+    assert cut(text, pruned.head_end, pruned.tail_start) == pruned.content
 
 
 @pytest.mark.parametrize(

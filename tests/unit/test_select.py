@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.select import PricedNode, Span, balanced_cuts, select_span
+from proxy.compaction.select import (
+    PricedNode,
+    Span,
+    balanced_cuts,
+    call_pairs,
+    first_node_at,
+    retained_node,
+    select_span,
+)
 from tests.builders import assistant, system, tool, user
 
 
@@ -137,3 +145,90 @@ def test_a_single_huge_node_alone_is_selected_when_it_fits() -> None:
     span = select_span(priced(messages, [5, 400, 10, 10]), 20, summary_budget=500)
     assert span is not None
     assert (span.first, span.last, span.tokens) == (1, 1, 400)
+
+
+def test_a_node_cut_inside_the_summary_call_is_priced_as_cut() -> None:
+    messages = [system(), user("huge"), assistant("ok"), user("next")]
+    nodes = priced(messages, [5, 10_000, 10, 10])
+    span = select_span(nodes, 0, summary_budget=500, call_tokens=[5, 250, 10, 10])
+    assert span is not None
+    assert (span.first, span.last, span.tokens) == (1, 2, 10_010)  # shadows the whole node
+
+
+# -- positional pairing --------------------------------------------------------------------
+
+REUSED = [
+    user("task"),  # 0
+    call("call_0"),  # 1
+    tool("call_0", "one"),  # 2
+    call("call_0"),  # 3
+    tool("call_0", "two"),  # 4
+    user("next"),  # 5
+]
+
+
+def test_reused_ids_pair_each_result_with_the_nearest_earlier_call() -> None:
+    assert call_pairs(REUSED) == [(1, 2), (3, 4)]
+    assert balanced_cuts(REUSED) == [True, True, False, True, False, True, True]
+
+
+def test_empty_and_missing_ids_pair_with_the_nearest_call() -> None:
+    messages = [
+        user("task"),
+        call(""),
+        {"role": "tool", "tool_call_id": "", "content": "a"},
+        assistant(None, ("", "f", "{}"), ("", "g", "{}")),
+        {"role": "tool", "tool_call_id": "", "content": "b"},
+        {"role": "tool", "content": "c"},
+    ]
+    assert call_pairs(messages) == [(1, 2), (3, 4), (3, 5)]
+    assert balanced_cuts(messages) == [True, True, False, True, False, False, True]
+
+
+def test_legacy_function_results_stay_with_their_function_call() -> None:
+    messages = [
+        user("task"),
+        {"role": "assistant", "content": None, "function_call": {"name": "ls", "arguments": "{}"}},
+        {"role": "function", "name": "ls", "content": "a b"},
+        user("next"),
+    ]
+    assert balanced_cuts(messages) == [True, True, False, True, True]
+
+
+def test_a_cut_with_reused_ids_never_orphans_a_result() -> None:
+    nodes = priced([system(), *REUSED])
+    for retain in range(0, 70, 5):
+        span = select_span(nodes, retain)
+        if span is not None:
+            kept = [n.message for n in nodes[span.last + 1 :]]
+            assert kept[0]["role"] != "tool", f"retain {retain} orphans a result"
+
+
+# -- the live turn -------------------------------------------------------------------------
+
+
+def test_the_live_turn_is_never_selected() -> None:
+    messages = [
+        system(),
+        user("task"),
+        assistant("run ls"),
+        user("observation one"),  # the live turn: everything after the last answer
+        user("observation two"),
+    ]
+    span = select_span(priced(messages), 0, live_from=3)
+    assert span is not None
+    assert (span.first, span.last) == (1, 2)
+
+
+def test_a_body_that_is_all_live_turn_gives_no_span() -> None:
+    messages = [system(), user("task"), user("more")]
+    assert select_span(priced(messages), 0, live_from=1) is None
+
+
+def test_the_retained_node_walks_back_from_the_live_turn() -> None:
+    nodes = priced(CONVERSATION)
+    assert retained_node(nodes, 0, 7) == 7
+    assert retained_node(nodes, 25, 7) == 6
+    assert retained_node(nodes, 10_000, 7) == 1  # never the head
+    assert first_node_at(nodes, 3) == 4
+    assert first_node_at(nodes, 99) == len(nodes)

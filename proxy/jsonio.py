@@ -1,0 +1,36 @@
+"""JSON in and out, losslessly.
+
+orjson is fast but narrower than JSON: it parses integers beyond 64 bits as floats (silently
+changing them) and refuses to serialize them. A client's body must reach the upstream as it
+meant it, so those rare documents go through the standard library instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+# 19 digits in a row may be an integer orjson cannot hold (the signed 64-bit limit has 19).
+_MAYBE_BIG_INTEGER = re.compile(rb"\d{19}")
+_MAYBE_BIG_INTEGER_TEXT = re.compile(r"\d{19}")
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse a JSON document; raises ``ValueError`` (or ``RecursionError``) when it is not one."""
+    probe = _MAYBE_BIG_INTEGER if isinstance(raw, bytes) else _MAYBE_BIG_INTEGER_TEXT
+    if probe.search(raw):  # type: ignore[arg-type]
+        return json.loads(raw)
+    return orjson.loads(raw)
+
+
+def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
+    """Compact UTF-8 JSON; sorted keys when asked (the canonical form for hashing)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)
+    except TypeError:
+        # Integers beyond 64 bits, or nesting deeper than orjson's limit.
+        text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False, separators=(",", ":"))
+        return text.encode()
