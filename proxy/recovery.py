@@ -81,6 +81,12 @@ async def recover_overflow(
     job = dataclasses.replace(job, window=window)
     threshold = budgets(model_policy.policy, window).threshold if window is not None else None
     engine = app[ENGINE]
+    if window is not None and engine.irreducible_tokens(job, job.view.surface(state.records)) > (
+        window
+    ):
+        # The live turn alone (with head and tools) does not fit: compacting the past cannot
+        # help, so the upstream's own answer stands.
+        return None
     try:
         await _compact(engine, dataclasses.replace(prepared, job=job), threshold, window_is_a_guess)
         fresh = await app[STORE].load(job.view.conversation)

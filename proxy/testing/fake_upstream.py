@@ -81,6 +81,36 @@ def overflow_body(
     return orjson.dumps({"error": error})
 
 
+_UNANSWERED = (
+    "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+    "each 'tool_call_id'. The following tool_call_ids did not have response messages: {ids}"
+)
+_ORPHAN = (
+    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+    "with 'tool_calls'."
+)
+
+
+def pairing_error(messages: Any) -> str | None:
+    """OpenAI's complaint about ``messages``, if any: every assistant ``tool_calls`` must be
+    followed at once by a ``tool`` message for each of its ids, and a ``tool`` message must
+    answer such a call."""
+    pending: list[str] = []
+    for message in messages if isinstance(messages, list) else []:
+        role = message.get("role") if isinstance(message, dict) else None
+        if pending and role != "tool":
+            return _UNANSWERED.format(ids=", ".join(pending))
+        if role == "assistant":
+            calls = message.get("tool_calls") or []
+            pending = [str(c.get("id")) for c in calls if isinstance(c, dict)]
+        elif role == "tool":
+            call_id = str(message.get("tool_call_id"))
+            if call_id not in pending:
+                return _ORPHAN
+            pending.remove(call_id)
+    return _UNANSWERED.format(ids=", ".join(pending)) if pending else None
+
+
 _FACT = re.compile(r"FACT-\d+:[^\n<]*")
 
 
@@ -136,6 +166,7 @@ class FakeUpstream:
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
     overflows: list[bytes] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # requests refused as malformed
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # -- behaviour set by tests -------------------------------------------------------------
@@ -239,6 +270,12 @@ class FakeUpstream:
                 status=400,
             )
         model = str(body.get("model", "fake-model"))
+        invalid = pairing_error(body.get("messages"))
+        if invalid is not None:
+            self.received.append(Received(request.path, dict(request.headers), body))
+            self.rejected.append(invalid)
+            refusal = {"message": invalid, "type": "invalid_request_error", "param": "messages"}
+            return web.json_response({"error": {**refusal, "code": None}}, status=400)
         # Benchmarks turn counting off so the upstream answers as fast as it can.
         prompt_tokens = self.prompt_tokens(body) if self.count_tokens else len(raw) // 4
         self.received.append(Received(request.path, dict(request.headers), body, prompt_tokens))

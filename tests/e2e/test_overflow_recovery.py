@@ -160,13 +160,26 @@ async def test_failed_summary_and_nothing_pruned_returns_the_original_error(
 async def test_retry_that_overflows_again_returns_the_second_error(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
-    messages = long_history(turns=10, last="review this: " + "tok " * 17_000)
+    # The live turn fits the window, but not with the reply room the client asks for.
+    messages = long_history(turns=10, last="review this: " + "tok " * 15_000)
     with pytest.raises(openai.BadRequestError) as caught:
-        await ask(proxy, messages)
+        await ask(proxy, messages, max_tokens=2_000)
     assert len(fake.overflows) == 2
     assert fake.overflows[0] != fake.overflows[1]
     assert caught.value.response.content == fake.overflows[1]
     assert len(fake.chat_requests) == 2  # no third request
+
+
+async def test_a_live_turn_larger_than_the_window_gets_the_upstreams_own_error(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    messages = long_history(turns=10, last="review this: " + "tok " * 17_000)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await ask(proxy, messages)
+    assert caught.value.response.content == fake.overflows[0]
+    assert len(fake.chat_requests) == 1  # sent as the client sent it, and not again
+    assert fake.chat_requests[0].body == {"model": MODEL, "messages": messages}
+    assert fake.summary_requests == []
 
 
 @pytest.mark.parametrize(

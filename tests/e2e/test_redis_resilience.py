@@ -109,7 +109,7 @@ async def test_records_and_log_survive_a_proxy_restart(
     root = chain_root(tenant_of(await first.app[TENANT_SECRET].get(), "k"))
     chain = chain_hashes(root, split_head(history)[1])
     summary = user("<compacted-summary>the story so far</compacted-summary>")
-    record = Checkpoint(0, 3, root, chain[3], summary, tokens=9)
+    record = Checkpoint(0, 4, root, chain[4], summary, tokens=9)  # ends at a tool result
     assert await first.store.begin_compaction(conversation, "o", 30, START) is BEGUN
     assert await first.store.commit_compaction(conversation, "o", [], [record]) == 1
     await first.server.close()
@@ -118,7 +118,7 @@ async def test_records_and_log_survive_a_proxy_restart(
     later = [*history, user("continue")]
     status, again = await ask(second, later)
     assert (status, again) == ("none", conversation)
-    assert fake.chat_requests[-1].body["messages"] == [system(), summary, *later[5:]]
+    assert fake.chat_requests[-1].body["messages"] == [system(), summary, *later[6:]]
 
     store = RedisStore(REDIS_URL)
     events = [e for _, e in (await store.read_log(conversation, limit=1000)).events]
@@ -130,7 +130,7 @@ async def test_records_and_log_survive_a_proxy_restart(
 async def test_redis_lost_mid_replay_then_compaction_resumes(
     make_proxy: ProxyFactory, private_redis: RedisServer, fake: FakeUpstream, upstream_url: str
 ) -> None:
-    from tests.transcripts import load, replay_requests, transcript_paths
+    from tests.transcripts import replay_requests, transcript_named
 
     fake.windows["resilient-model"] = 16_000
     proxy = await make_proxy(
@@ -138,10 +138,10 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
         tenant_secret=None,
         routes=[{"model": "resilient-model", "base_url": upstream_url, "context_window": 16_000}],
     )
-    path = next(p for p in transcript_paths() if "django-11283" in p.name)
+    messages = transcript_named("django-11283").messages
     statuses: list[str] = []
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
-        for turn, history in enumerate(replay_requests(load(path))):
+        for turn, history in enumerate(replay_requests(messages)):
             if turn == 5:
                 await private_redis.stop()
             if turn == 15:

@@ -17,7 +17,7 @@ from proxy.tenant import TenantSecret, tenant_of
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import REDIS_URL
 from tests.processes import proxy_process
-from tests.transcripts import load, replay_requests, transcript_paths
+from tests.transcripts import replay_requests, transcript_named
 
 MODEL = "replica-model"
 WINDOW = 16_000
@@ -25,7 +25,7 @@ API_KEY = "sk-replicas"
 
 
 def transcript(name: str) -> list[dict[str, Any]]:
-    messages = load(next(p for p in transcript_paths() if name in p.name))
+    messages = transcript_named(name).messages
     first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
     opened = [dict(m) for m in messages]
     opened[first_user]["content"] = f"run {uuid.uuid4().hex}\n{opened[first_user]['content']}"

@@ -110,7 +110,7 @@ async def test_checkpoint_reaches_only_its_own_tenant(proxy: RunningProxy, fake:
     conv_a, _ = await send(alice, history, extra_headers=session)
     conv_b, _ = await send(bob, history, extra_headers=session)
     for conv in (conv_a, conv_b):
-        record = Checkpoint(0, 3, root, chain[3], summary, 5)
+        record = Checkpoint(0, 4, root, chain[4], summary, 5)  # ends at a tool result
         assert await proxy.store.begin_compaction(conv, "t", 30, START) is BEGUN
         assert await proxy.store.commit_compaction(conv, "t", [], [record]) == 1
     fake.received.clear()
@@ -122,7 +122,7 @@ async def test_checkpoint_reaches_only_its_own_tenant(proxy: RunningProxy, fake:
     await alice.close()
     await bob.close()
     forwarded_a, forwarded_b = (r.body["messages"] for r in fake.chat_requests)
-    assert forwarded_a == [system(), summary, *longer[5:]]
+    assert forwarded_a == [system(), summary, *longer[6:]]
     assert raw_a.headers["x-compaction-generation"] == "1"
     # Bob's conversation holds a record made from Alice's chain: it never applies to Bob.
     assert forwarded_b == longer

@@ -1,27 +1,38 @@
-"""Replay every shared transcript through the proxy against a fake upstream with a small window.
+"""Replay agent conversations through the proxy against a fake upstream with a small window.
 
 Before every assistant message the client (the real openai SDK) posts the whole history so far,
-as the agent did. The upstream enforces a 16k or 32k window; the transcripts hold 20k-95k
-tokens. The proxy must keep every forwarded request inside the window without the client ever
-seeing an error.
+as the agent did. Every conversation is replayed as sent and in two variants real clients
+produce: observation style (no tool calling: commands in the assistant's text, output back as
+user messages) and reused ids (``call_0`` on every call). The upstream enforces an 8k, 16k or
+32k window and rejects broken tool pairing as OpenAI does. For every replay:
+
+* the client never sees an error;
+* no forwarded request (summary calls included) goes over the window;
+* tool pairing holds in everything forwarded;
+* the live turn reaches the model byte for byte as the client sent it;
+* the planted facts survive to the last request.
 """
 
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import openai
+import orjson
 import pytest
 
 from proxy.compaction.summarize import framed_summary_text
-from proxy.conversation import split_head
-from proxy.testing.fake_upstream import FakeUpstream, Received
+from proxy.conversation import live_turn_start, split_head
+from proxy.testing.fake_upstream import FakeUpstream, Received, pairing_error
+from proxy.tokenizers import encoding
 from tests.conftest import ProxyFactory
-from tests.transcripts import load, replay_requests, transcript_paths
+from tests.transcripts import VARIANTS, Transcript, replay_requests, transcript_named, transcripts
 
 MODEL = "replay-model"
+WINDOWS = (8_000, 16_000, 32_000)
 BASH_TOOL = [
     {
         "type": "function",
@@ -52,48 +63,90 @@ def plant_facts(messages: list[dict[str, Any]], run: str) -> list[dict[str, Any]
     return planted
 
 
-def assert_tool_pairing(messages: list[dict[str, Any]]) -> None:
-    opened: dict[str, int] = {}
-    answered: set[str] = set()
-    for index, message in enumerate(messages):
-        for call in message.get("tool_calls") or []:
-            opened[call["id"]] = index
-        if message.get("role") == "tool":
-            call_id = message["tool_call_id"]
-            assert call_id in opened, f"tool result {call_id} without its call"
-            assert opened[call_id] < index
-            answered.add(call_id)
-    assert set(opened) == answered, f"calls without results: {set(opened) - answered}"
-
-
 def cap_of(received: Received) -> int:
     body = received.body or {}
     return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
 
 
-@pytest.mark.parametrize("window", [16_000, 32_000])
-@pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.name.split(".")[0])
-async def test_replay_stays_inside_the_window(
-    path: Path, window: int, make_proxy: ProxyFactory, fake: FakeUpstream, upstream_url: str
+@cache
+def _largest_observation(name: str) -> int:
+    """Tokens of the largest non-assistant message the agent ever sent."""
+    transcript = next(t for t in transcripts() if t.name == name)
+    sent = max(len(history) for history in replay_requests(transcript.messages))
+    count = encoding("o200k_base")
+    return max(
+        len(count.encode(str(m.get("content") or ""), disallowed_special=()))
+        for m in transcript.messages[:sent]
+        if m.get("role") != "assistant"
+    )
+
+
+def replays() -> list[Any]:
+    """Every transcript, variant and window, except windows too small for a single message
+    of the transcript (a client could not send that turn directly either)."""
+    params = []
+    for transcript in transcripts():
+        for window in WINDOWS:
+            if _largest_observation(transcript.name) > 0.75 * window:
+                continue
+            calls = any(m.get("tool_calls") for m in transcript.messages)
+            for variant in VARIANTS if calls else ["as-sent"]:  # the variants change calls only
+                params.append(
+                    pytest.param(
+                        transcript,
+                        variant,
+                        window,
+                        id=f"{transcript.name[:40]}-{variant}-{window // 1000}k",
+                    )
+                )
+    return params
+
+
+@pytest.mark.parametrize(("transcript", "variant", "window"), replays())
+async def test_replay_stays_inside_the_window_and_keeps_the_live_turn(
+    transcript: Transcript,
+    variant: str,
+    window: int,
+    make_proxy: ProxyFactory,
+    fake: FakeUpstream,
+    upstream_url: str,
 ) -> None:
-    await replay(path, window, make_proxy, fake, upstream_url, "memory://")
+    await replay(transcript, VARIANTS[variant], variant, window, make_proxy, fake, upstream_url)
 
 
 async def test_replay_on_a_redis_cluster(
     make_proxy: ProxyFactory, fake: FakeUpstream, upstream_url: str, redis_cluster_url: str
 ) -> None:
-    path = next(p for p in transcript_paths() if "django-11283" in p.name)
-    await replay(path, 16_000, make_proxy, fake, upstream_url, redis_cluster_url, "cluster")
+    transcript = transcript_named("django-11283")
+    await replay(
+        transcript,
+        VARIANTS["as-sent"],
+        "cluster",
+        16_000,
+        make_proxy,
+        fake,
+        upstream_url,
+        redis_cluster_url,
+    )
+
+
+def assert_live_turn_as_sent(history: list[dict[str, Any]], forwarded: list[Any]) -> None:
+    live = history[live_turn_start(history) :]
+    if not live:
+        return
+    sent = forwarded[-len(live) :]
+    assert [orjson.dumps(m) for m in sent] == [orjson.dumps(m) for m in live], "live turn altered"
 
 
 async def replay(
-    path: Path,
+    transcript: Transcript,
+    variant: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+    label: str,
     window: int,
     make_proxy: ProxyFactory,
     fake: FakeUpstream,
     upstream_url: str,
-    store_url: str,
-    label: str = "",
+    store_url: str = "memory://",
 ) -> None:
     fake.windows[MODEL] = window
     proxy = await make_proxy(
@@ -101,7 +154,7 @@ async def replay(
         routes=[{"model": MODEL, "base_url": upstream_url, "context_window": window}],
     )
     # A unique first message: a shared store must not see this conversation from earlier runs.
-    messages = plant_facts(load(path), label or "memory")
+    messages = plant_facts(variant(transcript.messages), label)
     head, _ = split_head(messages)
     uses_tools = any(m.get("tool_calls") for m in messages)
     extra: dict[str, Any] = {"tools": BASH_TOOL} if uses_tools else {}
@@ -110,6 +163,7 @@ async def replay(
     conversation = ""
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-replay", max_retries=0) as c:
         for history in replay_requests(messages):
+            seen = len(fake.chat_requests)
             reply = await c.chat.completions.with_raw_response.create(
                 model=MODEL,
                 messages=history,
@@ -118,17 +172,21 @@ async def replay(
             assert reply.parse().choices[0].message.content == "ok"
             statuses.append(reply.headers["x-compaction-status"])
             conversation = reply.headers["x-compaction-conversation"]
+            for received in fake.chat_requests[seen:]:
+                assert received.body is not None
+                assert_live_turn_as_sent(history, received.body["messages"])
             raw = fake.prompt_tokens({"messages": history, **extra})
             raw_tokens += raw
             largest = max(largest, raw)
             forwarded_tokens += fake.chat_requests[-1].prompt_tokens
 
+    assert fake.rejected == [] and fake.overflows == []
     for received in fake.received:
         assert received.body is not None
         assert received.prompt_tokens + cap_of(received) <= window
         sent = received.body["messages"]
         assert sent[: len(head)] == head
-        assert_tool_pairing(sent)
+        assert pairing_error(sent) is None
     for received in fake.summary_requests:
         assert received.body is not None
         if uses_tools:
@@ -145,10 +203,9 @@ async def replay(
     assert len(fake.summary_requests) == len(committed)
     if largest < 0.8 * window:
         assert committed == [] and raw_tokens == forwarded_tokens
-        _report(path, window, statuses, raw_tokens, forwarded_tokens, 0, 0, label)
-        return
-    assert {"compacted", "pruned"} & set(statuses), "crossing the threshold must compact"
-    assert len(fake.summary_requests) * 4 < len(fake.chat_requests)
+    else:
+        assert {"compacted", "pruned"} & set(statuses), "crossing the threshold must compact"
+        assert len(fake.summary_requests) * 3 < len(fake.chat_requests)
 
     # Once committed, a checkpoint is reused by every later request.
     if committed:
@@ -163,32 +220,10 @@ async def replay(
     for fact in FACTS:
         assert fact in visible
 
-    _report(
-        path,
-        window,
-        statuses,
-        raw_tokens,
-        forwarded_tokens,
-        len(committed),
-        len(fake.summary_requests),
-        label,
-    )
-
-
-def _report(
-    path: Path,
-    window: int,
-    statuses: list[str],
-    raw: int,
-    forwarded: int,
-    compactions: int,
-    summary_calls: int,
-    label: str,
-) -> None:
-    name = path.name.split(".")[0][:48] + (f" [{label}]" if label else "")
+    name = f"{transcript.name[:44]} [{label}]"
     REPLAY_REPORT.append(
-        f"{name:<58} {window // 1000:>3}k  requests {len(statuses):>3}"
-        f"  raw {raw:>9,}  forwarded {forwarded:>9,}  ({forwarded / raw:.0%})"
-        f"  compactions {compactions:>2}  summary calls {summary_calls:>2}"
+        f"{name:<60} {window // 1000:>3}k  requests {len(statuses):>3}"
+        f"  raw {raw_tokens:>9,}  forwarded {forwarded_tokens:>9,}"
+        f"  ({forwarded_tokens / raw_tokens:.0%})  summary calls {len(committed):>2}"
         f"  prunes {statuses.count('pruned'):>2}"
     )

@@ -12,7 +12,7 @@ from proxy.store.base import Anchor
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.windows import LearnedWindows, mapped_window, resolve_window
 from tests.builders import agent_turns, system, user
-from tests.transcripts import load, replay_requests, transcript_paths
+from tests.transcripts import replay_requests, transcripts
 
 TOOLS = [
     {
@@ -36,16 +36,12 @@ def measure(
     return meter.measure(view, view.surface(()), anchor)
 
 
-def test_all_twelve_transcripts_are_present() -> None:
-    assert len(transcript_paths()) == 12
-
-
-@pytest.mark.parametrize("path", transcript_paths(), ids=lambda p: p.name.split(".")[0])
-def test_meter_within_two_percent_of_the_upstream_on_every_request(path: Any) -> None:
+@pytest.mark.parametrize("transcript", transcripts(), ids=lambda t: t.name)
+def test_meter_within_two_percent_of_the_upstream_on_every_request(transcript: Any) -> None:
     fake = FakeUpstream()
     meter = TokenMeter()
     worst = 0.0
-    for history in replay_requests(load(path)):
+    for history in replay_requests(transcript.messages):
         exact = fake.prompt_tokens({"messages": history, "tools": TOOLS})
         estimate = measure(meter, history, TOOLS).tokens
         worst = max(worst, abs(estimate - exact) / exact)
