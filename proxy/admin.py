@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy import jsonio
 from proxy.compaction import triggers
 from proxy.compaction.engine import CompactionJob, Outcome, Round
 from proxy.conversation import Checkpoint, ReplacementRecord
@@ -42,7 +43,7 @@ _OUTCOME_STATUS = {
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+    return web.Response(body=jsonio.dumps(data), status=status, content_type="application/json")
 
 
 def _problem(status: int, reason: str, **extra: Any) -> web.Response:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from proxy import jsonio
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 
@@ -66,8 +66,8 @@ def _param(loc: tuple[int | str, ...]) -> str:
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        body = jsonio.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise BadRequest(f"We could not parse the JSON body of your request: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")

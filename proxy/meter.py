@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
 
-import orjson
-
+from proxy import jsonio
 from proxy.conversation import Message, Surface, message_digest, pruned_message
 from proxy.store.base import Anchor
 from proxy.tokenizers import encoding, use_bundled_tokenizers
@@ -106,7 +105,7 @@ def message_tokens(message: Message, count: TextCounter) -> int:
             else:
                 total += IMAGE_PART_TOKENS
     elif content is not None:
-        total += count(orjson.dumps(content).decode())
+        total += count(jsonio.dumps(content).decode())
     name = message.get("name")
     if name:
         total += count(str(name)) + TOKENS_PER_NAME
@@ -164,7 +163,7 @@ def prefix_key(request: MeteredRequest, surface: Surface, tip: int) -> str | Non
     for prune in surface.prunes:
         if prune.position <= tip:
             h.update(f"p{prune.position}:".encode())
-            h.update(orjson.dumps(prune.content))
+            h.update(jsonio.dumps(prune.content))
     h.update(bytes.fromhex(request.chain[tip]))
     return h.hexdigest()
 
@@ -226,7 +225,7 @@ class TokenMeter:
     def tools_tokens(self, tools: Any, count: TextCounter) -> int:
         if not tools:
             return 0
-        raw = orjson.dumps(tools)
+        raw = jsonio.dumps(tools)
         key = (count.name, "tools:" + hashlib.blake2b(raw, digest_size=16).hexdigest())
         cached = self._messages.get(key)
         if cached is None:

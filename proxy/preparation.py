@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 
+from proxy import jsonio
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
@@ -173,7 +173,7 @@ def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) 
 
 def payload_for(chat: ChatRequest, messages: list[Message]) -> bytes:
     """The client's body with only ``messages`` replaced; every other field as sent."""
-    return orjson.dumps({**chat.body, "messages": messages})
+    return jsonio.dumps({**chat.body, "messages": messages})
 
 
 async def _relieve(

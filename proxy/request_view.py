@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import orjson
-
+from proxy import jsonio
 from proxy.conversation import (
     Message,
     ReplacementRecord,
@@ -81,7 +80,7 @@ class RequestView:
 
     @cached_property
     def tools_digest(self) -> str:
-        return hashlib.blake2b(orjson.dumps(self.tools or None), digest_size=16).hexdigest()
+        return hashlib.blake2b(jsonio.dumps(self.tools or None), digest_size=16).hexdigest()
 
     @cached_property
     def context_digest(self) -> str:

@@ -240,3 +240,15 @@ async def test_a_live_turn_that_cannot_fit_is_forwarded_as_sent_without_a_summar
     assert fake.chat_requests[-1].body == {"model": MODEL, "messages": history}
     assert fake.summary_requests == []
     assert over_threshold("live_turn") == before + 1
+
+
+async def test_integers_beyond_64_bits_survive_a_compacted_request(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=[route(upstream_url, 16_000)])
+    big = 123456789012345678901234567890
+    history = [system(), user("Port the scheduler."), *agent_turns(35, output="trace " * 400)]
+    reply = await post(proxy, history, extra_body={"metadata": {"trace": big}})
+    assert reply.headers["x-compaction-status"] == "compacted"  # the body was re-serialized
+    forwarded = fake.chat_requests[-1].body
+    assert forwarded is not None and forwarded["metadata"] == {"trace": big}

@@ -428,3 +428,15 @@ def test_a_prune_applies_to_the_message_as_resent_keeping_its_part_fields() -> N
 def test_a_prune_without_offsets_applies_its_stored_content() -> None:
     prune = Prune(position=0, hash="h", content="[pruned]")
     assert pruned_message(tool("c", "x" * 50), prune)["content"] == "[pruned]"
+
+
+def test_integers_beyond_64_bits_hash_and_serialize_unchanged() -> None:
+    from proxy import jsonio
+
+    big = 123456789012345678901234567890
+    raw = b'{"a":123456789012345678901234567890,"b":[1.5,"x"]}'
+    parsed = jsonio.loads(raw)
+    assert parsed["a"] == big and isinstance(parsed["a"], int)
+    assert jsonio.dumps(parsed) == raw
+    message = {"role": "user", "content": [{"type": "input_audio", "seq": big}]}
+    assert b"123456789012345678901234567890" in canonical_message(message)
