@@ -50,6 +50,33 @@ def _problem(status: int, reason: str, **extra: Any) -> web.Response:
     return _json({"reason": reason, **extra}, status)
 
 
+class BadParameter(Exception):
+    """A query parameter the admin API cannot use; answered with 400 and the reason."""
+
+
+_LOG_CURSOR = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+def _limit(request: web.Request, default: int) -> int:
+    raw = request.query.get("limit", "")
+    if raw == "":
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise BadParameter(f"limit must be a whole number from 1 to 1000, not {raw[:40]!r}")
+    return int(raw)
+
+
+def _log_cursor(request: web.Request) -> str | None:
+    after = request.query.get("after")
+    if after is None or after == "":
+        return None
+    if not _LOG_CURSOR.fullmatch(after):
+        raise BadParameter(
+            f"after must be a log cursor such as '1700000000000-0', not {after[:40]!r}"
+        )
+    return after
+
+
 def admin_only(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         token = request.app[SETTINGS].admin_token
@@ -69,6 +96,8 @@ def admin_only(handler: Handler) -> Handler:
             return _problem(404, "no such conversation")
         try:
             return await handler(request)
+        except BadParameter as exc:
+            return _problem(400, str(exc))
         except StoreUnavailable:
             return _problem(503, "the store is unavailable", outcome="persistence")
 
@@ -94,7 +123,7 @@ def _record_view(record: ReplacementRecord) -> dict[str, Any]:
 
 @admin_only
 async def list_conversations(request: web.Request) -> web.StreamResponse:
-    limit = min(max(int(request.query.get("limit", "50") or 50), 1), 1000)
+    limit = _limit(request, 50)
     summaries = await request.app[STORE].list_conversations(limit)
     return _json(
         {
@@ -137,8 +166,9 @@ async def show_conversation(request: web.Request) -> web.StreamResponse:
 @admin_only
 async def conversation_log(request: web.Request) -> web.StreamResponse:
     conversation = request.match_info["conversation"]
-    limit = min(max(int(request.query.get("limit", "100") or 100), 1), 1000)
-    page = await request.app[STORE].read_log(conversation, request.query.get("after"), limit)
+    page = await request.app[STORE].read_log(
+        conversation, _log_cursor(request), _limit(request, 100)
+    )
     return _json(
         {"events": [{"id": eid, **event} for eid, event in page.events], "next": page.next_cursor}
     )

@@ -1,8 +1,11 @@
 """Validation of incoming chat-completion bodies.
 
-Only what the proxy relies on is checked (a JSON object, ``model``, ``messages`` as a list of
-objects with a known ``role``); every other field, known to us or not, is kept as sent and
-reaches the upstream unchanged.
+Every field the proxy reads is checked for its type, at every level it reads: ``model``,
+``messages`` as a list of objects, each with a known ``role``, ``content`` as null, a string or a
+list of part objects (a text part's ``text`` a string), ``tool_calls`` as a list of objects,
+``name`` and ``tool_call_id`` as strings, ``function_call`` as an object. What OpenAI would reject
+anyway gets a 400 in its shape before anything is forwarded. Every other field, known to us or
+not, is kept as sent and reaches the upstream unchanged.
 """
 
 from __future__ import annotations
@@ -10,40 +13,79 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from proxy import jsonio
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 
-
-class _ChatBody(BaseModel):
-    """The top-level fields the proxy relies on. Messages are checked by hand below: a
-    validating model per message would copy every message of a long history on each request."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str
-    messages: list[Any]
-    stream: bool | None = None
+_ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
 
-def _check_messages(messages: list[Any]) -> None:
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(
-                f"Invalid value for 'messages[{index}]': a message must be an object.",
-                param=f"messages[{index}]",
-                code="invalid_value",
-            )
-        role = message.get("role")
-        if role not in MESSAGE_ROLES:
-            roles = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
-            raise BadRequest(
-                f"Invalid value for 'messages[{index}].role': expected one of {roles}, "
-                f"got {role!r}.",
-                param=f"messages[{index}].role",
-                code="invalid_value",
-            )
+def _invalid(param: str, expected: str, got: Any) -> BadRequest:
+    return BadRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(got)}.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _check_content(content: Any, param: str) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _invalid(param, "a string or an array of content parts", content)
+    for index, part in enumerate(content):
+        where = f"{param}[{index}]"
+        if not isinstance(part, dict):
+            raise _invalid(where, "an object", part)
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise _invalid(f"{where}.type", "a string", kind)
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise _invalid(f"{where}.text", "a string", part.get("text"))
+
+
+def _check_message(message: Any, param: str) -> None:
+    if not isinstance(message, dict):
+        raise _invalid(param, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
+        raise BadRequest(
+            f"Invalid value for '{param}.role': expected one of {_ROLES}, got {role!r}.",
+            param=f"{param}.role",
+            code="invalid_value",
+        )
+    _check_content(message.get("content"), f"{param}.content")
+    for key in ("name", "tool_call_id"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _invalid(f"{param}.{key}", "a string", value)
+    function_call = message.get("function_call")
+    if function_call is not None and not isinstance(function_call, dict):
+        raise _invalid(f"{param}.function_call", "an object", function_call)
+    tool_calls = message.get("tool_calls")
+    if tool_calls is None:
+        return
+    if not isinstance(tool_calls, list):
+        raise _invalid(f"{param}.tool_calls", "an array", tool_calls)
+    for index, call in enumerate(tool_calls):
+        where = f"{param}.tool_calls[{index}]"
+        if not isinstance(call, dict):
+            raise _invalid(where, "an object", call)
+        function = call.get("function")
+        if function is not None and not isinstance(function, dict):
+            raise _invalid(f"{where}.function", "an object", function)
 
 
 @dataclass(frozen=True)
@@ -56,13 +98,6 @@ class ChatRequest:
     stream: bool
 
 
-def _param(loc: tuple[int | str, ...]) -> str:
-    param = ""
-    for part in loc:
-        param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
-    return param
-
-
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one."""
     try:
@@ -73,24 +108,20 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise BadRequest("The request body must be a JSON object.")
     if "model" not in body:
         raise BadRequest("you must provide a model parameter", param="model")
+    if not isinstance(body["model"], str):
+        raise _invalid("model", "a string", body["model"])
     if "messages" not in body:
         raise BadRequest(
             "Missing required parameter: 'messages'.",
             param="messages",
             code="missing_required_parameter",
         )
-    try:
-        parsed = _ChatBody.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _param(first["loc"])
-        raise BadRequest(
-            f"Invalid value for '{param}': {first['msg']}", param=param, code="invalid_value"
-        ) from exc
-    _check_messages(parsed.messages)
-    return ChatRequest(
-        body=body,
-        model=parsed.model,
-        messages=body["messages"],
-        stream=bool(parsed.stream),
-    )
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise _invalid("messages", "an array", messages)
+    for index, message in enumerate(messages):
+        _check_message(message, f"messages[{index}]")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "a boolean", stream)
+    return ChatRequest(body=body, model=body["model"], messages=messages, stream=bool(stream))

@@ -8,13 +8,13 @@ client byte for byte.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.chat_request import ChatRequest, parse_chat_request
 from proxy.config import Route
@@ -24,6 +24,7 @@ from proxy.events import usage_event
 from proxy.forwarding import Reply, forward
 from proxy.keys import HTTP_CLIENT, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
 from proxy.metrics import (
+    BYPASSES,
     METER_ERROR,
     OVERFLOW_RECOVERIES,
     PROMPT_TOKENS_FORWARDED,
@@ -56,9 +57,30 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise too_large from exc
+    except RequestPayloadError as exc:
+        raise BadRequest(
+            "The request body could not be decoded as its Content-Encoding header says.",
+            param="Content-Encoding",
+            code="invalid_body_encoding",
+        ) from exc
     if len(raw) > limit:
         raise too_large
     return raw
+
+
+def _check_headers(headers: Mapping[str, str]) -> None:
+    """Header values must be text: bytes that are not UTF-8 cannot be forwarded either."""
+    for name, value in headers.items():
+        if value.isascii():
+            continue
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise BadRequest(
+                f"Invalid value for header '{name}': it is not valid UTF-8.",
+                param=name,
+                code="invalid_header",
+            ) from exc
 
 
 def _session_id(headers: Mapping[str, str]) -> str | None:
@@ -79,6 +101,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings = app[SETTINGS]
     try:
+        _check_headers(request.headers)
         raw = await _read_body(request, settings.max_body_bytes)
         chat = parse_chat_request(raw)
         session_id = _session_id(request.headers)
@@ -92,6 +115,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prepared = await prepare(request, chat, raw, model_policy, session_id)
     except StoreUnavailable as exc:
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
+        BYPASSES.labels(route=route.model, cause="store").inc()
+        prepared = Prepared(payload=raw, status="bypass")
+    except Exception:
+        # Never worse than no proxy: a fault of our own sends the client's bytes as they came.
+        log.exception("preparing the request failed: forwarding it unchanged")
+        BYPASSES.labels(route=route.model, cause="error").inc()
         prepared = Prepared(payload=raw, status="bypass")
 
     PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
@@ -131,7 +160,10 @@ async def _forward_with_recovery(
         retry = None
         if retries < model_policy.policy.max_overflow_retries:
             retries += 1
-            retry = await recover_overflow(request, chat, model_policy, prepared)
+            try:
+                retry = await recover_overflow(request, chat, model_policy, prepared)
+            except Exception:
+                log.exception("overflow recovery failed: the upstream's error stands")
         if retry is None:
             OVERFLOW_RECOVERIES.labels(result="passed_through").inc()
             break
@@ -183,10 +215,14 @@ async def _record(request: web.Request, prepared: Prepared, reply: Reply | None)
             if not measurement.anchored:
                 METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
     # A lost record is counted by the instrumented store; not worth failing a request.
-    with contextlib.suppress(StoreUnavailable):
+    try:
         await request.app[STORE].record_request(
             prepared.conversation, events, anchor, prepared.pending_attributes
         )
+    except StoreUnavailable:
+        pass
+    except Exception:
+        log.exception("recording the request failed")
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:

@@ -32,5 +32,10 @@ def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)
     except TypeError:
         # Integers beyond 64 bits, or nesting deeper than orjson's limit.
-        text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False, separators=(",", ":"))
-        return text.encode()
+        compact = (",", ":")
+        text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False, separators=compact)
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (valid as a JSON escape, not as UTF-8): keep it escaped.
+            return json.dumps(value, sort_keys=sort_keys, separators=compact).encode()

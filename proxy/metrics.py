@@ -28,6 +28,17 @@ REQUESTS = Counter(
     "Chat requests by route and outcome.",
     ["route", "outcome"],
 )
+BYPASSES = Counter(
+    "compaction_proxy_bypassed_requests_total",
+    "Requests forwarded exactly as the client sent them because the proxy's own work failed, "
+    "by cause: store (unreachable) or error (a fault in the proxy, logged with its traceback).",
+    ["route", "cause"],
+)
+CLIENT_DISCONNECTS = Counter(
+    "compaction_proxy_client_disconnects_total",
+    "Requests whose client went away before the answer was complete.",
+    ["route"],
+)
 REQUEST_DURATION = Histogram(
     "compaction_proxy_request_duration_seconds",
     "Time from receiving a chat request to the end of its answer.",

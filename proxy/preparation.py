@@ -149,6 +149,7 @@ SHORTFALL_REASONS = {
     "commit_failed": "the commit failed",
     "rounds": "the compaction rounds ran out",
     "error": "compaction raised an unexpected error (logged above)",
+    "store": "the store became unreachable during compaction",
 }
 
 
@@ -194,8 +195,10 @@ async def _relieve(
     limits = budgets(model_policy.policy, job.window)
     try:
         return await shielded(triggers.relieve_pressure(engine, job, state, limits))
-    except StoreUnavailable:
-        raise
+    except StoreUnavailable as exc:
+        # The checkpoints already loaded still stand: forward with them, not the raw body.
+        log.warning("store unavailable during compaction (%s)", exc.operation)
+        return dataclasses.replace(as_it_is(), shortfall="store")
     except Exception:
         COMPACTION_ERRORS.inc()
         log.exception("compaction failed; forwarding the surface as it was")

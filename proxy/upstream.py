@@ -27,7 +27,9 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
+# The server decompresses a gzip or deflate body before the proxy reads it, so the bytes sent up
+# are plain: their old length and encoding no longer describe them.
+_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "content-encoding"}
 # The client session decompresses, so length and encoding no longer describe the bytes we write.
 _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"content-length", "content-encoding"}
 

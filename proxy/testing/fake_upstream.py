@@ -254,6 +254,15 @@ class FakeUpstream:
         return web.json_response({"object": "list", "data": data}, headers=self._headers())
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """Like a real provider, a body it cannot make sense of gets a 400, never a crash."""
+        try:
+            return await self._answer_chat(request)
+        except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+            refusal = {"message": f"Invalid request: {type(exc).__name__}", "param": None}
+            error = {**refusal, "type": "invalid_request_error", "code": None}
+            return web.json_response({"error": error}, status=400, headers=self._headers())
+
+    async def _answer_chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = jsonio.loads(raw)  # integers beyond 64 bits arrive as sent

@@ -1,0 +1,179 @@
+"""Every crash found by attacking the proxy on purpose, each pinned by a test: bad input gets a
+4xx in OpenAI's shape, a fault of the proxy's own forwards the client's bytes unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.client
+import logging
+import zlib
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+import pytest
+from prometheus_client import REGISTRY
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory
+
+MODEL = "any-model"
+
+
+def body_with(message: dict[str, Any]) -> bytes:
+    return orjson.dumps({"model": MODEL, "messages": [message]})
+
+
+def nested(depth: int) -> bytes:
+    inner = b"[" * depth + b"]" * depth
+    part = b'{"type":"image_url","image_url":{"url":"data:,"},"meta":' + inner + b"}"
+    return b'{"model":"any-model","messages":[{"role":"user","content":[' + part + b"]}]}"
+
+
+async def post(url: str, raw: bytes, **headers: str) -> tuple[int, dict[str, Any], Any]:
+    async with aiohttp.ClientSession() as http_session:
+        async with http_session.post(
+            f"{url}/chat/completions",
+            data=raw,
+            headers={"Content-Type": "application/json", **headers},
+            compress=False,
+        ) as response:
+            payload = await response.read()
+            parsed = orjson.loads(payload) if payload.startswith(b"{") else payload
+            return response.status, dict(response.headers), parsed
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (body_with({"role": ["user"], "content": "x"}), "messages[0].role"),
+        (body_with({"role": {}, "content": "x"}), "messages[0].role"),
+        (body_with({"role": "assistant", "tool_calls": 1}), "messages[0].tool_calls"),
+        (body_with({"role": "assistant", "tool_calls": True}), "messages[0].tool_calls"),
+        (body_with({"role": "assistant", "tool_calls": 1.5}), "messages[0].tool_calls"),
+        (body_with({"role": "assistant", "tool_calls": [1]}), "messages[0].tool_calls[0]"),
+        (body_with({"role": "user", "content": {"text": "x"}}), "messages[0].content"),
+        (body_with({"role": "user", "content": [{"type": "text"}]}), "messages[0].content[0].text"),
+        (body_with({"role": "user", "content": [7]}), "messages[0].content[0]"),
+        (
+            body_with({"role": "tool", "content": "x", "tool_call_id": 5}),
+            "messages[0].tool_call_id",
+        ),
+        (body_with({"role": "user", "content": "x", "name": ["a"]}), "messages[0].name"),
+        (orjson.dumps({"model": 5, "messages": []}), "model"),
+        (orjson.dumps({"model": MODEL, "messages": [], "stream": "yes"}), "stream"),
+        (nested(1_100), None),  # deeper than any JSON parser here accepts
+    ],
+)
+async def test_malformed_bodies_get_a_400_naming_the_field(
+    make_proxy: ProxyFactory, fake: FakeUpstream, raw: bytes, param: str | None
+) -> None:
+    proxy = await make_proxy()
+    status, _, answer = await post(proxy.url, raw)
+    assert status == 400
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+    assert answer["error"]["param"] == param
+    assert fake.received == []
+
+
+async def test_nesting_deeper_than_the_serializer_allows_is_still_forwarded(
+    make_proxy: ProxyFactory, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy()
+    raw = nested(300)  # orjson parses 1024 levels but serializes only 254
+    status, headers, _ = await post(proxy.url, raw)
+    assert status == 200
+    assert fake.received[-1].body == orjson.loads(raw)
+    assert headers["X-Compaction-Status"] in ("none", "bypass")
+
+
+def _post_raw_header(url: str, name: str, value: bytes) -> tuple[int, Any]:
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    body = body_with({"role": "user", "content": "hi"})
+    connection.putrequest("POST", f"{parts.path}/chat/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader(name, value)
+    connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(body)
+    response = connection.getresponse()
+    answer = orjson.loads(response.read())
+    connection.close()
+    return response.status, answer
+
+
+async def test_an_authorization_header_that_is_not_utf8_gets_a_400(proxy_url: str) -> None:
+    # http.client sends the raw bytes (aiohttp's client would refuse to); off the loop, since
+    # the proxy runs on it.
+    status, answer = await asyncio.to_thread(
+        _post_raw_header, proxy_url, "Authorization", b"Bearer \xff\xfe"
+    )
+    assert status == 400
+    assert answer["error"]["param"] == "Authorization"
+
+
+async def test_a_body_that_is_not_the_gzip_it_claims_gets_a_400(proxy_url: str) -> None:
+    status, _, answer = await post(proxy_url, b"not gzip at all", **{"Content-Encoding": "gzip"})
+    assert status == 400
+    assert answer["error"]["param"] == "Content-Encoding"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compressed_body_reaches_the_upstream_readable(
+    proxy_url: str, fake: FakeUpstream, encoding: str
+) -> None:
+    raw = body_with({"role": "user", "content": "hi"})
+    packed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    status, _, answer = await post(proxy_url, packed, **{"Content-Encoding": encoding})
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "ok"
+    received = fake.received[-1]
+    assert received.body == orjson.loads(raw)
+    assert "Content-Encoding" not in received.headers
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["limit=abc", "limit=0", "limit=-3", "limit=99999", "after=abc", "after=1-2-3", "after=%00"],
+)
+async def test_admin_parameters_are_validated(make_proxy: ProxyFactory, query: str) -> None:
+    token = "an-admin-token-0123456789"
+    proxy = await make_proxy(admin_token=token)
+    path = "/admin/conversations/c0/log" if query.startswith("after") else "/admin/conversations"
+    async with aiohttp.ClientSession() as http_session:
+        async with http_session.get(
+            f"{proxy.root}{path}?{query}", headers={"Authorization": f"Bearer {token}"}
+        ) as response:
+            assert response.status == 400
+            assert (await response.json())["reason"]
+
+
+def bypasses(cause: str) -> float:
+    labels = {"route": "*", "cause": cause}
+    return REGISTRY.get_sample_value("compaction_proxy_bypassed_requests_total", labels) or 0.0
+
+
+async def test_a_fault_in_the_proxy_forwards_the_clients_bytes_unchanged(
+    make_proxy: ProxyFactory,
+    fake: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import proxy.preparation
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the proxy")
+
+    monkeypatch.setattr(proxy.preparation.RequestView, "of", broken)
+    proxy_ = await make_proxy()
+    before = bypasses("error")
+    raw = b'{"model": "any-model",   "messages": [{"role": "user", "content": "hi"}]}'
+    with caplog.at_level(logging.ERROR):
+        status, headers, answer = await post(proxy_.url, raw)
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "ok"
+    assert headers["X-Compaction-Status"] == "bypass"
+    assert fake.received[-1].body == orjson.loads(raw)
+    assert bypasses("error") == before + 1
+    faults = [r for r in caplog.records if "forwarding it unchanged" in r.getMessage()]
+    assert len(faults) == 1 and faults[0].exc_info is not None

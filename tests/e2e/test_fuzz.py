@@ -1,0 +1,261 @@
+"""Property-based: whatever a client sends, the proxy answers it, never with a 5xx of its own.
+
+Hypothesis generates bodies (valid-looking and junk at every level the proxy reads), raw bytes,
+deep nesting, odd headers and bad encodings, and sends them to a real proxy in front of the fake
+upstream. A 4xx must be in OpenAI's error shape; a 5xx may only be the upstream's own answer
+(it carries the upstream's request id); and the proxy still serves a normal request afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import http.client
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import jsonio
+from proxy.app import create_app
+from proxy.config import load_settings
+from proxy.testing.fake_upstream import FakeUpstream
+
+EXAMPLES = 2_200
+
+
+@dataclass
+class Servers:
+    proxy_port: int
+    fake: FakeUpstream
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    """The fake upstream and a proxy (small window, so requests compact), on a loop of their
+    own in a thread: the property test below is synchronous."""
+    loop = asyncio.new_event_loop()
+    fake = FakeUpstream()
+    fake.windows["fuzz-small"] = 4_000
+    runners: list[web.AppRunner] = []
+    ready = threading.Event()
+    ports: list[int] = []
+
+    async def start() -> None:
+        upstream = web.AppRunner(fake.app())
+        await upstream.setup()
+        site = web.TCPSite(upstream, "127.0.0.1", 0)
+        await site.start()
+        upstream_port = upstream.addresses[0][1]
+        routes = [
+            {
+                "model": "fuzz-small",
+                "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+                "context_window": 4_000,
+            }
+        ]
+        settings_ = load_settings(
+            None,
+            upstream_base_url=f"http://127.0.0.1:{upstream_port}/v1",
+            tenant_secret="fuzz-secret",
+            routes=routes,
+            admin_token="fuzz-admin-token-0123456789",
+        )
+        proxy = web.AppRunner(create_app(settings_))
+        await proxy.setup()
+        await web.TCPSite(proxy, "127.0.0.1", 0).start()
+        runners.extend([proxy, upstream])
+        ports.append(proxy.addresses[0][1])
+        ready.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
+    ready.wait(60)
+    yield Servers(ports[0], fake)
+
+    async def stop() -> None:
+        for runner in runners:
+            await runner.cleanup()
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=60)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def send(
+    port: int, path: str, body: bytes, headers: list[tuple[str, bytes | str]], method: str = "POST"
+) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.putrequest(method, path)
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def assert_answered(status: int, headers: dict[str, str], body: bytes) -> None:
+    if status >= 500:
+        assert headers.get("x-request-id", "").startswith("req_fake"), (status, body[:300])
+    if 400 <= status < 500 and "x-request-id" not in headers:
+        assert headers.get("content-type", "").startswith("application/json"), (status, body)
+        error = orjson.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+
+
+# -- strategies ----------------------------------------------------------------------------
+
+
+def texts(size: int) -> st.SearchStrategy[str]:
+    return st.text(st.characters(codec="utf-8"), max_size=size)
+
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts(12)
+junk = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts(6), inner, max_size=3),
+    max_leaves=6,
+)
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"]) | junk
+words = texts(60) | st.sampled_from(
+    ["x " * 3_000, "<compacted-summary>s</compacted-summary>", "\ud83d\ude00" * 5]
+)
+parts = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url"]) | junk},
+    optional={"text": words | junk, "image_url": junk, "cache_control": junk},
+)
+contents = st.none() | words | st.lists(parts | junk, max_size=3) | junk
+calls = st.fixed_dictionaries(
+    {
+        "id": st.sampled_from(["call_0", "", "c1"]) | junk,
+        "type": st.just("function") | junk,
+        "function": st.fixed_dictionaries({"name": texts(8) | junk, "arguments": texts(30) | junk})
+        | junk,
+    }
+)
+messages = st.fixed_dictionaries(
+    {"role": roles},
+    optional={
+        "content": contents,
+        "tool_calls": st.lists(calls, max_size=2) | junk,
+        "tool_call_id": st.sampled_from(["call_0", "", "c1"]) | junk,
+        "name": texts(8) | junk,
+        "function_call": junk,
+        "cache_control": junk,
+    },
+)
+bodies = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["fuzz-small", "fuzz-model"]) | junk,
+        "messages": st.lists(messages, max_size=12) | junk,
+    },
+    optional={
+        "stream": st.booleans() | junk,
+        "tools": junk,
+        "stream_options": junk,
+        "max_tokens": st.integers(min_value=-5, max_value=10**30) | junk,
+        "metadata": junk,
+    },
+)
+
+
+def nested(depth: int) -> bytes:
+    inner = b"[" * depth + b"]" * depth
+    return b'{"model":"fuzz-small","messages":[{"role":"user","content":"x","x":' + inner + b"}]}"
+
+
+raw_bodies = (
+    bodies.map(jsonio.dumps)
+    | st.binary(max_size=200)
+    | st.integers(min_value=1, max_value=1_100).map(nested)
+    | bodies.map(lambda b: jsonio.dumps(b)[:-1])
+    | st.sampled_from(
+        [
+            b'{"model":"fuzz-small","messages":[{"role":"user","content":"\\ud800 lone"}]}',
+            b'{"model":"fuzz-small","messages":[{"role":"user","content":"x"}],"n":1'
+            + b"0" * 40
+            + b"}",
+        ]
+    )
+)
+# Any bytes but control characters, which no HTTP client can send in a header (the server's
+# HTTP parser answers those before the proxy sees a request).
+header_values = st.binary(max_size=24).map(
+    lambda raw: bytes(b for b in raw if b >= 0x20 and b != 0x7F)
+) | texts(24).map(str.encode)
+# Each header at most once: duplicated singleton headers are malformed HTTP, answered by the
+# server's HTTP parser before any handler runs.
+headers = st.dictionaries(
+    st.sampled_from(["Authorization", "X-Session-Id", "api-key", "X-Custom", "User-Agent"]),
+    header_values,
+    max_size=3,
+).map(lambda chosen: list(chosen.items()))
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(body=raw_bodies, extra=headers, encoding=st.sampled_from(["plain", "gzip", "bad-gzip"]))
+def test_no_input_gets_a_5xx_from_the_proxy(
+    servers: Servers, body: bytes, extra: list[tuple[str, Any]], encoding: str
+) -> None:
+    request_headers: list[tuple[str, bytes | str]] = [("Content-Type", "application/json")]
+    request_headers += [
+        (name, value)
+        for name, value in extra
+        if not any(b < 0x20 or b == 0x7F for b in _bytes(value))
+    ]
+    if encoding == "gzip":
+        body = gzip.compress(body)
+        request_headers.append(("Content-Encoding", "gzip"))
+    elif encoding == "bad-gzip":
+        request_headers.append(("Content-Encoding", "gzip"))
+    status, response_headers, answer = send(
+        servers.proxy_port, "/v1/chat/completions", body, request_headers
+    )
+    assert_answered(status, {k.lower(): v for k, v in response_headers.items()}, answer)
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    path=st.sampled_from(
+        ["/admin/conversations", "/admin/conversations/c0/log", "/admin/conversations/c0"]
+    ),
+    query=st.dictionaries(st.sampled_from(["limit", "after", "x"]), texts(10)),
+)
+def test_admin_parameters_get_a_4xx_not_a_5xx(
+    servers: Servers, path: str, query: dict[str, str]
+) -> None:
+    from urllib.parse import urlencode
+
+    token = [("Authorization", "Bearer fuzz-admin-token-0123456789")]
+    url = f"{path}?{urlencode(query)}" if query else path
+    status, _, answer = send(servers.proxy_port, url, b"", token, method="GET")
+    assert status < 500, answer[:300]
+
+
+def test_the_proxy_still_serves_after_the_fuzzing(servers: Servers) -> None:
+    body = orjson.dumps({"model": "fuzz-small", "messages": [{"role": "user", "content": "hi"}]})
+    status, _, answer = send(
+        servers.proxy_port, "/v1/chat/completions", body, [("Authorization", "Bearer k")]
+    )
+    assert status == 200 and orjson.loads(answer)["choices"][0]["message"]["content"] == "ok"
