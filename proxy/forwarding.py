@@ -16,6 +16,7 @@ from proxy.errors import error_response
 from proxy.keys import HTTP_CLIENT
 from proxy.metrics import UPSTREAM_DURATION
 from proxy.upstream import (
+    ClientGone,
     UsageScanner,
     buffered_response,
     client_headers,
@@ -41,6 +42,7 @@ class Reply:
     status: int
     usage: dict[str, Any] | None = None
     error_body: bytes | None = None
+    client_gone: bool = False
 
 
 async def forward(
@@ -61,6 +63,10 @@ async def forward(
                 scanner = UsageScanner()
                 try:
                     streamed = await relay_stream(request, upstream, reply_headers, scanner)
+                except ClientGone as gone:
+                    log.info("the client went away mid-answer")
+                    _observe(route, started)
+                    return Reply(gone.response, upstream.status, scanner.usage, client_gone=True)
                 except aiohttp.ClientError as exc:
                     # Bytes already reached the client: the only honest signal left is to
                     # cut the connection, so the client sees a truncated stream.

@@ -25,6 +25,7 @@ from proxy.forwarding import Reply, forward
 from proxy.keys import HTTP_CLIENT, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
 from proxy.metrics import (
     BYPASSES,
+    CLIENT_DISCONNECTS,
     METER_ERROR,
     OVERFLOW_RECOVERIES,
     PROMPT_TOKENS_FORWARDED,
@@ -138,8 +139,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 del in_flight[conversation]
             # Logged even when the client went away mid-answer.
             await shielded(_record(request, prepared, reply))
-    REQUESTS.labels(route=route.model, outcome=_outcome(reply.status, prepared.status)).inc()
-    REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
+        # Counted however the request ended, a client that left included.
+        outcome = _outcome(reply, prepared.status)
+        REQUESTS.labels(route=route.model, outcome=outcome).inc()
+        REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
+        if outcome == "client_disconnected":
+            CLIENT_DISCONNECTS.labels(route=route.model).inc()
     return reply.response
 
 
@@ -192,7 +197,10 @@ def _compaction_headers(prepared: Prepared) -> dict[str, str]:
     return headers
 
 
-def _outcome(upstream_status: int, status: str) -> str:
+def _outcome(reply: Reply | None, status: str) -> str:
+    if reply is None or reply.client_gone:
+        return "client_disconnected"
+    upstream_status = reply.status
     if upstream_status == 0:
         return "upstream_unavailable"
     if upstream_status >= 400:

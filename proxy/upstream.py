@@ -107,20 +107,40 @@ class UsageScanner:
             self.usage = usage
 
 
+class ClientGone(Exception):
+    """The client went away while its answer (``response``, already started) was written."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("the client went away")
+        self.response = response
+
+
 async def relay_stream(
     request: web.Request,
     upstream: ClientResponse,
     headers: CIMultiDict[str],
     scanner: UsageScanner,
 ) -> web.StreamResponse:
-    """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk."""
+    """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk.
+
+    A failure reading from the upstream propagates as the client session's error; a failure
+    writing to the client is ``ClientGone``, so the two are never confused."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except ConnectionError as exc:
+        raise ClientGone(response) from exc
     async for chunk in upstream.content.iter_any():
         scanner.feed(chunk)
-        await response.write(chunk)
+        try:
+            await response.write(chunk)
+        except ConnectionError as exc:
+            raise ClientGone(response) from exc
     scanner.close()
-    await response.write_eof()
+    try:
+        await response.write_eof()
+    except ConnectionError as exc:
+        raise ClientGone(response) from exc
     return response
 
 

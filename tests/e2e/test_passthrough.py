@@ -183,8 +183,15 @@ async def test_upstream_errors_reach_the_client_unchanged(
 
 
 async def test_client_disconnect_mid_stream_cancels_the_upstream_request(
-    client: openai.AsyncOpenAI, fake: FakeUpstream
+    client: openai.AsyncOpenAI, fake: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from prometheus_client import REGISTRY
+
+    def disconnects() -> float:
+        name = "compaction_proxy_client_disconnects_total"
+        return REGISTRY.get_sample_value(name, {"route": "*"}) or 0.0
+
+    before = disconnects()
     fake.stream_pieces = 50
     fake.stream_delay = 0.05
     fake.reply = lambda body: "x" * 200
@@ -197,10 +204,13 @@ async def test_client_disconnect_mid_stream_cancels_the_upstream_request(
         break
     await stream.close()
     for _ in range(100):
-        if fake.disconnects:
+        if fake.disconnects and disconnects() > before:
             break
         await asyncio.sleep(0.05)
     assert fake.disconnects == 1
+    # Named as what it is, and counted: not an upstream failure.
+    assert disconnects() == before + 1
+    assert not [r for r in caplog.records if "upstream stream broke off" in r.getMessage()]
 
 
 BAD_BODIES = [
