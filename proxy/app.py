@@ -94,6 +94,8 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
     meter = TokenMeter(cache_size=settings.meter_cache_size)
     engine_settings = EngineSettings(
         lease_ttl_seconds=settings.lease_ttl_seconds,
+        lease_wait_seconds=settings.summary_timeout_seconds + settings.lease_ttl_seconds,
+        breaker_cooldown_seconds=settings.summary_breaker_cooldown_seconds,
         max_rounds=settings.max_compaction_rounds,
         failure_cooldown_seconds=settings.failure_cooldown_seconds,
         failure_growth_ratio=settings.failure_growth_ratio,

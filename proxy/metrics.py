@@ -152,6 +152,7 @@ STORE_OPERATIONS = (
     "read_log",
     "list_conversations",
     "wait_for_lease",
+    "renew_lease",
     "shared_secret",
 )
 

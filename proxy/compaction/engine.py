@@ -10,14 +10,18 @@ unmatched start whose lease expires: stale, never blocking.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from proxy.compaction.breaker import SummaryBreaker, means_unavailable
 from proxy.compaction.ceiling import SummaryCeiling
 from proxy.compaction.fit import SummaryBudget, clipped_span, summary_budget
 from proxy.compaction.prune import PruneCandidate, Pruner, prune_candidates
@@ -48,7 +52,7 @@ from proxy.conversation import (
 from proxy.meter import REPLY_PRIMING_TOKENS, Measurement, TokenMeter, counter_for
 from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
 from proxy.request_view import RequestView
-from proxy.store.base import BeginResult, ConversationState, Event, Store
+from proxy.store.base import BeginResult, ConversationState, Event, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,8 @@ class Outcome(StrEnum):
     SUMMARY_FAILED = "summary_failed"
     COMMIT_FAILED = "commit_failed"
     CEILING = "ceiling"  # the tenant reached its summary calls per minute
+    BREAKER = "breaker"  # the summary route failed recently: nobody waits for it now
+    ERROR = "error"  # an unexpected exception; the attempt was closed on the way out
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class CompactionJob:
     summarize: SummaryCall
     route: str = ""
     summary_window: int | None = None  # the summary model's window when it differs
+    summary_route: str = ""  # names the summarizer for its breaker
 
     @property
     def call_window(self) -> int | None:
@@ -121,7 +128,11 @@ class Plan:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    lease_ttl_seconds: float = 120.0
+    # Short, and renewed while a compaction runs: a crashed proxy blocks a conversation for
+    # seconds. Waiting for another's compaction is bounded by the summary call instead.
+    lease_ttl_seconds: float = 15.0
+    lease_wait_seconds: float = 105.0
+    breaker_cooldown_seconds: float = 60.0
     max_rounds: int = 8
     failure_cooldown_seconds: float = 300.0
     failure_growth_ratio: float = 0.1
@@ -133,14 +144,16 @@ def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Attempt:
-    """One compaction attempt: its job, lease owner token, trigger and kind."""
+    """One compaction attempt: its job, lease owner token, trigger and kind; ``closed`` once
+    its ``compaction/end`` is written (by a commit or a failure)."""
 
     job: CompactionJob
     owner: str
     trigger: str
     kind: str
+    closed: bool = False
 
     def event(self, event_type: str, **fields: object) -> Event:
         return _event(event_type, trigger=self.trigger, kind=self.kind, owner=self.owner, **fields)
@@ -152,9 +165,11 @@ class Engine:
     meter: TokenMeter
     settings: EngineSettings = field(default_factory=EngineSettings)
     ceiling: SummaryCeiling = field(init=False)
+    breaker: SummaryBreaker = field(init=False)
 
     def __post_init__(self) -> None:
         self.ceiling = SummaryCeiling(self.settings.summaries_per_minute_per_tenant)
+        self.breaker = SummaryBreaker(self.settings.breaker_cooldown_seconds)
 
     # -- shared steps ----------------------------------------------------------------------
 
@@ -168,9 +183,9 @@ class Engine:
         return fresh, job.view.surface(fresh.records)
 
     async def wait_and_reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
-        """Wait (bounded by the lease TTL) for another compaction of this conversation, then
-        read what it committed."""
-        await self.store.wait_for_lease(job.view.conversation, self.settings.lease_ttl_seconds)
+        """Wait (bounded) for another compaction of this conversation, then read what it
+        committed."""
+        await self.store.wait_for_lease(job.view.conversation, self.settings.lease_wait_seconds)
         return await self.reload(job)
 
     async def _begin(
@@ -193,7 +208,46 @@ class Engine:
         end = attempt.event(
             "compaction/end", outcome=outcome.value, error=outcome.value, detail=detail
         )
+        attempt.closed = True
         await self.store.end_compaction(attempt.job.view.conversation, attempt.owner, end)
+
+    @asynccontextmanager
+    async def _held(self, attempt: Attempt) -> AsyncIterator[None]:
+        """The lease is renewed while the body runs. However the body exits, the attempt is
+        closed: an exception (or a path that forgot to) logs ``compaction/end`` with ``error``
+        and releases the lease, so no conversation stays locked past a crash of our own."""
+        renewal = asyncio.create_task(self._keep_renewed(attempt))
+        try:
+            yield
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                log.exception("compaction failed unexpectedly")
+            await self._close_quietly(attempt, type(exc).__name__)
+            raise
+        else:
+            await self._close_quietly(attempt, "left open")
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+
+    async def _close_quietly(self, attempt: Attempt, detail: str) -> None:
+        if attempt.closed:
+            return
+        with contextlib.suppress(Exception):
+            # Shielded: a cancelled request must still release what it holds.
+            await asyncio.shield(self._fail(attempt, Outcome.ERROR, detail))
+
+    async def _keep_renewed(self, attempt: Attempt) -> None:
+        ttl = self.settings.lease_ttl_seconds
+        conversation = attempt.job.view.conversation
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                if not await self.store.renew_lease(conversation, attempt.owner, ttl):
+                    return  # lost: the commit will be refused
+            except StoreUnavailable:
+                continue
 
     async def _commit(
         self,
@@ -209,6 +263,7 @@ class Engine:
         )
         if generation is None:
             return None
+        attempt.closed = True
         fresh, _ = await self.reload(attempt.job)
         return fresh
 
@@ -285,6 +340,10 @@ class Engine:
         began, attempt = await self._begin(job, state, trigger, "prune")
         if began is not BeginResult.BEGUN:
             return Outcome.BUSY
+        async with self._held(attempt):
+            return await self._commit_pruned(attempt, records)
+
+    async def _commit_pruned(self, attempt: Attempt, records: Sequence[Prune]) -> Outcome:
         events = [
             _event(
                 "prune",
@@ -389,13 +448,25 @@ class Engine:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
             log.warning("summary ceiling reached for a tenant; not summarizing")
             return Round(Outcome.CEILING, span)
+        summarizer = job.summary_route or job.summary_model
+        if not self.breaker.allow(summarizer):
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="breaker").inc()
+            return Round(Outcome.BREAKER, span)
         began, attempt = await self._begin(
             job, state, trigger, "summary", span={"start": span.start, "end": span.end}
         )
         if began is not BeginResult.BEGUN:
+            self.breaker.abandoned(summarizer)
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="busy").inc()
             return Round(Outcome.BUSY, span)
-        result = await self._summarize_and_commit(attempt, plan)
+        try:
+            async with self._held(attempt):
+                result = await self._summarize_and_commit(attempt, plan)
+        except Exception:
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="error").inc()
+            raise
+        finally:
+            self.breaker.abandoned(summarizer)  # a probe that never reported frees its slot
         COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=result.outcome.value).inc()
         return result
 
@@ -405,13 +476,19 @@ class Engine:
         span = plan.span
         body = summary_body(job.summary_model, view.head, plan.messages, view.tools, plan.cap)
         started = time.perf_counter()
+        summarizer = job.summary_route or job.summary_model
         try:
             summary = await job.summarize(body)
         except SummaryFailed as failure:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)
+            if means_unavailable(failure.reason):
+                self.breaker.failed(summarizer)
+            else:
+                self.breaker.succeeded(summarizer)  # it answered: alive
             await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
             return Round(Outcome.SUMMARY_FAILED, span, failure=failure)
+        self.breaker.succeeded(summarizer)
         SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
 
         message = frame(summary.text)

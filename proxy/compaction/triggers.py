@@ -120,7 +120,7 @@ async def _summarize_rounds(
             measurement = engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
-            if result.outcome not in (Outcome.NO_RANGE, Outcome.CEILING):
+            if result.outcome not in (Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER):
                 await remember_failure(engine, job, measurement.tokens)
             shortfall = result.outcome.value
             break

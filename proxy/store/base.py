@@ -169,6 +169,10 @@ class Store(Protocol):
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
         """Log ``compaction/end`` (with its error) and release the lease if still ours."""
 
+    async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
+        """Extend ``owner``'s lease to ``ttl_seconds`` from now; False when it is no longer
+        ``owner``'s (expired or taken over), and then nothing changes."""
+
     async def read_log(
         self, conversation: str, after: str | None = None, limit: int = 100
     ) -> LogPage:

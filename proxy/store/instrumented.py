@@ -105,6 +105,10 @@ class InstrumentedStore:
         async with _observed("end_compaction"):
             await self.inner.end_compaction(conversation, owner, end_event)
 
+    async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
+        async with _observed("renew_lease"):
+            return await self.inner.renew_lease(conversation, owner, ttl_seconds)
+
     async def read_log(
         self, conversation: str, after: str | None = None, limit: int = 100
     ) -> LogPage:

@@ -190,6 +190,14 @@ class MemoryStore:
         entry.lease_owner = None
         return entry.generation
 
+    async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
+        entry = self._get(conversation, create=False)
+        now = time.monotonic()
+        if entry is None or entry.live_lease(now) != owner:
+            return False
+        entry.lease_expires = now + ttl_seconds
+        return True
+
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
         entry = self._get(conversation, create=True)
         assert entry is not None

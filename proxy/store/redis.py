@@ -110,6 +110,7 @@ class RedisStore:
         self._begin = register(_script("begin"))
         self._commit = register(_script("commit"))
         self._end = register(_script("end"))
+        self._renew = register(_script("renew"))
         self._usage = register(_script("usage"))
 
     @staticmethod
@@ -234,6 +235,12 @@ class RedisStore:
         args: list[_Arg] = [owner, self._ttl_ms, _json(end_event)]
         async with _unavailable_on_error("end_compaction"):
             await self._end(keys=self._compaction_keys(conversation), args=args)
+
+    async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
+        lease = self._keys(conversation, "lease")
+        async with _unavailable_on_error("renew_lease"):
+            renewed = await self._renew(keys=lease, args=[owner, int(ttl_seconds * 1000)])
+        return int(renewed) == 1
 
     async def read_log(
         self, conversation: str, after: str | None = None, limit: int = 100

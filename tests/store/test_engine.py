@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import pytest
 
 from proxy.compaction import triggers
 from proxy.compaction.engine import (
@@ -21,7 +24,7 @@ from proxy.conversation import Checkpoint
 from proxy.meter import TokenMeter
 from proxy.policy import Budgets
 from proxy.request_view import RequestView
-from proxy.store import BeginResult, Store
+from proxy.store import BeginResult, Store, StoreUnavailable
 from tests.builders import agent_turns, system, user
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
@@ -129,7 +132,8 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
     store: Store, conversation: str
 ) -> None:
     engine, summarizer = engine_on(store), Summarizer()
-    summarizer.failure = "timeout"
+    # An answer with nothing usable: the summarizer is alive, this conversation cools down.
+    summarizer.failure = "empty"
     job = job_for(conversation, long_conversation(), summarizer)
     relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
     assert not relief.compacted
@@ -141,7 +145,7 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
     assert (end["type"], end["error"], end["detail"]) == (
         "compaction/end",
         "summary_failed",
-        "timeout",
+        "empty",
     )
     # Cooling down: the same conversation does not pay for another summary right away.
     await triggers.relieve_pressure(engine, job, state, LIMITS)
@@ -166,9 +170,19 @@ async def test_summary_not_smaller_than_its_span_is_rejected(
     assert (await log_of(store, conversation))[-1]["error"] == "not_smaller"
 
 
+def cut_off_renewals(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store stops answering renewals (a partition): the lease runs out mid-summary."""
+
+    async def unreachable(*args: Any) -> bool:
+        raise StoreUnavailable("renew_lease", "partitioned")
+
+    monkeypatch.setattr(store, "renew_lease", unreachable)
+
+
 async def test_deeper_checkpoint_committed_meanwhile_makes_ours_changed(
-    store: Store, conversation: str
+    store: Store, conversation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    cut_off_renewals(store, monkeypatch)
     engine = engine_on(store, lease_ttl_seconds=0.2)
     summarizer = Summarizer()
     job = job_for(conversation, long_conversation(), summarizer)
@@ -198,8 +212,9 @@ async def test_deeper_checkpoint_committed_meanwhile_makes_ours_changed(
 
 
 async def test_commit_after_the_lease_expired_fails_cleanly(
-    store: Store, conversation: str
+    store: Store, conversation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    cut_off_renewals(store, monkeypatch)
     engine = engine_on(store, lease_ttl_seconds=0.1)
     summarizer = Summarizer(delay=0.3)
     job = job_for(conversation, long_conversation(), summarizer)
@@ -208,6 +223,55 @@ async def test_commit_after_the_lease_expired_fails_cleanly(
     assert result.outcome is Outcome.COMMIT_FAILED
     after = await store.load(conversation)
     assert after.records == () and after.generation == 0
+
+
+async def test_a_slow_summary_keeps_its_lease_by_renewing_it(
+    store: Store, conversation: str
+) -> None:
+    engine = engine_on(store, lease_ttl_seconds=0.2)
+    summarizer = Summarizer(delay=0.7)  # more than three lease lifetimes
+    job = job_for(conversation, long_conversation(), summarizer)
+    state = await store.load(conversation)
+    result = await engine.summarize_round(job, state, job.view.surface(()), 640, "pressure")
+    assert result.outcome is Outcome.COMMITTED
+    assert (await store.load(conversation)).lease_owner is None
+
+
+async def test_an_unexpected_exception_still_ends_the_attempt_and_frees_the_lease(
+    store: Store, conversation: str
+) -> None:
+    engine = engine_on(store)
+
+    async def broken(body: dict[str, Any]) -> Any:
+        raise RuntimeError("a bug in a summarizer")
+
+    job = dataclasses.replace(
+        job_for(conversation, long_conversation(), Summarizer()), summarize=broken
+    )
+    state = await store.load(conversation)
+    with pytest.raises(RuntimeError):
+        await engine.summarize_round(job, state, job.view.surface(()), 640, "pressure")
+    after = await store.load(conversation)
+    assert after.lease_owner is None and after.records == ()
+    end = (await log_of(store, conversation))[-1]
+    assert (end["type"], end["error"], end["detail"]) == ("compaction/end", "error", "RuntimeError")
+
+
+async def test_a_failed_commit_ends_the_attempt_and_frees_the_lease(
+    store: Store, conversation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_on(store)
+    job = job_for(conversation, long_conversation(), Summarizer())
+
+    async def refused(*args: Any) -> Any:
+        raise StoreUnavailable("commit_compaction", "connection reset")
+
+    monkeypatch.setattr(store, "commit_compaction", refused)
+    state = await store.load(conversation)
+    with pytest.raises(StoreUnavailable):
+        await engine.summarize_round(job, state, job.view.surface(()), 640, "pressure")
+    assert (await store.load(conversation)).lease_owner is None
+    assert (await log_of(store, conversation))[-1]["error"] == "error"
 
 
 async def test_ten_concurrent_requests_pay_for_one_summary(store: Store, conversation: str) -> None:

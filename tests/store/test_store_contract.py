@@ -144,6 +144,26 @@ async def test_stale_start_after_lease_expiry_blocks_nothing(
     assert await store.begin_compaction(conversation, "other", 30, START) is BEGUN
 
 
+async def test_a_renewed_lease_outlives_its_first_ttl_and_only_its_owner_renews(
+    store: Store, conversation: str
+) -> None:
+    assert await store.begin_compaction(conversation, "me", 0.3, START) is BEGUN
+    for _ in range(3):
+        await asyncio.sleep(0.15)
+        assert await store.renew_lease(conversation, "me", 0.3)
+    assert not await store.renew_lease(conversation, "someone-else", 30)
+    assert await store.begin_compaction(conversation, "other", 30, START) is BUSY
+    assert await store.commit_compaction(conversation, "me", [], [checkpoint(1)]) == 1
+    assert not await store.renew_lease(conversation, "me", 30)  # released by the commit
+
+
+async def test_an_expired_lease_cannot_be_renewed(store: Store, conversation: str) -> None:
+    assert await store.begin_compaction(conversation, "crashed", 0.1, START) is BEGUN
+    await asyncio.sleep(0.25)
+    assert not await store.renew_lease(conversation, "crashed", 30)
+    assert (await store.load(conversation)).lease_owner is None
+
+
 async def test_end_releases_only_our_own_lease(store: Store, conversation: str) -> None:
     assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
     await store.end_compaction(
