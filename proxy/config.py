@@ -166,6 +166,8 @@ class Settings(BaseSettings):
     store_socket_timeout: float = Field(default=2.0, gt=0)
     store_connect_timeout: float = Field(default=1.0, gt=0)
     memory_max_conversations: PositiveInt = 10_000
+    memory_max_bytes: PositiveInt = 512 * 1024 * 1024
+    log_max_events: int = Field(default=10_000, ge=100)
     meter_cache_size: PositiveInt = 200_000
     lease_ttl_seconds: float = Field(default=15.0, ge=1)
     summary_timeout_seconds: float = Field(default=90.0, gt=0)

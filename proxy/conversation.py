@@ -339,6 +339,29 @@ def derive_surface(
     )
 
 
+def superseded_by(
+    checkpoint: Checkpoint, records: Iterable[ReplacementRecord], chain: Sequence[str]
+) -> list[ReplacementRecord]:
+    """Records of ``chain``'s own branch that lie inside ``checkpoint``'s span: every request
+    that applies the checkpoint applies it instead of them, so they are dropped when it
+    commits. (A fork that shares their prefix but not the checkpoint's compacts again.)"""
+
+    def on_branch(position: int, expected: str) -> bool:
+        return 0 <= position < len(chain) and chain[position] == expected
+
+    dropped: list[ReplacementRecord] = []
+    for record in records:
+        if isinstance(record, Checkpoint):
+            inside = checkpoint.start <= record.start and record.end <= checkpoint.end
+            if inside and on_branch(record.end, record.end_hash):
+                dropped.append(record)
+        elif checkpoint.start <= record.position <= checkpoint.end and on_branch(
+            record.position, record.hash
+        ):
+            dropped.append(record)
+    return dropped
+
+
 BRANCH_FINGERPRINT_MESSAGES = 3
 
 

@@ -48,6 +48,7 @@ from proxy.conversation import (
     ReplacementRecord,
     Surface,
     branch_fingerprint,
+    superseded_by,
 )
 from proxy.meter import REPLY_PRIMING_TOKENS, Measurement, TokenMeter, counter_for
 from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
@@ -254,12 +255,13 @@ class Engine:
         attempt: Attempt,
         records: Sequence[ReplacementRecord],
         events: Sequence[Event],
+        superseded: Sequence[ReplacementRecord] = (),
     ) -> ConversationState | None:
         """Commit everything at once while the lease is ours; the fresh state, or None."""
         end = attempt.event("compaction/end", outcome="committed")
         conversation = attempt.job.view.conversation
         generation = await self.store.commit_compaction(
-            conversation, attempt.owner, [*events, end], records
+            conversation, attempt.owner, [*events, end], records, superseded
         )
         if generation is None:
             return None
@@ -461,7 +463,7 @@ class Engine:
             return Round(Outcome.BUSY, span)
         try:
             async with self._held(attempt):
-                result = await self._summarize_and_commit(attempt, plan)
+                result = await self._summarize_and_commit(attempt, plan, state.records)
         except Exception:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="error").inc()
             raise
@@ -470,7 +472,9 @@ class Engine:
         COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=result.outcome.value).inc()
         return result
 
-    async def _summarize_and_commit(self, attempt: Attempt, plan: Plan) -> Round:
+    async def _summarize_and_commit(
+        self, attempt: Attempt, plan: Plan, existing: Sequence[ReplacementRecord]
+    ) -> Round:
         job = attempt.job
         view = job.view
         span = plan.span
@@ -520,7 +524,8 @@ class Engine:
             model=job.summary_model,
             usage=summary.usage,
         )
-        fresh = await self._commit(attempt, [record], [summary_event])
+        superseded = superseded_by(record, existing, view.chain)
+        fresh = await self._commit(attempt, [record], [summary_event], superseded)
         if fresh is None:
             _, reloaded_surface = await self.reload(job)
             deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)

@@ -28,12 +28,15 @@ def _backend(settings: Settings) -> Store:
         return MemoryStore(
             max_conversations=settings.memory_max_conversations,
             ttl_seconds=settings.store_ttl_seconds,
+            max_log_events=settings.log_max_events,
+            max_bytes=settings.memory_max_bytes,
         )
     from proxy.store.redis import RedisStore
 
     return RedisStore(
         settings.store_url,
         ttl_seconds=settings.store_ttl_seconds,
+        max_log_events=settings.log_max_events,
         pool_size=settings.store_pool_size,
         socket_timeout=settings.store_socket_timeout,
         connect_timeout=settings.store_connect_timeout,

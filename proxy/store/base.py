@@ -161,10 +161,12 @@ class Store(Protocol):
         owner: str,
         events: Sequence[Event],
         records: Sequence[ReplacementRecord],
+        superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
-        """While ``owner`` still holds the lease: append events and records, bump the
-        generation and release the lease, all at once. Returns the new generation, or None
-        (conflict: the lease expired or was taken over, nothing was written)."""
+        """While ``owner`` still holds the lease: append events and records, drop the
+        ``superseded`` records, bump the generation and release the lease, all at once.
+        Returns the new generation, or None (conflict: the lease expired or was taken over,
+        nothing was written)."""
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
         """Log ``compaction/end`` (with its error) and release the lease if still ours."""

@@ -97,9 +97,12 @@ class InstrumentedStore:
         owner: str,
         events: Sequence[Event],
         records: Sequence[ReplacementRecord],
+        superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
         async with _observed("commit_compaction"):
-            return await self.inner.commit_compaction(conversation, owner, events, records)
+            return await self.inner.commit_compaction(
+                conversation, owner, events, records, superseded
+            )
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
         async with _observed("end_compaction"):

@@ -1,8 +1,9 @@
 """In-process store: the zero-setup default (``memory://``).
 
 Same semantics as the Redis store. Every method runs without awaiting in between its reads and
-writes, so each is atomic on the event loop. Memory is bounded: beyond ``max_conversations`` the
-least recently used conversation is evicted, and idle ones expire after ``ttl_seconds``.
+writes, so each is atomic on the event loop. Memory is bounded: a conversation's log keeps its
+newest ``max_log_events``; beyond ``max_conversations``, or ``max_bytes`` of logged events, the
+least recently used conversations are evicted; idle ones expire after ``ttl_seconds``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy import jsonio
 from proxy.conversation import ReplacementRecord
 from proxy.store.base import (
     Anchor,
@@ -42,6 +44,19 @@ class _Conversation:
     lease_expires: float = 0.0
     next_id: int = 0
     touched: float = 0.0
+    size: int = 0  # bytes of the logged events, as JSON
+
+    def trim(self, max_events: int) -> int:
+        """Drop the oldest events beyond ``max_events``; the bytes freed."""
+        excess = len(self.log) - max_events
+        if excess <= 0:
+            return 0
+        freed = sum(_size(event) for _, event in self.log[:excess])
+        del self.log[:excess]
+        if len(self.seen) > 2 * max_events:
+            self.seen.clear()  # only deduplicates logging; a few messages may be logged again
+        self.size -= freed
+        return freed
 
     def live_lease(self, now: float) -> str | None:
         return self.lease_owner if self.lease_owner and self.lease_expires > now else None
@@ -49,14 +64,49 @@ class _Conversation:
     def add(self, event: Event) -> None:
         self.next_id += 1
         self.log.append((f"{self.next_id}-0", event))
+        self.size += _size(event)
+
+
+def _size(event: Event) -> int:
+    return len(jsonio.dumps(event))
 
 
 class MemoryStore:
-    def __init__(self, max_conversations: int = 10_000, ttl_seconds: float = 7 * 86400) -> None:
+    def __init__(
+        self,
+        max_conversations: int = 10_000,
+        ttl_seconds: float = 7 * 86400,
+        max_log_events: int = 10_000,
+        max_bytes: int = 512 * 1024 * 1024,
+    ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
         self._max = max_conversations
         self._ttl = ttl_seconds
+        self._max_log_events = max_log_events
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def _grew(self, conversation: str, entry: _Conversation, before: int) -> None:
+        """Account for what ``entry`` logged since it held ``before`` bytes: trim its log,
+        then evict the least recently used others while the store is over its byte bound."""
+        entry.trim(self._max_log_events)
+        self._bytes += entry.size - before
+        while self._bytes > self._max_bytes and len(self._conversations) > 1:
+            name, evicted = next(iter(self._conversations.items()))
+            if name == conversation:
+                break
+            del self._conversations[name]
+            self._bytes -= evicted.size
+
+    def _drop(self, name: str) -> None:
+        evicted = self._conversations.pop(name)
+        self._bytes -= evicted.size
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of logged events held, as JSON (what ``max_bytes`` bounds)."""
+        return self._bytes
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -64,7 +114,7 @@ class MemoryStore:
         now = time.monotonic()
         entry = self._conversations.get(conversation)
         if entry is not None and now - entry.touched > self._ttl:
-            del self._conversations[conversation]
+            self._drop(conversation)
             entry = None
         if entry is None:
             if not create:
@@ -72,7 +122,7 @@ class MemoryStore:
             entry = _Conversation()
             self._conversations[conversation] = entry
             while len(self._conversations) > self._max:
-                self._conversations.popitem(last=False)
+                self._drop(next(iter(self._conversations)))
         self._conversations.move_to_end(conversation)
         entry.touched = now
         return entry
@@ -111,6 +161,7 @@ class MemoryStore:
     ) -> int:
         entry = self._get(conversation, create=True)
         assert entry is not None
+        before = entry.size
         added = 0
         for message in messages:
             if message.hash not in entry.seen:
@@ -124,6 +175,7 @@ class MemoryStore:
             entry.add(event)
         if attributes:
             entry.attributes.update(attributes)
+        self._grew(conversation, entry, before)
         return added
 
     async def open(
@@ -146,12 +198,14 @@ class MemoryStore:
     ) -> None:
         entry = self._get(conversation, create=True)
         assert entry is not None
+        before = entry.size
         for event in events:
             entry.add(event)
         if anchor is not None:
             entry.anchor = anchor
         if attributes:
             entry.attributes.update(attributes)
+        self._grew(conversation, entry, before)
 
     async def begin_compaction(
         self,
@@ -179,12 +233,14 @@ class MemoryStore:
         owner: str,
         events: Sequence[Event],
         records: Sequence[ReplacementRecord],
+        superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
         entry = self._get(conversation, create=False)
         if entry is None or entry.live_lease(time.monotonic()) != owner:
             return None
         for event in events:
             entry.add(event)
+        entry.records = [r for r in entry.records if r not in superseded]
         entry.records.extend(records)
         entry.generation += 1
         entry.lease_owner = None

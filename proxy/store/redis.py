@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -39,6 +40,8 @@ from proxy.store.keys import conversation_keys, conversations_key, secret_key
 _LEASE_POLL_SECONDS = 0.05
 _Arg = str | int
 _STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
+INDEX_INTERVAL_SECONDS = 60.0
+INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
 
 
 def _script(name: str) -> str:
@@ -83,6 +86,7 @@ class RedisStore:
         url: str,
         *,
         ttl_seconds: float = 7 * 86400,
+        max_log_events: int = 10_000,
         pool_size: int = 50,
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
@@ -104,6 +108,9 @@ class RedisStore:
         else:
             self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
         self._ttl_ms = int(ttl_seconds * 1000)
+        self._max_log_events = max_log_events
+        # When each conversation was last written to the activity index, by this process.
+        self._indexed: OrderedDict[str, float] = OrderedDict()
         register = self._client.register_script
         self._load = register(_script("load"))
         self._append_script = register(_script("append"))
@@ -140,7 +147,7 @@ class RedisStore:
         tip = body_tip(messages)
         if tip is not None:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
-        args: list[_Arg] = [self._ttl_ms, len(messages)]
+        args: list[_Arg] = [self._ttl_ms, self._max_log_events, len(messages)]
         for message in messages:
             args += [message.hash, _json(message.event)]
         args.append(len(events))
@@ -149,21 +156,40 @@ class RedisStore:
         for name, value in fields.items():
             args += [name, value]
         keys = self._keys(conversation, "log", "seen", "state", "records", "lease")
-        index = {conversation: time.time()}
+        now = time.time()
+        index = self._index_due(conversation, now)
         async with _unavailable_on_error(operation):
             # The index spans every conversation, so it cannot join the per-conversation script
             # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
             # Redis Cluster refuses scripts in pipelines, so there it is a second command.
-            if isinstance(self._client, RedisCluster):
+            if isinstance(self._client, RedisCluster) or not index:
                 appended = await self._append_script(keys=keys, args=args)
-                await self._client.zadd(conversations_key(), index)
+                if index:
+                    await self._client.zadd(conversations_key(), {conversation: now})
+                    await self._client.zremrangebyscore(
+                        conversations_key(), "-inf", now - self._ttl_ms / 1000
+                    )
             else:
                 pipe = self._client.pipeline(transaction=False)
                 await self._append_script(keys=keys, args=args, client=cast(Any, pipe))
-                pipe.zadd(conversations_key(), index)
-                appended, _ = await pipe.execute()
+                pipe.zadd(conversations_key(), {conversation: now})
+                pipe.zremrangebyscore(conversations_key(), "-inf", now - self._ttl_ms / 1000)
+                appended, _, _ = await pipe.execute()
         added, previous, state_flat, raw_records, lease = appended
         return int(added), _tip(previous), _state(state_flat, raw_records, lease)
+
+    def _index_due(self, conversation: str, now: float) -> bool:
+        """Whether this request writes the activity index: at most once a minute per
+        conversation and process, so the one index key is never written on every request (and
+        it is trimmed of expired conversations when it is)."""
+        last = self._indexed.get(conversation)
+        if last is not None and now - last < INDEX_INTERVAL_SECONDS:
+            return False
+        self._indexed[conversation] = now
+        self._indexed.move_to_end(conversation)
+        while len(self._indexed) > INDEX_MEMORY:
+            self._indexed.popitem(last=False)
+        return True
 
     async def append(
         self,
@@ -193,7 +219,7 @@ class RedisStore:
     ) -> None:
         anchor_json = _json(anchor.__dict__) if anchor is not None else ""
         fields = attributes or {}
-        args: list[_Arg] = [self._ttl_ms, anchor_json, len(fields)]
+        args: list[_Arg] = [self._ttl_ms, self._max_log_events, anchor_json, len(fields)]
         for name, value in fields.items():
             args += [name, value]
         args += [_json(event) for event in events]
@@ -224,9 +250,11 @@ class RedisStore:
         owner: str,
         events: Sequence[Event],
         records: Sequence[ReplacementRecord],
+        superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
         args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
         args += [len(records), *(_json(record_to_dict(r)) for r in records)]
+        args += [len(superseded), *(_json(record_to_dict(r)) for r in superseded)]
         async with _unavailable_on_error("commit_compaction"):
             generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
         return None if int(generation) < 0 else int(generation)

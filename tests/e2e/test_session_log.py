@@ -143,3 +143,24 @@ async def test_no_key_or_content_reaches_the_application_log(
     assert caplog.records
     assert key not in caplog.text
     assert content not in caplog.text
+
+
+async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> None:
+    # A client that rewrites its first message every turn shares no chain hash with its own
+    # previous request, so each request logs its whole body again; the cap bounds the log.
+    proxy = await make_proxy(log_max_events=300)
+    session = {"X-Session-Id": "rewriting-client"}
+    history = agent_turns(30, output="x" * 500)
+    conversation = ""
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        for turn in range(30):
+            messages = [user(f"now is 12:00:{turn:02}"), *history[: 2 * turn], user("go on")]
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                extra_headers=session,
+            )
+            conversation = raw.headers["x-compaction-conversation"]
+    log = (await proxy.store.read_log(conversation, limit=10_000)).events
+    assert len(log) <= 300
+    assert log[-1][1]["type"] == "usage"  # the newest events are the ones kept

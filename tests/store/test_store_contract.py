@@ -286,3 +286,51 @@ async def test_recently_active_conversations_are_listed_newest_first(store: Stor
     assert [s.conversation for s in ours] == names[::-1]
     assert all(s.attributes["tenant"] == "t" and s.generation == 0 for s in ours)
     assert len(await store.list_conversations(limit=2)) == 2
+
+
+async def test_superseded_records_are_dropped_at_commit(store: Store, conversation: str) -> None:
+    older, prune = checkpoint(2), Prune(3, "hash-3", "[pruned]")
+    for records in ([older], [prune]):
+        assert await store.begin_compaction(conversation, "o", 30, START) is BEGUN
+        assert await store.commit_compaction(conversation, "o", [], records) is not None
+    kept = checkpoint(1)  # of no concern to the commit below: not in its superseded list
+    assert await store.begin_compaction(conversation, "o", 30, START) is BEGUN
+    assert await store.commit_compaction(conversation, "o", [], [kept]) == 3
+    newer = checkpoint(5)
+    assert await store.begin_compaction(conversation, "o", 30, START) is BEGUN
+    assert await store.commit_compaction(conversation, "o", [], [newer], [older, prune]) == 4
+    assert (await store.load(conversation)).records == (kept, newer)
+
+
+def bounded_backends() -> list[str]:
+    return ["memory", "redis"]
+
+
+async def test_the_log_keeps_only_its_newest_events(conversation: str) -> None:
+    from tests.conftest import REDIS_URL
+
+    for backend in bounded_backends():
+        store: Store = (
+            MemoryStore(max_log_events=200)
+            if backend == "memory"
+            else RedisStore(REDIS_URL, ttl_seconds=3600, max_log_events=200)
+        )
+        try:
+            for turn in range(30):
+                await store.append(conversation, messages(20, start=turn * 20))
+                await store.record_request(conversation, [{"type": "request", "turn": turn}])
+            log = await log_of(store, conversation)
+            # Redis trims in whole stream nodes (about 100 entries): "about" the cap.
+            assert 200 <= len(log) <= 320, (backend, len(log))
+            assert log[-1] == {"type": "request", "turn": 29}
+        finally:
+            await store.close()
+
+
+async def test_the_memory_store_is_bounded_by_bytes_evicting_the_least_recent() -> None:
+    store = MemoryStore(max_bytes=60_000)
+    big = [MessageEvent(i, f"h{i}", {"type": "message", "content": "x" * 1_000}) for i in range(20)]
+    for name in ("a", "b", "c", "d"):
+        await store.append(name, big)  # about 21 kB each
+        assert store.size_bytes <= 60_000
+    assert [s.conversation for s in await store.list_conversations()] == ["d", "c"]

@@ -440,3 +440,15 @@ def test_integers_beyond_64_bits_hash_and_serialize_unchanged() -> None:
     assert jsonio.dumps(parsed) == raw
     message = {"role": "user", "content": [{"type": "input_audio", "seq": big}]}
     assert b"123456789012345678901234567890" in canonical_message(message)
+
+
+def test_records_inside_a_new_checkpoint_on_its_branch_are_superseded() -> None:
+    from proxy.conversation import superseded_by
+
+    body = conversation()
+    chain = chain_hashes(ROOT, body)
+    older, prune_in, prune_after = checkpoint_over(body, 0, 2), prune_at(body, 3), prune_at(body, 8)
+    other_branch = dataclasses.replace(checkpoint_over(body, 0, 2), end_hash="elsewhere")
+    newer = checkpoint_over(body, 0, 6)
+    records = [older, prune_in, prune_after, other_branch]
+    assert superseded_by(newer, records, chain) == [older, prune_in]

@@ -1,6 +1,7 @@
 -- KEYS: lease, log, seen, state, records
--- ARGV: owner, ttl_ms, n_events, event*, n_records, record*
--- Lands only while the lease is still ours: events, records, generation + 1, lease released.
+-- ARGV: owner, ttl_ms, n_events, event*, n_records, record*, n_superseded, record*
+-- Lands only while the lease is still ours: events, records (superseded ones dropped),
+-- generation + 1, lease released.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return -1
 end
@@ -11,9 +12,18 @@ for _ = 1, n do
   i = i + 1
 end
 n = tonumber(ARGV[i]); i = i + 1
+local added = {}
 for _ = 1, n do
-  redis.call('RPUSH', KEYS[5], ARGV[i])
+  added[#added + 1] = ARGV[i]
   i = i + 1
+end
+n = tonumber(ARGV[i] or '0'); i = i + 1
+for _ = 1, n do
+  redis.call('LREM', KEYS[5], 0, ARGV[i])
+  i = i + 1
+end
+for _, record in ipairs(added) do
+  redis.call('RPUSH', KEYS[5], record)
 end
 local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
 redis.call('DEL', KEYS[1])

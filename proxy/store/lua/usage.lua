@@ -1,8 +1,10 @@
 -- KEYS: log, seen, state, records
--- ARGV: ttl_ms, anchor_json ('' to keep the anchor), n_attributes, (field, value)*, event*
--- After a request was answered: its events, the new meter anchor, its attributes.
-local n = tonumber(ARGV[3])
-local i = 4
+-- ARGV: ttl_ms, max_log_events, anchor_json ('' to keep the anchor), n_attributes,
+--       (field, value)*, event*
+-- After a request was answered: its events, the new meter anchor, its attributes; the log is
+-- kept to about max_log_events.
+local n = tonumber(ARGV[4])
+local i = 5
 for _ = 1, n do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -10,8 +12,9 @@ end
 for j = i, #ARGV do
   redis.call('XADD', KEYS[1], '*', 'e', ARGV[j])
 end
-if ARGV[2] ~= '' then
-  redis.call('HSET', KEYS[3], 'anchor', ARGV[2])
+redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', tonumber(ARGV[2]))
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[3], 'anchor', ARGV[3])
 end
 for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
 return 1
