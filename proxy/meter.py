@@ -13,6 +13,7 @@ same head and replacements, same body chain up to the anchored tip) is measured 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -196,13 +197,17 @@ class _LRU:
     def get(self, key: tuple[str, str]) -> int | None:
         value = self._data.get(key)
         if value is not None:
-            self._data.move_to_end(key)
+            # A big request is metered in a worker thread: another thread may have evicted
+            # the key in between (each OrderedDict call is atomic, the pair is not).
+            with contextlib.suppress(KeyError):
+                self._data.move_to_end(key)
         return value
 
     def put(self, key: tuple[str, str], value: int) -> None:
         self._data[key] = value
         if len(self._data) > self._size:
-            self._data.popitem(last=False)
+            with contextlib.suppress(KeyError):
+                self._data.popitem(last=False)
 
 
 class TokenMeter:

@@ -7,6 +7,7 @@ request goes on with the best surface there is: the proxy never makes a request 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -19,7 +20,7 @@ from aiohttp import web
 from proxy import jsonio
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
-from proxy.compaction.engine import CompactionJob, Engine, Relief, SummaryCall
+from proxy.compaction.engine import OFFLOAD_MESSAGES, CompactionJob, Engine, Relief, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.conversation import Message, Surface, missed_checkpoints
 from proxy.events import (
@@ -39,7 +40,7 @@ from proxy.keys import (
     TENANT_SECRET,
 )
 from proxy.log_cursor import Cursor, log_is_contiguous
-from proxy.meter import Measurement
+from proxy.meter import Measurement, TokenMeter
 from proxy.metrics import (
     CHECKPOINT_MISSES,
     COMPACTION_ERRORS,
@@ -238,6 +239,31 @@ async def _open(
     return opened.state, context
 
 
+# Requests above either size are hashed and metered in a worker thread: tokenizing a 30 MB
+# body, or hashing 20,000 messages, must not stall every other client on the event loop.
+OFFLOAD_BYTES = 1024 * 1024
+
+
+async def _view_of(
+    meter: TokenMeter, tenant: str, chat: ChatRequest, size: int, session_id: str | None
+) -> RequestView:
+    """The request's view; for a big request, built and metered once off the loop, so every
+    later measurement of it is cache hits."""
+
+    def build() -> RequestView:
+        return RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
+
+    if size <= OFFLOAD_BYTES and len(chat.messages) <= OFFLOAD_MESSAGES:
+        return build()
+
+    def build_and_meter() -> RequestView:
+        view = build()
+        view.measure(meter, view.surface(()))
+        return view
+
+    return await asyncio.to_thread(build_and_meter)
+
+
 def _summary_window(app: web.Application, summary_model: str) -> int | None:
     """The summary model's own window, when it has a known one."""
     summary_policy = app[POLICIES].for_model(summary_model)
@@ -259,7 +285,7 @@ async def prepare(
     settings, engine = app[SETTINGS], app[ENGINE]
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
-    view = RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
+    view = await _view_of(engine.meter, tenant, chat, len(raw), session_id)
     state, context = await _open(app, view, chat.model, tenant)
     window = resolve_window(
         model_policy.configured_window,

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.compaction.breaker import SummaryBreaker, means_unavailable
 from proxy.compaction.ceiling import SummaryCeiling
@@ -58,6 +58,9 @@ from proxy.store.base import BeginResult, ConversationState, Event, Store, Store
 log = logging.getLogger(__name__)
 
 SummaryCall = Callable[[dict[str, Any]], Awaitable[Summary]]
+T = TypeVar("T")
+# Requests with more body messages than this have their pricing and planning done off the loop.
+OFFLOAD_MESSAGES = 2_000
 
 FAILED_AT = "compaction_failed_at"
 FAILED_TOKENS = "compaction_failed_tokens"
@@ -173,6 +176,13 @@ class Engine:
         self.breaker = SummaryBreaker(self.settings.breaker_cooldown_seconds)
 
     # -- shared steps ----------------------------------------------------------------------
+
+    async def off_loop(self, job: CompactionJob, work: Callable[[], T]) -> T:
+        """Run pure ``work`` on ``job``'s request: in a worker thread when the request is big
+        (pricing tens of thousands of nodes must not stall other clients), inline otherwise."""
+        if len(job.view.body) > OFFLOAD_MESSAGES:
+            return await asyncio.to_thread(work)
+        return work()
 
     def measure(
         self, job: CompactionJob, state: ConversationState, surface: Surface
@@ -435,7 +445,7 @@ class Engine:
         trigger: str,
     ) -> Round:
         """Select, summarize and commit one head span."""
-        plan = self.plan(job, surface, retain)
+        plan = await self.off_loop(job, lambda: self.plan(job, surface, retain))
         if plan is None:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="no_range").inc()
             return Round(Outcome.NO_RANGE)

@@ -66,9 +66,10 @@ async def relieve_pressure(
     measurement = engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement)
-    if engine.irreducible_tokens(job, surface) > limits.window:
+    irreducible = await engine.off_loop(job, lambda: engine.irreducible_tokens(job, surface))
+    if irreducible > limits.window:
         return Relief(state, surface, measurement, shortfall="live_turn")
-    before = engine.retained_from(job, surface, retain)
+    before = await engine.off_loop(job, lambda: engine.retained_from(job, surface, retain))
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before)
     measurement = engine.measure(job, state, surface)
     if measurement.tokens < threshold:

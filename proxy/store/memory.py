@@ -68,7 +68,12 @@ class _Conversation:
 
 
 def _size(event: Event) -> int:
-    return len(jsonio.dumps(event))
+    """About the bytes ``event`` holds: its strings by length (a huge message costs no
+    serialization to weigh), anything else as JSON."""
+    size = 16
+    for key, value in event.items():
+        size += len(key) + (len(value) if isinstance(value, str) else len(jsonio.dumps(value)))
+    return size
 
 
 class MemoryStore:
