@@ -363,6 +363,8 @@ class Engine:
                 hash=r.hash,
                 chars_before=r.chars_before,
                 chars_after=r.chars_after,
+                head_end=r.head_end,
+                tail_start=r.tail_start,
             )
             for r in records
         ]

@@ -11,6 +11,8 @@ from typing import Any
 import openai
 import orjson
 
+from proxy.compaction.summarize import frame
+from proxy.conversation import Checkpoint, Prune, ReplacementRecord
 from proxy.request_view import RequestView
 from proxy.store.redis import RedisStore
 from proxy.tenant import TenantSecret, tenant_of
@@ -109,6 +111,65 @@ async def test_two_replicas_on_one_redis_stay_consistent(
         await store.close()
 
 
+def identity(record: ReplacementRecord) -> tuple[Any, ...]:
+    if isinstance(record, Checkpoint):
+        return ("checkpoint", record.start, record.end, record.end_hash)
+    return ("prune", record.position, record.hash)
+
+
+def record_sets(events: list[dict[str, Any]]) -> list[tuple[ReplacementRecord, ...]]:
+    """Every set of records the conversation held, rebuilt from its log: each commit adds its
+    records and drops those of its own branch inside a new checkpoint's span."""
+    parent = {e["hash"]: (e["position"], e["prev"]) for e in events if e["type"] == "message"}
+
+    def ancestor(tip: str, position: int) -> str | None:
+        node: str | None = tip
+        while node is not None and node in parent and parent[node][0] > position:
+            node = parent[node][1]
+        return node if node in parent and parent[node][0] == position else None
+
+    held: list[ReplacementRecord] = []
+    snapshots: list[tuple[ReplacementRecord, ...]] = [()]
+    for e in events:
+        if e["type"] == "compaction/summary":
+            new = Checkpoint(
+                e["start"], e["end"], e["start_prev_hash"], e["end_hash"], frame(e["summary"]), 0
+            )
+            held = [
+                r
+                for r in held
+                if not (
+                    (
+                        r.start >= new.start
+                        and r.end <= new.end
+                        and ancestor(new.end_hash, r.end) == r.end_hash
+                    )
+                    if isinstance(r, Checkpoint)
+                    else (
+                        new.start <= r.position <= new.end
+                        and ancestor(new.end_hash, r.position) == r.hash
+                    )
+                )
+            ]
+            held.append(new)
+        elif e["type"] == "prune":
+            held.append(
+                Prune(
+                    e["position"],
+                    e["hash"],
+                    None,
+                    e["chars_before"],
+                    e["chars_after"],
+                    e["head_end"],
+                    e["tail_start"],
+                )
+            )
+        else:
+            continue
+        snapshots.append(tuple(held))
+    return snapshots
+
+
 async def check_replicas(
     store: RedisStore, tenant: str, clients: list[Client], fake: FakeUpstream
 ) -> None:
@@ -131,12 +192,13 @@ async def check_replicas(
         logged = [(e["position"], e["hash"]) for e in events if e["type"] == "message"]
         assert len(logged) == len(set(logged)), "a message was logged twice"
         expected_hashes: set[str] = set()
+        snapshots = record_sets(events)
+        assert {identity(r) for r in snapshots[-1]} == {identity(r) for r in state.records}
         for client, index in sends:
             marker, history, _, _ = client.sent[index]
             view = RequestView.of(tenant, MODEL, history, None)
             expected_hashes |= set(view.chain)
-            records = state.records
-            candidates = [view.surface(records[:n]).messages for n in range(len(records) + 1)]
+            candidates = [view.surface(records).messages for records in snapshots]
             assert forwarded[marker] in candidates, f"{marker}: not derived from committed records"
         assert {h for _, h in logged} == expected_hashes, "log lost or invented messages"
         requests = [e for e in events if e["type"] == "request"]
