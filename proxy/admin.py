@@ -16,7 +16,8 @@ from aiohttp import web
 
 from proxy import jsonio
 from proxy.compaction import triggers
-from proxy.compaction.engine import CompactionJob, Outcome, Round
+from proxy.compaction.engine import Outcome, Round
+from proxy.compaction.planning import CompactionJob
 from proxy.conversation import Checkpoint, ReplacementRecord
 from proxy.keys import ENGINE, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
@@ -39,6 +40,8 @@ _OUTCOME_STATUS = {
     Outcome.COMMIT_FAILED: 409,
     Outcome.SUMMARY_FAILED: 502,
     Outcome.CEILING: 429,
+    Outcome.BREAKER: 503,  # the summary route failed recently; try again after its cooldown
+    Outcome.ERROR: 500,
 }
 
 
@@ -246,6 +249,7 @@ def _job(request: web.Request, logged: LoggedRequest, view: RequestView) -> Comp
         summary_model,
         summary_call(app, credentials, summary_model),
         route=route.model,
+        summary_route=app[POLICIES].for_model(summary_model).route.model,
     )
 
 

@@ -20,7 +20,8 @@ from aiohttp import web
 from proxy import jsonio
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
-from proxy.compaction.engine import OFFLOAD_MESSAGES, CompactionJob, Engine, Relief, SummaryCall
+from proxy.compaction.engine import OFFLOAD_MESSAGES, Engine, Relief
+from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.conversation import Message, Surface, missed_checkpoints
 from proxy.events import (
@@ -297,6 +298,7 @@ async def prepare(
     summary_model = model_policy.policy.summary_model or chat.model
     job = CompactionJob(
         summary_window=_summary_window(app, summary_model) if summary_model != chat.model else None,
+        summary_route=app[POLICIES].for_model(summary_model).route.model,
         view=view,
         policy=model_policy.policy,
         pruner=model_policy.pruner,

@@ -81,9 +81,8 @@ async def recover_overflow(
     job = dataclasses.replace(job, window=window)
     threshold = budgets(model_policy.policy, window).threshold if window is not None else None
     engine = app[ENGINE]
-    if window is not None and engine.irreducible_tokens(job, job.view.surface(state.records)) > (
-        window
-    ):
+    failed = job.view.surface(state.records)
+    if window is not None and engine.planner.irreducible_tokens(job, failed) > window:
         # The live turn alone (with head and tools) does not fit: compacting the past cannot
         # help, so the upstream's own answer stands.
         return None

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from proxy.compaction.engine import (
     FAILED_AT,
     FAILED_TOKENS,
-    CompactionJob,
     Engine,
     Outcome,
     Relief,
     Round,
 )
+from proxy.compaction.planning import CompactionJob
 from proxy.conversation import Surface
 from proxy.meter import Measurement
 from proxy.policy import Budgets
@@ -66,10 +66,11 @@ async def relieve_pressure(
     measurement = engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement)
-    irreducible = await engine.off_loop(job, lambda: engine.irreducible_tokens(job, surface))
+    planner = engine.planner
+    irreducible = await engine.off_loop(job, lambda: planner.irreducible_tokens(job, surface))
     if irreducible > limits.window:
         return Relief(state, surface, measurement, shortfall="live_turn")
-    before = await engine.off_loop(job, lambda: engine.retained_from(job, surface, retain))
+    before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before)
     measurement = engine.measure(job, state, surface)
     if measurement.tokens < threshold:
@@ -188,7 +189,7 @@ async def compact_region(
     """The ``region`` trigger: summarize body positions ``start..end``; a prior checkpoint
     inside the region is merged. Returns the reason when the region is not a valid span."""
     surface = job.view.surface(state.records)
-    plan = engine.plan_region(job, surface, start, end)
+    plan = engine.planner.plan_region(job, surface, start, end)
     if isinstance(plan, str):
         return plan
     return await engine.compact_span(job, state, plan, "region")

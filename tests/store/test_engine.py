@@ -12,11 +12,11 @@ import pytest
 from proxy.compaction import triggers
 from proxy.compaction.engine import (
     FAILED_AT,
-    CompactionJob,
     Engine,
     EngineSettings,
     Outcome,
 )
+from proxy.compaction.planning import CompactionJob
 from proxy.compaction.prune import Pruner
 from proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFailed
 from proxy.config import Policy
