@@ -36,3 +36,13 @@ def agent_turns(count: int, *, output: str = "output") -> list[Message]:
         messages.append(assistant(None, (f"call_{i}", "bash", f'{{"command": "step {i}"}}')))
         messages.append(tool(f"call_{i}", f"{output} {i}"))
     return messages
+
+
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -19,6 +19,7 @@ from proxy.keys import STORE
 from proxy.store import MemoryStore, Store
 from proxy.store.redis import RedisStore
 from proxy.testing.fake_upstream import FakeUpstream
+from tests.redis_server import RedisServer
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 _ENV_PREFIXES = ("COMPACTION_PROXY_",)
@@ -32,6 +33,15 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
             monkeypatch.delenv(name)
     yield
+
+
+@pytest.fixture
+async def private_redis() -> AsyncIterator[RedisServer]:
+    """A redis-server of the test's own, to stop and restart at will."""
+    server = RedisServer()
+    await server.start()
+    yield server
+    await server.stop()
 
 
 @pytest.fixture(scope="session")

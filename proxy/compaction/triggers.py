@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 from proxy.compaction.engine import (
     FAILED_AT,
@@ -19,8 +18,6 @@ from proxy.compaction.engine import (
     Round,
 )
 from proxy.compaction.planning import CompactionJob
-from proxy.conversation import Surface
-from proxy.meter import Measurement
 from proxy.policy import Budgets
 from proxy.store.base import ConversationState
 
@@ -76,7 +73,7 @@ async def relieve_pressure(
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned)
 
-    rounds = Rounds(state, surface, measurement, shortfall="cooldown")
+    rounds = Relief(state, surface, measurement, shortfall="cooldown")
     if not cooling_down(engine, state, measurement.tokens):
         rounds = await _summarize_rounds(engine, job, rounds, threshold, retain)
     state, surface, measurement = rounds.state, rounds.surface, rounds.measurement
@@ -94,20 +91,10 @@ async def relieve_pressure(
     )
 
 
-@dataclass(frozen=True)
-class Rounds:
-    """Where summary rounds left a request, and why it is still over the threshold if it is."""
-
-    state: ConversationState
-    surface: Surface
-    measurement: Measurement
-    compacted: bool = False
-    shortfall: str = "rounds"
-
-
 async def _summarize_rounds(
-    engine: Engine, job: CompactionJob, start: Rounds, threshold: int, retain: int
-) -> Rounds:
+    engine: Engine, job: CompactionJob, start: Relief, threshold: int, retain: int
+) -> Relief:
+    """Summary rounds; ``shortfall`` says why they stopped if the request is still over."""
     state, surface, measurement = start.state, start.surface, start.measurement
     rounds, waits, compacted, shortfall = 0, 0, False, "rounds"
     allowed = 1 + job.policy.compaction_retries
@@ -134,7 +121,7 @@ async def _summarize_rounds(
         limited = result.span is not None and result.span.limited_by_fit
         if rounds >= allowed and not limited:
             break
-    return Rounds(state, surface, measurement, compacted, shortfall)
+    return Relief(state, surface, measurement, compacted=compacted, shortfall=shortfall)
 
 
 async def recover_overflow(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -22,14 +21,6 @@ from tests.redis_server import RedisServer
 
 MODEL = "crash-model"
 WINDOW = 16_000
-
-
-@pytest.fixture
-async def private_redis() -> AsyncIterator[RedisServer]:
-    server = RedisServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def heavy(turns: int = 35) -> list[dict[str, Any]]:

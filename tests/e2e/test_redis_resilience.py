@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import openai
-import pytest
 from prometheus_client import REGISTRY
 
 from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
@@ -24,14 +22,6 @@ from tests.redis_server import RedisServer
 BEGUN = BeginResult.BEGUN
 START = {"type": "compaction/start"}
 MODEL = "fake-model"
-
-
-@pytest.fixture
-async def private_redis() -> AsyncIterator[RedisServer]:
-    server = RedisServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def store_errors() -> float:

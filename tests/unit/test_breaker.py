@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.compaction.breaker import SummaryBreaker, means_unavailable
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.builders import Clock
 
 
 def test_a_failure_opens_the_breaker_for_the_cooldown_then_one_probe_goes_through() -> None:

@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.compaction.ceiling import SummaryCeiling
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.builders import Clock
 
 
 def test_ceiling_allows_per_minute_then_refuses_until_the_window_moves() -> None:
