@@ -16,7 +16,7 @@ import time
 from proxy.meter import TokenMeter
 from proxy.request_view import RequestView
 from proxy.testing.fake_upstream import FakeUpstream
-from tests.transcripts import load, replay_requests, transcript_paths
+from tests.transcripts import replay_requests, transcripts
 
 
 def main() -> None:
@@ -29,10 +29,10 @@ def main() -> None:
         f"{'transcript':<58}{'reqs':>5}{'first10% ms':>13}{'last10% ms':>12}{'ratio':>7}"
         f"{'max err':>9}"
     )
-    for path in transcript_paths():
+    for transcript in transcripts():
         meter = TokenMeter()
         timings: list[float] = []
-        for history in replay_requests(load(path)):
+        for history in replay_requests(transcript.messages):
             hashing_started = time.perf_counter()
             view = RequestView.of("bench-tenant", "fake-model", history, None)
             surface = view.surface(())
@@ -49,7 +49,7 @@ def main() -> None:
         last = statistics.median(timings[-tenth:])
         ratios.append(last / first)
         print(
-            f"{path.name[:57]:<58}{len(timings):>5}{first * 1000:>13.3f}{last * 1000:>12.3f}"
+            f"{transcript.name[:57]:<58}{len(timings):>5}{first * 1000:>13.3f}{last * 1000:>12.3f}"
             f"{last / first:>7.2f}{worst_error:>9.4f}"
         )
     print()

@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 
 from tests.processes import free_port, proxy_process, wait_until_ready
-from tests.transcripts import load, replay_requests, transcript_paths
+from tests.transcripts import replay_requests, transcripts
 
 
 @asynccontextmanager
@@ -62,9 +62,9 @@ def percentile(values: list[float], share: float) -> float:
 
 
 async def run(rounds: int, transcript: str | None, concurrency: int, store_url: str) -> None:
-    paths = transcript_paths()
-    path = next((p for p in paths if transcript and transcript in p.name), paths[0])
-    messages = load(path)
+    every = transcripts()
+    chosen = next((t for t in every if transcript and transcript in t.name), every[0])
+    messages = chosen.messages
     bodies = [
         orjson.dumps({"model": "bench-model", "messages": history})
         for history in replay_requests(messages)
@@ -104,7 +104,7 @@ async def run(rounds: int, transcript: str | None, concurrency: int, store_url: 
 
     size = statistics.mean(len(b) for b in bodies)
     print(
-        f"transcript {path.name}: {len(bodies)} requests per replay, mean body "
+        f"transcript {chosen.name}: {len(bodies)} requests per replay, mean body "
         f"{size / 1024:.0f} KiB, {rounds} rounds, concurrency {concurrency}, store {store_url}"
     )
     print(f"{'mode':<8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
