@@ -36,9 +36,17 @@ def message_events(
     *,
     log_content: bool,
     now: float,
+    digests: Sequence[str] | None = None,
+    by_content: bool = False,
 ) -> list[MessageEvent]:
     """``message`` events for body positions ``start..``; each names its chain hash and the
-    one before it (``prev``), so any request's body can be read back from the log."""
+    one before it (``prev``), so any request's body can be read back from the log, and the
+    digest of its content when ``digests`` are given.
+
+    ``by_content``: deduplicate by content instead of by chain hash. A request that rewrote an
+    early message shares no chain hash with the log, and would log its whole body again every
+    turn; logged by content, it adds only what is new, and its ``request`` event carries the
+    body's digests so the body can still be read back."""
     events: list[MessageEvent] = []
     for position in range(start, len(body)):
         message = body[position]
@@ -50,9 +58,12 @@ def message_events(
             "prev": chain[position - 1] if position else root,
             "role": message.get("role"),
         }
+        if digests is not None:
+            event["digest"] = digests[position]
         if log_content:
             event["message"] = message
-        events.append(MessageEvent(position, chain[position], event))
+        dedupe = f"d:{digests[position]}" if by_content and digests is not None else None
+        events.append(MessageEvent(position, chain[position], event, dedupe))
     return events
 
 
@@ -80,8 +91,9 @@ def request_event(
     status: str,
     tip: str | None = None,
     context: str | None = None,
+    digests: Sequence[str] | None = None,
 ) -> Event:
-    return {
+    event: Event = {
         "type": "request",
         "ts": now,
         "model": model,
@@ -95,6 +107,9 @@ def request_event(
         "anchored": anchored,
         "status": status,
     }
+    if digests is not None:
+        event["digests"] = list(digests)
+    return event
 
 
 def usage_event(*, now: float, usage: dict[str, Any], status: int) -> Event:

@@ -25,30 +25,51 @@ class LoggedRequest:
 
 
 def latest_request(events: Iterable[Event]) -> LoggedRequest | None:
-    """The latest logged request with its body, or None when there is none to rebuild."""
+    """The latest logged request with its body, or None when there is none to rebuild.
+
+    Walks back from the request's tip along ``prev`` links. A request that was logged by
+    content (it rewrote earlier messages) carries its body's digests: reaching its tip, the
+    rest of the body is read by digest instead."""
     messages: dict[str, Event] = {}
+    by_digest: dict[str, Event] = {}
+    by_content: dict[str, Event] = {}  # tip -> request event that carries the body's digests
     contexts: dict[str, Event] = {}
     latest: Event | None = None
     for event in events:
         kind = event.get("type")
         if kind == "message":
             messages.setdefault(str(event["hash"]), event)
+            if "digest" in event:
+                by_digest.setdefault(str(event["digest"]), event)
         elif kind == "context":
             contexts[str(event["digest"])] = event
         elif kind == "request":
             latest = event
+            if event.get("digests") is not None:
+                by_content[str(event.get("tip"))] = event
     if latest is None:
         return None
-    chain: list[Event] = []
+    walked: list[Event] = []  # from the tip back
+    prefix: list[Event] = []  # read by digest, in body order
     cursor = latest.get("tip")
-    while cursor is not None and cursor in messages:
-        event = messages[cursor]
-        chain.append(event)
-        cursor = event.get("prev") if event.get("position", 0) > 0 else None
-    chain.reverse()
-    if len(chain) != latest.get("body_messages") or [e["position"] for e in chain] != list(
-        range(len(chain))
-    ):
+    while cursor is not None:
+        spliced = by_content.get(str(cursor))
+        if spliced is not None:
+            found = [by_digest.get(str(d)) for d in spliced["digests"]]
+            prefix = [e for e in found if e is not None]
+            if len(prefix) != len(found):
+                return None
+            break
+        step = messages.get(str(cursor))
+        if step is None:
+            break
+        walked.append(step)
+        cursor = step.get("prev") if step.get("position", 0) > 0 else None
+    walked.reverse()
+    if not prefix and [e["position"] for e in walked] != list(range(len(walked))):
+        return None
+    chain = [*prefix, *walked]
+    if len(chain) != latest.get("body_messages"):
         return None
     context = contexts.get(str(latest.get("context")), {})
     has_content = all("message" in e for e in chain) and "head" in context

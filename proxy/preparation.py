@@ -209,16 +209,28 @@ async def _relieve(
 
 async def _open(
     app: web.Application, view: RequestView, model: str, tenant: str
-) -> tuple[ConversationState, str]:
+) -> tuple[ConversationState, str, bool]:
     """One round trip: log what may be new of this request and read the conversation's state.
 
-    Returns the state and the digest of the request's context (head and tools)."""
+    Returns the state, the digest of the request's context (head and tools), and whether the
+    body was logged by content (the request rewrote what this conversation last logged)."""
     settings, store, cursors = app[SETTINGS], app[STORE], app[LOG_CURSORS]
     cursor = cursors.get(view.conversation)
     start = first_unlogged(view.chain, cursor.tip)
+    # Known conversation, yet the request does not extend its last logged body: an early
+    # message was rewritten (or the client forked). Log only contents the log lacks, so a
+    # client that rewrites every turn grows its log by what is new, not by its whole body.
+    by_content = cursor.tip is not None and start == 0 and bool(view.body)
     now = time.time()
     messages = message_events(
-        view.body, view.chain, view.root, start, log_content=settings.log_content, now=now
+        view.body,
+        view.chain,
+        view.root,
+        start,
+        log_content=settings.log_content,
+        now=now,
+        digests=view.body_digests,
+        by_content=by_content,
     )
     context = view.context_digest
     if context != cursor.context:
@@ -233,11 +245,17 @@ async def _open(
     if not log_is_contiguous(view.chain, opened.previous_tip, start):
         # The hint was wrong (another branch, or the store lost the log): log the rest too.
         earlier = message_events(
-            view.body[:start], view.chain, view.root, 0, log_content=settings.log_content, now=now
+            view.body[:start],
+            view.chain,
+            view.root,
+            0,
+            log_content=settings.log_content,
+            now=now,
+            digests=view.body_digests,
         )
         await store.append(view.conversation, earlier)
     cursors.set(view.conversation, Cursor(opened.state.logged_tip, context))
-    return opened.state, context
+    return opened.state, context, by_content
 
 
 # Requests above either size are hashed and metered in a worker thread: tokenizing a 30 MB
@@ -287,7 +305,7 @@ async def prepare(
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
     view = await _view_of(engine.meter, tenant, chat, len(raw), session_id)
-    state, context = await _open(app, view, chat.model, tenant)
+    state, context, by_content = await _open(app, view, chat.model, tenant)
     window = resolve_window(
         model_policy.configured_window,
         model_policy.mapped_window,
@@ -327,6 +345,7 @@ async def prepare(
         status=status,
         tip=view.chain[-1] if view.chain else None,
         context=context,
+        digests=view.body_digests if by_content else None,
     )
     attributes = {MISSES: str(misses)}
     if window is not None:

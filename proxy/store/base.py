@@ -68,7 +68,9 @@ CONTEXT_POSITION = -1  # MessageEvent position of a logged head-and-tools contex
 
 @dataclass(frozen=True)
 class MessageEvent:
-    """A body message to log at chain position ``position`` (deduplicated by ``hash``).
+    """A body message to log at chain position ``position`` with chain hash ``hash``,
+    deduplicated by ``dedupe`` (the chain hash unless given: content-addressed events are
+    logged once per content however many branches carry them).
 
     Position ``CONTEXT_POSITION`` marks a request context (head and tools), deduplicated the
     same way but never the logged tip."""
@@ -76,6 +78,11 @@ class MessageEvent:
     position: int
     hash: str
     event: Event
+    dedupe: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.dedupe if self.dedupe is not None else self.hash
 
 
 def body_tip(messages: Sequence[MessageEvent]) -> tuple[int, str] | None:

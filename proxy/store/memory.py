@@ -169,8 +169,8 @@ class MemoryStore:
         before = entry.size
         added = 0
         for message in messages:
-            if message.hash not in entry.seen:
-                entry.seen.add(message.hash)
+            if message.key not in entry.seen:
+                entry.seen.add(message.key)
                 entry.add(message.event)
                 added += 1
         tip = body_tip(messages)

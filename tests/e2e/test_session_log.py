@@ -145,11 +145,39 @@ async def test_no_key_or_content_reaches_the_application_log(
     assert content not in caplog.text
 
 
-async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> None:
+async def test_a_rewriting_clients_log_grows_linearly_and_still_reads_back(
+    make_proxy: Any,
+) -> None:
     # A client that rewrites its first message every turn shares no chain hash with its own
-    # previous request, so each request logs its whole body again; the cap bounds the log.
-    proxy = await make_proxy(log_max_events=300)
+    # previous request. Its log grows by what is new each turn (the rewritten message and the
+    # new turn), not by its whole body, and its latest request still reads back whole.
+    from proxy.log_view import latest_request
+
+    proxy = await make_proxy()
     session = {"X-Session-Id": "rewriting-client"}
+    history = agent_turns(30, output="x" * 500)
+    conversation, turns = "", 30
+    messages: list[dict[str, Any]] = []
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        for turn in range(turns):
+            messages = [user(f"now is 12:00:{turn:02}"), *history[: 2 * turn], user("go on")]
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                extra_headers=session,
+            )
+            conversation = raw.headers["x-compaction-conversation"]
+    events = [e for _, e in (await proxy.store.read_log(conversation, limit=10_000)).events]
+    logged = [e for e in events if e["type"] == "message"]
+    assert len(logged) <= 3 * turns  # linear: about three new contents a turn
+    rebuilt = latest_request(events)
+    assert rebuilt is not None and rebuilt.body == messages
+
+
+async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> None:
+    # And whatever a client does, the log is capped.
+    proxy = await make_proxy(log_max_events=100)
+    session = {"X-Session-Id": "capped-client"}
     history = agent_turns(30, output="x" * 500)
     conversation = ""
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
@@ -162,5 +190,5 @@ async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> 
             )
             conversation = raw.headers["x-compaction-conversation"]
     log = (await proxy.store.read_log(conversation, limit=10_000)).events
-    assert len(log) <= 300
+    assert len(log) <= 100
     assert log[-1][1]["type"] == "usage"  # the newest events are the ones kept
