@@ -62,8 +62,8 @@ def message_events(
             event["digest"] = digests[position]
         if log_content:
             event["message"] = message
-        dedupe = f"d:{digests[position]}" if by_content and digests is not None else None
-        events.append(MessageEvent(position, chain[position], event, dedupe))
+        content_key = f"d:{digests[position]}" if digests is not None else ""
+        events.append(MessageEvent(position, chain[position], event, content_key, by_content))
     return events
 
 

@@ -68,21 +68,18 @@ CONTEXT_POSITION = -1  # MessageEvent position of a logged head-and-tools contex
 
 @dataclass(frozen=True)
 class MessageEvent:
-    """A body message to log at chain position ``position`` with chain hash ``hash``,
-    deduplicated by ``dedupe`` (the chain hash unless given: content-addressed events are
-    logged once per content however many branches carry them).
+    """A body message to log at chain position ``position`` with chain hash ``hash``.
 
-    Position ``CONTEXT_POSITION`` marks a request context (head and tools), deduplicated the
-    same way but never the logged tip."""
+    Logged when its chain hash is new to the conversation; with ``by_content``, only when its
+    content (``content_key``) is new as well, so a rewritten body adds only contents the log
+    lacks. Logging one marks both keys seen. Position ``CONTEXT_POSITION`` marks a request
+    context (head and tools), deduplicated the same way but never the logged tip."""
 
     position: int
     hash: str
     event: Event
-    dedupe: str | None = None
-
-    @property
-    def key(self) -> str:
-        return self.dedupe if self.dedupe is not None else self.hash
+    content_key: str = ""
+    by_content: bool = False
 
 
 def body_tip(messages: Sequence[MessageEvent]) -> tuple[int, str] | None:

@@ -67,6 +67,12 @@ class _Conversation:
         self.size += _size(event)
 
 
+def _is_new(message: MessageEvent, seen: set[str]) -> bool:
+    if message.hash in seen:
+        return False
+    return not (message.by_content and message.content_key in seen)
+
+
 def _size(event: Event) -> int:
     """About the bytes ``event`` holds: its strings by length (a huge message costs no
     serialization to weigh), anything else as JSON."""
@@ -169,8 +175,10 @@ class MemoryStore:
         before = entry.size
         added = 0
         for message in messages:
-            if message.key not in entry.seen:
-                entry.seen.add(message.key)
+            if _is_new(message, entry.seen):
+                entry.seen.add(message.hash)
+                if message.content_key:
+                    entry.seen.add(message.content_key)
                 entry.add(message.event)
                 added += 1
         tip = body_tip(messages)

@@ -149,7 +149,8 @@ class RedisStore:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
         args: list[_Arg] = [self._ttl_ms, self._max_log_events, len(messages)]
         for message in messages:
-            args += [message.key, _json(message.event)]
+            args += [message.hash, message.content_key, int(message.by_content)]
+            args.append(_json(message.event))
         args.append(len(events))
         args += [_json(event) for event in events]
         args.append(len(fields))

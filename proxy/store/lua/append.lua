@@ -1,7 +1,8 @@
 -- KEYS: log, seen, state, records, lease
--- ARGV: ttl_ms, max_log_events, n_messages, (hash, event)*, n_events, event*, n_attributes,
---       (field, value)*
--- Logs each message whose chain hash is new (SADD decides), then the plain events, sets the
+-- ARGV: ttl_ms, max_log_events, n_messages, (hash, content_key, by_content, event)*, n_events,
+--       event*, n_attributes, (field, value)*
+-- Logs each message whose chain hash is new (and, by_content, whose content is new too),
+-- marking both keys seen; then the plain events, sets the
 -- attributes, keeps the log to about max_log_events, and returns what a request needs in the
 -- same round trip: {added, tip before this call, state hash, records, lease owner}.
 local ttl = ARGV[1]
@@ -11,11 +12,18 @@ local i = 3
 local added = 0
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
-    redis.call('XADD', KEYS[1], '*', 'e', ARGV[i + 1])
+  local hash, content_key, by_content = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local new = redis.call('SISMEMBER', KEYS[2], hash) == 0
+  if new and by_content == '1' and content_key ~= '' then
+    new = redis.call('SISMEMBER', KEYS[2], content_key) == 0
+  end
+  if new then
+    redis.call('SADD', KEYS[2], hash)
+    if content_key ~= '' then redis.call('SADD', KEYS[2], content_key) end
+    redis.call('XADD', KEYS[1], '*', 'e', ARGV[i + 3])
     added = added + 1
   end
-  i = i + 2
+  i = i + 4
 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
