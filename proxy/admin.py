@@ -19,13 +19,12 @@ from proxy.compaction import triggers
 from proxy.compaction.engine import Outcome, Round
 from proxy.compaction.planning import CompactionJob
 from proxy.conversation import Checkpoint, ReplacementRecord
-from proxy.keys import ENGINE, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
+from proxy.keys import ENGINE, IN_FLIGHT, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
-from proxy.preparation import summary_call
+from proxy.preparation import compaction_job, model_window
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, Event, Store, StoreUnavailable
 from proxy.tasks import shielded
-from proxy.windows import resolve_window
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,7 +40,6 @@ _OUTCOME_STATUS = {
     Outcome.SUMMARY_FAILED: 502,
     Outcome.CEILING: 429,
     Outcome.BREAKER: 503,  # the summary route failed recently; try again after its cooldown
-    Outcome.ERROR: 500,
 }
 
 
@@ -231,26 +229,11 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
 def _job(request: web.Request, logged: LoggedRequest, view: RequestView) -> CompactionJob:
     app = request.app
     model_policy = app[POLICIES].for_model(logged.model)
-    route = model_policy.route
-    window = resolve_window(
-        model_policy.configured_window,
-        model_policy.mapped_window,
-        app[LEARNED_WINDOWS].get(route.model, logged.model),
-    )
-    summary_model = model_policy.policy.summary_model or logged.model
+    window = model_window(app, model_policy, logged.model)
     credentials = {}
     if UPSTREAM_AUTH_HEADER in request.headers:
         credentials["Authorization"] = request.headers[UPSTREAM_AUTH_HEADER]
-    return CompactionJob(
-        view,
-        model_policy.policy,
-        model_policy.pruner,
-        window,
-        summary_model,
-        summary_call(app, credentials, summary_model),
-        route=route.model,
-        summary_route=app[POLICIES].for_model(summary_model).route.model,
-    )
+    return compaction_job(app, view, model_policy, window, credentials)
 
 
 def _round_result(result: Round, generation: int) -> web.Response:

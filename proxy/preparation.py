@@ -283,13 +283,37 @@ async def _view_of(
     return await asyncio.to_thread(build_and_meter)
 
 
-def _summary_window(app: web.Application, summary_model: str) -> int | None:
-    """The summary model's own window, when it has a known one."""
+def model_window(app: web.Application, model_policy: ModelPolicy, model: str) -> int | None:
+    """The window in force for ``model``: configured, else litellm's map, never above a limit
+    the upstream stated."""
+    learned = app[LEARNED_WINDOWS].get(model_policy.route.model, model)
+    return resolve_window(model_policy.configured_window, model_policy.mapped_window, learned)
+
+
+def compaction_job(
+    app: web.Application,
+    view: RequestView,
+    model_policy: ModelPolicy,
+    window: int | None,
+    client_headers: Mapping[str, str],
+) -> CompactionJob:
+    """The compaction inputs for ``view``: its policy and window, and the summary route with
+    its own window when the summary model is another model."""
+    summary_model = model_policy.policy.summary_model or view.model
     summary_policy = app[POLICIES].for_model(summary_model)
-    return resolve_window(
-        summary_policy.configured_window,
-        summary_policy.mapped_window,
-        app[LEARNED_WINDOWS].get(summary_policy.route.model, summary_model),
+    summary_window = None
+    if summary_model != view.model:
+        summary_window = model_window(app, summary_policy, summary_model)
+    return CompactionJob(
+        view=view,
+        policy=model_policy.policy,
+        pruner=model_policy.pruner,
+        window=window,
+        summary_model=summary_model,
+        summarize=summary_call(app, client_headers, summary_model),
+        route=model_policy.route.model,
+        summary_window=summary_window,
+        summary_route=summary_policy.route.model,
     )
 
 
@@ -306,25 +330,10 @@ async def prepare(
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
     view = await _view_of(engine.meter, tenant, chat, len(raw), session_id)
     state, context, by_content = await _open(app, view, chat.model, tenant)
-    window = resolve_window(
-        model_policy.configured_window,
-        model_policy.mapped_window,
-        app[LEARNED_WINDOWS].get(route.model, chat.model),
-    )
+    window = model_window(app, model_policy, chat.model)
     if window is None:
         app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
-    summary_model = model_policy.policy.summary_model or chat.model
-    job = CompactionJob(
-        summary_window=_summary_window(app, summary_model) if summary_model != chat.model else None,
-        summary_route=app[POLICIES].for_model(summary_model).route.model,
-        view=view,
-        policy=model_policy.policy,
-        pruner=model_policy.pruner,
-        window=window,
-        summary_model=summary_model,
-        summarize=summary_call(app, request.headers, summary_model),
-        route=route.model,
-    )
+    job = compaction_job(app, view, model_policy, window, request.headers)
     misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = settings.checkpoint_miss_limit == 0 or misses < settings.checkpoint_miss_limit
     relief = await _relieve(engine, job, state, model_policy, proactive)

@@ -21,13 +21,12 @@ from proxy.compaction import triggers
 from proxy.compaction.engine import Engine
 from proxy.conversation import Message
 from proxy.events import request_event
-from proxy.keys import ENGINE, LEARNED_WINDOWS, STORE
+from proxy.keys import ENGINE, STORE
 from proxy.metrics import COMPACTION_ERRORS
 from proxy.policy import ModelPolicy, budgets
-from proxy.preparation import Prepared, payload_for
+from proxy.preparation import Prepared, model_window, payload_for
 from proxy.store.base import StoreUnavailable
 from proxy.tasks import shielded
-from proxy.windows import resolve_window
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +67,7 @@ async def recover_overflow(
         return None
     app = request.app
     route = model_policy.route
-    window = resolve_window(
-        model_policy.configured_window,
-        model_policy.mapped_window,
-        app[LEARNED_WINDOWS].get(route.model, chat.model),
-    )
+    window = model_window(app, model_policy, chat.model)
     window_is_a_guess = window is None and prepared.measurement is not None
     if window is None and prepared.measurement is not None:
         # The upstream stated no limit and none is known, but the request that overflowed is

@@ -43,9 +43,6 @@ class SummaryBreaker:
         self._probing.add(route)
         return True
 
-    def is_open(self, route: str) -> bool:
-        return route in self._open_until
-
     def succeeded(self, route: str) -> None:
         self._open_until.pop(route, None)
         self._probing.discard(route)

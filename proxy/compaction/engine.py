@@ -25,9 +25,7 @@ from proxy.compaction.breaker import SummaryBreaker, means_unavailable
 from proxy.compaction.ceiling import SummaryCeiling
 from proxy.compaction.planning import CompactionJob, Plan, Planner
 from proxy.compaction.prune import PruneCandidate, prune_candidates
-from proxy.compaction.select import (
-    Span,
-)
+from proxy.compaction.select import Span
 from proxy.compaction.summarize import (
     SummaryFailed,
     frame,
@@ -192,8 +190,7 @@ class Engine:
         try:
             yield
         except BaseException as exc:
-            if isinstance(exc, Exception):
-                log.exception("compaction failed unexpectedly")
+            # Logged by whoever handles it; here the attempt is only closed.
             await self._close_quietly(attempt, type(exc).__name__)
             raise
         else:
@@ -342,7 +339,7 @@ class Engine:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
             log.warning("summary ceiling reached for a tenant; not summarizing")
             return Round(Outcome.CEILING, span)
-        summarizer = job.summary_route or job.summary_model
+        summarizer = job.summarizer
         if not self.breaker.allow(summarizer):
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="breaker").inc()
             return Round(Outcome.BREAKER, span)
@@ -372,7 +369,7 @@ class Engine:
         span = plan.span
         body = summary_body(job.summary_model, view.head, plan.messages, view.tools, plan.cap)
         started = time.perf_counter()
-        summarizer = job.summary_route or job.summary_model
+        summarizer = job.summarizer
         try:
             summary = await job.summarize(body)
         except SummaryFailed as failure:

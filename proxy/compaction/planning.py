@@ -45,6 +45,11 @@ class CompactionJob:
     summary_route: str = ""  # names the summarizer for its breaker
 
     @property
+    def summarizer(self) -> str:
+        """Names the summarizer for its breaker: the summary route, else the summary model."""
+        return self.summary_route or self.summary_model
+
+    @property
     def call_window(self) -> int | None:
         """The window the summary call must fit."""
         return self.summary_window if self.summary_window is not None else self.window

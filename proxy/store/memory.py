@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy import jsonio
 from proxy.conversation import ReplacementRecord
 from proxy.store.base import (
     Anchor,
@@ -44,19 +43,17 @@ class _Conversation:
     lease_expires: float = 0.0
     next_id: int = 0
     touched: float = 0.0
-    size: int = 0  # bytes of the logged events, as JSON
+    size: int = 0  # about the bytes of the logged events (see ``_weight``)
 
-    def trim(self, max_events: int) -> int:
-        """Drop the oldest events beyond ``max_events``; the bytes freed."""
+    def trim(self, max_events: int) -> None:
+        """Drop the oldest events beyond ``max_events``."""
         excess = len(self.log) - max_events
         if excess <= 0:
-            return 0
-        freed = sum(_size(event) for _, event in self.log[:excess])
+            return
+        self.size -= sum(_weight(event) for _, event in self.log[:excess])
         del self.log[:excess]
         if len(self.seen) > 2 * max_events:
             self.seen.clear()  # only deduplicates logging; a few messages may be logged again
-        self.size -= freed
-        return freed
 
     def live_lease(self, now: float) -> str | None:
         return self.lease_owner if self.lease_owner and self.lease_expires > now else None
@@ -64,7 +61,7 @@ class _Conversation:
     def add(self, event: Event) -> None:
         self.next_id += 1
         self.log.append((f"{self.next_id}-0", event))
-        self.size += _size(event)
+        self.size += _weight(event)
 
 
 def _is_new(message: MessageEvent, seen: set[str]) -> bool:
@@ -73,13 +70,16 @@ def _is_new(message: MessageEvent, seen: set[str]) -> bool:
     return not (message.by_content and message.content_key in seen)
 
 
-def _size(event: Event) -> int:
-    """About the bytes ``event`` holds: its strings by length (a huge message costs no
-    serialization to weigh), anything else as JSON."""
-    size = 16
-    for key, value in event.items():
-        size += len(key) + (len(value) if isinstance(value, str) else len(jsonio.dumps(value)))
-    return size
+def _weight(value: object) -> int:
+    """About the bytes ``value`` holds: strings by length, containers by what they hold. A
+    huge message is weighed without being serialized."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _weight(v) for k, v in value.items()) + 2
+    if isinstance(value, list):
+        return sum(_weight(v) for v in value) + 2
+    return 8
 
 
 class MemoryStore:
@@ -104,11 +104,10 @@ class MemoryStore:
         entry.trim(self._max_log_events)
         self._bytes += entry.size - before
         while self._bytes > self._max_bytes and len(self._conversations) > 1:
-            name, evicted = next(iter(self._conversations.items()))
-            if name == conversation:
+            oldest = next(iter(self._conversations))
+            if oldest == conversation:
                 break
-            del self._conversations[name]
-            self._bytes -= evicted.size
+            self._drop(oldest)
 
     def _drop(self, name: str) -> None:
         evicted = self._conversations.pop(name)
@@ -116,7 +115,7 @@ class MemoryStore:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of logged events held, as JSON (what ``max_bytes`` bounds)."""
+        """About the bytes of logged events held (what ``max_bytes`` bounds)."""
         return self._bytes
 
     # -- bookkeeping -----------------------------------------------------------------------
