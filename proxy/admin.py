@@ -261,7 +261,8 @@ async def _manual(
     if not logged.has_content:
         return _problem(
             409,
-            "log_content is off: the conversation's messages were not kept",
+            "the log does not hold this conversation's messages (log_content is off, or a "
+            "message is longer than log_content_max_chars)",
             outcome="persistence",
         )
     job = _job(request, logged, view)

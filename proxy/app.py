@@ -32,7 +32,7 @@ from proxy.metrics import initialize_label_sets, metrics_handler
 from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
 from proxy.tenant import TenantSecret
-from proxy.tokenizers import warm_up_litellm
+from proxy.tokenizers import warm_up
 from proxy.windows import LearnedWindows
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,9 @@ async def _tenant_secret(app: web.Application) -> AsyncIterator[None]:
 
 async def _engine(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    # litellm's import takes seconds: pay it at start-up, not on a request that needs its
-    # tokenizers or its overflow checks.
-    await asyncio.to_thread(warm_up_litellm)
+    # litellm's import takes seconds and an encoding's load most of one: pay both at start-up,
+    # not on a request that needs them.
+    await asyncio.to_thread(warm_up)
     # litellm leaves a very large object graph behind; keep the cyclic collector from walking
     # it again on every full collection (those pauses showed up as p99 latency).
     gc.freeze()

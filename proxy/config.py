@@ -179,6 +179,8 @@ class Settings(BaseSettings):
     checkpoint_miss_limit: int = Field(default=3, ge=0)
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True
+    # Messages with more text than this are logged by hash and digest only.
+    log_content_max_chars: PositiveInt = 1024 * 1024
     tenant_secret: SecretStr | None = None
     admin_token: SecretStr | None = None
     shutdown_timeout: float = Field(default=30.0, ge=0)

@@ -1,7 +1,8 @@
 """Session-log events, built from plain data (pure).
 
 Events are plain JSON-able dicts with a ``type`` and a ``ts`` (seconds since the epoch).
-Message content is kept only when ``log_content`` is on; hashes, roles and positions always.
+Message content is kept only when ``log_content`` is on, and only for messages of at most
+``content_limit`` characters of text; hashes, roles, positions and digests always.
 """
 
 from __future__ import annotations
@@ -11,6 +12,18 @@ from typing import Any
 
 from proxy.conversation import Message
 from proxy.store.base import CONTEXT_POSITION, Event, MessageEvent
+
+
+def text_size(value: Any) -> int:
+    """Characters of text in a JSON value (its strings, at any depth): what logging it costs,
+    without serializing it."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(key) + text_size(item) for key, item in value.items())
+    if isinstance(value, list):
+        return sum(text_size(item) for item in value)
+    return 0
 
 
 def first_unlogged(chain: Sequence[str], logged_tip: tuple[int, str] | None) -> int:
@@ -38,6 +51,7 @@ def message_events(
     now: float,
     digests: Sequence[str] | None = None,
     by_content: bool = False,
+    content_limit: int | None = None,
 ) -> list[MessageEvent]:
     """``message`` events for body positions ``start..``; each names its chain hash and the
     one before it (``prev``), so any request's body can be read back from the log, and the
@@ -46,7 +60,11 @@ def message_events(
     ``by_content``: deduplicate by content instead of by chain hash. A request that rewrote an
     early message shares no chain hash with the log, and would log its whole body again every
     turn; logged by content, it adds only what is new, and its ``request`` event carries the
-    body's digests so the body can still be read back."""
+    body's digests so the body can still be read back.
+
+    ``content_limit``: a message with more text than this is logged without its content. A
+    pasted 30 MB file would otherwise be copied into the store on every new conversation that
+    carries it, and on Redis hold the server (every replica's requests) while it is written."""
     events: list[MessageEvent] = []
     for position in range(start, len(body)):
         message = body[position]
@@ -60,7 +78,7 @@ def message_events(
         }
         if digests is not None:
             event["digest"] = digests[position]
-        if log_content:
+        if log_content and (content_limit is None or text_size(message) <= content_limit):
             event["message"] = message
         content_key = f"d:{digests[position]}" if digests is not None else ""
         events.append(MessageEvent(position, chain[position], event, content_key, by_content))

@@ -33,6 +33,7 @@ from proxy.metrics import (
     REQUEST_DURATION,
     REQUESTS,
 )
+from proxy.offload import is_big, off_loop_if
 from proxy.overflow import classify_overflow
 from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
@@ -104,7 +105,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         _check_headers(request.headers)
         raw = await _read_body(request, settings.max_body_bytes)
-        chat = parse_chat_request(raw)
+        chat = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw))
         session_id = _session_id(request.headers)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()

@@ -20,7 +20,7 @@ from aiohttp import web
 from proxy import jsonio
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
-from proxy.compaction.engine import OFFLOAD_MESSAGES, Engine, Relief
+from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.conversation import Message, Surface, missed_checkpoints
@@ -50,9 +50,10 @@ from proxy.metrics import (
     PROACTIVE_STOPPED,
     TOKENS_SAVED,
 )
+from proxy.offload import is_big, off_loop_if
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
-from proxy.store.base import ConversationState, Event, StoreUnavailable
+from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
 from proxy.upstream import upstream_headers
@@ -207,6 +208,9 @@ async def _relieve(
         return dataclasses.replace(as_it_is(), shortfall="error")
 
 
+LOG_BATCH = 1_000  # messages logged per store call
+
+
 async def _open(
     app: web.Application, view: RequestView, model: str, tenant: str
 ) -> tuple[ConversationState, str, bool]:
@@ -222,15 +226,19 @@ async def _open(
     # client that rewrites every turn grows its log by what is new, not by its whole body.
     by_content = cursor.tip is not None and start == 0 and bool(view.body)
     now = time.time()
-    messages = message_events(
-        view.body,
-        view.chain,
-        view.root,
-        start,
-        log_content=settings.log_content,
-        now=now,
-        digests=view.body_digests,
-        by_content=by_content,
+    messages = await off_loop_if(
+        view.big,
+        lambda: message_events(
+            view.body,
+            view.chain,
+            view.root,
+            start,
+            log_content=settings.log_content,
+            content_limit=settings.log_content_max_chars,
+            now=now,
+            digests=view.body_digests,
+            by_content=by_content,
+        ),
     )
     context = view.context_digest
     if context != cursor.context:
@@ -241,26 +249,31 @@ async def _open(
             ),
         )
     attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": model, "context": context}
-    opened = await store.open(view.conversation, messages, attributes)
+    # A store logs one call's messages in one atomic step; on Redis that step blocks every
+    # other client of the server while it runs, so a huge first request is logged in batches.
+    opened = await store.open(view.conversation, messages[:LOG_BATCH], attributes)
+    for start_of_batch in range(LOG_BATCH, len(messages), LOG_BATCH):
+        batch = messages[start_of_batch : start_of_batch + LOG_BATCH]
+        await store.append(view.conversation, batch)
+    logged_tip = body_tip(messages) or opened.state.logged_tip
     if not log_is_contiguous(view.chain, opened.previous_tip, start):
         # The hint was wrong (another branch, or the store lost the log): log the rest too.
-        earlier = message_events(
-            view.body[:start],
-            view.chain,
-            view.root,
-            0,
-            log_content=settings.log_content,
-            now=now,
-            digests=view.body_digests,
+        earlier = await off_loop_if(
+            view.big,
+            lambda: message_events(
+                view.body[:start],
+                view.chain,
+                view.root,
+                0,
+                log_content=settings.log_content,
+                content_limit=settings.log_content_max_chars,
+                now=now,
+                digests=view.body_digests,
+            ),
         )
         await store.append(view.conversation, earlier)
-    cursors.set(view.conversation, Cursor(opened.state.logged_tip, context))
+    cursors.set(view.conversation, Cursor(logged_tip, context))
     return opened.state, context, by_content
-
-
-# Requests above either size are hashed and metered in a worker thread: tokenizing a 30 MB
-# body, or hashing 20,000 messages, must not stall every other client on the event loop.
-OFFLOAD_BYTES = 1024 * 1024
 
 
 async def _view_of(
@@ -270,9 +283,10 @@ async def _view_of(
     later measurement of it is cache hits."""
 
     def build() -> RequestView:
-        return RequestView.of(tenant, chat.model, chat.messages, session_id, chat.body.get("tools"))
+        tools = chat.body.get("tools")
+        return RequestView.of(tenant, chat.model, chat.messages, session_id, tools, size=size)
 
-    if size <= OFFLOAD_BYTES and len(chat.messages) <= OFFLOAD_MESSAGES:
+    if not is_big(size, len(chat.messages)):
         return build()
 
     def build_and_meter() -> RequestView:
@@ -368,7 +382,7 @@ async def prepare(
     tokens_before = None
     payload = raw
     if surface.changed:
-        payload = payload_for(chat, surface.messages)
+        payload = await off_loop_if(view.big, lambda: payload_for(chat, surface.messages))
         unchanged = view.measure(engine.meter, view.surface(()))
         tokens_before = unchanged.tokens
         _count_savings(route.model, surface, unchanged.estimated - measurement.estimated)

@@ -25,6 +25,7 @@ from proxy.conversation import (
     split_head,
 )
 from proxy.meter import Measurement, TokenMeter
+from proxy.offload import is_big
 from proxy.store.base import Anchor
 
 
@@ -40,6 +41,7 @@ class RequestView:
     head_digests: list[str]
     body_digests: list[str]
     tools: Any = None
+    size: int = 0  # the request body's bytes on the wire (0 when unknown)
     _surfaces: dict[int, tuple[Sequence[ReplacementRecord], Surface]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -53,6 +55,7 @@ class RequestView:
         session_id: str | None,
         tools: Any = None,
         conversation: str | None = None,
+        size: int = 0,
     ) -> RequestView:
         """``conversation`` overrides the derived id (when it is already known, e.g. from the
         admin API for a conversation named by a session header)."""
@@ -71,7 +74,13 @@ class RequestView:
             head_digests=[message_digest(m) for m in head],
             body_digests=body_digests,
             tools=tools,
+            size=size,
         )
+
+    @property
+    def big(self) -> bool:
+        """Work over this request runs off the event loop (see ``proxy.offload``)."""
+        return is_big(self.size, len(self.head) + len(self.body))
 
     @cached_property
     def live_start(self) -> int:

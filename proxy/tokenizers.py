@@ -34,9 +34,16 @@ def encoding(name: str) -> tiktoken.Encoding:
     return tiktoken.get_encoding(name)
 
 
-def warm_up_litellm() -> None:
-    """Import litellm (offline model map) so later lazy imports of it are free."""
+BUNDLED_ENCODINGS = ("o200k_base", "cl100k_base")
+
+
+def warm_up() -> None:
+    """Import litellm (offline model map) and load the bundled encodings, so that no request
+    pays for either: loading ``o200k_base`` alone holds the interpreter for most of a second,
+    and on a request's path that stalls every other client."""
     use_bundled_tokenizers()
+    for name in BUNDLED_ENCODINGS:
+        encoding(name)
     try:
         import litellm  # noqa: F401
     except ImportError:
@@ -45,7 +52,7 @@ def warm_up_litellm() -> None:
 
 def main() -> None:
     """``python -m proxy.tokenizers``: load every bundled encoding (fails loudly if missing)."""
-    for name in ("o200k_base", "cl100k_base"):
+    for name in BUNDLED_ENCODINGS:
         print(f"{name}: {encoding(name).n_vocab} tokens")
 
 

@@ -41,13 +41,12 @@ from proxy.conversation import (
 )
 from proxy.meter import Measurement, TokenMeter, counter_for
 from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
+from proxy.offload import off_loop_if
 from proxy.store.base import BeginResult, ConversationState, Event, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Requests with more body messages than this have their pricing and planning done off the loop.
-OFFLOAD_MESSAGES = 2_000
 
 FAILED_AT = "compaction_failed_at"
 FAILED_TOKENS = "compaction_failed_tokens"
@@ -139,14 +138,14 @@ class Engine:
     async def off_loop(self, job: CompactionJob, work: Callable[[], T]) -> T:
         """Run pure ``work`` on ``job``'s request: in a worker thread when the request is big
         (pricing tens of thousands of nodes must not stall other clients), inline otherwise."""
-        if len(job.view.body) > OFFLOAD_MESSAGES:
-            return await asyncio.to_thread(work)
-        return work()
+        return await off_loop_if(job.view.big, work)
 
-    def measure(
+    async def measure(
         self, job: CompactionJob, state: ConversationState, surface: Surface
     ) -> Measurement:
-        return job.view.measure(self.meter, surface, state.anchor)
+        """Cache hits once the request was metered; off the loop for a big request all the
+        same, since a miss there means tokenizing megabytes."""
+        return await self.off_loop(job, lambda: job.view.measure(self.meter, surface, state.anchor))
 
     async def reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
         fresh = await self.store.load(job.view.conversation)

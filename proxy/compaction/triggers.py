@@ -60,7 +60,7 @@ async def relieve_pressure(
     at or above the threshold carries the reason (``Relief.shortfall``)."""
     threshold, retain = limits.threshold, limits.retain
     surface = job.view.surface(state.records)
-    measurement = engine.measure(job, state, surface)
+    measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement)
     planner = engine.planner
@@ -69,7 +69,7 @@ async def relieve_pressure(
         return Relief(state, surface, measurement, shortfall="live_turn")
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before)
-    measurement = engine.measure(job, state, surface)
+    measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned)
 
@@ -80,7 +80,7 @@ async def relieve_pressure(
     if measurement.tokens > limits.window:
         state, surface, pruned_late = await engine.prune(job, state, surface, "pressure")
         pruned = pruned or pruned_late
-        measurement = engine.measure(job, state, surface)
+        measurement = await engine.measure(job, state, surface)
     return Relief(
         state,
         surface,
@@ -106,7 +106,7 @@ async def _summarize_rounds(
                 shortfall = result.outcome.value
                 break
             state, surface = await engine.wait_and_reload(job)
-            measurement = engine.measure(job, state, surface)
+            measurement = await engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
             if result.outcome not in (Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER):
@@ -117,7 +117,7 @@ async def _summarize_rounds(
         rounds += 1
         state = result.state
         surface = job.view.surface(state.records)
-        measurement = engine.measure(job, state, surface)
+        measurement = await engine.measure(job, state, surface)
         limited = result.span is not None and result.span.limited_by_fit
         if rounds >= allowed and not limited:
             break
@@ -139,7 +139,11 @@ async def recover_overflow(
     caller decides from what the store committed."""
     state, surface = await engine.reload(job)
     state, surface, pruned = await engine.prune(job, state, surface, "context-overflow")
-    if pruned and threshold is not None and engine.measure(job, state, surface).tokens < threshold:
+    if (
+        pruned
+        and threshold is not None
+        and (await engine.measure(job, state, surface)).tokens < threshold
+    ):
         return
     waits = shrinks = 0
     for _ in range(engine.settings.max_rounds):

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from proxy import jsonio
 from proxy.conversation import ReplacementRecord, record_from_dict, record_to_dict
+from proxy.offload import is_big, off_loop_if
 from proxy.store.base import (
     Anchor,
     BeginResult,
@@ -38,7 +39,7 @@ from proxy.store.base import (
 from proxy.store.keys import conversation_keys, conversations_key, secret_key
 
 _LEASE_POLL_SECONDS = 0.05
-_Arg = str | int
+_Arg = str | int | bytes
 _STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
@@ -50,6 +51,17 @@ def _script(name: str) -> str:
 
 def _json(value: Any) -> str:
     return jsonio.dumps(value).decode()
+
+
+def _messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes]:
+    """The append script's message arguments: a JSON listing of each message's keys and its
+    event's length, and the events' JSON back to back (see ``append.lua``)."""
+    encoded = [jsonio.dumps(message.event) for message in messages]
+    listing = [
+        [message.hash, message.content_key, int(message.by_content), len(event)]
+        for message, event in zip(messages, encoded, strict=True)
+    ]
+    return jsonio.dumps(listing), b"".join(encoded)
 
 
 def _tip(raw: str | None) -> tuple[int, str] | None:
@@ -147,10 +159,10 @@ class RedisStore:
         tip = body_tip(messages)
         if tip is not None:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
-        args: list[_Arg] = [self._ttl_ms, self._max_log_events, len(messages)]
-        for message in messages:
-            args += [message.hash, message.content_key, int(message.by_content)]
-            args.append(_json(message.event))
+        listing, blob = await off_loop_if(
+            is_big(messages=len(messages)), lambda: _messages_as_two_args(messages)
+        )
+        args: list[_Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
         args.append(len(events))
         args += [_json(event) for event in events]
         args.append(len(fields))

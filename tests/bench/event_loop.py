@@ -1,10 +1,13 @@
 """Does one client's huge request stall the others? Side by side in one run.
 
-Run: ``python -m tests.bench.event_loop``. Not collected by pytest. A real proxy process sits in
-front of the fake upstream (instant answers). A second client sends small one-message requests
-back to back, first alone (the baseline), then while a first client sends a 20,000-message
-request and then a 30 MB one. Printed: the small client's p50 / p99 / max in both phases and
-their ratio, and how long the big requests themselves took.
+Run: ``python -m tests.bench.event_loop [--store-url redis://...]``. Not collected by pytest.
+Three targets in turn: the upstream directly, a bare aiohttp relay, and a real proxy process.
+Against each, a second client sends small one-message requests back to back, first alone (the
+baseline), then while a first client sends a 20,000-message request and then a 30 MB one. Big
+and small requests go to two fake upstream processes (instant answers), as a provider's many
+servers would take them, so the fake's own parsing of 30 MB is not what is measured. Printed
+per target: the small client's p50 / p99 / max in both phases and their ratio, and how long the
+big requests themselves took.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from tests.bench.overhead import process
 from tests.processes import free_port, proxy_process, wait_until_ready
 
 MODEL = "bench-model"
+BIG_MODEL = "bench-big"
+# The relay parses nothing, so it picks the big requests' upstream by this header.
+BIG_LANE = {"X-Bench-Upstream": "big"}
 
 
 def many_messages(count: int) -> bytes:
@@ -30,18 +36,21 @@ def many_messages(count: int) -> bytes:
         role = "user" if i % 2 == 0 else "assistant"
         messages.append({"role": role, "content": f"message {i} of a very long chat"})
     messages.append({"role": "user", "content": "and now?"})
-    return orjson.dumps({"model": MODEL, "messages": messages})
+    return orjson.dumps({"model": BIG_MODEL, "messages": messages})
 
 
 def huge_body(megabytes: int) -> bytes:
     words = "lorem ipsum dolor sit amet consectetur adipiscing elit "
     text = words * (megabytes * 1024 * 1024 // len(words))
-    return orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+    return orjson.dumps({"model": BIG_MODEL, "messages": [{"role": "user", "content": text}]})
 
 
-async def post(http: aiohttp.ClientSession, base: str, body: bytes) -> float:
+async def post(
+    http: aiohttp.ClientSession, base: str, body: bytes, extra: dict[str, str] | None = None
+) -> float:
     started = time.perf_counter()
-    headers = {
+    headers = extra or {}
+    headers |= {
         "Content-Type": "application/json",
         "Authorization": "Bearer bench",
         "X-Session-Id": uuid.uuid4().hex,
@@ -70,51 +79,95 @@ def summary(latencies: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered) * 1000, p99 * 1000, ordered[-1] * 1000
 
 
-async def main(baseline_requests: int, messages: int, megabytes: int) -> None:
-    upstream_port = free_port()
-    upstream = f"http://127.0.0.1:{upstream_port}/v1"
-    routes = [{"model": MODEL, "base_url": upstream, "context_window": 128_000}]
+async def measure(
+    http: aiohttp.ClientSession,
+    small_base: str,
+    big_base: str,
+    baseline_requests: int,
+    big_bodies: list[tuple[str, bytes]],
+) -> tuple[list[float], list[float], list[tuple[str, int, float]]]:
+    """The small client alone, then while the big requests are in flight (only those small
+    requests count); and how long each big one took."""
+    stop = asyncio.Event()
+    stop.set()
+    await small_requests(http, small_base, stop, 50)  # warm up
+    alone = await small_requests(http, small_base, stop, baseline_requests)
+    stop = asyncio.Event()
+    beside = asyncio.create_task(small_requests(http, small_base, stop, 0))
+    big_durations = []
+    for label, body in big_bodies:
+        took = await post(http, big_base, body, dict(BIG_LANE))
+        big_durations.append((label, len(body), took))
+    stop.set()
+    return alone, await beside, big_durations
+
+
+async def main(baseline_requests: int, messages: int, megabytes: int, store_url: str) -> None:
+    """Big and small requests go to two upstream processes, as a provider's would: what is
+    measured is the proxy's own stall, not the fake upstream's parsing of 30 MB."""
+    small_port, big_port, relay_port = free_port(), free_port(), free_port()
+    small_upstream = f"http://127.0.0.1:{small_port}/v1"
+    big_upstream = f"http://127.0.0.1:{big_port}/v1"
+    routes = [
+        {"model": MODEL, "base_url": small_upstream, "context_window": 128_000},
+        {"model": BIG_MODEL, "base_url": big_upstream, "context_window": 128_000},
+    ]
     env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream,
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": small_upstream,
         "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
         "COMPACTION_PROXY_TENANT_SECRET": "bench",
-        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+        "COMPACTION_PROXY_LOG_LEVEL": "ERROR",
         "COMPACTION_PROXY_MAX_BODY_BYTES": str(64 * 1024 * 1024),
+        "COMPACTION_PROXY_STORE_URL": store_url,
     }
-    # The instant fake estimates tokens from bytes, so it gets a window it never enforces; the
-    # proxy compacts against the route's 128k.
-    fake = ("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant")
-    fake += ("--window", "100000000")
+
+    def fake(port: int) -> tuple[str, ...]:
+        # The instant fake estimates tokens from bytes, so it gets a window it never enforces;
+        # the proxy compacts against the route's 128k.
+        instant = ("--instant", "--window", "100000000")
+        return ("-m", "proxy.testing.fake_upstream", "--port", str(port), *instant)
+
+    relay = ("-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", small_upstream)
+    relay += ("--big-upstream", big_upstream)
     big_bodies = [("20,000 messages", many_messages(messages)), ("30 MB", huge_body(megabytes))]
-    async with process(*fake), proxy_process(env) as (_, base):
-        await wait_until_ready(f"{upstream}/models")
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-            stop = asyncio.Event()
-            stop.set()
-            await small_requests(http, base, stop, 50)  # warm up
-            alone = await small_requests(http, base, stop, baseline_requests)
-
-            stop = asyncio.Event()
-            beside = asyncio.create_task(small_requests(http, base, stop, baseline_requests))
-            big_durations = []
-            for label, body in big_bodies:
-                big_durations.append((label, len(body), await post(http, base, body)))
-            stop.set()
-            during = await beside
-
-    p50a, p99a, maxa = summary(alone)
-    p50b, p99b, maxb = summary(during)
-    for label, n, (p50, p99, most) in (
-        ("alone", len(alone), (p50a, p99a, maxa)),
-        ("beside big ones", len(during), (p50b, p99b, maxb)),
+    async with (
+        process(*fake(small_port)),
+        process(*fake(big_port)),
+        process(*relay),
+        proxy_process(env) as (_, proxy_base),
     ):
-        print(
-            f"small requests {label:<16} n={n:>5}  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms"
-            f"  max {most:8.2f} ms"
-        )
-    print(f"ratio beside/alone:               p50 x{p50b / p50a:.2f}  p99 x{p99b / p99a:.2f}")
-    for label, size, seconds in big_durations:
-        print(f"big request {label:<16} {size / 1024:>9,.0f} KiB  took {seconds:6.2f} s")
+        relay_base = f"http://127.0.0.1:{relay_port}"
+        targets = {
+            "direct": (small_upstream.removesuffix("/v1"), big_upstream.removesuffix("/v1")),
+            "relay": (relay_base, relay_base),
+            "proxy": (proxy_base, proxy_base),
+        }
+        for base, _ in targets.values():
+            await wait_until_ready(f"{base}/v1/models")
+        await wait_until_ready(f"{big_upstream}/models")
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            results = {
+                name: await measure(http, small, big, baseline_requests, big_bodies)
+                for name, (small, big) in targets.items()
+            }
+
+    print(f"store {store_url}")
+    for name, (alone, during, big_durations) in results.items():
+        p50a, p99a, maxa = summary(alone)
+        p50b, p99b, maxb = summary(during)
+        print(f"{name}:")
+        for label, n, (p50, p99, most) in (
+            ("alone", len(alone), (p50a, p99a, maxa)),
+            ("beside big ones", len(during), (p50b, p99b, maxb)),
+        ):
+            print(
+                f"  small requests {label:<16} n={n:>5}  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms"
+                f"  max {most:8.2f} ms"
+            )
+        print(f"  ratio beside/alone:               p50 x{p50b / p50a:.2f}  p99 x{p99b / p99a:.2f}")
+        for label, size, seconds in big_durations:
+            print(f"  big request {label:<16} {size / 1024:>9,.0f} KiB  took {seconds:6.2f} s")
 
 
 if __name__ == "__main__":
@@ -122,5 +175,6 @@ if __name__ == "__main__":
     parser.add_argument("--baseline-requests", type=int, default=300)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--megabytes", type=int, default=30)
+    parser.add_argument("--store-url", default="memory://", help="e.g. redis://127.0.0.1:6379/0")
     args = parser.parse_args()
-    asyncio.run(main(args.baseline_requests, args.messages, args.megabytes))
+    asyncio.run(main(args.baseline_requests, args.messages, args.megabytes, args.store_url))

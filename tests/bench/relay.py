@@ -13,7 +13,9 @@ from aiohttp import web
 _DROP = {"host", "content-length", "transfer-encoding", "connection", "content-encoding"}
 
 
-def relay_app(upstream: str) -> web.Application:
+def relay_app(upstream: str, big_upstream: str | None = None) -> web.Application:
+    """Forwards to ``upstream``, or to ``big_upstream`` when the request says
+    ``X-Bench-Upstream: big`` (the event-loop benchmark's second lane)."""
     app = web.Application(client_max_size=256 * 1024 * 1024)
     client_key = web.AppKey("client", aiohttp.ClientSession)
 
@@ -25,7 +27,9 @@ def relay_app(upstream: str) -> web.Application:
     async def forward(request: web.Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
         body = await request.read()
-        url = upstream + request.path_qs.removeprefix("/v1")
+        lane = request.headers.get("X-Bench-Upstream")
+        base = big_upstream if big_upstream and lane == "big" else upstream
+        url = base + request.path_qs.removeprefix("/v1")
         async with app[client_key].request(request.method, url, data=body, headers=headers) as up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in _DROP}
             response = web.StreamResponse(status=up.status, headers=out)
@@ -44,7 +48,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
+    parser.add_argument("--big-upstream")
     args = parser.parse_args()
     web.run_app(
-        relay_app(args.upstream), host="127.0.0.1", port=args.port, print=None, access_log=None
+        relay_app(args.upstream, args.big_upstream),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
     )

@@ -11,6 +11,7 @@ import pytest
 from proxy.store import BeginResult, Store
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.redis_server import RedisServer
 
 BEGUN = BeginResult.BEGUN
 START = {"type": "compaction/start"}
@@ -73,6 +74,18 @@ async def test_log_content_off_keeps_hashes_not_content(make_proxy: ProxyFactory
     messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
     assert len(messages) == 3
     assert all("message" not in e and e["hash"] and e["role"] for e in messages)
+
+
+async def test_a_message_over_the_content_limit_is_logged_without_its_content(
+    make_proxy: ProxyFactory,
+) -> None:
+    proxy = await make_proxy(log_content_max_chars=1_000)
+    huge = user("x" * 5_000)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+        conversation, _ = await send(client, [user("small"), *agent_turns(1), huge])
+    messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
+    assert [("message" in e) for e in messages] == [True, True, True, False]
+    assert messages[-1]["digest"] and messages[-1]["hash"] and messages[-1]["role"] == "user"
 
 
 async def test_two_api_keys_with_one_session_id_never_share_a_log(proxy: RunningProxy) -> None:
@@ -192,3 +205,28 @@ async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> 
     log = (await proxy.store.read_log(conversation, limit=10_000)).events
     assert len(log) <= 100
     assert log[-1][1]["type"] == "usage"  # the newest events are the ones kept
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_huge_first_request_is_logged_whole_in_batches(
+    make_proxy: ProxyFactory, private_redis: RedisServer, backend: str
+) -> None:
+    """Past ``LOG_BATCH`` messages the log is written in several store calls (one Redis script
+    must not hold the server for a whole huge body); it still reads back whole and in order,
+    and the next turn logs only what is new."""
+    from proxy.preparation import LOG_BATCH
+
+    store_url = private_redis.url if backend == "redis" else "memory://"
+    proxy = await make_proxy(store_url=store_url)
+    history = [system(), *(user(f"note {i}") for i in range(2 * LOG_BATCH + 500))]
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+        conversation, _ = await send(client, history)
+        again, _ = await send(
+            client, [*history, {"role": "assistant", "content": "ok"}, user("more")]
+        )
+    assert again == conversation
+    messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
+    assert [e["position"] for e in messages] == list(range(len(history) + 1))
+    assert messages[-1]["message"] == user("more")
+    state = await proxy.store.load(conversation)
+    assert state.logged_tip is not None and state.logged_tip[0] == len(history)

@@ -87,7 +87,7 @@ async def test_pressure_commits_one_checkpoint_as_a_whole_transaction(
     engine, summarizer = engine_on(store), Summarizer()
     job = job_for(conversation, long_conversation(), summarizer)
     state = await store.load(conversation)
-    before = engine.measure(job, state, job.view.surface(()))
+    before = await engine.measure(job, state, job.view.surface(()))
     relief = await triggers.relieve_pressure(engine, job, state, LIMITS)
 
     assert relief.compacted and relief.state.generation == 1

@@ -218,6 +218,20 @@ async def test_open_logs_and_reads_in_one_step(store: Store, conversation: str) 
     assert logged == [0, 1, 2, 3, 4]
 
 
+async def test_logged_events_read_back_byte_for_byte_in_any_script_and_size(
+    store: Store, conversation: str
+) -> None:
+    """Events travel to Redis back to back, cut by byte length: multi-byte text, escapes and
+    a large event between small ones must come back exactly."""
+    contents = ["naïve 数据 \U0001f600", 'quote " and \\ and \n', "x" * 200_000, "", "end"]
+    batch = [
+        MessageEvent(i, f"hash-{i}", {"type": "message", "position": i, "text": text})
+        for i, text in enumerate(contents)
+    ]
+    assert await store.append(conversation, batch) == len(contents)
+    assert [e["text"] for e in await log_of(store, conversation)] == contents
+
+
 async def test_log_reads_in_pages(store: Store, conversation: str) -> None:
     await store.append(conversation, messages(25))
     positions: list[object] = []

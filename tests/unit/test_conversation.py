@@ -442,6 +442,17 @@ def test_integers_beyond_64_bits_hash_and_serialize_unchanged() -> None:
     assert b"123456789012345678901234567890" in canonical_message(message)
 
 
+@pytest.mark.parametrize("offset", [0, 5, 1024 * 1024 - 24, 2 * 1024 * 1024 - 24, 3 * 1024 * 1024])
+def test_a_big_integer_is_kept_wherever_it_falls_in_a_large_body(offset: int) -> None:
+    """The scan for integers orjson cannot hold runs in windows; a run across a window's edge
+    is still found."""
+    from proxy import jsonio
+
+    prefix = b'{"pad":"' + b"x" * offset + b'","n":'
+    raw = prefix + b"12345678901234567890123}"
+    assert jsonio.loads(raw)["n"] == 12345678901234567890123
+
+
 def test_records_inside_a_new_checkpoint_on_its_branch_are_superseded() -> None:
     from proxy.conversation import superseded_by
 

@@ -136,6 +136,19 @@ def test_tokenizer_choice_is_offline_and_model_aware(model: str, tokenizer: str)
     assert counter_for(model).name == tokenizer
 
 
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
+def test_a_long_text_counts_the_same_tokens_as_tiktoken_encode(model: str) -> None:
+    """Long texts are counted through tiktoken's buffer (no list of ints built while holding
+    the interpreter); the count is the one ``encode`` gives, special tokens included as text."""
+    from proxy.tokenizers import encoding
+
+    text = "def f(x):\n    return x  # <|endoftext|> naïve 数据 \U0001f600\n" * 4000
+    count = counter_for(model)
+    expected = len(encoding(count.name).encode(text, disallowed_special=()))
+    assert len(text) > 64 * 1024
+    assert count(text) == expected
+
+
 @pytest.mark.parametrize(
     ("configured", "mapped", "learned", "window"),
     [
