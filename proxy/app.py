@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -14,7 +15,8 @@ from aiohttp import web
 from proxy import handlers
 from proxy.admin import admin_routes
 from proxy.compaction.engine import Engine, EngineSettings
-from proxy.config import Settings
+from proxy.config import ConfigError, Settings
+from proxy.credentials import credential_problems
 from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -106,8 +108,12 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings) -> web.Application:
-    """Build the proxy. Invalid per-model policies fail here, before serving."""
+    """Build the proxy. Invalid per-model policies, and keys that would go to the wrong host
+    or not at all, fail here, before serving."""
     validate_all_policies(settings)
+    problems = credential_problems(settings, os.environ)
+    if problems:
+        raise ConfigError("\n".join(["refusing to start:", *(f"  {p}" for p in problems)]))
     # Room above the limit so that an oversized body is answered by the handler in
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)

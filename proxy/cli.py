@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from proxy import admin_cli
 from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
+from proxy.credentials import credential_problems, key_source
 from proxy.metrics import serve_metrics_port
 from proxy.policy import configured_window, resolve_policy
 
@@ -62,6 +64,7 @@ def resolved_routes(settings: Settings) -> list[dict[str, Any]]:
             "model": route.model,
             "base_url": route.base,
             "api_key_env": route.api_key_env,
+            "key_source": key_source(route),
             "policies": {},
         }
         for label, model in models.items():
@@ -77,10 +80,14 @@ def _check_config(args: argparse.Namespace) -> int:
     report = {
         "store_url": settings.store_url.split("@")[-1],
         "listen": f"{settings.host}:{settings.port}",
+        "admin_api": "on" if settings.admin_token is not None else "off",
         "routes": resolved_routes(settings),
     }
     print(yaml.safe_dump(report, sort_keys=False), end="")
-    return 0
+    problems = credential_problems(settings, os.environ)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -130,9 +130,17 @@ class Route(_Strict):
     policy: PolicyOverrides = PolicyOverrides()
     models: dict[str, ModelOverride] = {}
 
+    @field_validator("api_key_env", mode="before")
+    @classmethod
+    def _empty_means_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
     @property
     def base(self) -> str:
         return str(self.base_url).rstrip("/")
+
+
+MIN_ADMIN_TOKEN_CHARS = 16
 
 
 class Settings(BaseSettings):
@@ -187,6 +195,24 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     policy: Policy = Policy()
     routes: list[Route] = []
+
+    @field_validator("tenant_secret", "admin_token", "upstream_api_key_env", mode="before")
+    @classmethod
+    def _empty_means_unset(cls, value: Any) -> Any:
+        # Compose files and charts pass ``VAR: ${VAR:-}``: an empty secret is no secret.
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_is_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"admin_token must be at least {MIN_ADMIN_TOKEN_CHARS} characters "
+                "(e.g. `openssl rand -hex 24`), or unset to turn the admin API off"
+            )
+        return value
 
     @field_validator("store_url")
     @classmethod

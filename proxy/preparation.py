@@ -23,7 +23,9 @@ from proxy.compaction import triggers
 from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
+from proxy.config import Route
 from proxy.conversation import Message, Surface, missed_checkpoints
+from proxy.credentials import summary_call_headers
 from proxy.events import (
     context_event,
     first_unlogged,
@@ -81,13 +83,18 @@ class Prepared:
 
 
 def summary_call(
-    app: web.Application, client_headers: Mapping[str, str], summary_model: str
+    app: web.Application,
+    client_headers: Mapping[str, str],
+    request_route: Route,
+    summary_model: str,
 ) -> SummaryCall:
-    """The summary call: the summary model's route, the client's credentials (or the route's
-    own key), the configured timeout."""
+    """The summary call: the summary model's route, the configured timeout, and of the
+    client's headers only those ``summary_call_headers`` allows (its credentials only when
+    the summary goes to the host its request went to; the route's own key otherwise)."""
     route = app[POLICIES].for_model(summary_model).route
     url = f"{route.base}/chat/completions"
-    headers = upstream_headers(client_headers, route.api_key_env)
+    allowed = summary_call_headers(client_headers, request_route, route)
+    headers = upstream_headers(allowed, route.api_key_env)
     headers["Content-Type"] = "application/json"
     timeout = app[SETTINGS].summary_timeout_seconds
 
@@ -324,7 +331,7 @@ def compaction_job(
         pruner=model_policy.pruner,
         window=window,
         summary_model=summary_model,
-        summarize=summary_call(app, client_headers, summary_model),
+        summarize=summary_call(app, client_headers, model_policy.route, summary_model),
         route=model_policy.route.model,
         summary_window=summary_window,
         summary_route=summary_policy.route.model,

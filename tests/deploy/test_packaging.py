@@ -192,3 +192,12 @@ def test_optional_resources_are_opt_in(template: str, switch: str) -> None:
     assert text.startswith("{{- if .Values." + switch + " }}")
     section, key = switch.split(".")
     assert values()[section][key] is False
+
+
+def test_compose_never_passes_an_empty_admin_token() -> None:
+    """``VAR: ${VAR:-}`` would pass an empty token; a bare key passes the shell's value only
+    when it is set, so the admin API stays off unless a real token is given."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    environment = compose["services"]["proxy"]["environment"]
+    assert environment["COMPACTION_PROXY_ADMIN_TOKEN"] is None
+    assert all(":-}" not in str(value) for value in environment.values())

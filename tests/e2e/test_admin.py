@@ -14,7 +14,7 @@ from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
 
-TOKEN = "admin-secret"
+TOKEN = "admin-secret-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MODEL = "fake-model"
 
@@ -64,10 +64,16 @@ async def proxy(make_proxy: ProxyFactory, upstream_url: str) -> RunningProxy:
     return await make_proxy(admin_token=TOKEN, routes=routes(upstream_url))
 
 
-async def test_admin_is_off_without_a_token(make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy()
-    status, _ = await admin(proxy, "GET", "/conversations")
-    assert status == 404
+@pytest.mark.parametrize("configured", [None, "", "   "])
+async def test_admin_is_off_without_a_token(
+    make_proxy: ProxyFactory, configured: str | None
+) -> None:
+    """An empty token (a compose file's ``${VAR:-}``) is no token: ``Bearer`` with nothing
+    after it gets nothing."""
+    proxy = await make_proxy(**({} if configured is None else {"admin_token": configured}))
+    for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": "Bearer "}):
+        status, _ = await admin(proxy, "GET", "/conversations", headers=headers)
+        assert status == 404
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import openai
+import pytest
 from prometheus_client import REGISTRY
 
 from proxy.testing.fake_upstream import FakeUpstream
@@ -208,3 +209,43 @@ async def test_summary_calls_per_tenant_have_a_ceiling(
     other = await ask(proxy.url, history(), key="sk-other-tenant")
     assert other.headers["x-compaction-status"] == "compacted"
     assert len(fake.summary_requests) == 3
+
+
+async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_headers(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    aiohttp_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client credentials go only to the host the client's request was routed to; a summary
+    call carries only allow-listed client headers."""
+    summarizer = FakeUpstream()
+    elsewhere = str((await aiohttp_server(summarizer.app())).make_url("/v1"))
+    monkeypatch.setenv("SUMMARIZER_KEY", "sk-proxy-owned")
+    proxy = await make_proxy(
+        routes=[
+            {
+                "model": "small-*",
+                "base_url": upstream_url,
+                "context_window": WINDOW,
+                "policy": {"summary_model": "summarizer-model"},
+            },
+            {"model": "summarizer-model", "base_url": elsewhere, "api_key_env": "SUMMARIZER_KEY"},
+        ]
+    )
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        reply = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+            extra_headers={"X-Trace-Id": "trace-1", "OpenAI-Organization": "org-1"},
+        )
+    assert reply.headers["x-compaction-status"] == "compacted"
+    (summary,) = summarizer.summary_requests
+    assert summary.headers["Authorization"] == "Bearer sk-proxy-owned"
+    sent = {name.lower(): value for name, value in summary.headers.items()}
+    assert "x-trace-id" not in sent and sent["openai-organization"] == "org-1"
+    assert all("sk-a" not in value for value in sent.values())
+    (forwarded,) = [r for r in fake.received if r.path.endswith("/chat/completions")]
+    assert forwarded.headers["Authorization"] == "Bearer sk-a"
+    assert {k.lower(): v for k, v in forwarded.headers.items()}["x-trace-id"] == "trace-1"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.app import create_app
 from proxy.cli import main, resolved_routes
 from proxy.config import ConfigError, load_settings
 from proxy.policy import budgets, configured_window, resolve_policy, route_for
@@ -142,12 +143,66 @@ def test_budgets_are_floored_shares_of_the_window(
     assert (result.threshold, result.retain) == expected
 
 
-def test_check_config_prints_each_route_policy(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_check_config_prints_each_route_policy_and_key_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("OPENAI_KEY", "sk-route-secret")
     assert main(["check-config", str(write(tmp_path, ROUTES))]) == 0
     out = capsys.readouterr().out
     assert "gpt-4o-mini" in out and "retain_tokens: 5000" in out and "llama-3" in out
+    assert "key_source: route (OPENAI_KEY)" in out and "key_source: client" in out
+    assert "sk-route-secret" not in out
+
+
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_a_route_key_variable_that_is_unset_or_empty_is_refused(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    value: str | None,
+) -> None:
+    """Otherwise the client's own key would quietly go to that route's host."""
+    if value is not None:
+        monkeypatch.setenv("OPENAI_KEY", value)
+    assert main(["check-config", str(write(tmp_path, ROUTES))]) == 1
+    assert "routes[0].api_key_env: names OPENAI_KEY, which is unset" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="OPENAI_KEY"):
+        create_app(load_settings(write(tmp_path, ROUTES)))
+
+
+SUMMARY_ELSEWHERE = """
+policy:
+  summary_model: cheap-summarizer
+routes:
+  - model: cheap-summarizer
+    base_url: http://summaries.example/v1
+"""
+
+
+def test_a_summary_model_on_another_host_without_its_own_key_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match=r"summary_model cheap-summarizer.*another host"):
+        create_app(load_settings(write(tmp_path, SUMMARY_ELSEWHERE)))
+    keyed = SUMMARY_ELSEWHERE + "    api_key_env: SUMMARY_KEY\n"
+    monkeypatch.setenv("SUMMARY_KEY", "sk-summaries")
+    create_app(load_settings(write(tmp_path, keyed)))
+
+
+@pytest.mark.parametrize("name", ["TENANT_SECRET", "ADMIN_TOKEN"])
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_secret_setting_means_unset(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(f"COMPACTION_PROXY_{name}", value)
+    settings = load_settings(None)
+    assert getattr(settings, name.lower()) is None
+
+
+def test_a_short_admin_token_refuses_to_start_naming_the_setting() -> None:
+    with pytest.raises(ConfigError, match=r"admin_token: .*at least 16 characters"):
+        load_settings(None, admin_token="short-token")
+    assert load_settings(None, admin_token="x" * 16).admin_token is not None
 
 
 def test_check_config_rejects_a_bad_file(
