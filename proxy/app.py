@@ -11,12 +11,14 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy import handlers
 from proxy.admin import admin_routes
 from proxy.compaction.engine import Engine, EngineSettings
 from proxy.config import ConfigError, Settings
 from proxy.credentials import credential_problems
+from proxy.errors import error_response
 from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
@@ -29,12 +31,14 @@ from proxy.keys import (
     TENANT_SECRET,
 )
 from proxy.log_cursor import LogCursors
+from proxy.loops import self_loop_problems
 from proxy.meter import TokenMeter
-from proxy.metrics import initialize_label_sets, metrics_handler
+from proxy.metrics import REQUESTS, initialize_label_sets, metrics_handler
 from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
 from proxy.tenant import TenantSecret
 from proxy.tokenizers import warm_up
+from proxy.upstream import HOP_HEADER
 from proxy.windows import LearnedWindows
 
 log = logging.getLogger(__name__)
@@ -107,16 +111,33 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+@web.middleware
+async def refuse_looped_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request that carries our hop marker was sent by a proxy: forwarding it again could
+    go on forever (see ``proxy.loops``)."""
+    if HOP_HEADER in request.headers and request.path.startswith("/v1/"):
+        REQUESTS.labels(route="", outcome="loop_detected").inc()
+        return error_response(
+            508,
+            "This request already passed through a compaction proxy and would be forwarded "
+            "to one again: check that the proxy's upstream is not the proxy itself.",
+            code="loop_detected",
+        )
+    return await handler(request)
+
+
 def create_app(settings: Settings) -> web.Application:
     """Build the proxy. Invalid per-model policies, and keys that would go to the wrong host
     or not at all, fail here, before serving."""
     validate_all_policies(settings)
-    problems = credential_problems(settings, os.environ)
+    problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
     if problems:
         raise ConfigError("\n".join(["refusing to start:", *(f"  {p}" for p in problems)]))
     # Room above the limit so that an oversized body is answered by the handler in
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
-    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes + 1, middlewares=[refuse_looped_requests]
+    )
     app[SETTINGS] = settings
     initialize_label_sets()
     app[POLICIES] = PolicyBook(settings)

@@ -15,6 +15,7 @@ from aiohttp import web
 from proxy import admin_cli
 from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
 from proxy.credentials import credential_problems, key_source
+from proxy.loops import self_loop_problems
 from proxy.metrics import serve_metrics_port
 from proxy.policy import configured_window, resolve_policy
 
@@ -84,7 +85,7 @@ def _check_config(args: argparse.Namespace) -> int:
         "routes": resolved_routes(settings),
     }
     print(yaml.safe_dump(report, sort_keys=False), end="")
-    problems = credential_problems(settings, os.environ)
+    problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -29,7 +29,9 @@ def key_source(route: Route) -> str:
 
 
 @dataclass(frozen=True)
-class CredentialProblem:
+class ConfigProblem:
+    """A setting that would make the proxy send a request where it must not go."""
+
     setting: str
     message: str
 
@@ -52,14 +54,14 @@ def _models_of(route: Route) -> Iterator[str]:
     yield from route.models
 
 
-def credential_problems(settings: Settings, environ: Mapping[str, str]) -> list[CredentialProblem]:
+def credential_problems(settings: Settings, environ: Mapping[str, str]) -> list[ConfigProblem]:
     """Everything that would send a key where it does not belong, or no key at all."""
-    problems: list[CredentialProblem] = []
+    problems: list[ConfigProblem] = []
     for setting, route in all_routes(settings):
         env = route.api_key_env
         if env is not None and not environ.get(env, "").strip():
             problems.append(
-                CredentialProblem(
+                ConfigProblem(
                     _key_setting(setting),
                     f"names {env}, which is unset or empty: the client's own key would be "
                     f"sent to {route.base} instead",
@@ -72,7 +74,7 @@ def credential_problems(settings: Settings, environ: Mapping[str, str]) -> list[
             summary_route = route_for(settings, summary_model)
             if summary_route.base != route.base and not summary_route.api_key_env:
                 problems.append(
-                    CredentialProblem(
+                    ConfigProblem(
                         f"{setting}: summary_model {summary_model}",
                         f"is served by {summary_route.base}, another host than "
                         f"{route.base}, and its route has no api_key_env: client keys are "

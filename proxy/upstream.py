@@ -34,10 +34,16 @@ _NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", 
 _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"content-length", "content-encoding"}
 
 
+# Sent on every request the proxy makes; a request arriving with it came from a proxy (this
+# one, looped back by configuration) and is refused with 508 (see ``proxy.loops``).
+HOP_HEADER = "X-Compaction-Proxy-Hop"
+
+
 def upstream_headers(
     client_headers: Mapping[str, str], api_key_env: str | None
 ) -> CIMultiDict[str]:
-    """The client's headers, minus hop-by-hop ones; a route key replaces the client's."""
+    """The client's headers, minus hop-by-hop ones, plus the hop marker; a route key replaces
+    the client's."""
     headers: CIMultiDict[str] = CIMultiDict(
         (name, value)
         for name, value in client_headers.items()
@@ -48,6 +54,7 @@ def upstream_headers(
         if route_key:
             headers.popall("api-key", None)
             headers["Authorization"] = f"Bearer {route_key}"
+    headers[HOP_HEADER] = "1"
     return headers
 
 
