@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Protocol
+
+from proxy.store.base import StoreUnavailable
 
 TENANT_HEX_LENGTH = 32
 
@@ -40,15 +44,42 @@ class TenantSecret:
     ``SET NX`` semantics, so every replica and every restart agrees on it (with the in-process
     store it lives as long as the process). Until the store answers, ``get`` raises
     StoreUnavailable and requests are served without the store.
+
+    Replicas converge after the store loses its data: every ``refresh_seconds`` a replica
+    offers the secret it holds back to the store (``SET NX``) and adopts whatever the store
+    then holds. The first replica to look after the loss writes its secret back; the others,
+    and a replica started since (which may have written a fresh one first), all end up on the
+    one value in the store within ``refresh_seconds``.
     """
 
     STORE_NAME = "tenant"
 
-    def __init__(self, configured: bytes | None, store: SecretStore) -> None:
+    def __init__(
+        self,
+        configured: bytes | None,
+        store: SecretStore,
+        refresh_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._configured = configured is not None
         self._secret = configured
         self._store = store
+        self.refresh_seconds = refresh_seconds
+        self._clock = clock
+        self._checked_at = -math.inf
 
     async def get(self) -> bytes:
-        if self._secret is None:
-            self._secret = await self._store.shared_secret(self.STORE_NAME, secrets.token_bytes(32))
+        if self._configured and self._secret is not None:
+            return self._secret
+        now = self._clock()
+        if self._secret is not None and now - self._checked_at < self.refresh_seconds:
+            return self._secret
+        offered = self._secret or secrets.token_bytes(32)
+        try:
+            self._secret = await self._store.shared_secret(self.STORE_NAME, offered)
+        except StoreUnavailable:
+            if self._secret is None:
+                raise
+            # The secret held stays in force while the store is away.
+        self._checked_at = now
         return self._secret

@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import redis.asyncio
 from prometheus_client import REGISTRY
 
 from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
@@ -159,3 +160,35 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
     assert positions == list(range(len(history) - 1))  # the body: all but the system prompt
     logged = latest_request(events)
     assert logged is not None and logged.body == history[1:]
+
+
+async def test_replicas_agree_on_the_generated_tenant_secret_after_redis_loses_its_data(
+    make_proxy: ProxyFactory, private_redis: RedisServer
+) -> None:
+    """Two replicas on one Redis without a configured secret, Redis flushed twice mid-run:
+    the same client keeps one conversation id across replicas after each loss."""
+    messages = [system(), user(f"tenant secret {uuid.uuid4().hex}")]
+
+    async def replica() -> RunningProxy:
+        proxy = await make_proxy(store_url=private_redis.url, tenant_secret=None)
+        proxy.app[TENANT_SECRET].refresh_seconds = 0  # look at the store on every request
+        return proxy
+
+    async def flush() -> None:
+        client = redis.asyncio.from_url(private_redis.url)
+        await client.flushall()
+        await client.aclose()
+
+    a = await replica()
+    _, first = await ask(a, messages)
+    await flush()
+    _, again = await ask(a, messages)
+    assert again == first  # the running replica wrote its secret back
+    b = await replica()
+    assert (await ask(b, messages))[1] == first
+
+    await flush()
+    c = await replica()  # started after the loss: it writes a fresh secret first
+    _, from_c = await ask(c, messages)
+    assert (await ask(a, messages))[1] == from_c
+    assert (await ask(b, messages))[1] == from_c
