@@ -15,11 +15,13 @@ from aiohttp.typedefs import Handler
 
 from proxy import handlers
 from proxy.admin import admin_routes
+from proxy.client_keys import ClientKeys, holds_upstream_keys, load_client_key_digests
 from proxy.compaction.engine import Engine, EngineSettings
 from proxy.config import ConfigError, Settings
-from proxy.credentials import credential_problems
+from proxy.credentials import ConfigProblem, credential_problems
 from proxy.errors import error_response
 from proxy.keys import (
+    CLIENT_KEYS,
     ENGINE,
     HTTP_CLIENT,
     IN_FLIGHT,
@@ -36,7 +38,7 @@ from proxy.meter import TokenMeter
 from proxy.metrics import REQUESTS, initialize_label_sets, metrics_handler
 from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
-from proxy.tenant import TenantSecret
+from proxy.tenant import TenantSecret, api_key_of
 from proxy.tokenizers import warm_up
 from proxy.upstream import HOP_HEADER
 from proxy.windows import LearnedWindows
@@ -126,19 +128,46 @@ async def refuse_looped_requests(request: web.Request, handler: Handler) -> web.
     return await handler(request)
 
 
+@web.middleware
+async def authenticate_clients(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """When the proxy holds upstream keys, only holders of a client key may use ``/v1/``."""
+    keys = request.app[CLIENT_KEYS]
+    guarded = keys.required and request.path.startswith("/v1/")
+    if guarded and not keys.allows(api_key_of(request.headers)):
+        REQUESTS.labels(route="", outcome="unauthorized").inc()
+        return error_response(
+            401,
+            "Incorrect API key provided: use a client key issued for this proxy.",
+            code="invalid_api_key",
+        )
+    return await handler(request)
+
+
 def create_app(settings: Settings) -> web.Application:
     """Build the proxy. Invalid per-model policies, and keys that would go to the wrong host
     or not at all, fail here, before serving."""
     validate_all_policies(settings)
     problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
+    client_keys = ClientKeys(load_client_key_digests(settings), holds_upstream_keys(settings))
+    if client_keys.required and not client_keys.digests:
+        problems.append(
+            ConfigProblem(
+                "client_keys_file",
+                "a route holds an upstream key (api_key_env), so clients must authenticate "
+                "with keys of their own: create one with `compaction-proxy client-key new` and "
+                "list its digest in client_keys_file or client_key_digests",
+            )
+        )
     if problems:
         raise ConfigError("\n".join(["refusing to start:", *(f"  {p}" for p in problems)]))
     # Room above the limit so that an oversized body is answered by the handler in
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(
-        client_max_size=settings.max_body_bytes + 1, middlewares=[refuse_looped_requests]
+        client_max_size=settings.max_body_bytes + 1,
+        middlewares=[refuse_looped_requests, authenticate_clients],
     )
     app[SETTINGS] = settings
+    app[CLIENT_KEYS] = client_keys
     initialize_label_sets()
     app[POLICIES] = PolicyBook(settings)
     app[LEARNED_WINDOWS] = LearnedWindows()

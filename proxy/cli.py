@@ -1,4 +1,4 @@
-"""Command line: ``compaction-proxy serve | check-config | conversations``."""
+"""Command line: ``compaction-proxy serve | check-config | client-key | conversations``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import yaml
 from aiohttp import web
 
 from proxy import admin_cli
+from proxy.client_keys import digest_of, new_key
 from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
 from proxy.credentials import credential_problems, key_source
 from proxy.loops import self_loop_problems
@@ -91,6 +92,14 @@ def _check_config(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _new_client_key(args: argparse.Namespace) -> int:
+    key = new_key()
+    name = args.name or ""
+    print(f"client key (give it to the client; it is not stored): {key}")
+    print(f"line for client_keys_file: {digest_of(key)} {name}".rstrip())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="compaction-proxy",
@@ -112,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", nargs="?", help="YAML file (default as for serve)")
     check.set_defaults(run=_check_config)
+
+    client_key = commands.add_parser(
+        "client-key", help="issue client keys (required once a route holds an upstream key)"
+    )
+    client_key_actions = client_key.add_subparsers(dest="action", required=True)
+    issue = client_key_actions.add_parser("new", help="a fresh key and its digest line")
+    issue.add_argument("--name", help="a label for the digest line (who holds the key)")
+    issue.set_defaults(run=_new_client_key)
 
     admin_cli.add_parser(commands)
     return parser

@@ -190,6 +190,9 @@ class Settings(BaseSettings):
     # Messages with more text than this are logged by hash and digest only.
     log_content_max_chars: PositiveInt = 1024 * 1024
     tenant_secret: SecretStr | None = None
+    # Client keys (SHA-256 digests), required once any route holds an upstream key.
+    client_keys_file: str | None = None
+    client_key_digests: list[str] = []
     admin_token: SecretStr | None = None
     shutdown_timeout: float = Field(default=30.0, ge=0)
     log_level: str = "INFO"

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from proxy.config import Route
 from proxy.errors import error_response
-from proxy.keys import HTTP_CLIENT
+from proxy.keys import CLIENT_KEYS, HTTP_CLIENT
 from proxy.metrics import UPSTREAM_DURATION
 from proxy.upstream import (
     ClientGone,
@@ -51,7 +51,8 @@ async def forward(
     """Send ``payload`` upstream. A successful stream is relayed to the client as it arrives;
     any other answer is returned whole, so the caller may still decide to retry."""
     session = request.app[HTTP_CLIENT]
-    headers = upstream_headers(request.headers, route.api_key_env)
+    proxy_keys = request.app[CLIENT_KEYS].required
+    headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     headers.setdefault("Content-Type", "application/json")
     url = f"{route.base}/chat/completions"
     started = time.perf_counter()

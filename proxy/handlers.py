@@ -22,7 +22,15 @@ from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
 from proxy.events import usage_event
 from proxy.forwarding import Reply, forward
-from proxy.keys import HTTP_CLIENT, IN_FLIGHT, LEARNED_WINDOWS, POLICIES, SETTINGS, STORE
+from proxy.keys import (
+    CLIENT_KEYS,
+    HTTP_CLIENT,
+    IN_FLIGHT,
+    LEARNED_WINDOWS,
+    POLICIES,
+    SETTINGS,
+    STORE,
+)
 from proxy.metrics import (
     BYPASSES,
     CLIENT_DISCONNECTS,
@@ -238,7 +246,8 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     route = settings.default_route
     session = request.app[HTTP_CLIENT]
-    headers = upstream_headers(request.headers, route.api_key_env)
+    proxy_keys = request.app[CLIENT_KEYS].required
+    headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     try:
         async with session.get(f"{route.base}/models", headers=headers) as upstream:
             body = await upstream.read()

@@ -7,6 +7,7 @@ from collections import Counter
 import aiohttp
 from aiohttp import web
 
+from proxy.client_keys import ClientKeys
 from proxy.compaction.engine import Engine
 from proxy.config import Settings
 from proxy.log_cursor import LogCursors
@@ -25,3 +26,4 @@ LEARNED_WINDOWS = web.AppKey("learned_windows", LearnedWindows)
 # Requests being forwarded per conversation on this process (manual compaction waits for 0).
 IN_FLIGHT: web.AppKey[Counter[str]] = web.AppKey("in_flight")
 LOG_CURSORS = web.AppKey("log_cursors", LogCursors)
+CLIENT_KEYS = web.AppKey("client_keys", ClientKeys)

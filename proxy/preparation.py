@@ -33,6 +33,7 @@ from proxy.events import (
     request_event,
 )
 from proxy.keys import (
+    CLIENT_KEYS,
     ENGINE,
     HTTP_CLIENT,
     LEARNED_WINDOWS,
@@ -94,7 +95,7 @@ def summary_call(
     route = app[POLICIES].for_model(summary_model).route
     url = f"{route.base}/chat/completions"
     allowed = summary_call_headers(client_headers, request_route, route)
-    headers = upstream_headers(allowed, route.api_key_env)
+    headers = upstream_headers(allowed, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required)
     headers["Content-Type"] = "application/json"
     timeout = app[SETTINGS].summary_timeout_seconds
 

@@ -39,15 +39,18 @@ _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"content-length", "content-encoding"}
 HOP_HEADER = "X-Compaction-Proxy-Hop"
 
 
+_CLIENT_CREDENTIALS = frozenset({"authorization", "api-key"})
+
+
 def upstream_headers(
-    client_headers: Mapping[str, str], api_key_env: str | None
+    client_headers: Mapping[str, str], api_key_env: str | None, *, proxy_keys: bool = False
 ) -> CIMultiDict[str]:
     """The client's headers, minus hop-by-hop ones, plus the hop marker; a route key replaces
-    the client's."""
+    the client's. With ``proxy_keys`` the client's credential is a key for this proxy, never
+    sent on."""
+    dropped = _NOT_FORWARDED_UP | _CLIENT_CREDENTIALS if proxy_keys else _NOT_FORWARDED_UP
     headers: CIMultiDict[str] = CIMultiDict(
-        (name, value)
-        for name, value in client_headers.items()
-        if name.lower() not in _NOT_FORWARDED_UP
+        (name, value) for name, value in client_headers.items() if name.lower() not in dropped
     )
     if api_key_env:
         route_key = os.environ.get(api_key_env)

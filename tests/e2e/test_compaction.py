@@ -12,6 +12,7 @@ import openai
 import pytest
 from prometheus_client import REGISTRY
 
+from proxy.client_keys import digest_of
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory
@@ -218,23 +219,26 @@ async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_heade
     aiohttp_server: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Client credentials go only to the host the client's request was routed to; a summary
-    call carries only allow-listed client headers."""
+    """A summary call carries only allow-listed client headers, and the summary route's own
+    key. Holding that key, the proxy requires client keys, and never forwards them."""
     summarizer = FakeUpstream()
     elsewhere = str((await aiohttp_server(summarizer.app())).make_url("/v1"))
     monkeypatch.setenv("SUMMARIZER_KEY", "sk-proxy-owned")
+    monkeypatch.setenv("MAIN_KEY", "sk-main-route")
     proxy = await make_proxy(
+        client_key_digests=[digest_of("cpk-a")],
         routes=[
             {
                 "model": "small-*",
                 "base_url": upstream_url,
+                "api_key_env": "MAIN_KEY",
                 "context_window": WINDOW,
                 "policy": {"summary_model": "summarizer-model"},
             },
             {"model": "summarizer-model", "base_url": elsewhere, "api_key_env": "SUMMARIZER_KEY"},
-        ]
+        ],
     )
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="cpk-a", max_retries=0) as client:
         reply = await client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=history(),  # type: ignore[arg-type]
@@ -245,7 +249,7 @@ async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_heade
     assert summary.headers["Authorization"] == "Bearer sk-proxy-owned"
     sent = {name.lower(): value for name, value in summary.headers.items()}
     assert "x-trace-id" not in sent and sent["openai-organization"] == "org-1"
-    assert all("sk-a" not in value for value in sent.values())
+    assert all("cpk-a" not in value for value in sent.values())
     (forwarded,) = [r for r in fake.received if r.path.endswith("/chat/completions")]
-    assert forwarded.headers["Authorization"] == "Bearer sk-a"
+    assert forwarded.headers["Authorization"] == "Bearer sk-main-route"
     assert {k.lower(): v for k, v in forwarded.headers.items()}["x-trace-id"] == "trace-1"

@@ -186,7 +186,8 @@ def test_a_summary_model_on_another_host_without_its_own_key_is_refused(
         create_app(load_settings(write(tmp_path, SUMMARY_ELSEWHERE)))
     keyed = SUMMARY_ELSEWHERE + "    api_key_env: SUMMARY_KEY\n"
     monkeypatch.setenv("SUMMARY_KEY", "sk-summaries")
-    create_app(load_settings(write(tmp_path, keyed)))
+    client_keys = {"client_key_digests": ["0" * 64]}  # the proxy now holds a key
+    create_app(load_settings(write(tmp_path, keyed), **client_keys))
 
 
 @pytest.mark.parametrize("name", ["TENANT_SECRET", "ADMIN_TOKEN"])
