@@ -108,6 +108,7 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
         failure_cooldown_seconds=settings.failure_cooldown_seconds,
         failure_growth_ratio=settings.failure_growth_ratio,
         summaries_per_minute_per_tenant=settings.summaries_per_minute_per_tenant,
+        summaries_per_minute_per_route=settings.summaries_per_minute_per_route,
     )
     app[ENGINE] = Engine(app[STORE], meter, engine_settings)
     yield

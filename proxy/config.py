@@ -184,6 +184,7 @@ class Settings(BaseSettings):
     failure_cooldown_seconds: float = Field(default=300.0, ge=0)
     failure_growth_ratio: float = Field(default=0.1, ge=0)
     summaries_per_minute_per_tenant: int = Field(default=60, ge=0)
+    summaries_per_minute_per_route: int = Field(default=600, ge=0)
     checkpoint_miss_limit: int = Field(default=3, ge=0)
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True

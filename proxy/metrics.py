@@ -118,6 +118,13 @@ OVER_THRESHOLD = Counter(
     "bring them below it (live_turn, no_range, summary_failed, cooldown, stopped, ...).",
     ["route", "reason"],
 )
+GUARDS = ("tenant_ceiling", "route_ceiling", "recovery_cooldown", "miss_guard")
+GUARD_TRIPS = Counter(
+    "compaction_proxy_guard_trips_total",
+    "Summary calls a money guard stopped, by guard (tenant_ceiling, route_ceiling, "
+    "recovery_cooldown, miss_guard).",
+    ["guard"],
+)
 PROACTIVE_STOPPED = Counter(
     "compaction_proxy_proactive_compaction_stopped_total",
     "Conversations whose proactive compaction stopped after repeated checkpoint misses.",
@@ -154,6 +161,7 @@ STORE_OPERATIONS = (
     "wait_for_lease",
     "renew_lease",
     "shared_secret",
+    "take_quota",
 )
 
 
@@ -166,6 +174,8 @@ def initialize_label_sets() -> None:
         OVERFLOW_RECOVERIES.labels(result=result)
     for result in ("released", "timed_out"):
         LEASE_WAITS.labels(result=result)
+    for guard in GUARDS:
+        GUARD_TRIPS.labels(guard=guard)
 
 
 def exposition_registry() -> CollectorRegistry:

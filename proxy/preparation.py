@@ -32,6 +32,7 @@ from proxy.events import (
     message_events,
     request_event,
 )
+from proxy.guards import trip
 from proxy.keys import (
     CLIENT_KEYS,
     ENGINE,
@@ -173,10 +174,11 @@ def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) 
         CHECKPOINT_MISSES.inc()
         if misses == limit:
             PROACTIVE_STOPPED.inc()
-            log.warning(
-                "conversation %s keeps missing its own checkpoints (the client rewrites early "
-                "messages?): proactive compaction stops for it",
+            trip(
+                "miss_guard",
                 view.conversation,
+                "the conversation keeps missing its own checkpoints (the client rewrites early "
+                "messages?): proactive compaction stops for it",
             )
     elif surface.checkpoints:
         misses = 0

@@ -19,13 +19,15 @@ from aiohttp import web
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import Engine
+from proxy.config import Settings
 from proxy.conversation import Message
 from proxy.events import request_event
-from proxy.keys import ENGINE, STORE
+from proxy.guards import trip
+from proxy.keys import ENGINE, SETTINGS, STORE
 from proxy.metrics import COMPACTION_ERRORS
 from proxy.policy import ModelPolicy, budgets
-from proxy.preparation import Prepared, model_window, payload_for
-from proxy.store.base import StoreUnavailable
+from proxy.preparation import MISSES, Prepared, model_window, payload_for
+from proxy.store.base import ConversationState, StoreUnavailable
 from proxy.tasks import shielded
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,29 @@ async def _compact(
         log.exception("overflow compaction failed")
 
 
+RECOVERED_AT = "overflow_recovery_at"
+
+
+def _recovery_cooling_down(
+    settings: Settings, prepared: Prepared, state: ConversationState
+) -> bool:
+    """The miss guard covers overflow recovery too: a conversation that stopped matching its
+    own checkpoints (its client rewrites early messages) gets at most one recovery summary per
+    ``failure_cooldown_seconds``, instead of one or more on every request that overflows."""
+    limit = settings.checkpoint_miss_limit
+    misses = int(prepared.pending_attributes.get(MISSES, "0"))
+    if limit == 0 or misses < limit:
+        return False
+    now = time.time()
+    last = float(state.attributes.get(RECOVERED_AT, "0"))
+    if now - last < settings.failure_cooldown_seconds:
+        trip("recovery_cooldown", prepared.conversation or "", "overflow recovery waits")
+        return True
+    # Written with the request's other attributes, whether this recovery commits or not.
+    prepared.pending_attributes[RECOVERED_AT] = f"{now:.3f}"
+    return False
+
+
 async def recover_overflow(
     request: web.Request, chat: ChatRequest, model_policy: ModelPolicy, prepared: Prepared
 ) -> Prepared | None:
@@ -80,6 +105,8 @@ async def recover_overflow(
     if window is not None and engine.planner.irreducible_tokens(job, failed) > window:
         # The live turn alone (with head and tools) does not fit: compacting the past cannot
         # help, so the upstream's own answer stands.
+        return None
+    if _recovery_cooling_down(app[SETTINGS], prepared, state):
         return None
     try:
         await _compact(engine, dataclasses.replace(prepared, job=job), threshold, window_is_a_guess)

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from proxy.compaction.breaker import SummaryBreaker, means_unavailable
-from proxy.compaction.ceiling import SummaryCeiling
+from proxy.compaction.ceiling import TENANT_CEILING, SummaryCeilings
 from proxy.compaction.planning import CompactionJob, Plan, Planner
 from proxy.compaction.prune import PruneCandidate, prune_candidates
 from proxy.compaction.select import Span
@@ -39,6 +39,7 @@ from proxy.conversation import (
     branch_fingerprint,
     superseded_by,
 )
+from proxy.guards import trip
 from proxy.meter import Measurement, TokenMeter, counter_for
 from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
 from proxy.offload import off_loop_if
@@ -98,6 +99,7 @@ class EngineSettings:
     failure_growth_ratio: float = 0.1
     max_busy_waits: int = 3
     summaries_per_minute_per_tenant: int = 60
+    summaries_per_minute_per_route: int = 600
 
 
 def _event(event_type: str, **fields: object) -> Event:
@@ -124,13 +126,16 @@ class Engine:
     store: Store
     meter: TokenMeter
     settings: EngineSettings = field(default_factory=EngineSettings)
-    ceiling: SummaryCeiling = field(init=False)
+    ceilings: SummaryCeilings = field(init=False)
     breaker: SummaryBreaker = field(init=False)
     planner: Planner = field(init=False)
 
     def __post_init__(self) -> None:
         self.planner = Planner(self.meter)
-        self.ceiling = SummaryCeiling(self.settings.summaries_per_minute_per_tenant)
+        self.ceilings = SummaryCeilings(
+            self.settings.summaries_per_minute_per_tenant,
+            self.settings.summaries_per_minute_per_route,
+        )
         self.breaker = SummaryBreaker(self.settings.breaker_cooldown_seconds)
 
     # -- shared steps ----------------------------------------------------------------------
@@ -334,9 +339,11 @@ class Engine:
     ) -> Round:
         """Summarize the plan's span and commit it as one checkpoint."""
         span = plan.span
-        if not self.ceiling.allow(job.view.tenant):
+        refused = await self.ceilings.take(self.store, job.view.tenant, job.route)
+        if refused is not None:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
-            log.warning("summary ceiling reached for a tenant; not summarizing")
+            scope = job.view.tenant if refused == TENANT_CEILING else job.route
+            trip(refused, scope, "summary calls a minute at their ceiling; not summarizing")
             return Round(Outcome.CEILING, span)
         summarizer = job.summarizer
         if not self.breaker.allow(summarizer):

@@ -190,6 +190,14 @@ class Store(Protocol):
     async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         """Wait until no live lease holds the conversation; False if it still does."""
 
+    async def take_quota(
+        self, quotas: Sequence[tuple[str, int]], window_seconds: int
+    ) -> str | None:
+        """Take one unit of every ``(name, limit)`` quota in the current ``window_seconds``
+        window, shared by every replica, if none is at its limit. Returns None when taken,
+        else the name of the first quota at its limit (and takes nothing)."""
+        ...
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         """The secret stored under ``name``, storing ``candidate`` if there is none yet."""
 

@@ -130,6 +130,12 @@ class InstrumentedStore:
         LEASE_WAIT_DURATION.observe(time.perf_counter() - started)
         return released
 
+    async def take_quota(
+        self, quotas: Sequence[tuple[str, int]], window_seconds: int
+    ) -> str | None:
+        async with _observed("take_quota"):
+            return await self.inner.take_quota(quotas, window_seconds)
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         async with _observed("shared_secret"):
             return await self.inner.shared_secret(name, candidate)

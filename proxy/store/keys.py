@@ -27,3 +27,9 @@ def secret_key(name: str) -> str:
 def conversations_key() -> str:
     """Sorted set of conversation ids by last activity (for the admin listing)."""
     return f"{PREFIX}:conversations"
+
+
+def quota_key(name: str, window: int) -> str:
+    """Counter of one quota (e.g. a tenant's summary calls) in one fixed time window. All
+    quota keys share the hash tag ``{quota}``, so one script can take several at once."""
+    return f"{PREFIX}:{{quota}}:{name}:{window}"

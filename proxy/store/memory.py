@@ -92,6 +92,7 @@ class MemoryStore:
     ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
+        self._quotas: dict[tuple[str, int], int] = {}
         self._max = max_conversations
         self._ttl = ttl_seconds
         self._max_log_events = max_log_events
@@ -315,6 +316,20 @@ class MemoryStore:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def take_quota(
+        self, quotas: Sequence[tuple[str, int]], window_seconds: int
+    ) -> str | None:
+        window = int(time.time() // window_seconds)
+        counts = self._quotas
+        if counts and next(iter(counts))[1] != window:
+            counts.clear()  # a new window: the old counters are over
+        for name, limit in quotas:
+            if counts.get((name, window), 0) >= limit:
+                return name
+        for name, _ in quotas:
+            counts[(name, window)] = counts.get((name, window), 0) + 1
+        return None
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         return self._secrets.setdefault(name, candidate)

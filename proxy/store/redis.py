@@ -36,7 +36,7 @@ from proxy.store.base import (
     StoreUnavailable,
     body_tip,
 )
-from proxy.store.keys import conversation_keys, conversations_key, secret_key
+from proxy.store.keys import conversation_keys, conversations_key, quota_key, secret_key
 
 _LEASE_POLL_SECONDS = 0.05
 _Arg = str | int | bytes
@@ -131,6 +131,7 @@ class RedisStore:
         self._end = register(_script("end"))
         self._renew = register(_script("renew"))
         self._usage = register(_script("usage"))
+        self._quota = register(_script("quota"))
 
     @staticmethod
     def _keys(conversation: str, *names: str) -> list[str]:
@@ -323,6 +324,16 @@ class RedisStore:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def take_quota(
+        self, quotas: Sequence[tuple[str, int]], window_seconds: int
+    ) -> str | None:
+        window = int(time.time() // window_seconds)
+        keys = [quota_key(name, window) for name, _ in quotas]
+        args: list[_Arg] = [window_seconds * 2000, *(limit for _, limit in quotas)]
+        async with _unavailable_on_error("take_quota"):
+            refused = int(await self._quota(keys=keys, args=args))
+        return quotas[refused - 1][0] if refused else None
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         key = secret_key(name)

@@ -10,6 +10,7 @@ from proxy.store import Anchor, BeginResult, MemoryStore, MessageEvent, Store
 from proxy.store.redis import RedisStore
 
 START = {"type": "compaction/start"}
+HOUR = 3600  # quota windows long enough that no test straddles two
 BEGUN, BUSY, STALE = BeginResult.BEGUN, BeginResult.BUSY, BeginResult.STALE
 
 
@@ -348,3 +349,19 @@ async def test_the_memory_store_is_bounded_by_bytes_evicting_the_least_recent() 
         await store.append(name, big)  # about 21 kB each
         assert store.size_bytes <= 60_000
     assert [s.conversation for s in await store.list_conversations()] == ["d", "c"]
+
+
+async def test_quotas_are_taken_together_up_to_their_limits(store: Store) -> None:
+    tenant, route = f"tenant-{uuid.uuid4().hex}", f"route-{uuid.uuid4().hex}"
+    quotas = [(tenant, 2), (route, 3)]
+    assert [await store.take_quota(quotas, HOUR) for _ in range(3)] == [None, None, tenant]
+    # The tenant's refusal took nothing from the route: another tenant still gets one.
+    other = f"tenant-{uuid.uuid4().hex}"
+    assert await store.take_quota([(other, 5), (route, 3)], HOUR) is None
+    assert await store.take_quota([(other, 5), (route, 3)], HOUR) == route
+
+
+async def test_racing_quota_takers_never_exceed_the_limit(store: Store) -> None:
+    name = f"tenant-{uuid.uuid4().hex}"
+    taken = await asyncio.gather(*(store.take_quota([(name, 7)], HOUR) for _ in range(40)))
+    assert taken.count(None) == 7
