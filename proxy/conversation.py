@@ -185,6 +185,7 @@ class Checkpoint:
     tokens: int
     shadowed_tokens: int = 0
     end_fingerprint: str = ""  # branch_fingerprint at ``end`` of the request it was made from
+    context: str = ""  # context_fingerprint it was made under ("" before contexts were kept)
     kind: Literal["checkpoint"] = "checkpoint"
 
     def __post_init__(self) -> None:
@@ -209,6 +210,7 @@ class Prune:
     chars_after: int = 0
     head_end: int | None = None
     tail_start: int | None = None
+    context: str = ""  # context_fingerprint it was made under ("" before contexts were kept)
     kind: Literal["prune"] = "prune"
 
 
@@ -351,6 +353,8 @@ def superseded_by(
 
     dropped: list[ReplacementRecord] = []
     for record in records:
+        if record.context != checkpoint.context:
+            continue  # still in force for requests under its own instructions
         if isinstance(record, Checkpoint):
             inside = checkpoint.start <= record.start and record.end <= checkpoint.end
             if inside and on_branch(record.end, record.end_hash):

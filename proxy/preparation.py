@@ -169,7 +169,7 @@ def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) 
     """Requests in a row that missed every committed checkpoint, this one included."""
     misses = int(state.attributes.get(MISSES, "0"))
     surface = view.surface(state.records)
-    if missed_checkpoints(state.records, surface, view.body_digests):
+    if missed_checkpoints(view.applicable(state.records), surface, view.body_digests):
         misses += 1
         CHECKPOINT_MISSES.inc()
         if misses == limit:

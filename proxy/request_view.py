@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from proxy import jsonio
+from proxy.context import context_fingerprint
 from proxy.conversation import (
     Message,
     ReplacementRecord,
@@ -99,14 +100,26 @@ class RequestView:
             h.update(bytes.fromhex(digest))
         return h.hexdigest()
 
+    @cached_property
+    def context_fingerprint(self) -> str:
+        """The request's instructions up to volatile details (see ``proxy.context``)."""
+        return context_fingerprint(self.head, self.tools)
+
+    def applicable(self, records: Sequence[ReplacementRecord]) -> list[ReplacementRecord]:
+        """The records made under this request's instructions (or before those were kept)."""
+        own = self.context_fingerprint
+        return [record for record in records if record.context in ("", own)]
+
     def surface(self, records: Sequence[ReplacementRecord]) -> Surface:
-        """The surface for ``records``; derived once per records sequence (the request is
-        immutable, and its steps ask for the same state's surface several times)."""
+        """The surface for ``records`` that apply to this request; derived once per records
+        sequence (the request is immutable, and its steps ask for the same state's surface
+        several times)."""
         key = id(records)
         cached = self._surfaces.get(key)
         if cached is not None and cached[0] is records:
             return cached[1]
-        surface = derive_surface(self.head, self.body, self.chain, self.root, records)
+        applicable = self.applicable(records)
+        surface = derive_surface(self.head, self.body, self.chain, self.root, applicable)
         self._surfaces[key] = (records, surface)
         return surface
 

@@ -290,6 +290,7 @@ class Engine:
                 chars_after=c.pruned.chars_after,
                 head_end=c.pruned.head_end,
                 tail_start=c.pruned.tail_start,
+                context=view.context_fingerprint,
             )
             for c in candidates
         ]
@@ -405,6 +406,7 @@ class Engine:
             tokens=tokens,
             shadowed_tokens=span.tokens,
             end_fingerprint=branch_fingerprint(view.body_digests, span.end),
+            context=view.context_fingerprint,
         )
         summary_event = _event(
             "compaction/summary",

@@ -253,3 +253,33 @@ async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_heade
     (forwarded,) = [r for r in fake.received if r.path.endswith("/chat/completions")]
     assert forwarded.headers["Authorization"] == "Bearer sk-main-route"
     assert {k.lower(): v for k, v in forwarded.headers.items()}["x-trace-id"] == "trace-1"
+
+
+async def test_a_checkpoint_is_reused_across_a_dated_prompt_but_not_another_instruction(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Same tenant, same body: a summary written under one system prompt is not sent under
+    another instruction; a prompt that differs only by its date reuses it."""
+    proxy = await make_proxy(routes=routes(upstream_url))
+    body = history()[1:]
+    dated = "You are a coding agent. Today is Monday, November 30, 2026."
+    first = await ask(proxy.url, [system(dated), *body])
+    assert first.headers["x-compaction-status"] == "compacted"
+    assert len(fake.summary_requests) == 1
+
+    next_day = await ask(
+        proxy.url, [system(dated.replace("Monday, November 30", "Tuesday, December 1")), *body]
+    )
+    assert (
+        next_day.headers["x-compaction-conversation"] == first.headers["x-compaction-conversation"]
+    )
+    assert len(fake.summary_requests) == 1  # the same checkpoint, no new summary
+
+    other = await ask(proxy.url, [system("You are a travel agent."), *body])
+    assert other.headers["x-compaction-conversation"] == first.headers["x-compaction-conversation"]
+    assert len(fake.summary_requests) == 2  # summarized afresh under its own instructions
+    sent = fake.received[-1].body
+    assert sent is not None
+    assert sent["messages"][0]["content"] == "You are a travel agent."
+    summaries = [m for m in sent["messages"] if "<compacted-summary>" in str(m.get("content"))]
+    assert len(summaries) == 1
