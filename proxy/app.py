@@ -109,6 +109,7 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
         failure_growth_ratio=settings.failure_growth_ratio,
         summaries_per_minute_per_tenant=settings.summaries_per_minute_per_tenant,
         summaries_per_minute_per_route=settings.summaries_per_minute_per_route,
+        log_content=settings.log_content,
     )
     app[ENGINE] = Engine(app[STORE], meter, engine_settings)
     yield

@@ -170,6 +170,9 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("store_url", "COMPACTION_PROXY_STORE_URL", "REDIS_URL"),
     )
     store_ttl_seconds: float = Field(default=7 * 86400, gt=0)
+    # Replacement records (checkpoint summaries, stored in clear since they are forwarded)
+    # expire this long after a conversation's last request; unset: store_ttl_seconds.
+    record_ttl_seconds: float | None = Field(default=None, gt=0)
     store_pool_size: PositiveInt = 50
     store_socket_timeout: float = Field(default=2.0, gt=0)
     store_connect_timeout: float = Field(default=1.0, gt=0)

@@ -100,6 +100,7 @@ class EngineSettings:
     max_busy_waits: int = 3
     summaries_per_minute_per_tenant: int = 60
     summaries_per_minute_per_route: int = 600
+    log_content: bool = True  # False: the summary text is kept only in its record
 
 
 def _event(event_type: str, **fields: object) -> Event:
@@ -410,7 +411,7 @@ class Engine:
         )
         summary_event = _event(
             "compaction/summary",
-            summary=summary.text,
+            summary=summary.text if self.settings.log_content else None,
             start=span.start,
             end=span.end,
             start_prev_hash=start_prev,

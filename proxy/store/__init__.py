@@ -30,6 +30,7 @@ def _backend(settings: Settings) -> Store:
             ttl_seconds=settings.store_ttl_seconds,
             max_log_events=settings.log_max_events,
             max_bytes=settings.memory_max_bytes,
+            record_ttl_seconds=settings.record_ttl_seconds,
         )
     from proxy.store.redis import RedisStore
 
@@ -40,6 +41,7 @@ def _backend(settings: Settings) -> Store:
         pool_size=settings.store_pool_size,
         socket_timeout=settings.store_socket_timeout,
         connect_timeout=settings.store_connect_timeout,
+        record_ttl_seconds=settings.record_ttl_seconds,
     )
 
 

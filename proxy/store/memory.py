@@ -89,12 +89,14 @@ class MemoryStore:
         ttl_seconds: float = 7 * 86400,
         max_log_events: int = 10_000,
         max_bytes: int = 512 * 1024 * 1024,
+        record_ttl_seconds: float | None = None,
     ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
         self._quotas: dict[tuple[str, int], int] = {}
         self._max = max_conversations
         self._ttl = ttl_seconds
+        self._record_ttl = min(ttl_seconds, record_ttl_seconds or ttl_seconds)
         self._max_log_events = max_log_events
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -127,6 +129,8 @@ class MemoryStore:
         if entry is not None and now - entry.touched > self._ttl:
             self._drop(conversation)
             entry = None
+        elif entry is not None and now - entry.touched > self._record_ttl:
+            entry.records.clear()  # summaries are kept no longer than record_ttl_seconds
         if entry is None:
             if not create:
                 return None
@@ -154,6 +158,8 @@ class MemoryStore:
         entry = self._conversations.get(conversation)
         if entry is None:
             return ConversationState()
+        if time.monotonic() - entry.touched > self._record_ttl:
+            entry.records.clear()
         return ConversationState(
             records=tuple(entry.records),
             generation=entry.generation,

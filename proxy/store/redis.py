@@ -102,6 +102,7 @@ class RedisStore:
         pool_size: int = 50,
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
+        record_ttl_seconds: float | None = None,
     ) -> None:
         options: dict[str, Any] = {
             "decode_responses": True,
@@ -120,6 +121,9 @@ class RedisStore:
         else:
             self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
         self._ttl_ms = int(ttl_seconds * 1000)
+        # The records key (checkpoint summaries, kept in clear) may expire sooner than the rest;
+        # every script takes it as its last argument.
+        self._record_ttl_ms = min(self._ttl_ms, int((record_ttl_seconds or ttl_seconds) * 1000))
         self._max_log_events = max_log_events
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
@@ -169,6 +173,7 @@ class RedisStore:
         args.append(len(fields))
         for name, value in fields.items():
             args += [name, value]
+        args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records", "lease")
         now = time.time()
         index = self._index_due(conversation, now)
@@ -237,6 +242,7 @@ class RedisStore:
         for name, value in fields.items():
             args += [name, value]
         args += [_json(event) for event in events]
+        args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records")
         async with _unavailable_on_error("record_request"):
             await self._usage(keys=keys, args=args)
@@ -254,6 +260,7 @@ class RedisStore:
     ) -> BeginResult:
         args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
         args += [_json(start_event), -1 if expected_generation is None else expected_generation]
+        args.append(self._record_ttl_ms)
         async with _unavailable_on_error("begin_compaction"):
             result = await self._begin(keys=self._compaction_keys(conversation), args=args)
         return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
@@ -269,12 +276,13 @@ class RedisStore:
         args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
         args += [len(records), *(_json(record_to_dict(r)) for r in records)]
         args += [len(superseded), *(_json(record_to_dict(r)) for r in superseded)]
+        args.append(self._record_ttl_ms)
         async with _unavailable_on_error("commit_compaction"):
             generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
         return None if int(generation) < 0 else int(generation)
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
-        args: list[_Arg] = [owner, self._ttl_ms, _json(end_event)]
+        args: list[_Arg] = [owner, self._ttl_ms, _json(end_event), self._record_ttl_ms]
         async with _unavailable_on_error("end_compaction"):
             await self._end(keys=self._compaction_keys(conversation), args=args)
 

@@ -283,3 +283,19 @@ async def test_a_checkpoint_is_reused_across_a_dated_prompt_but_not_another_inst
     assert sent["messages"][0]["content"] == "You are a travel agent."
     summaries = [m for m in sent["messages"] if "<compacted-summary>" in str(m.get("content"))]
     assert len(summaries) == 1
+
+
+async def test_with_log_content_off_the_summary_is_kept_only_in_its_record(
+    make_proxy: ProxyFactory, upstream_url: str
+) -> None:
+    """The record must hold the summary text (it is forwarded); the log does not repeat it."""
+    proxy = await make_proxy(routes=routes(upstream_url), log_content=False)
+    reply = await ask(proxy.url, history())
+    assert reply.headers["x-compaction-status"] == "compacted"
+    conversation = reply.headers["x-compaction-conversation"]
+    events = [e for _, e in (await proxy.store.read_log(conversation, limit=10_000)).events]
+    (summary_event,) = [e for e in events if e["type"] == "compaction/summary"]
+    assert summary_event["summary"] is None
+    assert all("message" not in e for e in events if e["type"] == "message")
+    (record,) = (await proxy.store.load(conversation)).records
+    assert "<compacted-summary>" in str(record.message["content"])  # type: ignore[union-attr]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from proxy.conversation import Checkpoint, Prune
 from proxy.store import Anchor, BeginResult, MemoryStore, MessageEvent, Store
 from proxy.store.redis import RedisStore
+from tests.conftest import REDIS_URL
 
 START = {"type": "compaction/start"}
 HOUR = 3600  # quota windows long enough that no test straddles two
@@ -322,7 +325,6 @@ def bounded_backends() -> list[str]:
 
 
 async def test_the_log_keeps_only_its_newest_events(conversation: str) -> None:
-    from tests.conftest import REDIS_URL
 
     for backend in bounded_backends():
         store: Store = (
@@ -365,3 +367,27 @@ async def test_racing_quota_takers_never_exceed_the_limit(store: Store) -> None:
     name = f"tenant-{uuid.uuid4().hex}"
     taken = await asyncio.gather(*(store.take_quota([(name, 7)], HOUR) for _ in range(40)))
     assert taken.count(None) == 7
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_records_expire_after_record_ttl_while_the_log_stays(
+    backend: str, conversation: str
+) -> None:
+    """Checkpoint summaries are stored in clear (they are forwarded); ``record_ttl_seconds``
+    bounds how long they outlive a conversation's last request."""
+    store: Store
+    if backend == "memory":
+        store = MemoryStore(ttl_seconds=3600, record_ttl_seconds=0.3)
+    else:
+        store = RedisStore(REDIS_URL, ttl_seconds=3600, record_ttl_seconds=0.3)
+    try:
+        await store.append(conversation, messages(3))
+        assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
+        assert await store.commit_compaction(conversation, "me", [], [checkpoint(2)]) == 1
+        assert (await store.load(conversation)).records == (checkpoint(2),)
+        await asyncio.sleep(0.5)
+        state = await store.load(conversation)
+        assert state.records == ()
+        assert len(await log_of(store, conversation)) == 4  # 3 messages and compaction/start
+    finally:
+        await store.close()

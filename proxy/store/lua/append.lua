@@ -1,5 +1,6 @@
 -- KEYS: log, seen, state, records, lease
--- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*
+-- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*,
+--       records_ttl_ms
 --   messages: JSON array of [hash, content_key, by_content (0/1), event length in bytes];
 --   blob: those events' JSON, back to back. Two arguments however many messages: a request
 --   logging 20,000 of them would otherwise spend far longer packing 80,000 arguments than
@@ -45,7 +46,8 @@ if added > 0 then
     redis.call('DEL', KEYS[2])
   end
 end
-for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ttl) end
+for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ttl) end
+redis.call('PEXPIRE', KEYS[4], ARGV[#ARGV])
 return {
   added,
   previous_tip,

@@ -1,5 +1,5 @@
 -- KEYS: lease, log, seen, state, records
--- ARGV: owner, lease_ms, ttl_ms, start_event, expected_generation (-1: any)
+-- ARGV: owner, lease_ms, ttl_ms, start_event, expected_generation (-1: any), records_ttl_ms
 -- Takes the lease and logs compaction/start in one step.
 -- Returns 1 (begun), 0 (busy: another live lease) or -1 (stale: the generation moved on).
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -14,5 +14,6 @@ if expected >= 0 then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('XADD', KEYS[2], '*', 'e', ARGV[4])
-for k = 2, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
+for k = 2, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
+redis.call('PEXPIRE', KEYS[5], ARGV[6])
 return 1

@@ -1,5 +1,6 @@
 -- KEYS: lease, log, seen, state, records
--- ARGV: owner, ttl_ms, n_events, event*, n_records, record*, n_superseded, record*
+-- ARGV: owner, ttl_ms, n_events, event*, n_records, record*, n_superseded, record*,
+--       records_ttl_ms
 -- Lands only while the lease is still ours: events, records (superseded ones dropped),
 -- generation + 1, lease released.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -27,5 +28,6 @@ for _, record in ipairs(added) do
 end
 local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
 redis.call('DEL', KEYS[1])
-for k = 2, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+for k = 2, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+redis.call('PEXPIRE', KEYS[5], ARGV[#ARGV])
 return generation
