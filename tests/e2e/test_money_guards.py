@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
+from tests.redis_server import RedisServer
 
 MODEL = "small-model"
 WINDOW = 16_000
@@ -102,3 +103,20 @@ async def test_a_fixed_session_rewriting_a_message_pays_one_recovery_per_cooldow
     assert statuses[:3] == ["compacted"] * 3
     assert len(fake.summary_requests) <= 3 + 2, statuses
     assert trips("recovery_cooldown") >= before + 5
+
+
+async def test_the_tenant_ceiling_is_shared_by_replicas_on_one_redis(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    replicas = [
+        await make_proxy(
+            routes=routes(upstream_url),
+            store_url=private_redis.url,
+            summaries_per_minute_per_tenant=2,
+        )
+        for _ in range(2)
+    ]
+    for turn in range(6):
+        proxy = replicas[turn % 2]
+        await send(proxy.url, "sk-two-replicas", history(f"[{turn}] Make it idempotent."))
+    assert len(fake.summary_requests) == 2
