@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -10,6 +13,7 @@ from typing import Any
 
 import openai
 import pytest
+import redis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -19,9 +23,48 @@ from proxy.keys import STORE
 from proxy.store import MemoryStore, Store
 from proxy.store.redis import RedisStore
 from proxy.testing.fake_upstream import FakeUpstream
+from tests.processes import free_port
 from tests.redis_server import RedisServer
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The Redis the tests write into: ``$REDIS_URL`` when set (a server the caller gives the tests),
+# otherwise a private redis-server this test session starts on a free port and stops at the
+# end. Tests never write into a server they did not start or were not given.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+_session_redis: subprocess.Popen[bytes] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global REDIS_URL, _session_redis
+    if REDIS_URL:
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise pytest.UsageError("redis-server is not installed: install it, or set REDIS_URL")
+    port = free_port()
+    _session_redis = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(REDIS_URL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    client.close()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _session_redis is not None:
+        _session_redis.kill()
+        _session_redis.wait()
+
+
 _ENV_PREFIXES = ("COMPACTION_PROXY_",)
 _ENV_NAMES = ("OPENAI_BASE_URL", "REDIS_URL", "OPENAI_API_KEY")
 
