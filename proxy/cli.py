@@ -12,9 +12,15 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from proxy import admin_cli
+from proxy import __version__, admin_cli
 from proxy.client_keys import digest_of, new_key
-from proxy.config import ConfigError, Settings, config_path_from_env, load_settings
+from proxy.config import (
+    ConfigError,
+    Settings,
+    config_path_from_env,
+    load_settings,
+    unknown_environment,
+)
 from proxy.credentials import credential_problems, key_source
 from proxy.loops import self_loop_problems
 from proxy.metrics import serve_metrics_port
@@ -43,6 +49,8 @@ def _serve(args: argparse.Namespace) -> int:
     # interpreter while one runs: a small request takes several wake-ups. 1 ms keeps other
     # clients' latency close to what it is without the big request, for little throughput.
     sys.setswitchinterval(0.001)
+    for name in unknown_environment(os.environ):
+        logging.getLogger("proxy").warning("%s names no setting: ignored (a typo?)", name)
     app = create_app(settings)
     if settings.metrics_port is not None:
         serve_metrics_port(settings.host, settings.metrics_port)
@@ -79,7 +87,9 @@ def resolved_routes(settings: Settings) -> list[dict[str, Any]]:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = _load(args.file)
+    path = args.file or config_path_from_env()
     report = {
+        "config_file": str(path) if path else "(none: defaults and environment)",
         "store_url": settings.store_url.split("@")[-1],
         "listen": f"{settings.host}:{settings.port}",
         "admin_api": "on" if settings.admin_token is not None else "off",
@@ -87,6 +97,8 @@ def _check_config(args: argparse.Namespace) -> int:
     }
     print(yaml.safe_dump(report, sort_keys=False), end="")
     problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
+    for name in unknown_environment(os.environ):
+        print(f"warning: {name} names no setting: ignored (a typo?)", file=sys.stderr)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0
@@ -105,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="compaction-proxy",
         description="OpenAI-compatible proxy that compacts long conversations.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the proxy")

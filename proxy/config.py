@@ -9,6 +9,7 @@ combinations fail at start-up with a message naming the key.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -260,6 +261,21 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
             message = "unknown key"
         lines.append(f"  {key}: {message}")
     return "\n".join(lines)
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """``COMPACTION_PROXY_*`` variables that name no setting (a typo is otherwise ignored)."""
+    prefix = "COMPACTION_PROXY_"
+    # Besides the settings: the config file's path, and the admin CLI's proxy address.
+    others = {CONFIG_PATH_ENV[len(prefix) :], "ADMIN_URL"}
+    known = {name.upper() for name in Settings.model_fields} | others
+    unknown = []
+    for name in environ:
+        if name.startswith(prefix):
+            setting = name[len(prefix) :].split("__", 1)[0]
+            if setting not in known:
+                unknown.append(name)
+    return sorted(unknown)
 
 
 def config_path_from_env() -> Path | None:

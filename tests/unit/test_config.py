@@ -211,3 +211,26 @@ def test_check_config_rejects_a_bad_file(
 ) -> None:
     assert main(["check-config", str(write(tmp_path, "routes: 3\n"))]) == 2
     assert "routes" in capsys.readouterr().err
+
+
+def test_an_unknown_setting_variable_is_named_by_check_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.config import unknown_environment
+
+    monkeypatch.setenv("COMPACTION_PROXY_TRESHOLD_RATIO", "0.5")  # misspelled
+    monkeypatch.setenv("COMPACTION_PROXY_POLICY__THRESHOLD_RATIO", "0.5")  # nested: known
+    monkeypatch.setenv("COMPACTION_PROXY_ADMIN_URL", "http://127.0.0.1:8080")  # the admin CLI's
+    assert main(["check-config", str(write(tmp_path, "port: 8081\n"))]) == 0
+    captured = capsys.readouterr()
+    assert "warning: COMPACTION_PROXY_TRESHOLD_RATIO names no setting" in captured.err
+    assert "POLICY__THRESHOLD_RATIO" not in captured.err and "ADMIN_URL" not in captured.err
+    assert f"config_file: {tmp_path}" in captured.out
+    assert unknown_environment({"COMPACTION_PROXY_PORT": "1", "OTHER": "x"}) == []
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("compaction-proxy ")
