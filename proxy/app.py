@@ -16,11 +16,13 @@ from aiohttp.typedefs import Handler
 from proxy import handlers
 from proxy.admin import admin_routes
 from proxy.client_keys import ClientKeys, holds_upstream_keys, load_client_key_digests
+from proxy.compaction.background import BackgroundCompactions
 from proxy.compaction.engine import Engine, EngineSettings
 from proxy.config import ConfigError, Settings
 from proxy.credentials import ConfigProblem, credential_problems
 from proxy.errors import error_response
 from proxy.keys import (
+    BACKGROUND,
     CLIENT_KEYS,
     ENGINE,
     HTTP_CLIENT,
@@ -115,6 +117,15 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    """Background compactions; cancelled on shutdown while the store is still open, so each
+    closes its attempt and frees its lease."""
+    background = BackgroundCompactions(app[ENGINE], app[SETTINGS].precompact_concurrency)
+    app[BACKGROUND] = background
+    yield
+    await background.close()
+
+
 @web.middleware
 async def refuse_looped_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A request that carries our hop marker was sent by a proxy: forwarding it again could
@@ -178,6 +189,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
     app.cleanup_ctx.append(_engine)
+    app.cleanup_ctx.append(_background)
     app.cleanup_ctx.append(_http_client)
     app.add_routes(
         [

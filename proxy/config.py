@@ -65,6 +65,7 @@ class PolicyOverrides(_Strict):
     """A partial policy: any key left out keeps the value it overrides."""
 
     threshold_ratio: float | None = Field(default=None, gt=0, le=1)
+    precompact_ratio: float | None = Field(default=None, ge=0, lt=1)
     retain_ratio: float | None = Field(default=None, ge=0, lt=1)
     retain_tokens: int | None = Field(default=None, ge=0)
     max_tokens: PositiveInt | None = None
@@ -81,10 +82,16 @@ class PolicyOverrides(_Strict):
         return self
 
 
+PRECOMPACT_LEAD = 0.1  # default distance of precompact_ratio below threshold_ratio
+
+
 class Policy(_Strict):
     """A complete compaction policy (DESIGN.md §6 defaults)."""
 
     threshold_ratio: float = Field(default=0.8, gt=0, le=1)
+    # Pressure at which a checkpoint is prepared in the background, ahead of the threshold;
+    # unset: threshold_ratio - PRECOMPACT_LEAD. 0 turns background compaction off.
+    precompact_ratio: float | None = Field(default=None, ge=0, lt=1)
     retain_ratio: float | None = Field(default=0.16, ge=0, lt=1)
     retain_tokens: int | None = Field(default=None, ge=0)
     max_tokens: PositiveInt = 8192
@@ -112,7 +119,19 @@ class Policy(_Strict):
                 f"retain_ratio ({self.retain_ratio}) must be below "
                 f"threshold_ratio ({self.threshold_ratio})"
             )
+        if self.precompact_ratio and self.precompact_ratio >= self.threshold_ratio:
+            raise ValueError(
+                f"precompact_ratio ({self.precompact_ratio}) must be below "
+                f"threshold_ratio ({self.threshold_ratio}), or 0 to turn it off"
+            )
         return self
+
+    @property
+    def effective_precompact_ratio(self) -> float:
+        """The background watermark in force (0: off)."""
+        if self.precompact_ratio is not None:
+            return self.precompact_ratio
+        return max(0.0, self.threshold_ratio - PRECOMPACT_LEAD)
 
 
 class ModelOverride(PolicyOverrides):
@@ -189,6 +208,8 @@ class Settings(BaseSettings):
     failure_growth_ratio: float = Field(default=0.1, ge=0)
     summaries_per_minute_per_tenant: int = Field(default=60, ge=0)
     summaries_per_minute_per_route: int = Field(default=600, ge=0)
+    # Background compaction rounds at once in one process (see policy.precompact_ratio).
+    precompact_concurrency: int = Field(default=8, ge=0)
     checkpoint_miss_limit: int = Field(default=3, ge=0)
     max_body_bytes: PositiveInt = 32 * 1024 * 1024
     log_content: bool = True

@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.client_keys import ClientKeys
+from proxy.compaction.background import BackgroundCompactions
 from proxy.compaction.engine import Engine
 from proxy.config import Settings
 from proxy.log_cursor import LogCursors
@@ -27,3 +28,4 @@ LEARNED_WINDOWS = web.AppKey("learned_windows", LearnedWindows)
 IN_FLIGHT: web.AppKey[Counter[str]] = web.AppKey("in_flight")
 LOG_CURSORS = web.AppKey("log_cursors", LogCursors)
 CLIENT_KEYS = web.AppKey("client_keys", ClientKeys)
+BACKGROUND = web.AppKey("background", BackgroundCompactions)

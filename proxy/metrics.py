@@ -14,6 +14,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -117,6 +118,11 @@ OVER_THRESHOLD = Counter(
     "Requests forwarded at or above their compaction threshold, by why compaction could not "
     "bring them below it (live_turn, no_range, summary_failed, cooldown, stopped, ...).",
     ["route", "reason"],
+)
+PRECOMPACTIONS_IN_FLIGHT = Gauge(
+    "compaction_proxy_precompactions_in_flight",
+    "Background compaction rounds running in this process.",
+    multiprocess_mode="livesum",
 )
 GUARDS = ("tenant_ceiling", "route_ceiling", "recovery_cooldown", "miss_guard")
 GUARD_TRIPS = Counter(

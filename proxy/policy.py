@@ -74,6 +74,7 @@ class Budgets:
     window: int
     threshold: int
     retain: int
+    precompact: int = 0  # tokens from which a checkpoint is prepared in the background (0: off)
 
 
 def budgets(policy: Policy, window: int) -> Budgets:
@@ -82,7 +83,13 @@ def budgets(policy: Policy, window: int) -> Budgets:
         retain = policy.retain_tokens
     else:
         retain = math.floor(window * (policy.retain_ratio or 0.0))
-    return Budgets(window=window, threshold=threshold, retain=min(retain, threshold))
+    precompact = math.floor(window * policy.effective_precompact_ratio)
+    return Budgets(
+        window=window,
+        threshold=threshold,
+        retain=min(retain, threshold),
+        precompact=min(precompact, threshold),
+    )
 
 
 def validate_all_policies(settings: Settings) -> None:

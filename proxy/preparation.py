@@ -20,6 +20,7 @@ from aiohttp import web
 from proxy import jsonio
 from proxy.chat_request import ChatRequest
 from proxy.compaction import triggers
+from proxy.compaction.background import wants_precompaction
 from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
@@ -34,6 +35,7 @@ from proxy.events import (
 )
 from proxy.guards import trip
 from proxy.keys import (
+    BACKGROUND,
     CLIENT_KEYS,
     ENGINE,
     HTTP_CLIENT,
@@ -183,6 +185,25 @@ def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) 
     elif surface.checkpoints:
         misses = 0
     return misses
+
+
+def _maybe_precompact(
+    app: web.Application,
+    job: CompactionJob,
+    relief: Relief,
+    model_policy: ModelPolicy,
+    proactive: bool,
+) -> bool:
+    """Between the watermarks, prepare the next checkpoint in the background; this request
+    goes on at once (see ``proxy.compaction.background``). Whether one was started."""
+    if job.window is None or not model_policy.policy.auto or not proactive:
+        return False
+    if relief.compacted or relief.shortfall is not None:
+        return False
+    limits = budgets(model_policy.policy, job.window)
+    if not wants_precompaction(relief.measurement.tokens, limits):
+        return False
+    return app[BACKGROUND].start(job, relief.state, relief.measurement.tokens, limits)
 
 
 def payload_for(chat: ChatRequest, messages: list[Message]) -> bytes:
@@ -388,6 +409,9 @@ async def prepare(
             attributes[OVER_THRESHOLD_REASON] = _report_shortfall(
                 view, state, route.model, relief, threshold
             )
+
+    if _maybe_precompact(app, job, relief, model_policy, proactive) and status == "none":
+        status = "precompacting"
 
     tokens_before = None
     payload = raw

@@ -146,7 +146,8 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
     assert set(statuses[:5]) == {"none"}
     assert set(statuses[5:15]) == {"bypass"}
     assert "bypass" not in statuses[15:]
-    assert "compacted" in statuses[15:]  # compaction resumed on the restarted Redis
+    # Compaction resumed on the restarted Redis (in the background or on the request).
+    assert {"compacted", "precompacting"} & set(statuses[15:])
     assert fake.summary_requests
     assert all(r.prompt_tokens <= 16_000 for r in fake.chat_requests)
     # The restarted Redis holds the whole body again, though this process remembered a tip.

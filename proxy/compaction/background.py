@@ -1,0 +1,107 @@
+"""Checkpoints prepared ahead of need, so that no request waits for a summary call.
+
+When a request's pressure crosses ``precompact`` (below the threshold), it is forwarded at once
+and one summary round starts in the background: select, summarize, commit, under the usual
+lease, ceilings and breaker. The request that later reaches the threshold finds the checkpoint
+committed; if the round is still running, it waits on the lease instead of starting another.
+
+**Which span.** The conversation keeps growing while the summary is written, and the checkpoint
+applies as soon as it is committed. It is selected with a retain budget smaller than the usual
+one by the growth still expected before the threshold (``threshold - tokens now``). Committed at
+``precompact``, the surface then drops to that smaller tail; it regrows to the threshold
+over the same distance as after a synchronous compaction (``precompact - retain'`` equals
+``threshold - retain``), so a conversation pays for as many summaries either way, and its
+provider prefix cache misses once per checkpoint either way, only earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from proxy.compaction import triggers
+from proxy.compaction.engine import Engine, Outcome
+from proxy.compaction.planning import CompactionJob
+from proxy.metrics import PRECOMPACTIONS_IN_FLIGHT
+from proxy.policy import Budgets
+from proxy.store.base import ConversationState
+
+log = logging.getLogger(__name__)
+
+TRIGGER = "precompact"
+# Outcomes that are no summarizer failure: nothing to cool down after.
+_NOT_FAILURES = frozenset(
+    {Outcome.COMMITTED, Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER, Outcome.BUSY}
+)
+
+
+def wants_precompaction(tokens: int, limits: Budgets) -> bool:
+    """Pressure between the two watermarks (pure)."""
+    return 0 < limits.precompact <= tokens < limits.threshold
+
+
+def precompaction_retain(tokens: int, limits: Budgets) -> int:
+    """The retain budget for a span prepared at ``tokens``: the usual one, less the growth
+    still expected before the threshold (pure; see the module docstring)."""
+    return max(0, limits.retain - (limits.threshold - tokens))
+
+
+class BackgroundCompactions:
+    """At most ``concurrency`` rounds at once in this process, one per conversation; a request
+    that finds no free slot is forwarded all the same (the threshold request then compacts
+    synchronously, as without precompaction)."""
+
+    def __init__(self, engine: Engine, concurrency: int) -> None:
+        self._engine = engine
+        self._concurrency = concurrency
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def start(
+        self, job: CompactionJob, state: ConversationState, tokens: int, limits: Budgets
+    ) -> bool:
+        conversation = job.view.conversation
+        if conversation in self._running or len(self._running) >= self._concurrency:
+            return False
+        if state.lease_owner is not None or triggers.cooling_down(self._engine, state, tokens):
+            return False
+        retain = precompaction_retain(tokens, limits)
+        task = asyncio.create_task(self._round(job, state, tokens, retain))
+        self._running[conversation] = task
+        PRECOMPACTIONS_IN_FLIGHT.inc()
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self._running.pop(conversation, None)
+            PRECOMPACTIONS_IN_FLIGHT.dec()
+
+        task.add_done_callback(finished)
+        return True
+
+    async def _round(
+        self, job: CompactionJob, state: ConversationState, tokens: int, retain: int
+    ) -> None:
+        engine = self._engine
+        try:
+            surface = job.view.surface(state.records)
+            result = await engine.summarize_round(job, state, surface, retain, TRIGGER)
+            if result.outcome not in _NOT_FAILURES:
+                await triggers.remember_failure(engine, job, tokens)
+        except asyncio.CancelledError:
+            raise  # shutting down: the engine closed the attempt and released the lease
+        except Exception:
+            log.exception("background compaction failed; the threshold request will compact")
+
+    async def idle(self) -> None:
+        """Wait until no round is running (tests and benchmarks settle on it)."""
+        while self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel what is running (on shutdown); each attempt is closed and its lease freed."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
