@@ -14,6 +14,7 @@ from proxy.keys import BACKGROUND
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.redis_server import RedisServer
 
 MODEL = "agent-model"
 WINDOW = 16_000
@@ -100,3 +101,28 @@ async def test_a_background_round_cut_short_by_shutdown_frees_its_lease(
     assert state.lease_owner is None
     log = [e for _, e in (await proxy.store.read_log(conversation, limit=1000)).events]
     assert log[-1]["type"] == "compaction/end" and log[-1]["outcome"] != "committed"
+
+
+async def test_two_replicas_prepare_one_checkpoint_per_span(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    fake.summary_delay = 1.0
+    replicas = [
+        await make_proxy(routes=route(upstream_url), store_url=private_redis.url) for _ in range(2)
+    ]
+    log_lines = "importer log line " * 150
+    messages = [system(), user("Make it idempotent."), *agent_turns(26, output=log_lines)]
+
+    async def send(proxy: RunningProxy) -> str:
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as c:
+            raw = await c.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+            )
+        return raw.headers["x-compaction-status"]
+
+    statuses = await asyncio.gather(*(send(proxy) for proxy in replicas))
+    assert "precompacting" in statuses
+    for proxy in replicas:
+        await proxy.app[BACKGROUND].idle()
+    assert len(fake.summary_requests) == 1
