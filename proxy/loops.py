@@ -40,7 +40,7 @@ def self_loop_problems(settings: Settings) -> list[ConfigProblem]:
         if port == settings.port and host in own:
             problems.append(
                 ConfigProblem(
-                    f"{setting}.base_url",
+                    "upstream_base_url" if setting == "upstream" else f"{setting}.base_url",
                     f"{route.base} is this proxy's own address ({settings.host}:"
                     f"{settings.port}): every request would come back to it. Is "
                     "OPENAI_BASE_URL set for clients in the proxy's environment?",
