@@ -3,8 +3,8 @@
 Whatever loop a client's behaviour might drive, one tenant cannot make the deployment pay for
 more than ``per_tenant`` summary calls a minute, and all tenants of one route together (a
 client rotating API keys makes a new tenant per key) no more than ``per_route``. The counts
-live in the store (one fixed window a minute, one script for both), so N replicas do not
-multiply them. While the store is unreachable each process falls back to its own count of the
+live in the store (a sliding minute, one script for both), so N replicas do not multiply
+them. While the store is unreachable each process falls back to its own count of the
 same ceilings: bounded per process, never unbounded.
 """
 

@@ -193,9 +193,9 @@ class Store(Protocol):
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int
     ) -> str | None:
-        """Take one unit of every ``(name, limit)`` quota in the current ``window_seconds``
-        window, shared by every replica, if none is at its limit. Returns None when taken,
-        else the name of the first quota at its limit (and takes nothing)."""
+        """Take one unit of every ``(name, limit)`` quota if none already holds ``limit`` calls
+        in the last ``window_seconds`` (a sliding window, shared by every replica). Returns
+        None when taken, else the name of the first quota at its limit (and takes nothing)."""
         ...
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:

@@ -29,7 +29,7 @@ def conversations_key() -> str:
     return f"{PREFIX}:conversations"
 
 
-def quota_key(name: str, window: int) -> str:
-    """Counter of one quota (e.g. a tenant's summary calls) in one fixed time window. All
-    quota keys share the hash tag ``{quota}``, so one script can take several at once."""
-    return f"{PREFIX}:{{quota}}:{name}:{window}"
+def quota_key(name: str) -> str:
+    """Sorted set of one quota's recent calls (e.g. a tenant's summary calls). All quota keys
+    share the hash tag ``{quota}``, so one script can take several at once."""
+    return f"{PREFIX}:{{quota}}:{name}"

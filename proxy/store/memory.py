@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -93,7 +93,7 @@ class MemoryStore:
     ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
-        self._quotas: dict[tuple[str, int], int] = {}
+        self._quotas: dict[str, deque[float]] = {}  # recent calls per quota (sliding)
         self._max = max_conversations
         self._ttl = ttl_seconds
         self._record_ttl = min(ttl_seconds, record_ttl_seconds or ttl_seconds)
@@ -326,15 +326,15 @@ class MemoryStore:
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int
     ) -> str | None:
-        window = int(time.time() // window_seconds)
-        counts = self._quotas
-        if counts and next(iter(counts))[1] != window:
-            counts.clear()  # a new window: the old counters are over
+        now = time.monotonic()
         for name, limit in quotas:
-            if counts.get((name, window), 0) >= limit:
+            calls = self._quotas.setdefault(name, deque())
+            while calls and now - calls[0] >= window_seconds:
+                calls.popleft()
+            if len(calls) >= limit:
                 return name
         for name, _ in quotas:
-            counts[(name, window)] = counts.get((name, window), 0) + 1
+            self._quotas[name].append(now)
         return None
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -336,9 +337,9 @@ class RedisStore:
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int
     ) -> str | None:
-        window = int(time.time() // window_seconds)
-        keys = [quota_key(name, window) for name, _ in quotas]
-        args: list[_Arg] = [window_seconds * 2000, *(limit for _, limit in quotas)]
+        keys = [quota_key(name) for name, _ in quotas]
+        member = uuid.uuid4().hex
+        args: list[_Arg] = [window_seconds * 1000, member, *(limit for _, limit in quotas)]
         async with _unavailable_on_error("take_quota"):
             refused = int(await self._quota(keys=keys, args=args))
         return quotas[refused - 1][0] if refused else None

@@ -391,3 +391,10 @@ async def test_records_expire_after_record_ttl_while_the_log_stays(
         assert len(await log_of(store, conversation)) == 4  # 3 messages and compaction/start
     finally:
         await store.close()
+
+
+async def test_a_quota_frees_up_as_its_window_slides(store: Store) -> None:
+    name = f"tenant-{uuid.uuid4().hex}"
+    assert [await store.take_quota([(name, 2)], 1) for _ in range(3)] == [None, None, name]
+    await asyncio.sleep(1.1)
+    assert await store.take_quota([(name, 2)], 1) is None
