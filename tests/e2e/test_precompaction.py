@@ -19,8 +19,8 @@ from tests.redis_server import RedisServer
 
 MODEL = "agent-model"
 WINDOW = 16_000
-SUMMARY_SECONDS = 1.5
-THINK_SECONDS = 0.5  # an agent's time between requests (the model answering, tools running)
+SUMMARY_SECONDS = 1.0
+THINK_SECONDS = 0.6  # an agent's time between requests (the model answering, tools running)
 
 
 def route(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
