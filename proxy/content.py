@@ -18,6 +18,18 @@ def is_text_part(part: Any) -> bool:
     )
 
 
+def text_size(value: Any) -> int:
+    """Characters of text in a JSON value (its keys and strings, at any depth): about what
+    storing it costs, measured without serializing it."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(key)) + text_size(item) for key, item in value.items())
+    if isinstance(value, list):
+        return sum(text_size(item) for item in value)
+    return 0
+
+
 def text_of(content: Any) -> str | None:
     """The joined text of ``content``; None when it holds no text form (null, an object)."""
     if isinstance(content, str):

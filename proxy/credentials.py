@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from proxy.config import Route, Settings
 from proxy.policy import resolve_policy, route_for
+from proxy.upstream import CREDENTIAL_HEADERS
 
 # The client headers a summary call carries: credentials (when the summary goes where the
 # request went), the account headers that decide billing, and nothing else. A summary call is
@@ -20,7 +21,6 @@ from proxy.policy import resolve_policy, route_for
 SUMMARY_HEADERS = frozenset(
     {"authorization", "api-key", "openai-organization", "openai-project", "user-agent"}
 )
-CREDENTIAL_HEADERS = frozenset({"authorization", "api-key"})
 
 
 def key_source(route: Route) -> str:

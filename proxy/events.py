@@ -10,20 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.content import text_size
 from proxy.conversation import Message
 from proxy.store.base import CONTEXT_POSITION, Event, MessageEvent
-
-
-def text_size(value: Any) -> int:
-    """Characters of text in a JSON value (its strings, at any depth): what logging it costs,
-    without serializing it."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(len(key) + text_size(item) for key, item in value.items())
-    if isinstance(value, list):
-        return sum(text_size(item) for item in value)
-    return 0
 
 
 def first_unlogged(chain: Sequence[str], logged_tip: tuple[int, str] | None) -> int:

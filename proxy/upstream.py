@@ -39,7 +39,7 @@ _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"content-length", "content-encoding"}
 HOP_HEADER = "X-Compaction-Proxy-Hop"
 
 
-_CLIENT_CREDENTIALS = frozenset({"authorization", "api-key"})
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key"})  # a client's credentials
 
 
 def upstream_headers(
@@ -48,7 +48,7 @@ def upstream_headers(
     """The client's headers, minus hop-by-hop ones, plus the hop marker; a route key replaces
     the client's. With ``proxy_keys`` the client's credential is a key for this proxy, never
     sent on."""
-    dropped = _NOT_FORWARDED_UP | _CLIENT_CREDENTIALS if proxy_keys else _NOT_FORWARDED_UP
+    dropped = _NOT_FORWARDED_UP | CREDENTIAL_HEADERS if proxy_keys else _NOT_FORWARDED_UP
     headers: CIMultiDict[str] = CIMultiDict(
         (name, value) for name, value in client_headers.items() if name.lower() not in dropped
     )

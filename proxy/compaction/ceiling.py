@@ -10,73 +10,36 @@ same ceilings: bounded per process, never unbounded.
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from proxy.sliding import SlidingWindows
 from proxy.store.base import Store, StoreUnavailable
 
 WINDOW_SECONDS = 60
-
-
-@dataclass
-class LocalCeiling:
-    """A sliding-window count in this process (the fallback), with an injectable clock."""
-
-    per_minute: int  # 0: no ceiling
-    clock: Callable[[], float] = time.monotonic
-    max_scopes: int = 10_000
-    _calls: dict[str, deque[float]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.per_minute < 0:
-            raise ValueError("per_minute must be 0 (no ceiling) or positive")
-
-    def allow(self, scope: str) -> bool:
-        """Record one summary call for ``scope`` if it is under the ceiling."""
-        if self.per_minute == 0:
-            return True
-        now = self.clock()
-        calls = self._calls.get(scope)
-        if calls is None:
-            if len(self._calls) >= self.max_scopes:
-                self._drop_idle(now)
-            calls = self._calls.setdefault(scope, deque())
-        while calls and now - calls[0] >= WINDOW_SECONDS:
-            calls.popleft()
-        if len(calls) >= self.per_minute:
-            return False
-        calls.append(now)
-        return True
-
-    def _drop_idle(self, now: float) -> None:
-        for scope in [s for s, c in self._calls.items() if not c or now - c[-1] >= WINDOW_SECONDS]:
-            del self._calls[scope]
-
-
 TENANT_CEILING = "tenant_ceiling"
 ROUTE_CEILING = "route_ceiling"
+_TENANT_QUOTA = "summaries:tenant:"
+_ROUTE_QUOTA = "summaries:route:"
 
 
 @dataclass
 class SummaryCeilings:
     per_tenant: int  # 0: no ceiling
     per_route: int  # 0: no ceiling
-    local_tenants: LocalCeiling = field(init=False)
-    local_routes: LocalCeiling = field(init=False)
+    local: SlidingWindows = field(init=False)  # this process's count, while the store is away
 
     def __post_init__(self) -> None:
-        self.local_tenants = LocalCeiling(self.per_tenant)
-        self.local_routes = LocalCeiling(self.per_route)
+        if self.per_tenant < 0 or self.per_route < 0:
+            raise ValueError("a summary ceiling is 0 (none) or positive")
+        self.local = SlidingWindows(WINDOW_SECONDS)
 
     def quotas(self, tenant: str, route: str) -> list[tuple[str, int]]:
-        """The store quotas one summary call takes (pure)."""
+        """The quotas one summary call takes (pure)."""
         quotas = []
         if self.per_tenant:
-            quotas.append((f"summaries:tenant:{tenant}", self.per_tenant))
+            quotas.append((_TENANT_QUOTA + tenant, self.per_tenant))
         if self.per_route:
-            quotas.append((f"summaries:route:{route}", self.per_route))
+            quotas.append((_ROUTE_QUOTA + route, self.per_route))
         return quotas
 
     async def take(self, store: Store, tenant: str, route: str) -> str | None:
@@ -87,14 +50,7 @@ class SummaryCeilings:
         try:
             refused = await store.take_quota(quotas, WINDOW_SECONDS)
         except StoreUnavailable:
-            return self._take_locally(tenant, route)
+            refused = self.local.take(quotas)
         if refused is None:
             return None
-        return TENANT_CEILING if refused.startswith("summaries:tenant:") else ROUTE_CEILING
-
-    def _take_locally(self, tenant: str, route: str) -> str | None:
-        if not self.local_tenants.allow(tenant):
-            return TENANT_CEILING
-        if not self.local_routes.allow(route):
-            return ROUTE_CEILING
-        return None
+        return TENANT_CEILING if refused.startswith(_TENANT_QUOTA) else ROUTE_CEILING

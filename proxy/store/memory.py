@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy.content import text_size
 from proxy.conversation import ReplacementRecord
+from proxy.sliding import SlidingWindows
 from proxy.store.base import (
     Anchor,
     BeginResult,
@@ -43,14 +45,14 @@ class _Conversation:
     lease_expires: float = 0.0
     next_id: int = 0
     touched: float = 0.0
-    size: int = 0  # about the bytes of the logged events (see ``_weight``)
+    size: int = 0  # about the bytes of the logged events (their text, see ``text_size``)
 
     def trim(self, max_events: int) -> None:
         """Drop the oldest events beyond ``max_events``."""
         excess = len(self.log) - max_events
         if excess <= 0:
             return
-        self.size -= sum(_weight(event) for _, event in self.log[:excess])
+        self.size -= sum(text_size(event) for _, event in self.log[:excess])
         del self.log[:excess]
         if len(self.seen) > 2 * max_events:
             self.seen.clear()  # only deduplicates logging; a few messages may be logged again
@@ -61,25 +63,13 @@ class _Conversation:
     def add(self, event: Event) -> None:
         self.next_id += 1
         self.log.append((f"{self.next_id}-0", event))
-        self.size += _weight(event)
+        self.size += text_size(event)
 
 
 def _is_new(message: MessageEvent, seen: set[str]) -> bool:
     if message.hash in seen:
         return False
     return not (message.by_content and message.content_key in seen)
-
-
-def _weight(value: object) -> int:
-    """About the bytes ``value`` holds: strings by length, containers by what they hold. A
-    huge message is weighed without being serialized."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(len(str(k)) + _weight(v) for k, v in value.items()) + 2
-    if isinstance(value, list):
-        return sum(_weight(v) for v in value) + 2
-    return 8
 
 
 class MemoryStore:
@@ -93,7 +83,7 @@ class MemoryStore:
     ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
-        self._quotas: dict[str, deque[float]] = {}  # recent calls per quota (sliding)
+        self._quotas: dict[int, SlidingWindows] = {}  # by window length
         self._max = max_conversations
         self._ttl = ttl_seconds
         self._record_ttl = min(ttl_seconds, record_ttl_seconds or ttl_seconds)
@@ -129,8 +119,8 @@ class MemoryStore:
         if entry is not None and now - entry.touched > self._ttl:
             self._drop(conversation)
             entry = None
-        elif entry is not None and now - entry.touched > self._record_ttl:
-            entry.records.clear()  # summaries are kept no longer than record_ttl_seconds
+        elif entry is not None:
+            self._expire_records(entry, now)
         if entry is None:
             if not create:
                 return None
@@ -141,6 +131,11 @@ class MemoryStore:
         self._conversations.move_to_end(conversation)
         entry.touched = now
         return entry
+
+    def _expire_records(self, entry: _Conversation, now: float) -> None:
+        """Summaries are kept no longer than ``record_ttl_seconds`` after the last write."""
+        if now - entry.touched > self._record_ttl:
+            entry.records.clear()
 
     def expires_in(self, conversation: str) -> float | None:
         """Seconds until an idle conversation expires (None if unknown); for tests."""
@@ -158,8 +153,7 @@ class MemoryStore:
         entry = self._conversations.get(conversation)
         if entry is None:
             return ConversationState()
-        if time.monotonic() - entry.touched > self._record_ttl:
-            entry.records.clear()
+        self._expire_records(entry, time.monotonic())
         return ConversationState(
             records=tuple(entry.records),
             generation=entry.generation,
@@ -326,16 +320,8 @@ class MemoryStore:
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int
     ) -> str | None:
-        now = time.monotonic()
-        for name, limit in quotas:
-            calls = self._quotas.setdefault(name, deque())
-            while calls and now - calls[0] >= window_seconds:
-                calls.popleft()
-            if len(calls) >= limit:
-                return name
-        for name, _ in quotas:
-            self._quotas[name].append(now)
-        return None
+        windows = self._quotas.setdefault(window_seconds, SlidingWindows(window_seconds))
+        return windows.take(quotas)
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         return self._secrets.setdefault(name, candidate)

@@ -31,6 +31,22 @@ async def send(
     return raw.headers["x-compaction-conversation"], raw.parse()
 
 
+async def rewrite_every_turn(
+    proxy: RunningProxy, session_id: str, turns: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """A client that stamps its first message with the time every turn (under a fixed session
+    id): the conversation id and the last body sent."""
+    history = agent_turns(turns, output="x" * 500)
+    conversation, messages = "", []
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        for turn in range(turns):
+            messages = [user(f"now is 12:00:{turn:02}"), *history[: 2 * turn], user("go on")]
+            conversation, _ = await send(
+                client, messages, extra_headers={"X-Session-Id": session_id}
+            )
+    return conversation, messages
+
+
 async def test_replayed_history_logs_each_message_once(
     proxy: RunningProxy, client: openai.AsyncOpenAI
 ) -> None:
@@ -167,19 +183,8 @@ async def test_a_rewriting_clients_log_grows_linearly_and_still_reads_back(
     from proxy.log_view import latest_request
 
     proxy = await make_proxy()
-    session = {"X-Session-Id": "rewriting-client"}
-    history = agent_turns(30, output="x" * 500)
-    conversation, turns = "", 30
-    messages: list[dict[str, Any]] = []
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
-        for turn in range(turns):
-            messages = [user(f"now is 12:00:{turn:02}"), *history[: 2 * turn], user("go on")]
-            raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL,
-                messages=messages,  # type: ignore[arg-type]
-                extra_headers=session,
-            )
-            conversation = raw.headers["x-compaction-conversation"]
+    turns = 30
+    conversation, messages = await rewrite_every_turn(proxy, "rewriting-client", turns)
     events = [e for _, e in (await proxy.store.read_log(conversation, limit=10_000)).events]
     logged = [e for e in events if e["type"] == "message"]
     assert len(logged) <= 3 * turns  # linear: about three new contents a turn
@@ -190,18 +195,7 @@ async def test_a_rewriting_clients_log_grows_linearly_and_still_reads_back(
 async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> None:
     # And whatever a client does, the log is capped.
     proxy = await make_proxy(log_max_events=100)
-    session = {"X-Session-Id": "capped-client"}
-    history = agent_turns(30, output="x" * 500)
-    conversation = ""
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
-        for turn in range(30):
-            messages = [user(f"now is 12:00:{turn:02}"), *history[: 2 * turn], user("go on")]
-            raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL,
-                messages=messages,  # type: ignore[arg-type]
-                extra_headers=session,
-            )
-            conversation = raw.headers["x-compaction-conversation"]
+    conversation, _ = await rewrite_every_turn(proxy, "capped-client", 30)
     log = (await proxy.store.read_log(conversation, limit=10_000)).events
     assert len(log) <= 100
     assert log[-1][1]["type"] == "usage"  # the newest events are the ones kept

@@ -6,39 +6,42 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.ceiling import ROUTE_CEILING, TENANT_CEILING, LocalCeiling, SummaryCeilings
+from proxy.compaction.ceiling import ROUTE_CEILING, TENANT_CEILING, SummaryCeilings
+from proxy.sliding import SlidingWindows
 from proxy.store.base import StoreUnavailable
 from tests.builders import Clock
 
 
-def test_ceiling_allows_per_minute_then_refuses_until_the_window_moves() -> None:
+def test_calls_are_counted_per_name_until_the_window_moves() -> None:
     clock = Clock()
-    ceiling = LocalCeiling(per_minute=3, clock=clock)
-    assert [ceiling.allow("a") for _ in range(4)] == [True, True, True, False]
-    assert ceiling.allow("b")  # tenants are counted apart
+    windows = SlidingWindows(60, clock=clock)
+    assert [windows.take([("a", 3)]) for _ in range(4)] == [None, None, None, "a"]
+    assert windows.take([("b", 3)]) is None  # names are counted apart
     clock.now += 59.9
-    assert not ceiling.allow("a")
+    assert windows.take([("a", 3)]) == "a"
     clock.now += 0.2
-    assert ceiling.allow("a")
+    assert windows.take([("a", 3)]) is None
 
 
-def test_zero_means_no_ceiling() -> None:
-    ceiling = LocalCeiling(per_minute=0)
-    assert all(ceiling.allow("a") for _ in range(1000))
+def test_a_refused_call_takes_from_no_quota() -> None:
+    windows = SlidingWindows(60, clock=Clock())
+    assert windows.take([("tenant", 1), ("route", 5)]) is None
+    assert windows.take([("tenant", 1), ("route", 5)]) == "tenant"
+    assert [windows.take([("route", 2)]) for _ in range(2)] == [None, "route"]
 
 
-def test_idle_tenants_are_forgotten_when_the_table_is_full() -> None:
+def test_idle_names_are_forgotten_when_the_table_is_full() -> None:
     clock = Clock()
-    ceiling = LocalCeiling(per_minute=1, clock=clock, max_scopes=2)
-    assert ceiling.allow("a") and ceiling.allow("b")
+    windows = SlidingWindows(60, clock=clock, max_names=2)
+    assert windows.take([("a", 1)]) is None and windows.take([("b", 1)]) is None
     clock.now += 61
-    assert ceiling.allow("c")
-    assert set(ceiling._calls) == {"c"}
+    assert windows.take([("c", 1)]) is None
+    assert set(windows._calls) == {"c"}
 
 
-def test_negative_ceiling_is_rejected() -> None:
+def test_a_negative_ceiling_is_rejected() -> None:
     with pytest.raises(ValueError):
-        LocalCeiling(per_minute=-1)
+        SummaryCeilings(per_tenant=-1, per_route=600)
 
 
 class _StoreDown:
