@@ -115,8 +115,9 @@ CHECKPOINT_MISSES = Counter(
 )
 OVER_THRESHOLD = Counter(
     "compaction_proxy_over_threshold_requests_total",
-    "Requests forwarded at or above their compaction threshold, by why compaction could not "
-    "bring them below it (live_turn, no_range, summary_failed, cooldown, stopped, ...).",
+    "Requests forwarded at or above their compaction threshold, by why compaction did not "
+    "bring them below it (ahead: a checkpoint is being prepared in the background; live_turn, "
+    "no_range, summary_failed, cooldown, stopped, ...).",
     ["route", "reason"],
 )
 PRECOMPACTIONS_IN_FLIGHT = Gauge(

@@ -76,6 +76,17 @@ class Budgets:
     retain: int
     precompact: int = 0  # tokens from which a checkpoint is prepared in the background (0: off)
 
+    @property
+    def must_compact(self) -> int:
+        """Tokens from which a request is not forwarded before it is compacted: the threshold;
+        with precompaction on, halfway from the threshold to the window. Between the two a
+        checkpoint is on its way in the background, and waiting for it would cost the client
+        the summary call's time to save a few tokens; the other half of the margin is kept for
+        the answer."""
+        if not self.precompact:
+            return self.threshold
+        return self.threshold + (self.window - self.threshold) // 2
+
 
 def budgets(policy: Policy, window: int) -> Budgets:
     threshold = math.floor(window * policy.threshold_ratio)

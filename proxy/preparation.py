@@ -139,7 +139,8 @@ def _report_shortfall(
         return ""
     reason = relief.shortfall or "rounds"
     OVER_THRESHOLD.labels(route=route, reason=reason).inc()
-    if state.attributes.get(OVER_THRESHOLD_REASON) != reason:
+    # Over the threshold by design: the checkpoint is on its way, nothing to warn about.
+    if reason != triggers.AHEAD and state.attributes.get(OVER_THRESHOLD_REASON) != reason:
         log.warning(
             "conversation %s is forwarded at %d tokens, at or above its threshold of %d: %s",
             view.conversation,
@@ -164,6 +165,7 @@ SHORTFALL_REASONS = {
     "rounds": "the compaction rounds ran out",
     "error": "compaction raised an unexpected error (logged above)",
     "store": "the store became unreachable during compaction",
+    triggers.AHEAD: "a checkpoint is being prepared in the background",
 }
 
 
@@ -198,7 +200,7 @@ def _maybe_precompact(
     goes on at once (see ``proxy.compaction.background``). Whether one was started."""
     if job.window is None or not model_policy.policy.auto or not proactive:
         return False
-    if relief.compacted or relief.shortfall is not None:
+    if relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
         return False
     limits = budgets(model_policy.policy, job.window)
     if not wants_precompaction(relief.measurement.tokens, limits):

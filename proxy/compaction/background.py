@@ -3,7 +3,11 @@
 When a request's pressure crosses ``precompact`` (below the threshold), it is forwarded at once
 and one summary round starts in the background: select, summarize, commit, under the usual
 lease, ceilings and breaker. The request that later reaches the threshold finds the checkpoint
-committed; if the round is still running, it waits on the lease instead of starting another.
+committed. If the round is still running (the conversation outgrew the summary call), or none
+could start before (one turn jumped both watermarks), a request under ``must_compact`` (halfway
+from the threshold to the window) is still forwarded at once, as it is, and the round runs or
+starts in the background; only from ``must_compact`` does a request wait on the lease or
+compact synchronously, as without precompaction.
 
 **Which span.** The conversation keeps growing while the summary is written, and the checkpoint
 applies as soon as it is committed. It is selected with a retain budget smaller than the usual
@@ -36,14 +40,15 @@ _NOT_FAILURES = frozenset(
 
 
 def wants_precompaction(tokens: int, limits: Budgets) -> bool:
-    """Pressure between the two watermarks (pure)."""
-    return 0 < limits.precompact <= tokens < limits.threshold
+    """Pressure from the precompaction watermark up to where a request must be compacted
+    before it goes (pure)."""
+    return 0 < limits.precompact <= tokens < limits.must_compact
 
 
 def precompaction_retain(tokens: int, limits: Budgets) -> int:
     """The retain budget for a span prepared at ``tokens``: the usual one, less the growth
     still expected before the threshold (pure; see the module docstring)."""
-    return max(0, limits.retain - (limits.threshold - tokens))
+    return max(0, limits.retain - max(0, limits.threshold - tokens))
 
 
 class BackgroundCompactions:

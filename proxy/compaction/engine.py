@@ -251,10 +251,12 @@ class Engine:
         surface: Surface,
         trigger: str,
         before: int | None = None,
+        wait_if_busy: bool = True,
     ) -> tuple[ConversationState, Surface, bool]:
         """Prune the surface's oversized observations before body position ``before`` (the
         live turn at the latest: it is never pruned). Returns the state and surface to go on
-        with and whether a prune committed; a busy conversation is waited for (bounded)."""
+        with and whether a prune committed; a busy conversation is waited for (bounded) if
+        ``wait_if_busy``, else left as it is."""
         limit = job.view.live_start if before is None else min(before, job.view.live_start)
         body = [n for n in surface.nodes if n.kind == "body" and n.start is not None]
         body = [n for n in body if n.start is not None and n.start < limit]
@@ -265,6 +267,8 @@ class Engine:
             return state, surface, False
         outcome = await self._commit_prunes(job, state, candidates, trigger)
         COMPACTIONS.labels(trigger=trigger, mechanism="prune", outcome=outcome.value).inc()
+        if outcome is Outcome.BUSY and not wait_if_busy:
+            return state, surface, False
         if outcome is Outcome.BUSY:
             fresh, fresh_surface = await self.wait_and_reload(job)
         else:

@@ -22,6 +22,7 @@ from proxy.policy import Budgets
 from proxy.store.base import ConversationState
 
 MAX_WINDOW_SHRINKS = 3
+AHEAD = "ahead"  # over the threshold, under must_compact: forwarded, compacted in the background
 
 
 def cooling_down(engine: Engine, state: ConversationState, tokens: int) -> bool:
@@ -50,10 +51,12 @@ async def relieve_pressure(
     """The ``pressure`` trigger, cheapest first, the newest messages last:
 
     1. prune observations older than the retain budget; stop if below the threshold;
-    2. summarize head spans while the surface stays at or above the threshold:
+    2. with precompaction on, stop if below ``must_compact`` (shortfall ``ahead``: the caller
+       prepares the checkpoint in the background);
+    3. summarize head spans while the surface stays at or above the threshold:
        ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
        short to fit the summary call;
-    3. only if the request would still not fit its window, prune inside the retain budget.
+    4. only if the request would still not fit its window, prune inside the retain budget.
 
     The live turn is never touched, and when it alone (with head and tools) cannot fit the
     window nothing is done: the request goes as sent and the upstream answers. A request left
@@ -68,11 +71,16 @@ async def relieve_pressure(
     if irreducible > limits.window:
         return Relief(state, surface, measurement, shortfall="live_turn")
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
-    state, surface, pruned = await engine.prune(job, state, surface, "pressure", before)
+    # Under must_compact nothing waits: a round in the background may hold the lease.
+    must_wait = measurement.tokens >= limits.must_compact
+    state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
     measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned)
 
+    if measurement.tokens < limits.must_compact:
+        # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
+        return Relief(state, surface, measurement, pruned=pruned, shortfall=AHEAD)
     rounds = Relief(state, surface, measurement, shortfall="cooldown")
     if not cooling_down(engine, state, measurement.tokens):
         rounds = await _summarize_rounds(engine, job, rounds, threshold, retain)

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from prometheus_client import REGISTRY
 
@@ -23,9 +24,10 @@ WINDOW = 16_000
 
 
 def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
+    """Precompaction off: these tests are about the request that compacts (compaction ahead of
+    need has tests/e2e/test_precompaction.py)."""
     route: dict[str, Any] = {"model": "small-*", "base_url": upstream_url, "context_window": WINDOW}
-    if policy:
-        route["policy"] = policy
+    route["policy"] = {"precompact_ratio": 0, **policy}
     return [route]
 
 
@@ -127,7 +129,7 @@ async def test_summary_model_is_routed_to_its_own_route(
                 "model": "small-*",
                 "base_url": upstream_url,
                 "context_window": WINDOW,
-                "policy": {"summary_model": "summarizer-model"},
+                "policy": {"summary_model": "summarizer-model", "precompact_ratio": 0},
             },
             {"model": "summarizer-model", "base_url": upstream_url, "context_window": 64_000},
         ]
@@ -148,8 +150,7 @@ async def test_a_proxy_killed_mid_summary_blocks_nothing_once_its_lease_expires(
         "COMPACTION_PROXY_STORE_URL": REDIS_URL,
         "COMPACTION_PROXY_LEASE_TTL_SECONDS": "3",
         "COMPACTION_PROXY_SUMMARY_TIMEOUT_SECONDS": "2",
-        "COMPACTION_PROXY_ROUTES": f'[{{"model": "small-*", "base_url": "{upstream_url}", '
-        f'"context_window": {WINDOW}}}]',
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes(upstream_url)).decode(),
     }
     messages = history()
     fake.summary_delay = 30
@@ -233,7 +234,7 @@ async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_heade
                 "base_url": upstream_url,
                 "api_key_env": "MAIN_KEY",
                 "context_window": WINDOW,
-                "policy": {"summary_model": "summarizer-model"},
+                "policy": {"summary_model": "summarizer-model", "precompact_ratio": 0},
             },
             {"model": "summarizer-model", "base_url": elsewhere, "api_key_env": "SUMMARIZER_KEY"},
         ],

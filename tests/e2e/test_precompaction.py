@@ -1,20 +1,25 @@
 """Compaction ahead of need: the request that reaches the threshold does not wait for a summary
-call, because the checkpoint was prepared in the background from an earlier request."""
+call, because the checkpoint was prepared in the background from an earlier request. A request
+waits only from ``must_compact`` (halfway from the threshold to the window) on."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from typing import Any
 
 import openai
+import orjson
 from prometheus_client import REGISTRY
 
 from proxy.compaction.summarize import framed_summary_text
 from proxy.keys import BACKGROUND
+from proxy.store.redis import RedisStore
 from proxy.testing.fake_upstream import FakeUpstream
-from tests.builders import agent_turns, system, user
+from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.processes import proxy_process
 from tests.redis_server import RedisServer
 
 MODEL = "agent-model"
@@ -34,16 +39,39 @@ def lease_waits() -> float:
     )
 
 
+def tool_rounds(turns: int) -> list[dict[str, Any]]:
+    """A conversation of ``turns`` tool rounds of about 480 tokens each: 24 turns are over the
+    precompaction watermark (11,200 tokens), 27 over the threshold (12,800), 31 over
+    ``must_compact`` (14,400)."""
+    return [
+        system(),
+        user("Make the importer idempotent."),
+        *agent_turns(turns, output="importer log line " * 150),
+    ]
+
+
+async def send(proxy: RunningProxy, messages: list[dict[str, Any]]) -> tuple[str, float]:
+    """The compaction status and the latency of one request."""
+    started = time.perf_counter()
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+        )
+    return raw.headers["x-compaction-status"], time.perf_counter() - started
+
+
+def carries_a_checkpoint(fake: FakeUpstream) -> bool:
+    body = fake.chat_requests[-1].body or {}
+    return any(framed_summary_text(m) is not None for m in body.get("messages", []))
+
+
 async def grow(proxy: RunningProxy, turns: int) -> tuple[list[str], list[float]]:
     """A conversation growing by one tool round (about 450 tokens) per request."""
     statuses, latencies = [], []
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
         for turn in range(1, turns + 1):
-            messages = [
-                system(),
-                user("Make the importer idempotent."),
-                *agent_turns(turn, output="importer log line " * 150),
-            ]
+            messages = tool_rounds(turn)
             started = time.perf_counter()
             raw = await client.chat.completions.with_raw_response.create(
                 model=MODEL,
@@ -136,3 +164,104 @@ async def test_two_replicas_prepare_one_checkpoint_per_span(
     for proxy in replicas:
         await proxy.app[BACKGROUND].idle()
     assert len(fake.summary_requests) == 1
+
+
+async def test_a_request_that_outgrew_the_round_in_flight_goes_at_once_over_the_threshold(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    fake.summary_delay = 2.0
+    proxy = await make_proxy(routes=route(upstream_url))
+    waits_before = lease_waits()
+    assert (await send(proxy, tool_rounds(26)))[0] == "precompacting"
+    status, latency = await send(proxy, tool_rounds(29))  # the round is still summarizing
+    assert status == "none" and latency < fake.summary_delay
+    assert 0.8 * WINDOW <= fake.chat_requests[-1].prompt_tokens < 0.9 * WINDOW
+    assert not carries_a_checkpoint(fake) and lease_waits() == waits_before
+    await proxy.app[BACKGROUND].idle()
+    assert (await send(proxy, tool_rounds(30)))[0] == "none"
+    assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
+    assert len(fake.summary_requests) == 1
+
+
+async def test_an_observation_to_prune_does_not_wait_for_the_round_in_flight(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Pruning takes the lease too; under ``must_compact`` a busy lease is not waited for."""
+    fake.summary_delay = 2.0
+    proxy = await make_proxy(routes=route(upstream_url, retain_tokens=500))
+    waits_before = lease_waits()
+    assert (await send(proxy, tool_rounds(24)))[0] == "precompacting"
+    big_read = [
+        assistant(None, ("call_read", "bash", '{"command": "cat importer.log"}')),
+        tool("call_read", "importer log line " * 460),  # over the pruner's 8,192 characters
+    ]
+    for i in range(3):  # enough after it that it lies outside the retain budget
+        big_read.append(assistant(None, (f"call_ls{i}", "bash", '{"command": "ls"}')))
+        big_read.append(tool(f"call_ls{i}", "importer.py " * 100))
+    status, latency = await send(proxy, [*tool_rounds(24), *big_read])
+    assert status == "none" and latency < fake.summary_delay
+    assert 0.8 * WINDOW <= fake.chat_requests[-1].prompt_tokens < 0.9 * WINDOW
+    assert lease_waits() == waits_before
+
+
+async def test_a_turn_that_jumps_both_watermarks_is_compacted_behind_it(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    fake.summary_delay = 2.0
+    proxy = await make_proxy(routes=route(upstream_url))
+    status, latency = await send(proxy, tool_rounds(29))  # first contact, over the threshold
+    assert status == "precompacting" and latency < fake.summary_delay
+    await proxy.app[BACKGROUND].idle()
+    await send(proxy, tool_rounds(30))
+    assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
+
+
+async def test_from_must_compact_on_a_request_waits_for_the_round_in_flight(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    fake.summary_delay = 1.5
+    proxy = await make_proxy(routes=route(upstream_url))
+    waits_before = lease_waits()
+    assert (await send(proxy, tool_rounds(26)))[0] == "precompacting"
+    _, latency = await send(proxy, tool_rounds(34))  # over 90% of the window
+    assert latency >= 1.0 and lease_waits() == waits_before + 1
+    assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
+    assert len(fake.summary_requests) == 1, "it waited for the round rather than start another"
+
+
+async def test_sigterm_during_a_background_summary_frees_the_lease_and_exits(
+    upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    """On a real process: SIGTERM while a background round is summarizing. The process exits
+    well inside its shutdown timeout, the attempt is closed in the log and the lease is free,
+    so the next request (from any replica) compacts at once."""
+    fake.windows[MODEL] = WINDOW
+    fake.summary_delay = 60.0
+    env = {
+        "REDIS_URL": private_redis.url,
+        "COMPACTION_PROXY_TENANT_SECRET": "sigterm-secret",
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(route(upstream_url)).decode(),
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+    }
+    async with proxy_process(env) as (process, base):
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-a") as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=tool_rounds(26),  # type: ignore[arg-type]
+            )
+        assert raw.headers["x-compaction-status"] == "precompacting"
+        conversation = raw.headers["x-compaction-conversation"]
+        while not fake.summary_requests:
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+        assert time.monotonic() - started < 10
+    store = RedisStore(private_redis.url)
+    try:
+        state = await store.load(conversation)
+        log = [e for _, e in (await store.read_log(conversation, limit=1000)).events]
+    finally:
+        await store.close()
+    assert state.lease_owner is None
+    assert log[-1]["type"] == "compaction/end" and log[-1]["outcome"] != "committed"

@@ -23,9 +23,9 @@ MARKER = "characters removed by compaction-proxy"
 
 
 def route(upstream_url: str, window: int, model: str = MODEL, **policy: Any) -> dict[str, Any]:
+    """Precompaction off: these tests look at the request that compacts."""
     entry: dict[str, Any] = {"model": model, "base_url": upstream_url, "context_window": window}
-    if policy:
-        entry["policy"] = policy
+    entry["policy"] = {"precompact_ratio": 0, **policy}
     return entry
 
 

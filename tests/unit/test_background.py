@@ -34,14 +34,34 @@ LIMITS = Budgets(window=16_000, threshold=12_800, retain=2_560, precompact=11_20
 
 @pytest.mark.parametrize(
     ("tokens", "wanted"),
-    [(11_199, False), (11_200, True), (12_799, True), (12_800, False)],
+    [
+        (11_199, False),
+        (11_200, True),
+        (12_799, True),
+        (12_800, True),
+        (14_399, True),
+        (14_400, False),
+    ],
 )
-def test_a_round_starts_only_between_the_watermarks(tokens: int, wanted: bool) -> None:
+def test_a_round_starts_from_the_watermark_up_to_where_a_request_must_wait(
+    tokens: int, wanted: bool
+) -> None:
     assert wants_precompaction(tokens, LIMITS) is wanted
     assert not wants_precompaction(tokens, Budgets(16_000, 12_800, 2_560, precompact=0))
 
 
-@pytest.mark.parametrize(("tokens", "retain"), [(11_200, 960), (12_000, 1_760), (9_000, 0)])
+@pytest.mark.parametrize(
+    ("tokens", "retain"), [(11_200, 960), (12_000, 1_760), (9_000, 0), (13_000, 2_560)]
+)
 def test_the_span_leaves_room_for_the_growth_before_the_threshold(tokens: int, retain: int) -> None:
     """Used at the threshold, the tail is back to the usual retain budget."""
     assert precompaction_retain(tokens, LIMITS) == retain
+
+
+@pytest.mark.parametrize(("precompact", "must_compact"), [(11_200, 14_400), (0, 12_800)])
+def test_requests_wait_from_the_threshold_only_without_precompaction(
+    precompact: int, must_compact: int
+) -> None:
+    """With a checkpoint on its way, a request waits only in the upper half of the margin."""
+    limits = Budgets(window=16_000, threshold=12_800, retain=2_560, precompact=precompact)
+    assert limits.must_compact == must_compact
