@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 from collections import Counter
@@ -13,7 +12,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy import handlers
+from proxy import handlers, lazy_litellm
 from proxy.admin import admin_routes
 from proxy.client_keys import ClientKeys, holds_upstream_keys, load_client_key_digests
 from proxy.compaction.background import BackgroundCompactions
@@ -43,7 +42,7 @@ from proxy.store import StoreUnavailable, open_store
 from proxy.tenant import TenantSecret, api_key_of
 from proxy.tokenizers import warm_up
 from proxy.upstream import HOP_HEADER
-from proxy.windows import LearnedWindows
+from proxy.windows import LearnedWindows, model_map
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +94,11 @@ async def _tenant_secret(app: web.Application) -> AsyncIterator[None]:
 
 async def _engine(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    # litellm's import takes seconds and an encoding's load most of one: pay both at start-up,
-    # not on a request that needs them.
+    # An encoding's load takes most of a second: pay it at start-up, not on a request.
     await asyncio.to_thread(warm_up)
-    # litellm leaves a very large object graph behind; keep the cyclic collector from walking
-    # it again on every full collection (those pauses showed up as p99 latency).
-    gc.freeze()
+    await asyncio.to_thread(model_map)
+    # litellm's import takes seconds: the proxy listens meanwhile (see proxy.lazy_litellm).
+    importing = asyncio.create_task(lazy_litellm.import_in_background())
     meter = TokenMeter(cache_size=settings.meter_cache_size)
     engine_settings = EngineSettings(
         lease_ttl_seconds=settings.lease_ttl_seconds,
@@ -115,6 +113,7 @@ async def _engine(app: web.Application) -> AsyncIterator[None]:
     )
     app[ENGINE] = Engine(app[STORE], meter, engine_settings)
     yield
+    importing.cancel()  # stops waiting for it; the thread itself ends with the import
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:

@@ -19,7 +19,9 @@ from proxy.config import (
     Settings,
     config_path_from_env,
     load_settings,
+    redacted_url,
     unknown_environment,
+    unversioned_upstreams,
 )
 from proxy.credentials import credential_problems, key_source
 from proxy.loops import self_loop_problems
@@ -49,20 +51,52 @@ def _serve(args: argparse.Namespace) -> int:
     # interpreter while one runs: a small request takes several wake-ups. 1 ms keeps other
     # clients' latency close to what it is without the big request, for little throughput.
     sys.setswitchinterval(0.001)
-    for name in unknown_environment(os.environ):
-        logging.getLogger("proxy").warning("%s names no setting: ignored (a typo?)", name)
+    log = logging.getLogger("proxy")
+    for warning in start_up_warnings(settings):
+        log.warning("%s", warning)
+    log.info("%s", start_up_line(settings, args.config or config_path_from_env()))
     app = create_app(settings)
-    if settings.metrics_port is not None:
-        serve_metrics_port(settings.host, settings.metrics_port)
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_timeout,
-        print=lambda message: logging.getLogger("proxy").info("%s", message.strip()),
-    )
+    try:
+        if settings.metrics_port is not None:
+            serve_metrics_port(settings.host, settings.metrics_port)
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            handler_cancellation=True,
+            shutdown_timeout=settings.shutdown_timeout,
+            print=lambda message: log.info("%s", message.strip()),
+        )
+    except OSError as exc:  # the port in use, or an address this host does not have
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        address = f"{settings.host}:{settings.port}"
+        print(f"compaction-proxy: cannot listen on {address}: {reason}", file=sys.stderr)
+        return 1
     return 0
+
+
+def start_up_warnings(settings: Settings) -> list[str]:
+    """What a start-up (and ``check-config``) warns about: typos, and a forgotten ``/v1``."""
+    warnings = [
+        f"{name} names no setting: ignored (a typo?)" for name in unknown_environment(os.environ)
+    ]
+    warnings += [
+        f"upstream {url} has no version in its path (like /v1): requests go to "
+        f"{url.rstrip('/')}/chat/completions"
+        for url in unversioned_upstreams(settings)
+    ]
+    return warnings
+
+
+def start_up_line(settings: Settings, path: Path | str | None) -> str:
+    """The one line a start-up logs: what this process serves, from where, with what."""
+    routes = ", ".join(f"{r.model} -> {r.base_url}" for r in settings.routes) or "none"
+    return (
+        f"compaction-proxy {__version__} on http://{settings.host}:{settings.port}: "
+        f"config {path or 'defaults and environment'}; upstream {settings.upstream_base_url}; "
+        f"routes {routes}; store {redacted_url(settings.store_url)}; workers 1; "
+        f"admin API {'on' if settings.admin_token is not None else 'off'}"
+    )
 
 
 def resolved_routes(settings: Settings) -> list[dict[str, Any]]:
@@ -90,15 +124,15 @@ def _check_config(args: argparse.Namespace) -> int:
     path = args.file or config_path_from_env()
     report = {
         "config_file": str(path) if path else "(none: defaults and environment)",
-        "store_url": settings.store_url.split("@")[-1],
+        "store_url": redacted_url(settings.store_url),
         "listen": f"{settings.host}:{settings.port}",
         "admin_api": "on" if settings.admin_token is not None else "off",
         "routes": resolved_routes(settings),
     }
     print(yaml.safe_dump(report, sort_keys=False), end="")
     problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
-    for name in unknown_environment(os.environ):
-        print(f"warning: {name} names no setting: ignored (a typo?)", file=sys.stderr)
+    for warning in start_up_warnings(settings):
+        print(f"warning: {warning}", file=sys.stderr)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0

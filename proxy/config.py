@@ -9,9 +9,11 @@ combinations fail at start-up with a message naming the key.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import (
@@ -26,7 +28,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from proxy import config_errors
 
 DEFAULT_CONFIG_PATH = Path("config/proxy.yaml")
 CONFIG_PATH_ENV = "COMPACTION_PROXY_CONFIG"
@@ -249,6 +254,16 @@ class Settings(BaseSettings):
         schemes = ("memory://", "redis://", "rediss://", "redis+cluster://", "unix://")
         if not value.startswith(schemes):
             raise ValueError(f"store_url must start with one of {', '.join(schemes)}")
+        if value.startswith(("redis://", "rediss://", "redis+cluster://")):
+            parts = urlsplit(value)
+            try:
+                parts.port  # noqa: B018 (parsing it is the check)
+            except ValueError:
+                raise ValueError(
+                    f"store_url {redacted_url(value)}: the port is not a number"
+                ) from None
+            if not parts.hostname:
+                raise ValueError(f"store_url {redacted_url(value)} names no host")
         return value
 
     @classmethod
@@ -271,17 +286,6 @@ class Settings(BaseSettings):
             base_url=self.upstream_base_url,
             api_key_env=self.upstream_api_key_env,
         )
-
-
-def _format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
-    for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"  {key}: {message}")
-    return "\n".join(lines)
 
 
 def unknown_environment(environ: Mapping[str, str]) -> list[str]:
@@ -313,13 +317,19 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     Raises ConfigError naming every invalid key.
     """
     data: dict[str, Any] = {}
-    source = "defaults"
+    text = ""
     if path is not None:
-        source = str(path)
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+            text = path.read_text(encoding="utf-8")
+            loaded = yaml.safe_load(text)
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from exc
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            raise ConfigError(f"{where}: invalid YAML: {exc.problem or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"configuration {path} must be a mapping at the top level")
         data = loaded or {}
@@ -327,4 +337,33 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         return Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from exc
+        aliases = {name: _aliases(field) for name, field in Settings.model_fields.items()}
+        shown = str(path) if path is not None else None
+        raise ConfigError(config_errors.describe(exc, shown, text, aliases, os.environ)) from exc
+
+
+def _aliases(field: FieldInfo) -> list[str]:
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [c for c in alias.choices if isinstance(c, str)]
+    return []
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (for logs and reports)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def unversioned_upstreams(settings: Settings) -> list[str]:
+    """Upstream base URLs with no version segment in their path (``/v1``, ``/v4``, ``/v1beta``):
+    usually a forgotten ``/v1``, and the upstream then answers every request with a 404."""
+    urls = [str(settings.upstream_base_url), *(str(r.base_url) for r in settings.routes)]
+    return [u for u in dict.fromkeys(urls) if not _VERSION_SEGMENT.search(urlsplit(u).path)]
+
+
+_VERSION_SEGMENT = re.compile(r"/v\d+[a-z0-9]*(/|$)")

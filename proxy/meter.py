@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
 
-from proxy import jsonio
+from proxy import jsonio, lazy_litellm
 from proxy.conversation import Message, Surface, message_digest, pruned_message
 from proxy.store.base import Anchor
-from proxy.tokenizers import encoding, use_bundled_tokenizers
+from proxy.tokenizers import encoding
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,10 @@ class _HuggingFaceCounter:
 
 
 def _litellm_counter(model: str) -> TextCounter | None:
-    """litellm's own tokenizer for the model when it ships one as a file; never downloads."""
-    use_bundled_tokenizers()
-    try:
-        from litellm.utils import huggingface_tokenizer_kind, select_tokenizer
-    except ImportError:
-        return None
+    """litellm's own tokenizer for the model when it ships one as a file; never downloads.
+    Call only once ``lazy_litellm.available()``."""
+    from litellm.utils import huggingface_tokenizer_kind, select_tokenizer
+
     kind = huggingface_tokenizer_kind(model)
     if kind not in _BUNDLED_HF_KINDS:
         return None
@@ -98,12 +96,22 @@ def _litellm_counter(model: str) -> TextCounter | None:
     return _HuggingFaceCounter(name=f"hf:{kind}", tokenizer=selected["tokenizer"])
 
 
-@cache
 def counter_for(model: str) -> TextCounter:
-    """The best offline tokenizer for ``model``."""
+    """The best offline tokenizer for ``model`` (tiktoken's while litellm is being loaded)."""
+    if lazy_litellm.available():
+        return _best_counter(model)
+    return _tiktoken_counter(model)
+
+
+@cache
+def _best_counter(model: str) -> TextCounter:
     hf = _litellm_counter(model)
     if hf is not None:
         return hf
+    return _tiktoken_counter(model)
+
+
+def _tiktoken_counter(model: str) -> TextCounter:
     return _TiktokenCounter("cl100k_base" if _CL100K_MODELS.match(model) else "o200k_base")
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from proxy import lazy_litellm
+
 _OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 _OVERFLOW_PHRASES = (
     "maximum context length is",  # OpenAI, Groq, DeepSeek, Together, vLLM, OpenRouter
@@ -83,11 +85,11 @@ def _error_fields(body: bytes) -> tuple[str, str]:
 
 
 def _litellm_says_overflow(text: str) -> bool:
-    """litellm's own check, when litellm is importable (it is a dependency)."""
-    try:
-        from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
-    except ImportError:
+    """litellm's own check, once litellm is loaded (it is a dependency)."""
+    if not lazy_litellm.available():
         return False
+    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+
     return bool(ExceptionCheckers.is_error_str_context_window_exceeded(text))
 
 

@@ -15,11 +15,16 @@ from pathlib import Path
 import tiktoken
 
 
-def litellm_tokenizer_dir() -> Path:
+def litellm_package_dir() -> Path:
+    """litellm's installed folder, found without importing litellm (that takes seconds)."""
     spec = importlib.util.find_spec("litellm")
     if spec is None or spec.origin is None:
         raise RuntimeError("litellm is not installed: its bundled tokenizer files are needed")
-    return Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+    return Path(spec.origin).parent
+
+
+def litellm_tokenizer_dir() -> Path:
+    return litellm_package_dir() / "litellm_core_utils" / "tokenizers"
 
 
 def use_bundled_tokenizers() -> None:
@@ -38,16 +43,12 @@ BUNDLED_ENCODINGS = ("o200k_base", "cl100k_base")
 
 
 def warm_up() -> None:
-    """Import litellm (offline model map) and load the bundled encodings, so that no request
-    pays for either: loading ``o200k_base`` alone holds the interpreter for most of a second,
-    and on a request's path that stalls every other client."""
+    """Load the bundled encodings, so that no request pays for them: loading ``o200k_base``
+    alone holds the interpreter for most of a second, and on a request's path that stalls
+    every other client."""
     use_bundled_tokenizers()
     for name in BUNDLED_ENCODINGS:
         encoding(name)
-    try:
-        import litellm  # noqa: F401
-    except ImportError:
-        return
 
 
 def main() -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from functools import cache
-from importlib.resources import files
 
 import orjson
+
+from proxy.tokenizers import litellm_package_dir
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +25,13 @@ def resolve_window(configured: int | None, mapped: int | None, learned: int | No
 
 
 @cache
-def _model_map() -> dict[str, dict[str, object]]:
-    """litellm's bundled model map, read from its package data (never the network)."""
+def model_map() -> dict[str, dict[str, object]]:
+    """litellm's bundled model map, read from its package data without importing litellm
+    (never the network)."""
     try:
-        resource = files("litellm") / "model_prices_and_context_window_backup.json"
+        resource = litellm_package_dir() / "model_prices_and_context_window_backup.json"
         data = orjson.loads(resource.read_bytes())
-    except (ModuleNotFoundError, FileNotFoundError, orjson.JSONDecodeError) as exc:
+    except (RuntimeError, FileNotFoundError, orjson.JSONDecodeError) as exc:
         log.warning("litellm's model map is unavailable: %s", type(exc).__name__)
         return {}
     return data if isinstance(data, dict) else {}
@@ -37,7 +39,7 @@ def _model_map() -> dict[str, dict[str, object]]:
 
 def mapped_window(model: str) -> int | None:
     """``max_input_tokens`` from litellm's map, trying the name without a provider prefix."""
-    table = _model_map()
+    table = model_map()
     for name in (model, model.split("/", 1)[-1]):
         entry = table.get(name)
         if isinstance(entry, dict):

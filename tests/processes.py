@@ -37,9 +37,10 @@ async def wait_until_ready(url: str, timeout: float = 30.0) -> None:
 
 @asynccontextmanager
 async def proxy_process(
-    env: Mapping[str, str], *args: str
+    env: Mapping[str, str], *args: str, capture_stderr: bool = False
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """``python -m proxy serve`` on a free port; yields the process and its base URL."""
+    """``python -m proxy serve`` on a free port; yields the process and its base URL (with
+    ``capture_stderr``, read its log from ``process.stderr`` once it has stopped)."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -50,6 +51,7 @@ async def proxy_process(
         str(port),
         *args,
         env={**os.environ, **env},
+        stderr=asyncio.subprocess.PIPE if capture_stderr else None,
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
+import sys
 from typing import Any
 
 import openai
 
+from proxy import __version__
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import user
-from tests.processes import proxy_process
+from tests.processes import free_port, proxy_process
+from tests.redis_server import RedisServer
 
 
 async def test_sigterm_drains_in_flight_requests(fake: FakeUpstream, upstream_url: str) -> None:
@@ -71,3 +76,63 @@ async def test_metrics_combine_worker_processes(upstream_url: str, tmp_path: Any
             async with http.get(f"{first}/metrics") as response:
                 text = await response.text()
     assert 'compaction_proxy_requests_total{outcome="ok",route="*"} 3.0' in text
+
+
+async def run_serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``python -m proxy serve`` that is expected to exit: its status and standard error."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        *args,
+        env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, stderr.decode()
+
+
+async def test_a_port_in_use_is_one_clear_line_not_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, stderr = await run_serve("--port", str(port))
+    assert status == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in stderr
+    assert "Traceback" not in stderr
+
+
+async def test_a_malformed_redis_url_is_refused_before_listening() -> None:
+    status, stderr = await run_serve(
+        "--port", str(free_port()), env={"REDIS_URL": "redis://:hunter2@localhost:abc/0"}
+    )
+    assert status == 2
+    assert "store_url" in stderr and "port is not a number" in stderr
+    assert "environment variable REDIS_URL" in stderr
+    assert "hunter2" not in stderr and "Traceback" not in stderr
+
+
+async def test_start_up_logs_one_line_naming_what_it_serves(
+    upstream_url: str, private_redis: RedisServer
+) -> None:
+    password_url = private_redis.url.replace("redis://", "redis://default:hunter2@", 1)
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "s",
+        "COMPACTION_PROXY_STORE_URL": password_url,
+        "COMPACTION_PROXY_COLOUR": "blue",
+    }
+    async with proxy_process(env, capture_stderr=True) as (process, _):
+        process.terminate()
+        await process.wait()
+        assert process.stderr is not None
+        logged = (await process.stderr.read()).decode()
+    line = next(ln for ln in logged.splitlines() if f"compaction-proxy {__version__} on" in ln)
+    assert f"upstream {upstream_url}" in line and "workers 1" in line
+    shown = private_redis.url.replace("redis://", "redis://default:***@", 1)
+    assert "admin API off" in line and f"store {shown}" in line and "hunter2" not in logged
+    assert "COMPACTION_PROXY_COLOUR names no setting" in logged

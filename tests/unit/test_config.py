@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from proxy.app import create_app
 from proxy.cli import main, resolved_routes
-from proxy.config import ConfigError, load_settings
+from proxy.config import ConfigError, load_settings, redacted_url
 from proxy.policy import budgets, configured_window, resolve_policy, route_for
 
 REPO_CONFIG = Path(__file__).parents[2] / "config" / "proxy.yaml"
@@ -234,3 +235,53 @@ def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("compaction-proxy ")
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("port: 8080\nhost: h\nstore_url: mysql://h\n", "proxy.yaml:3)"),
+        ("routes:\n  - model: x\n    base_url: http://h/v1\n    bogus: 1\n", "proxy.yaml:4)"),
+        ("policy:\n  pruner:\n\n    head_chars: x\n", "proxy.yaml:4)"),
+    ],
+)
+def test_an_invalid_value_in_the_file_names_its_line(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_settings(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("COMPACTION_PROXY_PORT", "abc"),
+        ("REDIS_URL", "redis://localhost:abc/0"),
+        ("COMPACTION_PROXY_POLICY__THRESHOLD_RATIO", "3"),
+    ],
+)
+def test_an_invalid_environment_variable_is_named_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "port: 8080\n"))
+    assert f"(environment variable {variable})" in str(caught.value)
+    assert "proxy.yaml" not in str(caught.value)
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"proxy\.yaml:2:6: invalid YAML"):
+        load_settings(write(tmp_path, "port: 80\n  bad: [\n"))
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [("redis://localhost:abc/0", "port is not a number"), ("redis:///0", "names no host")],
+)
+def test_a_malformed_redis_url_is_refused_at_start(tmp_path: Path, url: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        load_settings(write(tmp_path, f"store_url: '{url}'\n"))
+
+
+def test_a_password_never_reaches_a_report() -> None:
+    assert redacted_url("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
+    assert redacted_url("redis://h:6379/0") == "redis://h:6379/0"

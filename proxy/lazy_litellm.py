@@ -1,0 +1,68 @@
+"""litellm, imported off the start-up path.
+
+Importing litellm takes seconds, and the proxy needs it for little: a tokenizer for a few model
+families and a fallback overflow check (its model map and tiktoken files are read as plain
+package data, see ``windows`` and ``tokenizers``). So ``serve`` starts listening without it and
+imports it in a worker thread. While that import runs, ``available()`` says no and those
+features do without for a moment (counting falls back to tiktoken, the overflow check to the
+proxy's own patterns) rather than block the event loop on the import lock. Where nothing
+started the import (the CLI, unit tests), the first caller imports litellm itself.
+
+Invariant: ``available()`` never waits for an import another thread is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib
+import threading
+
+from proxy.tokenizers import use_bundled_tokenizers
+
+_lock = threading.Lock()
+_started = False
+_imported = threading.Event()  # set once the import is over, failed or not
+_importable = False
+
+
+def _import() -> None:
+    global _importable
+    use_bundled_tokenizers()  # also keeps litellm's import from fetching its model map
+    try:
+        importlib.import_module("litellm")
+        _importable = True
+    except ImportError:
+        _importable = False
+    finally:
+        _imported.set()
+    # litellm leaves a very large object graph behind; keep the cyclic collector from walking
+    # it again on every full collection (those pauses showed up as p99 latency).
+    gc.freeze()
+
+
+def _claim() -> bool:
+    """Whether the caller is the one to import (nobody started yet)."""
+    global _started
+    with _lock:
+        if _started:
+            return False
+        _started = True
+        return True
+
+
+async def import_in_background() -> None:
+    """Import litellm in a worker thread (the app awaits this as a background task)."""
+    if _claim():
+        await asyncio.to_thread(_import)
+
+
+def available() -> bool:
+    """Whether litellm can be used now: imported, or importable right here when nobody is
+    importing it elsewhere."""
+    if _imported.is_set():
+        return _importable
+    if _claim():
+        _import()
+        return _importable
+    return False
