@@ -245,6 +245,8 @@ def _round_result(result: Round, generation: int) -> web.Response:
     }
     if result.span is not None:
         body["span"] = {"start": result.span.start, "end": result.span.end}
+    if result.failure is not None:
+        body["reason"] = result.failure.explanation
     return _json(body, _OUTCOME_STATUS[result.outcome])
 
 

@@ -24,10 +24,13 @@ class AdminError(Exception):
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    """The API's JSON answer; raises AdminError (one line to print) on any error answer except
+    a compaction's refusal, which is an answer (``outcome`` and ``reason``)."""
     token = args.token or os.environ.get("COMPACTION_PROXY_ADMIN_TOKEN")
     if not token:
         raise AdminError("no admin token: pass --token or set COMPACTION_PROXY_ADMIN_TOKEN")
     url = (args.url or os.environ.get("COMPACTION_PROXY_ADMIN_URL") or DEFAULT_URL).rstrip("/")
+    url = url.removesuffix("/v1")  # the admin API is at the root, beside /v1
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     upstream_key = getattr(args, "upstream_key", None)
     if upstream_key:
@@ -44,9 +47,14 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
             detail = json.loads(error.read())
         except ValueError:
             detail = {}
-        if isinstance(detail, dict) and "outcome" in detail:
+        if method == "POST" and isinstance(detail, dict) and "outcome" in detail:
             return detail  # a refused compaction is an answer, not a transport failure
-        reason = detail.get("reason") if isinstance(detail, dict) else None
+        reason = None
+        if isinstance(detail, dict):
+            nested = detail.get("error")
+            reason = detail.get("reason") or (
+                nested.get("message") if isinstance(nested, dict) else None
+            )
         raise AdminError(f"HTTP {error.code}: {reason or error.reason}") from error
     except urllib.error.URLError as error:
         raise AdminError(f"cannot reach {url}: {error.reason}") from error
@@ -182,6 +190,8 @@ def _surface(args: argparse.Namespace) -> str:
 def _compact(args: argparse.Namespace) -> str:
     if (args.start is None) != (args.end is None):
         raise AdminError("give both --start and --end for a region, or neither")
+    if args.start is not None and args.start > args.end:
+        raise AdminError(f"--start ({args.start}) is after --end ({args.end})")
     if args.start is None:
         data = _call(args, "POST", f"/conversations/{args.conversation}/compact")
     else:
@@ -194,11 +204,11 @@ def _compact(args: argparse.Namespace) -> str:
     args.failed = data.get("outcome") != "committed"
     if args.json:
         return json.dumps(data, indent=2)
+    if args.failed:
+        return f"{data['outcome']}: {data.get('reason') or 'nothing was compacted'}"
     line = f"{data['outcome']}: {data.get('tokens_shadowed', 0)} tokens shadowed"
     if "generation" in data:
         line += f", generation {data['generation']}"
-    if data.get("reason"):
-        line += f" ({data['reason']})"
     return line
 
 
@@ -207,15 +217,17 @@ def add_parser(commands: Any) -> None:
         "conversations",
         help="inspect and compact conversations through a running proxy's admin API",
     )
-    parser.add_argument(
-        "--url", help=f"proxy base URL (default $COMPACTION_PROXY_ADMIN_URL or {DEFAULT_URL})"
-    )
-    parser.add_argument("--token", help="admin token (default $COMPACTION_PROXY_ADMIN_TOKEN)")
-    parser.add_argument("--json", action="store_true", help="print the API's JSON")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    _common_options(parser, with_defaults=True)
+    # The same options after the action too (`list --json`); given there, they win.
+    common = argparse.ArgumentParser(add_help=False)
+    _common_options(common, with_defaults=False)
     actions = parser.add_subparsers(dest="action", required=True)
 
-    listing = actions.add_parser("list", help="recently active conversations")
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = actions.add_parser(name, help=text, parents=[common])
+        return sub
+
+    listing = action("list", "recently active conversations")
     listing.add_argument("--limit", type=int, default=50)
     listing.set_defaults(show=_list)
 
@@ -223,19 +235,19 @@ def add_parser(commands: Any) -> None:
         ("show", _show, "state and replacement records"),
         ("surface", _surface, "what the latest request would be sent"),
     ):
-        sub = actions.add_parser(name, help=text)
+        sub = action(name, text)
         sub.add_argument("conversation")
         sub.set_defaults(show=func)
 
-    log = actions.add_parser("log", help="the session log, a page at a time")
+    log = action("log", "the session log, a page at a time")
     log.add_argument("conversation")
     log.add_argument("--after", help="cursor from the previous page")
     log.add_argument("--limit", type=int, default=100)
     log.set_defaults(show=_log)
 
-    compact = actions.add_parser(
+    compact = action(
         "compact",
-        help="summarize an idle conversation now (everything but the last message, or a region)",
+        "summarize an idle conversation now (everything but the last message, or a region)",
     )
     compact.add_argument("conversation")
     compact.add_argument("--start", type=int, help="first body position of a region")
@@ -245,6 +257,29 @@ def add_parser(commands: Any) -> None:
     )
     compact.set_defaults(show=_compact)
     parser.set_defaults(run=run)
+
+
+def _common_options(parser: argparse.ArgumentParser, *, with_defaults: bool) -> None:
+    """``--url --token --json --timeout``; without defaults (after the action) an option not
+    given leaves the value from before the action alone."""
+
+    def default(value: Any) -> Any:
+        return value if with_defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--url",
+        default=default(None),
+        help=f"proxy base URL (default $COMPACTION_PROXY_ADMIN_URL or {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--token", default=default(None), help="admin token (default $COMPACTION_PROXY_ADMIN_TOKEN)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print the API's JSON"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=default(300.0), help="seconds (default 300)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,6 +57,12 @@ async def import_in_background() -> None:
         await asyncio.to_thread(_import)
 
 
+async def loaded() -> None:
+    """Wait (off the event loop) until an import started elsewhere is over."""
+    if _started and not _imported.is_set():
+        await asyncio.to_thread(_imported.wait)
+
+
 def available() -> bool:
     """Whether litellm can be used now: imported, or importable right here when nobody is
     importing it elsewhere."""

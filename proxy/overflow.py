@@ -68,6 +68,11 @@ def stated_limit(text: str) -> int | None:
     return None
 
 
+def error_message(body: bytes) -> str:
+    """The human words of an upstream error body (its ``message``, else the body's text)."""
+    return " ".join(_error_fields(body)[1].split())
+
+
 def _error_fields(body: bytes) -> tuple[str, str]:
     """(code and type, message) of an error body; Gemini wraps it in a JSON array."""
     try:

@@ -17,6 +17,7 @@ import redis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy import lazy_litellm
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
 from proxy.keys import STORE
@@ -159,6 +160,8 @@ def make_proxy(aiohttp_server: Any, upstream_url: str) -> ProxyFactory:
         settings: Settings = load_settings(None, **values)
         app = create_app(settings)
         server: TestServer = await aiohttp_server(app)
+        # Tests expect the whole proxy, litellm's tokenizers and overflow check included.
+        await lazy_litellm.loaded()
         return RunningProxy(str(server.make_url("/v1")), app, server)
 
     return start

@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 
 from proxy.conversation import Message
-from proxy.overflow import classify_overflow
+from proxy.overflow import classify_overflow, error_message
 
 SECTIONS = (
     "Primary Request and Intent",
@@ -64,10 +64,31 @@ class SummaryFailed(Exception):
     """The summary call produced nothing usable; ``reason`` is a short class. An ``overflow``
     (the summary call itself too large) carries the limit the upstream stated, if any."""
 
-    def __init__(self, reason: str, limit: int | None = None) -> None:
+    def __init__(self, reason: str, limit: int | None = None, upstream_message: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.limit = limit
+        self.upstream_message = upstream_message  # the error's own words, for operators
+
+    @property
+    def explanation(self) -> str:
+        """One line for an operator: the class, the upstream's words, and what to do."""
+        text = _EXPLANATIONS.get(self.reason, "")
+        if self.reason in ("http_401", "http_403"):
+            text = "the upstream refused the credentials (give the route an api_key_env, "
+            text += "or pass the admin call an upstream key)"
+        said = f": {self.upstream_message}" if self.upstream_message else ""
+        return f"the summary call failed ({self.reason}{said})" + (f"; {text}" if text else "")
+
+
+_EXPLANATIONS = {
+    "timeout": "the summarizer did not answer within summary_timeout_seconds",
+    "unreachable": "the summarizer's host could not be reached",
+    "overflow": "the summary call itself was over the summarizer's window",
+    "malformed": "the summarizer's answer was not a chat completion",
+    "length": "the summary was cut at max_tokens",
+    "empty": "the summarizer answered with no text",
+}
 
 
 @dataclass(frozen=True)
@@ -140,7 +161,7 @@ async def call_summarizer(
         verdict = classify_overflow(status, raw)
         if verdict.is_overflow:
             raise SummaryFailed("overflow", verdict.limit)
-        raise SummaryFailed(f"http_{status}")
+        raise SummaryFailed(f"http_{status}", upstream_message=error_message(raw)[:300])
     try:
         parsed = orjson.loads(raw)
         choice = parsed["choices"][0]

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
+from proxy.store.base import StoreUnavailable
+from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.e2e.test_admin import TOKEN, chat, history, routes
 
@@ -78,3 +80,75 @@ async def test_cli_refusals_exit_non_zero(
     assert code == 1 and "HTTP 401" in err
     code, _, err = await cli(capsys, "--url", "http://127.0.0.1:9", "--token", "t", "list")
     assert code == 1 and "cannot reach" in err
+
+
+async def test_options_work_after_the_action_and_a_v1_url_is_forgiven(
+    proxy: RunningProxy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conversation = await chat(proxy, history())
+    code, out, _ = await cli(capsys, "list", "--json", "--url", proxy.url, "--token", TOKEN)
+    assert code == 0
+    assert json.loads(out)["conversations"][0]["conversation"] == conversation
+
+
+async def test_a_store_outage_is_one_line_and_a_failure_for_every_view(
+    proxy: RunningProxy, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conversation = await chat(proxy, history())
+
+    async def unavailable(*_: Any, **__: Any) -> Any:
+        raise StoreUnavailable("read", "ConnectionError")
+
+    for method in ("load", "read_log", "list_conversations"):
+        monkeypatch.setattr(proxy.store, method, unavailable)
+    for args in (
+        ["list"],
+        ["show", conversation],
+        ["log", conversation],
+        ["surface", conversation],
+    ):
+        for json_flag in ([], ["--json"]):
+            code, out, err = await cli(
+                capsys, "--url", proxy.root, "--token", TOKEN, *json_flag, *args
+            )
+            assert code == 1 and out == "", (args, out)
+            assert "HTTP 503: the store is unavailable" in err and "Traceback" not in err
+
+
+async def test_a_failed_manual_compaction_says_why(
+    proxy: RunningProxy, capsys: pytest.CaptureFixture[str], fake: FakeUpstream
+) -> None:
+    conversation = await chat(proxy, history())
+    refusal = {
+        "error": {
+            "message": "Incorrect API key provided: sk-****.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    fake.fail_next(401, json.dumps(refusal).encode())
+    code, out, _ = await cli(capsys, "--url", proxy.root, "--token", TOKEN, "compact", conversation)
+    assert code == 1
+    assert out.startswith("summary_failed: the summary call failed (http_401: Incorrect API key")
+    assert "api_key_env" in out
+
+
+async def test_a_region_given_backwards_is_named(
+    proxy: RunningProxy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conversation = await chat(proxy, history())
+    code, _, err = await cli(
+        capsys,
+        "--url",
+        proxy.root,
+        "--token",
+        TOKEN,
+        "compact",
+        conversation,
+        "--start",
+        "3",
+        "--end",
+        "1",
+    )
+    assert code == 1 and "--start (3) is after --end (1)" in err
