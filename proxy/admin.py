@@ -21,7 +21,8 @@ from proxy.compaction.planning import CompactionJob
 from proxy.conversation import Checkpoint, ReplacementRecord
 from proxy.keys import ENGINE, IN_FLIGHT, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
-from proxy.preparation import compaction_job, model_window
+from proxy.meter import counter_for
+from proxy.preparation import MISSES, compaction_job, model_window
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, Event, Store, StoreUnavailable
 from proxy.tasks import shielded
@@ -131,6 +132,7 @@ async def list_conversations(request: web.Request) -> web.StreamResponse:
             "conversations": [
                 {
                     "conversation": s.conversation,
+                    "session": s.attributes.get("session"),
                     "tenant": s.attributes.get("tenant"),
                     "model": s.attributes.get("model"),
                     "last_seen": s.last_seen,
@@ -151,9 +153,21 @@ async def show_conversation(request: web.Request) -> web.StreamResponse:
     state = await request.app[STORE].load(conversation)
     if state.generation == 0 and not state.attributes:
         return _problem(404, "no such conversation")
+    attributes = state.attributes
+    miss_limit = request.app[SETTINGS].checkpoint_miss_limit
+    misses = int(attributes.get(MISSES, "0"))
     return _json(
         {
             "conversation": conversation,
+            "session": attributes.get("session"),
+            "model": attributes.get("model"),
+            "tenant": attributes.get("tenant"),
+            "last_seen": float(attributes["last_seen"]) if "last_seen" in attributes else None,
+            "last_pressure": float(attributes["last_pressure"])
+            if "last_pressure" in attributes
+            else None,
+            # The client kept missing its checkpoints: no more summaries proactively.
+            "proactive_compaction_stopped": miss_limit > 0 and misses >= miss_limit,
             "generation": state.generation,
             "lease_owner": state.lease_owner,
             "in_flight": request.app[IN_FLIGHT].get(conversation, 0),
@@ -214,6 +228,7 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
         return found
     conversation, state, logged, view = found
     surface = view.surface(state.records)
+    meter, count = request.app[ENGINE].meter, counter_for(logged.model)
     return _json(
         {
             "conversation": conversation,
@@ -221,7 +236,15 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
             "generation": state.generation,
             "has_content": logged.has_content,
             "messages": surface.messages,
-            "nodes": [{"kind": n.kind, "start": n.start, "end": n.end} for n in surface.nodes],
+            "nodes": [
+                {
+                    "kind": n.kind,
+                    "start": n.start,
+                    "end": n.end,
+                    "tokens": meter.message(n.message, count),
+                }
+                for n in surface.nodes
+            ],
         }
     )
 

@@ -79,11 +79,25 @@ def _ago(timestamp: float | None) -> str:
     return f"{seconds}s ago"
 
 
+def _when(timestamp: Any) -> str:
+    if not isinstance(timestamp, int | float):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(timestamp))
+
+
 def _preview(message: dict[str, Any], width: int = 60) -> str:
+    """The message's text, then its tool calls (``→ name(arguments)``), on one line."""
     content = message.get("content")
-    if content is None and message.get("tool_calls"):
-        content = "→ " + ", ".join(c["function"]["name"] for c in message["tool_calls"])
     text = " ".join(str(content if content is not None else "").split())
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        named = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                arguments = " ".join(str(function.get("arguments") or "").split())
+                named.append(f"{function.get('name')}({arguments})")
+        text = " ".join(filter(None, [text, "→ " + ", ".join(named)]))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -94,6 +108,7 @@ def _list(args: argparse.Namespace) -> str:
     rows = [
         [
             c["conversation"],
+            c.get("session") or "-",
             (c["tenant"] or "-")[:12],
             c["model"] or "-",
             _ago(c["last_seen"]),
@@ -102,7 +117,8 @@ def _list(args: argparse.Namespace) -> str:
         ]
         for c in data["conversations"]
     ]
-    return _table(rows, ["CONVERSATION", "TENANT", "MODEL", "LAST SEEN", "GEN", "PRESSURE"])
+    header = ["CONVERSATION", "SESSION", "TENANT", "MODEL", "LAST SEEN", "GEN", "PRESSURE"]
+    return _table(rows, header)
 
 
 def _show(args: argparse.Namespace) -> str:
@@ -110,8 +126,17 @@ def _show(args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(data, indent=2)
     anchor = data["anchor"]
+    pressure = data.get("last_pressure")
+    stopped = data.get("proactive_compaction_stopped")
     lines = [
         f"conversation  {data['conversation']}",
+        f"session       {data.get('session') or '-'}",
+        f"model         {data.get('model') or '-'}",
+        f"tenant        {data.get('tenant') or '-'}",
+        f"last seen     {_when(data.get('last_seen'))} UTC ({_ago(data.get('last_seen'))})",
+        f"pressure      {f'{pressure:.0%}' if pressure is not None else '-'}",
+        "compaction    "
+        + ("STOPPED (the client keeps missing its checkpoints)" if stopped else "on"),
         f"generation    {data['generation']}",
         f"lease         {data['lease_owner'] or 'free'}",
         f"in flight     {data['in_flight']}",
@@ -159,8 +184,15 @@ def _log(args: argparse.Namespace) -> str:
                 "end",
             )
         }
-        rows.append([event["id"], event["type"], " ".join(f"{k}={v}" for k, v in detail.items())])
-    text = _table(rows, ["ID", "EVENT", "DETAIL"])
+        rows.append(
+            [
+                event["id"],
+                _when(event.get("ts")),
+                event["type"],
+                " ".join(f"{k}={v}" for k, v in detail.items()),
+            ]
+        )
+    text = _table(rows, ["ID", "TIME (UTC)", "EVENT", "DETAIL"])
     if data["next"]:
         text += f"\n(more: --after {data['next']})"
     return text
@@ -182,9 +214,18 @@ def _surface(args: argparse.Namespace) -> str:
             )
         )
         rows.append(
-            [str(index), node["kind"], positions, str(message.get("role")), _preview(message)]
+            [
+                str(index),
+                node["kind"],
+                positions,
+                str(message.get("role")),
+                str(node.get("tokens", "-")),
+                _preview(message),
+            ]
         )
-    return _table(rows, ["#", "KIND", "BODY", "ROLE", "CONTENT"])
+    total = sum(n.get("tokens") or 0 for n in data["nodes"])
+    table = _table(rows, ["#", "KIND", "BODY", "ROLE", "TOKENS", "CONTENT"])
+    return f"{table}\n{len(rows)} messages, about {total} tokens"
 
 
 def _compact(args: argparse.Namespace) -> str:

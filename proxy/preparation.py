@@ -245,7 +245,7 @@ LOG_BATCH = 1_000  # messages logged per store call
 
 
 async def _open(
-    app: web.Application, view: RequestView, model: str, tenant: str
+    app: web.Application, view: RequestView, model: str, tenant: str, session_id: str | None
 ) -> tuple[ConversationState, str, bool]:
     """One round trip: log what may be new of this request and read the conversation's state.
 
@@ -282,6 +282,8 @@ async def _open(
             ),
         )
     attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": model, "context": context}
+    if session_id is not None:
+        attributes["session"] = session_id  # the client's name for it, for operators
     # A store logs one call's messages in one atomic step; on Redis that step blocks every
     # other client of the server while it runs, so a huge first request is logged in batches.
     opened = await store.open(view.conversation, messages[:LOG_BATCH], attributes)
@@ -376,7 +378,7 @@ async def prepare(
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
     view = await _view_of(engine.meter, tenant, chat, len(raw), session_id)
-    state, context, by_content = await _open(app, view, chat.model, tenant)
+    state, context, by_content = await _open(app, view, chat.model, tenant, session_id)
     window = model_window(app, model_policy, chat.model)
     if window is None:
         app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)

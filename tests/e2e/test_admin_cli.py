@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from proxy.cli import main
 from proxy.store.base import StoreUnavailable
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.e2e.test_admin import TOKEN, chat, history, routes
+from tests.e2e.test_admin import MODEL, TOKEN, chat, history, routes
 
 
 @pytest.fixture
@@ -32,12 +33,13 @@ async def test_cli_lists_shows_and_compacts(
     monkeypatch.setenv("COMPACTION_PROXY_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("COMPACTION_PROXY_ADMIN_URL", proxy.root)
     messages = history()
-    conversation = await chat(proxy, messages)
+    conversation = await chat(proxy, messages, session="fix-the-cache-race")
 
     code, out, _ = await cli(capsys, "list")
     assert code == 0
     assert out.splitlines()[0].split() == [
         "CONVERSATION",
+        "SESSION",
         "TENANT",
         "MODEL",
         "LAST",
@@ -45,7 +47,13 @@ async def test_cli_lists_shows_and_compacts(
         "GEN",
         "PRESSURE",
     ]
-    assert conversation in out
+    assert conversation in out and "fix-the-cache-race" in out
+
+    code, out, _ = await cli(capsys, "show", conversation)
+    shown = dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+    assert shown["session"] == "fix-the-cache-race" and shown["model"] == MODEL
+    assert shown["compaction"] == "on" and shown["pressure"].endswith("%")
+    assert "UTC" in shown["last"] and len(shown["tenant"]) >= 12
 
     code, out, _ = await cli(capsys, "--json", "list")
     listed: dict[str, Any] = json.loads(out)
@@ -58,14 +66,20 @@ async def test_cli_lists_shows_and_compacts(
     assert code == 0 and "generation    1" in out and "checkpoint" in out
 
     code, out, _ = await cli(capsys, "surface", conversation)
-    assert code == 0 and out.splitlines()[2].split()[:3] == [
+    rows = out.splitlines()
+    assert code == 0 and rows[2].split()[:3] == [
         "1",
         "checkpoint",
         f"0..{len(messages) - 5}",  # all but the live turn and the call it answers
     ]
+    assert rows[0].split()[4] == "TOKENS" and int(rows[2].split()[4]) > 0
+    assert 'bash({"command": "step 7"})' in out  # tool calls are shown, with arguments
+    assert rows[-1].endswith("tokens")
 
     code, out, _ = await cli(capsys, "log", conversation, "--limit", "5")
     assert code == 0 and "(more: --after " in out
+    assert out.splitlines()[0].split()[:3] == ["ID", "TIME", "(UTC)"]
+    assert time.strftime("%Y-%m-%d", time.gmtime()) in out
 
     code, _, err = await cli(capsys, "compact", conversation, "--start", "0", "--end", "99")
     assert code == 1 and "out of range" in err
