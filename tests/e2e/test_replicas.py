@@ -211,6 +211,8 @@ async def check_replicas(
         # Forks are logged by content: every content once, no message invented.
         assert {h for _, h in logged} <= expected_hashes, "the log invented messages"
         assert latest_request(events) is not None, "the latest request does not read back"
-        requests = [e for e in events if e["type"] == "request"]
+        # One request event per send, plus one per overflow retry (the two forks keep missing
+        # each other's checkpoints, so proactive compaction may stop and recovery take over).
+        requests = [e for e in events if e["type"] == "request" and e["status"] != "recovered"]
         usages = [e for e in events if e["type"] == "usage"]
         assert len(requests) == len(usages) == len(sends)
