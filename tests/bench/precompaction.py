@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import statistics
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ import orjson
 from aiohttp import web
 
 from proxy.testing.fake_upstream import FakeUpstream
+from tests.bench.caching import bills_by_conversation
 from tests.bench.overhead import percentile
 from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
 from tests.processes import free_port, proxy_process
@@ -111,25 +110,11 @@ async def replay(
 
 def cache_hit_ratio(fake: FakeUpstream) -> float:
     """Share of forwarded prompt tokens in a message prefix the upstream saw before, in the
-    same conversation (one conversation per Authorization)."""
-    seen: dict[str, set[bytes]] = defaultdict(set)
-    hit = total = 0
-    for received in fake.chat_requests:
-        assert received.body is not None
-        messages = received.body["messages"]
-        prefixes = seen[received.headers.get("Authorization", "")]
-        chain = hashlib.sha256()
-        digests = []
-        for message in messages:
-            chain.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
-            digests.append(chain.copy().digest())
-        # Prefixes are recorded whole, so the cached ones are a leading run.
-        cached = next((i for i, d in enumerate(digests) if d not in prefixes), len(digests))
-        counts = [fake.prompt_tokens({"messages": [m]}) for m in messages]
-        hit += sum(counts[:cached])
-        total += sum(counts)
-        prefixes.update(digests)
-    return hit / total if total else 0.0
+    same conversation (client requests only: summary calls are counted apart)."""
+    bills = bills_by_conversation(fake, fake.chat_requests).values()
+    cached = sum(b.cached for b in bills)
+    total = sum(b.prompt for b in bills)
+    return cached / total if total else 0.0
 
 
 def forwarded_tokens(fake: FakeUpstream) -> int:

@@ -1,0 +1,104 @@
+"""What compaction costs and saves on a provider that caches prompt prefixes.
+
+Run: ``python -m tests.bench.cost [--window 32000] [--upstream-window 128000]``. Not collected
+by pytest. Every transcript is replayed through a proxy process whose route caps the context at
+``--window`` in front of a model with a larger one, so nothing overflows and the raw history is
+a fair baseline. Printed per transcript: forwarded/raw prompt tokens, the provider-cache hit
+ratio of what was forwarded (summary calls included) next to the raw history's, and the bill:
+cache reads at 0.1x, writes at 1.25x, summary output at 4x, against the raw history billed the
+same way. Token savings alone mislead: a compactor that breaks prefix caching can cost more than
+sending everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import uuid
+
+import aiohttp
+import orjson
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.bench.caching import Bill, PrefixCache, bills_by_conversation
+from tests.bench.precompaction import serve
+from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
+from tests.processes import proxy_process
+from tests.transcripts import Transcript, replay_requests, transcripts
+
+MODEL = "bench-model"
+
+
+async def replay(
+    http: aiohttp.ClientSession, base: str, transcript: Transcript, gap: float
+) -> tuple[str, list[list[dict[str, object]]]]:
+    """One conversation as its agent sent it; its key and the raw prompts."""
+    messages = plant_facts(transcript.messages, "cost")
+    extra = {"tools": BASH_TOOL} if any(m.get("tool_calls") for m in messages) else {}
+    key = f"Bearer sk-{uuid.uuid4().hex}"
+    sent = []
+    for history in replay_requests(messages):
+        body = orjson.dumps({"model": MODEL, "messages": history, **extra})
+        headers = {"Authorization": key, "Content-Type": "application/json"}
+        async with http.post(f"{base}/chat/completions", data=body, headers=headers) as reply:
+            assert reply.status == 200, (reply.status, await reply.text())
+        sent.append(history)
+        await asyncio.sleep(gap)  # the agent's turn: background compaction runs meanwhile
+    return key, sent
+
+
+async def run(args: argparse.Namespace) -> None:
+    fake = FakeUpstream(default_window=args.upstream_window)
+    async with serve(fake) as upstream:
+        route = {"model": MODEL, "base_url": upstream, "context_window": args.window}
+        env = {
+            "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
+            "COMPACTION_PROXY_TENANT_SECRET": "bench-cost",
+            "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+        }
+        async with (
+            proxy_process(env) as (_, base),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
+        ):
+            every = transcripts()
+            replays = await asyncio.gather(
+                *(replay(http, f"{base}/v1", t, args.gap) for t in every)
+            )
+    forwarded = bills_by_conversation(fake, fake.received)
+    raw_cache = PrefixCache(fake)
+    print(
+        f"window {args.window // 1000}k on a {args.upstream_window // 1000}k model; cache reads "
+        "0.1x, writes 1.25x, summary output 4x"
+    )
+    header = f"{'transcript':<48}{'fwd/raw':>9}{'hit':>7}{'raw hit':>9}{'billed/raw':>12}"
+    print(header)
+    totals, raw_totals = Bill(), Bill()
+    for transcript, (key, sent) in zip(every, replays, strict=True):
+        raw = Bill()
+        for history in sent:
+            raw_cache.send(key, history, raw)
+        bill = forwarded[key]
+        for total, part in ((totals, bill), (raw_totals, raw)):
+            total.cached += part.cached
+            total.uncached += part.uncached
+            total.output += part.output
+        print(
+            f"{transcript.name[:47]:<48}{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>7.2f}"
+            f"{raw.hit_ratio:>9.2f}{bill.units / raw.units:>11.2f}x"
+        )
+    print(
+        f"{'all':<48}{totals.prompt / raw_totals.prompt:>9.1%}{totals.hit_ratio:>7.2f}"
+        f"{raw_totals.hit_ratio:>9.2f}{totals.units / raw_totals.units:>11.2f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--window", type=int, default=32_000, help="the route's context_window")
+    parser.add_argument("--upstream-window", type=int, default=128_000)
+    parser.add_argument("--gap", type=float, default=0.2, help="seconds between an agent's turns")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
