@@ -90,11 +90,14 @@ def start_up_warnings(settings: Settings) -> list[str]:
 
 def start_up_line(settings: Settings, path: Path | str | None) -> str:
     """The one line a start-up logs: what this process serves, from where, with what."""
-    routes = ", ".join(f"{r.model} -> {r.base_url}" for r in settings.routes) or "none"
+    routes = ", ".join(
+        f"{r.model} -> {r.base_url}" + (f" ({r.context_window} tokens)" if r.context_window else "")
+        for r in settings.routes
+    )
     return (
         f"compaction-proxy {__version__} on http://{settings.host}:{settings.port}: "
         f"config {path or 'defaults and environment'}; upstream {settings.upstream_base_url}; "
-        f"routes {routes}; store {redacted_url(settings.store_url)}; workers 1; "
+        f"routes {routes or 'none'}; store {redacted_url(settings.store_url)}; workers 1; "
         f"admin API {'on' if settings.admin_token is not None else 'off'}"
     )
 

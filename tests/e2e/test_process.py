@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import openai
+import orjson
 
 from proxy import __version__
 from proxy.testing.fake_upstream import FakeUpstream
@@ -125,6 +126,9 @@ async def test_start_up_logs_one_line_naming_what_it_serves(
         "COMPACTION_PROXY_TENANT_SECRET": "s",
         "COMPACTION_PROXY_STORE_URL": password_url,
         "COMPACTION_PROXY_COLOUR": "blue",
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(
+            [{"model": "long-*", "base_url": upstream_url, "context_window": 64000}]
+        ).decode(),
     }
     async with proxy_process(env, capture_stderr=True) as (process, _):
         process.terminate()
@@ -133,6 +137,7 @@ async def test_start_up_logs_one_line_naming_what_it_serves(
         logged = (await process.stderr.read()).decode()
     line = next(ln for ln in logged.splitlines() if f"compaction-proxy {__version__} on" in ln)
     assert f"upstream {upstream_url}" in line and "workers 1" in line
+    assert f"routes long-* -> {upstream_url} (64000 tokens)" in line
     shown = private_redis.url.replace("redis://", "redis://default:***@", 1)
     assert "admin API off" in line and f"store {shown}" in line and "hunter2" not in logged
     assert "COMPACTION_PROXY_COLOUR names no setting" in logged
