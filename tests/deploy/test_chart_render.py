@@ -26,15 +26,17 @@ def chart() -> Iterator[Chart]:
 
 
 def render(chart: Chart, values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Rendered manifests by template file name (empty renders left out)."""
+    """Rendered manifests by template file name, a file's later documents as ``name#2`` and
+    on (empty renders left out)."""
     out = chart.render(values, name="cp", namespace="default", is_install=True)
     manifests = {}
     for path, text in out.items():
         if not path.endswith(".yaml"):
             continue  # NOTES.txt
-        document = yaml.safe_load(text)
-        if document:
-            manifests[Path(path).name] = document
+        documents = [d for d in yaml.safe_load_all(text) if d]
+        for index, document in enumerate(documents, start=1):
+            name = Path(path).name
+            manifests[name if index == 1 else f"{name}#{index}"] = document
     return manifests
 
 
@@ -43,9 +45,8 @@ def env_of(manifests: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {item["name"]: item for item in container["env"]}
 
 
-# Every optional feature on, except the Bitnami Redis subchart: `helm dependency build` fetches
-# it from a registry at install time, and it is not vendored into this repository.
 EVERYTHING_ON: dict[str, Any] = {
+    "redis": {"enabled": True},
     "replicaCount": 3,
     "imagePullSecrets": [{"name": "registry"}],
     "serviceAccount": {"create": True, "name": "proxy", "annotations": {"team": "llm"}},
@@ -88,6 +89,18 @@ def test_every_rendered_manifest_is_a_valid_kubernetes_object(
     if values is EVERYTHING_ON:
         kinds = {m["kind"] for m in manifests.values()}
         assert {"ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds
+        redis_url = env_of(manifests)["REDIS_URL"]["value"]
+        redis_services = [
+            m["metadata"]["name"] for m in manifests.values() if m["kind"] == "Service"
+        ]
+        assert redis_url == "redis://cp-compaction-proxy-redis:6379/0"
+        assert "cp-compaction-proxy-redis" in redis_services
+        # The proxy's Service must not send clients to the Redis pod.
+        selector = manifests["service.yaml"]["spec"]["selector"].items()
+        assert (
+            not selector
+            <= manifests["redis.yaml"]["spec"]["template"]["metadata"]["labels"].items()
+        )
     for name, manifest in manifests.items():
         if manifest["kind"] in NOT_IN_KUBERNETES:
             continue
@@ -117,12 +130,7 @@ def test_an_existing_secret_is_used_and_none_is_generated(chart: Chart) -> None:
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
-def test_helm_lint_finds_nothing_but_the_unfetched_redis_subchart(
-    values: dict[str, Any] | None,
-) -> None:
-    report = helm_python.lint(CHART, values, kube_version=f"v{KUBE_VERSION}")
+def test_helm_lint_strict_finds_nothing(values: dict[str, Any] | None) -> None:
+    report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
     assert report["errors"] == []
-    findings = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
-    assert [m["error"] for m in findings] == [
-        "chart directory is missing these dependencies: redis"
-    ], findings
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []  # warnings, errors

@@ -186,6 +186,7 @@ def test_dashboard_configmap_ships_the_tested_dashboard() -> None:
         ("hpa.yaml", "autoscaling.enabled"),
         ("pdb.yaml", "podDisruptionBudget.enabled"),
         ("dashboard-configmap.yaml", "grafanaDashboard.enabled"),
+        ("redis.yaml", "redis.enabled"),
     ],
 )
 def test_optional_resources_are_opt_in(template: str, switch: str) -> None:

@@ -34,3 +34,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "compaction-proxy.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "compaction-proxy.name" . }}-redis
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
