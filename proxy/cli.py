@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from proxy.credentials import credential_problems, key_source
 from proxy.loops import self_loop_problems
 from proxy.metrics import serve_metrics_port
 from proxy.policy import configured_window, resolve_policy
+from proxy.workers import READY_LINE, exit_with_the_supervisor, run_workers
 
 
 def _load(path: str | None, **overrides: Any) -> Settings:
@@ -41,6 +43,10 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+    if args.workers is not None:
+        overrides["workers"] = args.workers
+    if args.reuse_port:
+        overrides["workers"] = 1  # one of a supervisor's workers
     settings = _load(args.config, **overrides)
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -54,18 +60,35 @@ def _serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("proxy")
     for warning in start_up_warnings(settings):
         log.warning("%s", warning)
-    log.info("%s", start_up_line(settings, args.config or config_path_from_env()))
+    if settings.workers > 1:
+        log.info("%s", start_up_line(settings, args.config or config_path_from_env()))
+        return run_workers(settings, settings.workers, _worker_args(args))
+    if args.reuse_port:
+        # A supervisor's worker: reloads are the supervisor's (a terminal's hang-up reaches the
+        # whole process group).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        exit_with_the_supervisor()
+    else:
+        log.info("%s", start_up_line(settings, args.config or config_path_from_env()))
     app = create_app(settings)
+
+    def listening(message: str) -> None:
+        log.info("%s", message.strip())
+        if args.reuse_port:  # tell the supervisor
+            sys.stdout.buffer.write(READY_LINE)
+            sys.stdout.flush()
+
     try:
-        if settings.metrics_port is not None:
+        if settings.metrics_port is not None and not args.reuse_port:
             serve_metrics_port(settings.host, settings.metrics_port)
         web.run_app(
             app,
             host=settings.host,
             port=settings.port,
+            reuse_port=args.reuse_port,
             handler_cancellation=True,
             shutdown_timeout=settings.shutdown_timeout,
-            print=lambda message: log.info("%s", message.strip()),
+            print=listening,
         )
     except OSError as exc:  # the port in use, or an address this host does not have
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -73,6 +96,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"compaction-proxy: cannot listen on {address}: {reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    """What each worker is started with: the supervisor's own options, less ``--workers``."""
+    passed = []
+    for option in ("config", "host", "port"):
+        value = getattr(args, option)
+        if value is not None:
+            passed += [f"--{option}", str(value)]
+    return passed
 
 
 def start_up_warnings(settings: Settings) -> list[str]:
@@ -97,7 +130,8 @@ def start_up_line(settings: Settings, path: Path | str | None) -> str:
     return (
         f"compaction-proxy {__version__} on http://{settings.host}:{settings.port}: "
         f"config {path or 'defaults and environment'}; upstream {settings.upstream_base_url}; "
-        f"routes {routes or 'none'}; store {redacted_url(settings.store_url)}; workers 1; "
+        f"routes {routes or 'none'}; store {redacted_url(settings.store_url)}; "
+        f"workers {settings.workers}; "
         f"admin API {'on' if settings.admin_token is not None else 'off'}"
     )
 
@@ -164,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to bind (default from config: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default from config: 8080)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes on the port (default from config: 1; more than 1 needs Redis)",
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser(

@@ -226,6 +226,8 @@ class Settings(BaseSettings):
     client_key_digests: list[str] = []
     admin_token: SecretStr | None = None
     shutdown_timeout: float = Field(default=30.0, ge=0)
+    # Worker processes on one port (SO_REUSEPORT); more than one needs a Redis store.
+    workers: int = Field(default=1, ge=1, le=256)
     log_level: str = "INFO"
     policy: Policy = Policy()
     routes: list[Route] = []
@@ -247,6 +249,16 @@ class Settings(BaseSettings):
                 "(e.g. `openssl rand -hex 24`), or unset to turn the admin API off"
             )
         return value
+
+    @model_validator(mode="after")
+    def _workers_share_a_store(self) -> Self:
+        if self.workers > 1 and self.store_url.startswith("memory://"):
+            raise ValueError(
+                f"workers {self.workers} needs a store the workers share: set store_url (or "
+                "REDIS_URL) to a Redis URL; with the in-process store each worker would see "
+                "a different part of every conversation"
+            )
+        return self
 
     @field_validator("store_url")
     @classmethod

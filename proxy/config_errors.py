@@ -63,8 +63,11 @@ def describe(
         loc = [p for p in item["loc"] if isinstance(p, str | int)]
         key = ".".join(str(p) for p in loc) or "(top level)"
         message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
-        setting = str(loc[0]) if loc else ""
-        variable = _env_source(setting, aliases.get(setting, ()), environ) if setting else None
+        if not loc:  # a rule across settings: no one source to name
+            lines.append(f"  {message.removeprefix('Value error, ')}")
+            continue
+        setting = str(loc[0])
+        variable = _env_source(setting, aliases.get(setting, ()), environ)
         if variable is not None:
             source = f"environment variable {variable}"
         elif path is not None and (line := _yaml_line(text, loc)) is not None:

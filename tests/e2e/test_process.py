@@ -7,10 +7,13 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
+import pytest
 
 from proxy import __version__
 from proxy.testing.fake_upstream import FakeUpstream
@@ -141,3 +144,111 @@ async def test_start_up_logs_one_line_naming_what_it_serves(
     shown = private_redis.url.replace("redis://", "redis://default:***@", 1)
     assert "admin API off" in line and f"store {shown}" in line and "hunter2" not in logged
     assert "COMPACTION_PROXY_COLOUR names no setting" in logged
+
+
+def children_of(pid: int) -> set[int]:
+    """Live child processes of ``pid`` (from /proc)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[1].split()  # after "(command name)": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.add(int(entry))
+    return children
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_workers_share_the_port_reload_without_dropping_a_request_and_stop_together(
+    upstream_url: str, private_redis: RedisServer
+) -> None:
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "s",
+        "REDIS_URL": private_redis.url,
+    }
+    async with proxy_process(env, "--workers", "2") as (supervisor, base):
+        while len(first := children_of(supervisor.pid)) < 2:  # the second may be starting
+            await asyncio.sleep(0.1)
+        assert len(first) == 2
+        stop = asyncio.Event()
+
+        async def keep_asking() -> int:
+            answered = 0
+            # The SDK's own retries, as clients run: an idle keep-alive connection an old
+            # worker closes as it drains can race a request sent on it, which never reached
+            # the server and is retried on a new connection.
+            async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="k") as c:
+                while not stop.is_set():
+                    reply = await c.chat.completions.create(
+                        model="fake-model", messages=[user(f"hi {answered}")]
+                    )
+                    assert reply.choices[0].message.content == "ok"
+                    answered += 1
+            return answered
+
+        asking = asyncio.create_task(keep_asking())
+        await asyncio.sleep(0.5)
+        supervisor.send_signal(signal.SIGHUP)
+        for _ in range(300):  # the new workers listening, the old ones gone
+            if not children_of(supervisor.pid) & first and len(children_of(supervisor.pid)) == 2:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the workers were not replaced")
+        await asyncio.sleep(0.5)
+        stop.set()
+        answered = await asking  # not one request failed across the reload
+        assert answered > 10
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/metrics") as response:
+                text = await response.text()
+        # One worker's /metrics counts every worker's requests, the replaced ones included.
+        counted = next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith('compaction_proxy_requests_total{outcome="ok"')
+        )
+        assert counted == answered
+        workers = children_of(supervisor.pid)
+        supervisor.terminate()
+        assert await asyncio.wait_for(supervisor.wait(), 30) == 0
+    assert not any(alive(pid) for pid in workers)
+
+
+async def test_several_workers_refuse_the_in_process_store() -> None:
+    status, stderr = await run_serve("--port", str(free_port()), "--workers", "2")
+    assert status == 2
+    assert "workers 2 needs a store the workers share" in stderr and "Redis" in stderr
+
+
+async def test_workers_stop_by_themselves_when_their_supervisor_is_killed(
+    upstream_url: str, private_redis: RedisServer
+) -> None:
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "s",
+        "REDIS_URL": private_redis.url,
+    }
+    async with proxy_process(env, "--workers", "2") as (supervisor, _):
+        while len(workers := children_of(supervisor.pid)) < 2:
+            await asyncio.sleep(0.1)
+        supervisor.kill()
+        await supervisor.wait()
+        for _ in range(100):
+            if not any(alive(pid) for pid in workers):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("orphaned workers kept the port")
