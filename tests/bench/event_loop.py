@@ -145,6 +145,9 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
         for base, _ in targets.values():
             await wait_until_ready(f"{base}/v1/models")
         await wait_until_ready(f"{big_upstream}/models")
+        # The proxy listens before litellm has loaded (a worker thread imports it for a few
+        # seconds): let that finish, so the baseline is the proxy at rest.
+        await asyncio.sleep(8)
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             results = {
