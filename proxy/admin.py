@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import orjson
@@ -22,7 +22,12 @@ from proxy.conversation import Checkpoint, ReplacementRecord
 from proxy.keys import ENGINE, IN_FLIGHT, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
 from proxy.meter import counter_for
-from proxy.preparation import MISSES, compaction_job, model_window
+from proxy.preparation import (
+    MISSES,
+    compaction_job,
+    model_window,
+    proactive_compaction_stopped,
+)
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, Event, Store, StoreUnavailable
 from proxy.tasks import shielded
@@ -123,6 +128,10 @@ def _record_view(record: ReplacementRecord) -> dict[str, Any]:
     }
 
 
+def _number(attributes: Mapping[str, str], name: str) -> float | None:
+    return float(attributes[name]) if name in attributes else None
+
+
 @admin_only
 async def list_conversations(request: web.Request) -> web.StreamResponse:
     limit = _limit(request, 50)
@@ -137,9 +146,7 @@ async def list_conversations(request: web.Request) -> web.StreamResponse:
                     "model": s.attributes.get("model"),
                     "last_seen": s.last_seen,
                     "generation": s.generation,
-                    "last_pressure": float(s.attributes["last_pressure"])
-                    if "last_pressure" in s.attributes
-                    else None,
+                    "last_pressure": _number(s.attributes, "last_pressure"),
                 }
                 for s in summaries
             ]
@@ -154,20 +161,17 @@ async def show_conversation(request: web.Request) -> web.StreamResponse:
     if state.generation == 0 and not state.attributes:
         return _problem(404, "no such conversation")
     attributes = state.attributes
-    miss_limit = request.app[SETTINGS].checkpoint_miss_limit
     misses = int(attributes.get(MISSES, "0"))
+    stopped = proactive_compaction_stopped(misses, request.app[SETTINGS].checkpoint_miss_limit)
     return _json(
         {
             "conversation": conversation,
             "session": attributes.get("session"),
             "model": attributes.get("model"),
             "tenant": attributes.get("tenant"),
-            "last_seen": float(attributes["last_seen"]) if "last_seen" in attributes else None,
-            "last_pressure": float(attributes["last_pressure"])
-            if "last_pressure" in attributes
-            else None,
-            # The client kept missing its checkpoints: no more summaries proactively.
-            "proactive_compaction_stopped": miss_limit > 0 and misses >= miss_limit,
+            "last_seen": _number(attributes, "last_seen"),
+            "last_pressure": _number(attributes, "last_pressure"),
+            "proactive_compaction_stopped": stopped,
             "generation": state.generation,
             "lease_owner": state.lease_owner,
             "in_flight": request.app[IN_FLIGHT].get(conversation, 0),

@@ -60,16 +60,14 @@ def _serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("proxy")
     for warning in start_up_warnings(settings):
         log.warning("%s", warning)
-    if settings.workers > 1:
+    if not args.reuse_port:  # a supervisor's worker: the supervisor said it
         log.info("%s", start_up_line(settings, args.config or config_path_from_env()))
-        return run_workers(settings, settings.workers, _worker_args(args))
+    if settings.workers > 1:
+        return run_workers(settings, _worker_args(args))
     if args.reuse_port:
-        # A supervisor's worker: reloads are the supervisor's (a terminal's hang-up reaches the
-        # whole process group).
+        # Reloads are the supervisor's (a terminal's hang-up reaches the whole process group).
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         exit_with_the_supervisor()
-    else:
-        log.info("%s", start_up_line(settings, args.config or config_path_from_env()))
     app = create_app(settings)
 
     def listening(message: str) -> None:

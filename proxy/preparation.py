@@ -130,6 +130,12 @@ MISSES = "checkpoint_misses"
 OVER_THRESHOLD_REASON = "over_threshold"
 
 
+def proactive_compaction_stopped(misses: int, miss_limit: int) -> bool:
+    """Whether a conversation missed its checkpoints too often in a row to be compacted
+    proactively any more (``miss_limit`` 0: never stops; pure)."""
+    return miss_limit > 0 and misses >= miss_limit
+
+
 def _report_shortfall(
     view: RequestView, state: ConversationState, route: str, relief: Relief, threshold: int
 ) -> str:
@@ -384,7 +390,7 @@ async def prepare(
         app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
     job = compaction_job(app, view, model_policy, window, request.headers)
     misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
-    proactive = settings.checkpoint_miss_limit == 0 or misses < settings.checkpoint_miss_limit
+    proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
     relief = await _relieve(engine, job, state, model_policy, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     if window is not None:

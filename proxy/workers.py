@@ -45,7 +45,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
-    async def _start_one(self) -> asyncio.subprocess.Process:
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        """A new worker, once it listens; raises WorkerDidNotStart."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -61,14 +62,17 @@ class Supervisor:
         except TimeoutError:
             line = b""
         if line != READY_LINE:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):  # it may have exited already
+                process.kill()
             await process.wait()
-            raise ConfigError("a worker process did not start (see its log above)")
+            raise WorkerDidNotStart("a worker process did not start (see its log above)")
+        return process
+
+    def _adopt(self, process: asyncio.subprocess.Process) -> None:
         self._workers[process.pid] = process
         watcher = asyncio.create_task(self._watch(process))
         self._tasks.add(watcher)
         watcher.add_done_callback(self._tasks.discard)
-        return process
 
     async def _watch(self, process: asyncio.subprocess.Process) -> None:
         """Pass on what the worker prints; restart it if it exits while still wanted."""
@@ -79,36 +83,50 @@ class Supervisor:
         _mark_dead(process.pid)
         if self._workers.pop(process.pid, None) is not None and not self._stopping:
             log.warning("worker %d exited with status %s: starting another", process.pid, code)
-            await self._start_one()
+            try:
+                self._adopt(await self._spawn())
+            except WorkerDidNotStart:
+                log.error("the replacement worker did not start: %d left", len(self._workers))
 
     async def start(self) -> None:
         for _ in range(self._count):
-            await self._start_one()
+            self._adopt(await self._spawn())
         log.info("%d workers listening: %s", self._count, sorted(self._workers))
 
     async def reload(self) -> None:
+        """A new set of workers, then the old one drained; if a new worker does not start
+        (a configuration broken since), the running workers stay."""
+        fresh: list[asyncio.subprocess.Process] = []
+        try:
+            for _ in range(self._count):
+                fresh.append(await self._spawn())
+        except WorkerDidNotStart:
+            log.error("reload failed: a new worker did not start; the running workers stay")
+            await _stop_all(fresh)
+            return
         old = list(self._workers.values())
-        for _ in range(self._count):
-            await self._start_one()
-        for process in old:
-            self._workers.pop(process.pid, None)  # replaced: not to be restarted
-            _terminate(process)
-        await asyncio.gather(*(p.wait() for p in old))
+        self._workers.clear()  # replaced: not to be restarted
+        for process in fresh:
+            self._adopt(process)
+        await _stop_all(old)
         log.info("reloaded: workers %s", sorted(self._workers))
 
     async def stop(self) -> None:
         self._stopping = True
-        running = list(self._workers.values())
-        for process in running:
-            _terminate(process)
-        await asyncio.gather(*(p.wait() for p in running))
+        await _stop_all(list(self._workers.values()))
 
 
-def _terminate(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM (the worker drains its requests), unless it has already gone."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
+class WorkerDidNotStart(Exception):
+    pass
+
+
+async def _stop_all(processes: Sequence[asyncio.subprocess.Process]) -> None:
+    """SIGTERM to each (a worker drains its requests) unless already gone; wait for all."""
+    for process in processes:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+    await asyncio.gather(*(p.wait() for p in processes))
 
 
 def _mark_dead(pid: int) -> None:
@@ -118,20 +136,20 @@ def _mark_dead(pid: int) -> None:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
-def run_workers(settings: Settings, workers: int, worker_args: Sequence[str]) -> int:
-    """Supervise ``workers`` processes until SIGTERM or SIGINT; the exit status."""
+def run_workers(settings: Settings, worker_args: Sequence[str]) -> int:
+    """Supervise ``settings.workers`` processes until SIGTERM or SIGINT; the exit status."""
     own_metrics_dir = None
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         own_metrics_dir = tempfile.mkdtemp(prefix="compaction-proxy-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_metrics_dir
     try:
-        return asyncio.run(_supervise(settings, workers, worker_args))
+        return asyncio.run(_supervise(settings, worker_args))
     finally:
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
 
 
-async def _supervise(settings: Settings, workers: int, worker_args: Sequence[str]) -> int:
+async def _supervise(settings: Settings, worker_args: Sequence[str]) -> int:
     # Signals first: one that arrives while the workers start is acted on once they have.
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -139,8 +157,12 @@ async def _supervise(settings: Settings, workers: int, worker_args: Sequence[str
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reloads.put_nowait, None)
-    supervisor = Supervisor(workers, worker_args)
-    await supervisor.start()
+    supervisor = Supervisor(settings.workers, worker_args)
+    try:
+        await supervisor.start()
+    except WorkerDidNotStart as exc:
+        await supervisor.stop()
+        raise ConfigError(str(exc)) from exc
     if settings.metrics_port is not None:
         from proxy.metrics import serve_metrics_port
 

@@ -7,6 +7,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -170,17 +172,29 @@ def alive(pid: int) -> bool:
     return True
 
 
-async def test_workers_share_the_port_reload_without_dropping_a_request_and_stop_together(
-    upstream_url: str, private_redis: RedisServer
-) -> None:
+@asynccontextmanager
+async def two_workers(
+    upstream_url: str, redis: RedisServer, *args: str, capture_stderr: bool = False
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, set[int]]]:
+    """``serve --workers 2`` on Redis; the supervisor, the base URL and both workers' pids."""
     env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
         "COMPACTION_PROXY_TENANT_SECRET": "s",
-        "REDIS_URL": private_redis.url,
+        "REDIS_URL": redis.url,
     }
-    async with proxy_process(env, "--workers", "2") as (supervisor, base):
-        while len(first := children_of(supervisor.pid)) < 2:  # the second may be starting
+    async with proxy_process(env, "--workers", "2", *args, capture_stderr=capture_stderr) as (
+        supervisor,
+        base,
+    ):
+        while len(workers := children_of(supervisor.pid)) < 2:  # the second may be starting
             await asyncio.sleep(0.1)
+        yield supervisor, base, workers
+
+
+async def test_workers_share_the_port_reload_without_dropping_a_request_and_stop_together(
+    upstream_url: str, private_redis: RedisServer
+) -> None:
+    async with two_workers(upstream_url, private_redis) as (supervisor, base, first):
         assert len(first) == 2
         stop = asyncio.Event()
 
@@ -236,14 +250,7 @@ async def test_several_workers_refuse_the_in_process_store() -> None:
 async def test_workers_stop_by_themselves_when_their_supervisor_is_killed(
     upstream_url: str, private_redis: RedisServer
 ) -> None:
-    env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "COMPACTION_PROXY_TENANT_SECRET": "s",
-        "REDIS_URL": private_redis.url,
-    }
-    async with proxy_process(env, "--workers", "2") as (supervisor, _):
-        while len(workers := children_of(supervisor.pid)) < 2:
-            await asyncio.sleep(0.1)
+    async with two_workers(upstream_url, private_redis) as (supervisor, _, workers):
         supervisor.kill()
         await supervisor.wait()
         for _ in range(100):
@@ -252,3 +259,28 @@ async def test_workers_stop_by_themselves_when_their_supervisor_is_killed(
             await asyncio.sleep(0.1)
         else:
             pytest.fail("orphaned workers kept the port")
+
+
+async def test_a_reload_with_a_broken_configuration_keeps_the_running_workers(
+    upstream_url: str, private_redis: RedisServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text("log_level: INFO\n")
+    async with two_workers(
+        upstream_url, private_redis, "--config", str(config), capture_stderr=True
+    ) as (supervisor, base, workers):
+        assert supervisor.stderr is not None
+        logged = b""
+        while b"2 workers listening" not in logged:  # both have read the configuration
+            logged += await asyncio.wait_for(supervisor.stderr.readline(), 30)
+        config.write_text("log_level: [unclosed\n")
+        supervisor.send_signal(signal.SIGHUP)
+        await asyncio.sleep(4)  # a new worker fails on the configuration within a second
+        assert children_of(supervisor.pid) == workers
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0) as c:
+            reply = await c.chat.completions.create(model="fake-model", messages=[user("hi")])
+        assert reply.choices[0].message.content == "ok"
+        supervisor.terminate()
+        assert await asyncio.wait_for(supervisor.wait(), 30) == 0
+        logged += await supervisor.stderr.read()
+    assert b"invalid YAML" in logged and b"reload failed" in logged
