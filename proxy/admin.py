@@ -19,7 +19,7 @@ from proxy.compaction import triggers
 from proxy.compaction.engine import Outcome, Round
 from proxy.compaction.planning import CompactionJob
 from proxy.conversation import Checkpoint, ReplacementRecord
-from proxy.keys import ENGINE, IN_FLIGHT, POLICIES, SETTINGS, STORE
+from proxy.keys import ENGINE, IN_FLIGHT, PENDING_RECORDS, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
 from proxy.meter import counter_for
 from proxy.preparation import (
@@ -61,14 +61,15 @@ class BadParameter(Exception):
     """A query parameter the admin API cannot use; answered with 400 and the reason."""
 
 
-_LOG_CURSOR = re.compile(r"\d{1,20}-\d{1,20}")
+_LOG_CURSOR = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 def _limit(request: web.Request, default: int) -> int:
     raw = request.query.get("limit", "")
     if raw == "":
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+    # isdecimal alone admits other scripts' digits, which int() reads but no client means.
+    if not (raw.isascii() and raw.isdecimal()) or not 1 <= int(raw) <= 1000:
         raise BadParameter(f"limit must be a whole number from 1 to 1000, not {raw[:40]!r}")
     return int(raw)
 
@@ -101,6 +102,9 @@ def admin_only(handler: Handler) -> Handler:
         conversation = request.match_info.get("conversation")
         if conversation is not None and not _CONVERSATION_ID.fullmatch(conversation):
             return _problem(404, "no such conversation")
+        # What this process still has to write after its answers is read back too.
+        pending = request.app[PENDING_RECORDS]
+        await (pending.settled(conversation) if conversation else pending.settled_all())
         try:
             return await handler(request)
         except BadParameter as exc:

@@ -26,19 +26,23 @@ from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
     IN_FLIGHT,
+    KNOWN_MESSAGES,
     LEARNED_WINDOWS,
     LOG_CURSORS,
+    PENDING_RECORDS,
     POLICIES,
     SETTINGS,
     STORE,
     TENANT_SECRET,
 )
+from proxy.known_messages import KnownMessages
 from proxy.log_cursor import LogCursors
 from proxy.loops import self_loop_problems
 from proxy.meter import TokenMeter
 from proxy.metrics import REQUESTS, initialize_label_sets, metrics_handler
 from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
+from proxy.tasks import PendingRecords
 from proxy.tenant import TenantSecret, api_key_of
 from proxy.tokenizers import warm_up
 from proxy.upstream import HOP_HEADER
@@ -125,6 +129,13 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     await background.close()
 
 
+async def _pending_records(app: web.Application) -> AsyncIterator[None]:
+    """Writes made after answers; the last ones finish at shutdown, before the store closes."""
+    app[PENDING_RECORDS] = PendingRecords()
+    yield
+    await app[PENDING_RECORDS].drain()
+
+
 @web.middleware
 async def refuse_looped_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A request that carries our hop marker was sent by a proxy: forwarding it again could
@@ -185,11 +196,13 @@ def create_app(settings: Settings) -> web.Application:
     app[LEARNED_WINDOWS] = LearnedWindows()
     app[IN_FLIGHT] = Counter()
     app[LOG_CURSORS] = LogCursors()
+    app[KNOWN_MESSAGES] = KnownMessages(settings.known_messages_bytes)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
     app.cleanup_ctx.append(_engine)
     app.cleanup_ctx.append(_background)
     app.cleanup_ctx.append(_http_client)
+    app.cleanup_ctx.append(_pending_records)
     app.add_routes(
         [
             web.post("/v1/chat/completions", handlers.chat_completions),

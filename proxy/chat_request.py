@@ -16,6 +16,7 @@ from typing import Any
 from proxy import jsonio
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
+from proxy.known_messages import KnownMessages
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
@@ -96,10 +97,18 @@ class ChatRequest:
     model: str
     messages: list[dict[str, Any]]
     stream: bool
+    digests: list[str] | None = None  # each message's ``message_digest``, when computed
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one."""
+def _validate(message: Any, index: int) -> None:
+    _check_message(message, f"messages[{index}]")
+
+
+def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRequest:
+    """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one.
+
+    With ``known``, messages are validated and hashed in the same walk, and a message this
+    process already validated is neither validated nor canonicalized again."""
     try:
         body = jsonio.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -119,9 +128,15 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     messages = body["messages"]
     if not isinstance(messages, list):
         raise _invalid("messages", "an array", messages)
-    for index, message in enumerate(messages):
-        _check_message(message, f"messages[{index}]")
+    digests = None
+    if known is None:
+        for index, message in enumerate(messages):
+            _validate(message, index)
+    else:
+        digests = known.digests(messages, _validate)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "a boolean", stream)
-    return ChatRequest(body=body, model=body["model"], messages=messages, stream=bool(stream))
+    return ChatRequest(
+        body=body, model=body["model"], messages=messages, stream=bool(stream), digests=digests
+    )

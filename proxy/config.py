@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveInt,
     SecretStr,
     ValidationError,
@@ -205,6 +206,8 @@ class Settings(BaseSettings):
     memory_max_bytes: PositiveInt = 512 * 1024 * 1024
     log_max_events: int = Field(default=10_000, ge=100)
     meter_cache_size: PositiveInt = 200_000
+    # Bytes of recently seen messages kept to skip validating and hashing them again.
+    known_messages_bytes: NonNegativeInt = 64 * 1024 * 1024
     lease_ttl_seconds: float = Field(default=15.0, ge=1)
     summary_timeout_seconds: float = Field(default=90.0, gt=0)
     summary_breaker_cooldown_seconds: float = Field(default=60.0, ge=0)

@@ -315,6 +315,10 @@ def derive_surface(
     by_start = {c.start: c for c in chosen}
 
     nodes = [SurfaceNode(message=m, kind="head") for m in head]
+    if not chosen and not prunes:
+        # The common case (nothing replaced yet), on every request: one comprehension.
+        nodes += [SurfaceNode(m, "body", i, i) for i, m in enumerate(body)]
+        return Surface(nodes=tuple(nodes))
     applied_prunes: list[Prune] = []
     position = 0
     while position < count:

@@ -26,7 +26,9 @@ from proxy.keys import (
     CLIENT_KEYS,
     HTTP_CLIENT,
     IN_FLIGHT,
+    KNOWN_MESSAGES,
     LEARNED_WINDOWS,
+    PENDING_RECORDS,
     POLICIES,
     SETTINGS,
     STORE,
@@ -47,7 +49,6 @@ from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
 from proxy.store import StoreUnavailable
-from proxy.tasks import shielded
 from proxy.upstream import buffered_response, client_headers, upstream_headers
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         _check_headers(request.headers)
         raw = await _read_body(request, settings.max_body_bytes)
-        chat = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw))
+        known = app[KNOWN_MESSAGES]
+        chat = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw, known))
         session_id = _session_id(request.headers)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
@@ -146,8 +148,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             in_flight[conversation] -= 1
             if in_flight[conversation] <= 0:
                 del in_flight[conversation]
-            # Logged even when the client went away mid-answer.
-            await shielded(_record(request, prepared, reply))
+            # Written once the client has its answer (the conversation's next request waits
+            # for it); logged even when the client went away mid-answer.
+            app[PENDING_RECORDS].spawn(conversation, _record(request.app, prepared, reply))
         # Counted however the request ended, a client that left included.
         outcome = _outcome(reply, prepared.status)
         REQUESTS.labels(route=route.model, outcome=outcome).inc()
@@ -217,7 +220,7 @@ def _outcome(reply: Reply | None, status: str) -> str:
     return "bypass" if status == "bypass" else "ok"
 
 
-async def _record(request: web.Request, prepared: Prepared, reply: Reply | None) -> None:
+async def _record(app: web.Application, prepared: Prepared, reply: Reply | None) -> None:
     """The request's second round trip: what was forwarded, the upstream's usage, the anchor."""
     assert prepared.conversation is not None
     events = list(prepared.pending_events)
@@ -233,7 +236,7 @@ async def _record(request: web.Request, prepared: Prepared, reply: Reply | None)
                 METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
     # A lost record is counted by the instrumented store; not worth failing a request.
     try:
-        await request.app[STORE].record_request(
+        await app[STORE].record_request(
             prepared.conversation, events, anchor, prepared.pending_attributes
         )
     except StoreUnavailable:

@@ -31,11 +31,25 @@ def _may_hold_a_big_integer(raw: bytes) -> bool:
     )
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is infinity when parsed as double")
+    return value
+
+
 def loads(raw: bytes | str) -> Any:
-    """Parse a JSON document; raises ``ValueError`` (or ``RecursionError``) when it is not one."""
+    """Parse a JSON document; raises ``ValueError`` (or ``RecursionError``) when it is not one.
+
+    Both parsers accept the same language: the standard library's extensions (``NaN``,
+    ``Infinity``, numbers that overflow to infinity) are refused as orjson refuses them."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if _may_hold_a_big_integer(data):
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     return orjson.loads(raw)
 
 

@@ -11,9 +11,11 @@ from proxy.client_keys import ClientKeys
 from proxy.compaction.background import BackgroundCompactions
 from proxy.compaction.engine import Engine
 from proxy.config import Settings
+from proxy.known_messages import KnownMessages
 from proxy.log_cursor import LogCursors
 from proxy.policy import PolicyBook
 from proxy.store.base import Store
+from proxy.tasks import PendingRecords
 from proxy.tenant import TenantSecret
 from proxy.windows import LearnedWindows
 
@@ -29,3 +31,5 @@ IN_FLIGHT: web.AppKey[Counter[str]] = web.AppKey("in_flight")
 LOG_CURSORS = web.AppKey("log_cursors", LogCursors)
 CLIENT_KEYS = web.AppKey("client_keys", ClientKeys)
 BACKGROUND = web.AppKey("background", BackgroundCompactions)
+KNOWN_MESSAGES = web.AppKey("known_messages", KnownMessages)
+PENDING_RECORDS = web.AppKey("pending_records", PendingRecords)

@@ -41,6 +41,7 @@ from proxy.keys import (
     HTTP_CLIENT,
     LEARNED_WINDOWS,
     LOG_CURSORS,
+    PENDING_RECORDS,
     POLICIES,
     SETTINGS,
     STORE,
@@ -325,7 +326,9 @@ async def _view_of(
 
     def build() -> RequestView:
         tools = chat.body.get("tools")
-        return RequestView.of(tenant, chat.model, chat.messages, session_id, tools, size=size)
+        return RequestView.of(
+            tenant, chat.model, chat.messages, session_id, tools, size=size, digests=chat.digests
+        )
 
     if not is_big(size, len(chat.messages)):
         return build()
@@ -384,6 +387,8 @@ async def prepare(
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
     view = await _view_of(engine.meter, tenant, chat, len(raw), session_id)
+    # The previous request's writes (its anchor, its miss count) come first.
+    await app[PENDING_RECORDS].settled(view.conversation)
     state, context, by_content = await _open(app, view, chat.model, tenant, session_id)
     window = model_window(app, model_policy, chat.model)
     if window is None:

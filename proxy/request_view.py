@@ -57,12 +57,16 @@ class RequestView:
         tools: Any = None,
         conversation: str | None = None,
         size: int = 0,
+        digests: Sequence[str] | None = None,
     ) -> RequestView:
         """``conversation`` overrides the derived id (when it is already known, e.g. from the
-        admin API for a conversation named by a session header)."""
+        admin API for a conversation named by a session header); ``digests`` are the
+        messages' ``message_digest``s when the parse already computed them."""
         head, body = split_head(messages)
+        if digests is None:
+            digests = [message_digest(m) for m in messages]
+        head_digests, body_digests = list(digests[: len(head)]), list(digests[len(head) :])
         root = chain_root(tenant)
-        body_digests = [message_digest(m) for m in body]
         chain = chain_hashes(root, body, body_digests)
         return cls(
             tenant=tenant,
@@ -72,7 +76,7 @@ class RequestView:
             body=body,
             root=root,
             chain=chain,
-            head_digests=[message_digest(m) for m in head],
+            head_digests=head_digests,
             body_digests=body_digests,
             tools=tools,
             size=size,

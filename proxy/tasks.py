@@ -18,7 +18,7 @@ def _forget(task: asyncio.Task[Any]) -> None:
     _running.discard(task)
     if not task.cancelled() and task.exception() is not None:
         # Seen only when nobody was left waiting for the result (the client hung up).
-        log.warning("background compaction failed: %r", task.exception())
+        log.warning("background work failed: %r", task.exception())
 
 
 async def shielded(work: Coroutine[Any, Any, T]) -> T:
@@ -29,3 +29,52 @@ async def shielded(work: Coroutine[Any, Any, T]) -> T:
     _running.add(task)
     task.add_done_callback(_forget)
     return await asyncio.shield(task)
+
+
+class PendingRecords:
+    """What a request writes after its answer (its log events, usage and anchor), run after
+    the client has the answer instead of before.
+
+    Invariant: one conversation's writes run in the order they were spawned, and ``settled``
+    waits for all of a conversation's writes so far: the conversation's next request on this
+    process, and the admin API, see the state as if every write had been made inline.
+    """
+
+    def __init__(self) -> None:
+        self._tails: dict[str, asyncio.Task[None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tails)
+
+    def spawn(self, conversation: str, work: Coroutine[Any, Any, None]) -> None:
+        previous = self._tails.get(conversation)
+
+        async def in_order() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await work
+
+        task = asyncio.ensure_future(in_order())
+        self._tails[conversation] = task
+        _running.add(task)
+        task.add_done_callback(_forget)
+        task.add_done_callback(lambda done: self._release(conversation, done))
+
+    def _release(self, conversation: str, task: asyncio.Task[None]) -> None:
+        if self._tails.get(conversation) is task:
+            del self._tails[conversation]
+
+    async def settled(self, conversation: str) -> None:
+        tail = self._tails.get(conversation)
+        if tail is not None:
+            await asyncio.wait([tail])
+
+    async def settled_all(self) -> None:
+        """Wait for every write spawned so far (not for those spawned meanwhile)."""
+        if self._tails:
+            await asyncio.wait(list(self._tails.values()))
+
+    async def drain(self) -> None:
+        """Wait for every write spawned so far (at shutdown, before the store closes)."""
+        while self._tails:
+            await asyncio.wait(list(self._tails.values()))

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from proxy import jsonio
 from proxy.conversation import ReplacementRecord, record_from_dict, record_to_dict
@@ -190,13 +190,34 @@ class RedisStore:
                         conversations_key(), "-inf", now - self._ttl_ms / 1000
                     )
             else:
-                pipe = self._client.pipeline(transaction=False)
-                await self._append_script(keys=keys, args=args, client=cast(Any, pipe))
-                pipe.zadd(conversations_key(), {conversation: now})
-                pipe.zremrangebyscore(conversations_key(), "-inf", now - self._ttl_ms / 1000)
-                appended, _, _ = await pipe.execute()
+                appended = await self._append_and_index(keys, args, conversation, now)
         added, previous, state_flat, raw_records, lease = appended
         return int(added), _tip(previous), _state(state_flat, raw_records, lease)
+
+    async def _append_and_index(
+        self, keys: list[str], args: list[_Arg], conversation: str, now: float
+    ) -> Any:
+        """The append script and the index write in one pipeline, one round trip.
+
+        The script goes by EVALSHA alone: a pipeline holding a registered script would first
+        ask ``SCRIPT EXISTS`` in a round trip of its own. A server that lost its scripts
+        (restarted, flushed) answers NOSCRIPT; the script is then loaded and the pipeline sent
+        again (the index writes are idempotent, and the script never ran)."""
+        script = self._append_script
+
+        def pipeline() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.zadd(conversations_key(), {conversation: now})
+            pipe.zremrangebyscore(conversations_key(), "-inf", now - self._ttl_ms / 1000)
+            return pipe
+
+        try:
+            appended, _, _ = await pipeline().execute()
+        except NoScriptError:
+            script.sha = await self._client.script_load(script.script)
+            appended, _, _ = await pipeline().execute()
+        return appended
 
     def _index_due(self, conversation: str, now: float) -> bool:
         """Whether this request writes the activity index: at most once a minute per

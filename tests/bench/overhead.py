@@ -1,26 +1,38 @@
-"""Proxy overhead, side by side: direct to the upstream, through a bare relay, through the proxy.
+"""Proxy overhead, side by side in one run: direct, a bare relay, and the proxy in three set-ups.
 
 Run: ``python -m tests.bench.overhead [--rounds N] [--transcript NAME]``. Not collected by
 pytest. The fake upstream answers instantly (no token counting), so what differs between the
-three columns is the hop in the middle. Modes are interleaved round by round so that noise on a
-shared machine hits all three alike.
+columns is the hop in the middle. Targets are interleaved round by round so that noise on a
+shared machine hits all of them alike, and every round replays the transcript as a fresh
+conversation (its own ``X-Session-Id``), so the proxy sees append-only growth as from a real
+agent, never a history it already logged.
+
+Printed, for concurrency 1 and 4: req/s, p50 and p99 per target and as ratios to the relay;
+then the cost per request against history length: the proxy's median extra latency over the
+relay in the last tenth of the transcript, divided by the same in the first tenth.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import sys
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import aiohttp
 import orjson
 
 from tests.processes import free_port, proxy_process, wait_until_ready
+from tests.redis_server import RedisServer
 from tests.transcripts import replay_requests, transcripts
+
+CONCURRENCIES = (1, 4)
+_fresh = itertools.count()
 
 
 @asynccontextmanager
@@ -35,25 +47,33 @@ async def process(*args: str) -> AsyncIterator[None]:
 
 async def replay(
     http: aiohttp.ClientSession, base: str, bodies: list[bytes], concurrency: int
-) -> tuple[list[float], float]:
-    """Send every body (``concurrency`` replays at once); latencies and wall time."""
-    latencies: list[float] = []
+) -> tuple[list[list[float]], float]:
+    """Send every body (``concurrency`` replays at once, each a fresh conversation); the
+    latencies of each replay by request index, and the wall time."""
+    replays: list[list[float]] = []
 
     async def one_replay() -> None:
+        session = f"bench-{next(_fresh)}"
+        latencies: list[float] = []
         for body in bodies:
             started = time.perf_counter()
             async with http.post(
                 f"{base}/v1/chat/completions",
                 data=body,
-                headers={"Content-Type": "application/json", "Authorization": "Bearer bench"},
+                headers={
+                    "Content-Type": "application/json",
+                    "Authorization": "Bearer bench",
+                    "X-Session-Id": session,
+                },
             ) as response:
                 await response.read()
                 assert response.status == 200, response.status
             latencies.append(time.perf_counter() - started)
+        replays.append(latencies)
 
     started = time.perf_counter()
     await asyncio.gather(*(one_replay() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - started
+    return replays, time.perf_counter() - started
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -61,73 +81,119 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-async def run(rounds: int, transcript: str | None, concurrency: int, store_url: str) -> None:
+def growth_ratio(proxy: list[list[float]], relay: list[list[float]]) -> tuple[float, float, float]:
+    """Median extra latency over the relay (ms) in the first and last tenth of the transcript,
+    and last over first. Per request index, the median over rounds of each side."""
+    count = len(proxy[0])
+    extra = [
+        statistics.median(r[i] for r in proxy) - statistics.median(r[i] for r in relay)
+        for i in range(count)
+    ]
+    tenth = max(1, count // 10)
+    first = statistics.median(extra[:tenth]) * 1000
+    last = statistics.median(extra[-tenth:]) * 1000
+    return first, last, last / first if first > 0 else float("inf")
+
+
+@asynccontextmanager
+async def targets(upstream_port: int) -> AsyncIterator[dict[str, str]]:
+    """Every target's base URL, the upstream included; all stopped on exit."""
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    relay_port = free_port()
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant")
+        )
+        await stack.enter_async_context(
+            process(
+                "-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", f"{upstream}/v1"
+            )
+        )
+        redis_server = RedisServer()
+        await redis_server.start()
+        stack.push_async_callback(redis_server.stop)
+        # A window so large that nothing is compacted, yet every request is metered against
+        # it, as with a configured route.
+        route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
+        env = {
+            "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
+            "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
+            "COMPACTION_PROXY_TENANT_SECRET": "bench",
+            "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+        }
+        bases = {"direct": upstream, "relay": f"http://127.0.0.1:{relay_port}"}
+        for name, store, args in (
+            ("memory", "memory://", ()),
+            ("redis", f"{redis_server.url[:-2]}/1", ()),
+            ("redis x2", f"{redis_server.url[:-2]}/2", ("--workers", "2")),
+        ):
+            _, base = await stack.enter_async_context(
+                proxy_process({**env, "COMPACTION_PROXY_STORE_URL": store}, *args)
+            )
+            bases[name] = base
+        for base in bases.values():
+            await wait_until_ready(f"{base}/v1/models")
+        yield bases
+
+
+async def run(rounds: int, transcript: str | None) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
-    messages = chosen.messages
     bodies = [
         orjson.dumps({"model": "bench-model", "messages": history})
-        for history in replay_requests(messages)
+        for history in replay_requests(chosen.messages)
     ]
-    upstream_port, relay_port = free_port(), free_port()
-    upstream = f"http://127.0.0.1:{upstream_port}"
-    async with (
-        process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant"),
-        process(
-            "-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", f"{upstream}/v1"
-        ),
-        proxy_process(
-            {
-                "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
-                "COMPACTION_PROXY_TENANT_SECRET": "bench",
-                "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
-                "COMPACTION_PROXY_STORE_URL": store_url,
-            }
-        ) as (_, proxy_base),
-    ):
-        relay = f"http://127.0.0.1:{relay_port}"
-        for ready in (f"{upstream}/v1/models", f"{relay}/v1/models", f"{proxy_base}/healthz"):
-            await wait_until_ready(ready)
-        modes = {"direct": upstream, "relay": relay, "proxy": proxy_base}
-        connector = aiohttp.TCPConnector(limit=64)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            for base in modes.values():
-                await replay(http, base, bodies, 1)
-            results: dict[str, dict[str, list[float]]] = {
-                m: {"latency": [], "rps": []} for m in modes
-            }
-            for _ in range(rounds):
-                for mode, base in modes.items():
-                    latencies, wall = await replay(http, base, bodies, concurrency)
-                    results[mode]["latency"].extend(latencies)
-                    results[mode]["rps"].append(len(latencies) / wall)
-
     size = statistics.mean(len(b) for b in bodies)
     print(
         f"transcript {chosen.name}: {len(bodies)} requests per replay, mean body "
-        f"{size / 1024:.0f} KiB, {rounds} rounds, concurrency {concurrency}, store {store_url}"
+        f"{size / 1024:.0f} KiB, {rounds} rounds, a fresh conversation per replay"
     )
-    print(f"{'mode':<8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
-    summary: dict[str, tuple[float, float, float]] = {}
-    for mode, data in results.items():
-        rps = statistics.median(data["rps"])
-        p50 = percentile(data["latency"], 0.50) * 1000
-        p99 = percentile(data["latency"], 0.99) * 1000
-        summary[mode] = (rps, p50, p99)
-        print(f"{mode:<8}{rps:>10.1f}{p50:>10.2f}{p99:>10.2f}")
-    for other in ("relay", "direct"):
-        rps, p50, p99 = (summary["proxy"][i] / summary[other][i] for i in range(3))
-        print(f"proxy/{other:<7} req/s x{rps:.2f}  p50 x{p50:.2f}  p99 x{p99:.2f}")
+    async with targets(free_port()) as bases:
+        # Let every proxy finish loading litellm (a background import after listening).
+        await asyncio.sleep(8)
+        connector = aiohttp.TCPConnector(limit=64)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for base in bases.values():
+                await replay(http, base, bodies, 1)  # warm-up
+            for concurrency in CONCURRENCIES:
+                replays: dict[str, list[list[float]]] = defaultdict(list)
+                rps: dict[str, list[float]] = defaultdict(list)
+                for _ in range(rounds):
+                    for name, base in bases.items():
+                        done, wall = await replay(http, base, bodies, concurrency)
+                        replays[name].extend(done)
+                        rps[name].append(sum(map(len, done)) / wall)
+                report(concurrency, replays, rps)
+
+
+def report(
+    concurrency: int, replays: dict[str, list[list[float]]], rps: dict[str, list[float]]
+) -> None:
+    print(f"\nconcurrency {concurrency}")
+    print(f"{'target':<10}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'req/s / relay':>15}")
+    relay_rps = statistics.median(rps["relay"])
+    for name, done in replays.items():
+        latencies = [x for one in done for x in one]
+        median_rps = statistics.median(rps[name])
+        print(
+            f"{name:<10}{median_rps:>9.1f}{percentile(latencies, 0.5) * 1000:>9.2f}"
+            f"{percentile(latencies, 0.99) * 1000:>9.2f}{median_rps / relay_rps:>14.2f}x"
+        )
+    if concurrency == 1:
+        for name in ("memory", "redis"):
+            first, last, ratio = growth_ratio(replays[name], replays["relay"])
+            print(
+                f"{name}: extra over relay, first tenth {first:.2f} ms, last tenth "
+                f"{last:.2f} ms: x{ratio:.2f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--transcript", help="part of a transcript file name")
-    parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--store", default="memory://", help="the proxy's store_url")
     args = parser.parse_args(argv)
-    asyncio.run(run(args.rounds, args.transcript, args.concurrency, args.store))
+    asyncio.run(run(args.rounds, args.transcript))
 
 
 if __name__ == "__main__":
