@@ -98,6 +98,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     stream: bool
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
+    raw: bytes = b""  # the body as received (parsed with ``jsonio.loads_fast``)
 
 
 def _validate(message: Any, index: int) -> None:
@@ -110,7 +111,7 @@ def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRe
     With ``known``, messages are validated and hashed in the same walk, and a message this
     process already validated is neither validated nor canonicalized again."""
     try:
-        body = jsonio.loads(raw)
+        body = jsonio.loads_fast(raw)
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"We could not parse the JSON body of your request: {exc}") from exc
     if not isinstance(body, dict):
@@ -138,5 +139,10 @@ def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRe
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "a boolean", stream)
     return ChatRequest(
-        body=body, model=body["model"], messages=messages, stream=bool(stream), digests=digests
+        body=body,
+        model=body["model"],
+        messages=messages,
+        stream=bool(stream),
+        digests=digests,
+        raw=raw,
     )

@@ -1,8 +1,11 @@
-"""JSON in and out, losslessly.
+"""JSON in and out, losslessly where it matters.
 
 orjson is fast but narrower than JSON: it parses integers beyond 64 bits as floats (silently
 changing them) and refuses to serialize them. A client's body must reach the upstream as it
-meant it, so those rare documents go through the standard library instead.
+meant it, so those rare documents go through the standard library instead (``loads``). A client
+body is first read with orjson alone (``loads_fast``): reading is all most requests need, and
+only a body the proxy sends on rewritten is checked for such integers, then read again
+losslessly (``proxy.preparation.payload_for``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ _RUN = b"d" * 19
 _WINDOW = 1024 * 1024
 
 
-def _may_hold_a_big_integer(raw: bytes) -> bool:
+def may_hold_a_big_integer(raw: bytes) -> bool:
     overlap = len(_RUN) - 1
     return any(
         raw[start : start + _WINDOW + overlap].translate(_DIGITS).find(_RUN) >= 0
@@ -48,8 +51,14 @@ def loads(raw: bytes | str) -> Any:
     Both parsers accept the same language: the standard library's extensions (``NaN``,
     ``Infinity``, numbers that overflow to infinity) are refused as orjson refuses them."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if _may_hold_a_big_integer(data):
+    if may_hold_a_big_integer(data):
         return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    return orjson.loads(raw)
+
+
+def loads_fast(raw: bytes) -> Any:
+    """Parse with orjson alone: integers beyond 64 bits come back as floats. For reading only;
+    what is sent on must come from ``loads``. Raises ``ValueError`` when it is not JSON."""
     return orjson.loads(raw)
 
 

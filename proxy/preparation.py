@@ -215,9 +215,29 @@ def _maybe_precompact(
     return app[BACKGROUND].start(job, relief.state, relief.measurement.tokens, limits)
 
 
-def payload_for(chat: ChatRequest, messages: list[Message]) -> bytes:
-    """The client's body with only ``messages`` replaced; every other field as sent."""
-    return jsonio.dumps({**chat.body, "messages": messages})
+def payload_for(chat: ChatRequest, surface: Surface) -> bytes:
+    """The client's body with only its messages replaced by ``surface``; every other field,
+    and every message the surface keeps, as sent.
+
+    The body was read with orjson alone, which turns integers beyond 64 bits into floats; a
+    body that may hold one (rare) is read again losslessly, and the surface is rebuilt from
+    that reading's messages."""
+    if not jsonio.may_hold_a_big_integer(chat.raw):
+        return jsonio.dumps({**chat.body, "messages": surface.messages})
+    exact = jsonio.loads(chat.raw)
+    sent: list[Message] = exact["messages"]
+    head = sum(1 for node in surface.nodes if node.kind == "head")
+    messages: list[Message] = []
+    for index, node in enumerate(surface.nodes):
+        if node.kind == "head":
+            messages.append(sent[index])
+        elif node.kind == "body" and node.start is not None:
+            messages.append(sent[head + node.start])
+        elif node.kind == "pruned" and node.start is not None:
+            messages.append({**sent[head + node.start], "content": node.message.get("content")})
+        else:
+            messages.append(node.message)
+    return jsonio.dumps({**exact, "messages": messages})
 
 
 async def _relieve(
@@ -431,7 +451,7 @@ async def prepare(
     tokens_before = None
     payload = raw
     if surface.changed:
-        payload = await off_loop_if(view.big, lambda: payload_for(chat, surface.messages))
+        payload = await off_loop_if(view.big, lambda: payload_for(chat, surface))
         unchanged = view.measure(engine.meter, view.surface(()))
         tokens_before = unchanged.tokens
         _count_savings(route.model, surface, unchanged.estimated - measurement.estimated)

@@ -131,7 +131,7 @@ async def recover_overflow(
         context=job.view.context_digest,
     )
     return Prepared(
-        payload=payload_for(chat, surface.messages),
+        payload=payload_for(chat, surface),
         status="recovered",
         conversation=job.view.conversation,
         generation=fresh.generation,

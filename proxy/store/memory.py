@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.content import text_size
+from proxy import jsonio
 from proxy.conversation import ReplacementRecord
 from proxy.sliding import SlidingWindows
 from proxy.store.base import (
@@ -34,7 +34,9 @@ _LEASE_POLL_SECONDS = 0.02
 
 @dataclass
 class _Conversation:
-    log: list[tuple[str, Event]] = field(default_factory=list)
+    # Events are kept as their JSON: bytes are not walked by the cyclic garbage collector, and
+    # a log of dicts made every full collection slower the more the store held.
+    log: list[tuple[str, bytes]] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     records: list[ReplacementRecord] = field(default_factory=list)
     generation: int = 0
@@ -45,14 +47,14 @@ class _Conversation:
     lease_expires: float = 0.0
     next_id: int = 0
     touched: float = 0.0
-    size: int = 0  # about the bytes of the logged events (their text, see ``text_size``)
+    size: int = 0  # bytes of the logged events' JSON
 
     def trim(self, max_events: int) -> None:
         """Drop the oldest events beyond ``max_events``."""
         excess = len(self.log) - max_events
         if excess <= 0:
             return
-        self.size -= sum(text_size(event) for _, event in self.log[:excess])
+        self.size -= sum(len(event) for _, event in self.log[:excess])
         del self.log[:excess]
         if len(self.seen) > 2 * max_events:
             self.seen.clear()  # only deduplicates logging; a few messages may be logged again
@@ -62,8 +64,9 @@ class _Conversation:
 
     def add(self, event: Event) -> None:
         self.next_id += 1
-        self.log.append((f"{self.next_id}-0", event))
-        self.size += text_size(event)
+        data = jsonio.dumps(event)
+        self.log.append((f"{self.next_id}-0", data))
+        self.size += len(data)
 
 
 def _is_new(message: MessageEvent, seen: set[str]) -> bool:
@@ -289,7 +292,8 @@ class MemoryStore:
             )
         page = entry.log[start : start + limit]
         more = start + limit < len(entry.log)
-        return LogPage(list(page), page[-1][0] if page and more else None)
+        events = [(event_id, jsonio.loads(data)) for event_id, data in page]
+        return LogPage(events, page[-1][0] if page and more else None)
 
     async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
         now = time.monotonic()

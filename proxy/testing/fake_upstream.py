@@ -145,7 +145,7 @@ def fake_summary(body: Mapping[str, Any]) -> str:
 def _text_of(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return orjson.dumps(value).decode()
+    return jsonio.dumps(value).decode()
 
 
 @dataclass
@@ -160,6 +160,7 @@ class FakeUpstream:
     stream_delay: float = 0.0
     response_delay: float = 0.0
     count_tokens: bool = True
+    keep_requests: bool = True  # off for long benchmarks: every body kept grows without end
     overflow_states_limit: bool = True
     summary_failures: int = 0
     summary_delay: float = 0.0
@@ -239,6 +240,10 @@ class FakeUpstream:
         )
         return app
 
+    def _remember(self, received: Received) -> None:
+        if self.keep_requests:
+            self.received.append(received)
+
     def _headers(self) -> dict[str, str]:
         return {
             "x-request-id": f"req_fake_{next(self._ids)}",
@@ -248,7 +253,7 @@ class FakeUpstream:
         }
 
     async def _models(self, request: web.Request) -> web.Response:
-        self.received.append(Received(request.path, dict(request.headers), None))
+        self._remember(Received(request.path, dict(request.headers), None))
         models = sorted({*self.windows, "fake-model"})
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in models]
         return web.json_response({"object": "list", "data": data}, headers=self._headers())
@@ -267,7 +272,7 @@ class FakeUpstream:
         try:
             body = jsonio.loads(raw)  # integers beyond 64 bits arrive as sent
         except ValueError:
-            self.received.append(Received(request.path, dict(request.headers), None))
+            self._remember(Received(request.path, dict(request.headers), None))
             return web.json_response(
                 {
                     "error": {
@@ -282,13 +287,13 @@ class FakeUpstream:
         model = str(body.get("model", "fake-model"))
         invalid = pairing_error(body.get("messages"))
         if invalid is not None:
-            self.received.append(Received(request.path, dict(request.headers), body))
+            self._remember(Received(request.path, dict(request.headers), body))
             self.rejected.append(invalid)
             refusal = {"message": invalid, "type": "invalid_request_error", "param": "messages"}
             return web.json_response({"error": {**refusal, "code": None}}, status=400)
         # Benchmarks turn counting off so the upstream answers as fast as it can.
         prompt_tokens = self.prompt_tokens(body) if self.count_tokens else len(raw) // 4
-        self.received.append(Received(request.path, dict(request.headers), body, prompt_tokens))
+        self._remember(Received(request.path, dict(request.headers), body, prompt_tokens))
         if self.response_delay:
             await asyncio.sleep(self.response_delay)
         if self.canned:
@@ -427,9 +432,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="context window")
-    parser.add_argument("--instant", action="store_true", help="skip token counting")
+    parser.add_argument(
+        "--instant", action="store_true", help="skip token counting and keep no requests"
+    )
     args = parser.parse_args(argv)
-    fake = FakeUpstream(default_window=args.window, count_tokens=not args.instant)
+    fake = FakeUpstream(
+        default_window=args.window, count_tokens=not args.instant, keep_requests=not args.instant
+    )
     web.run_app(fake.app(), host=args.host, port=args.port, print=None, access_log=None)
 
 

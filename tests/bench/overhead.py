@@ -8,8 +8,10 @@ conversation (its own ``X-Session-Id``), so the proxy sees append-only growth as
 agent, never a history it already logged.
 
 Printed, for concurrency 1 and 4: req/s, p50 and p99 per target and as ratios to the relay;
-then the cost per request against history length: the proxy's median extra latency over the
-relay in the last tenth of the transcript, divided by the same in the first tenth.
+the CPU time each proxy set-up spent per request (its processes, and Redis's apart), which is
+what sizing follows from; then the cost per request against history length: the proxy's
+median extra latency over the relay in the last tenth of the transcript, divided by the same
+in the first tenth.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
@@ -36,10 +40,10 @@ _fresh = itertools.count()
 
 
 @asynccontextmanager
-async def process(*args: str) -> AsyncIterator[None]:
+async def process(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
     proc = await asyncio.create_subprocess_exec(sys.executable, *args)
     try:
-        yield
+        yield proc
     finally:
         proc.terminate()
         await proc.wait()
@@ -76,6 +80,32 @@ async def replay(
     return replays, time.perf_counter() - started
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(root: int) -> float:
+    """User and system CPU time of process ``root`` and all its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry)
+        children[int(fields[1])].append(pid)  # fields[1] is the parent's pid
+        times[pid] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+    total, pending = 0.0, [root]
+    while pending:
+        pid = pending.pop()
+        total += times.get(pid, 0.0)
+        pending.extend(children.get(pid, ()))
+    return total
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -96,15 +126,16 @@ def growth_ratio(proxy: list[list[float]], relay: list[list[float]]) -> tuple[fl
 
 
 @asynccontextmanager
-async def targets(upstream_port: int) -> AsyncIterator[dict[str, str]]:
-    """Every target's base URL, the upstream included; all stopped on exit."""
+async def targets(upstream_port: int) -> AsyncIterator[tuple[dict[str, str], dict[str, int]]]:
+    """Every target's base URL, the upstream included, and the process ids whose CPU time is
+    a proxy set-up's ("redis" for the Redis server); all stopped on exit."""
     upstream = f"http://127.0.0.1:{upstream_port}"
     relay_port = free_port()
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(
             process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant")
         )
-        await stack.enter_async_context(
+        relay = await stack.enter_async_context(
             process(
                 "-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", f"{upstream}/v1"
             )
@@ -112,6 +143,8 @@ async def targets(upstream_port: int) -> AsyncIterator[dict[str, str]]:
         redis_server = RedisServer()
         await redis_server.start()
         stack.push_async_callback(redis_server.stop)
+        assert redis_server.process is not None
+        pids = {"redis-server": redis_server.process.pid, "relay": relay.pid}
         # A window so large that nothing is compacted, yet every request is metered against
         # it, as with a configured route.
         route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
@@ -127,13 +160,29 @@ async def targets(upstream_port: int) -> AsyncIterator[dict[str, str]]:
             ("redis", f"{redis_server.url[:-2]}/1", ()),
             ("redis x2", f"{redis_server.url[:-2]}/2", ("--workers", "2")),
         ):
-            _, base = await stack.enter_async_context(
+            proxy, base = await stack.enter_async_context(
                 proxy_process({**env, "COMPACTION_PROXY_STORE_URL": store}, *args)
             )
             bases[name] = base
+            pids[name] = proxy.pid
         for base in bases.values():
             await wait_until_ready(f"{base}/v1/models")
-        yield bases
+        yield bases, pids
+
+
+@dataclass
+class Tally:
+    """One target's figures at one concurrency, over every round."""
+
+    replays: list[list[float]] = field(default_factory=list)  # latencies by request index
+    rps: list[float] = field(default_factory=list)
+    requests: int = 0
+    cpu: float = 0.0  # CPU seconds of the target's own processes
+    redis_cpu: float = 0.0  # CPU seconds of the Redis server meanwhile
+
+    @property
+    def latencies(self) -> list[float]:
+        return [x for one in self.replays for x in one]
 
 
 async def run(rounds: int, transcript: str | None) -> None:
@@ -148,7 +197,7 @@ async def run(rounds: int, transcript: str | None) -> None:
         f"transcript {chosen.name}: {len(bodies)} requests per replay, mean body "
         f"{size / 1024:.0f} KiB, {rounds} rounds, a fresh conversation per replay"
     )
-    async with targets(free_port()) as bases:
+    async with targets(free_port()) as (bases, pids):
         # Let every proxy finish loading litellm (a background import after listening).
         await asyncio.sleep(8)
         connector = aiohttp.TCPConnector(limit=64)
@@ -156,32 +205,41 @@ async def run(rounds: int, transcript: str | None) -> None:
             for base in bases.values():
                 await replay(http, base, bodies, 1)  # warm-up
             for concurrency in CONCURRENCIES:
-                replays: dict[str, list[list[float]]] = defaultdict(list)
-                rps: dict[str, list[float]] = defaultdict(list)
+                tallies: dict[str, Tally] = defaultdict(Tally)
                 for _ in range(rounds):
                     for name, base in bases.items():
+                        tally = tallies[name]
+                        own, redis = pids.get(name), pids["redis-server"]
+                        before = (cpu_seconds(own) if own else 0.0), cpu_seconds(redis)
                         done, wall = await replay(http, base, bodies, concurrency)
-                        replays[name].extend(done)
-                        rps[name].append(sum(map(len, done)) / wall)
-                report(concurrency, replays, rps)
+                        tally.cpu += (cpu_seconds(own) if own else 0.0) - before[0]
+                        tally.redis_cpu += cpu_seconds(redis) - before[1]
+                        tally.replays.extend(done)
+                        tally.requests += sum(map(len, done))
+                        tally.rps.append(sum(map(len, done)) / wall)
+                report(concurrency, tallies)
 
 
-def report(
-    concurrency: int, replays: dict[str, list[list[float]]], rps: dict[str, list[float]]
-) -> None:
+def report(concurrency: int, tallies: dict[str, Tally]) -> None:
     print(f"\nconcurrency {concurrency}")
-    print(f"{'target':<10}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'req/s / relay':>15}")
-    relay_rps = statistics.median(rps["relay"])
-    for name, done in replays.items():
-        latencies = [x for one in done for x in one]
-        median_rps = statistics.median(rps[name])
+    header = f"{'target':<10}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'req/s / relay':>15}"
+    print(f"{header}{'CPU ms/req':>12}{'Redis ms/req':>14}")
+    relay_rps = statistics.median(tallies["relay"].rps)
+    for name, tally in tallies.items():
+        latencies, median_rps = tally.latencies, statistics.median(tally.rps)
+        cpu_columns = ""
+        if name != "direct":
+            cpu_columns = f"{tally.cpu / tally.requests * 1000:>12.2f}"
+            if name.startswith("redis"):
+                cpu_columns += f"{tally.redis_cpu / tally.requests * 1000:>14.2f}"
         print(
             f"{name:<10}{median_rps:>9.1f}{percentile(latencies, 0.5) * 1000:>9.2f}"
             f"{percentile(latencies, 0.99) * 1000:>9.2f}{median_rps / relay_rps:>14.2f}x"
+            f"{cpu_columns}"
         )
     if concurrency == 1:
         for name in ("memory", "redis"):
-            first, last, ratio = growth_ratio(replays[name], replays["relay"])
+            first, last, ratio = growth_ratio(tallies[name].replays, tallies["relay"].replays)
             print(
                 f"{name}: extra over relay, first tenth {first:.2f} ms, last tenth "
                 f"{last:.2f} ms: x{ratio:.2f}"

@@ -253,7 +253,10 @@ async def test_integers_beyond_64_bits_survive_a_compacted_request(
     proxy = await make_proxy(routes=[route(upstream_url, 16_000)])
     big = 123456789012345678901234567890
     history = [system(), user("Port the scheduler."), *agent_turns(35, output="trace " * 400)]
+    history.append({**user("Go on."), "x_sequence": big})  # a field of a message kept as sent
     reply = await post(proxy, history, extra_body={"metadata": {"trace": big}})
     assert reply.headers["x-compaction-status"] == "compacted"  # the body was re-serialized
     forwarded = fake.chat_requests[-1].body
     assert forwarded is not None and forwarded["metadata"] == {"trace": big}
+    assert forwarded["messages"][-1] == history[-1]
+    assert isinstance(forwarded["messages"][-1]["x_sequence"], int)
