@@ -18,10 +18,12 @@ from proxy import jsonio
 from proxy.compaction import triggers
 from proxy.compaction.engine import Outcome, Round
 from proxy.compaction.planning import CompactionJob
+from proxy.compaction.select import call_pairs
 from proxy.conversation import Checkpoint, ReplacementRecord
 from proxy.keys import ENGINE, IN_FLIGHT, PENDING_RECORDS, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
 from proxy.meter import counter_for
+from proxy.policy import budgets
 from proxy.preparation import (
     MISSES,
     compaction_job,
@@ -31,6 +33,7 @@ from proxy.preparation import (
 from proxy.request_view import RequestView
 from proxy.store.base import ConversationState, Event, Store, StoreUnavailable
 from proxy.tasks import shielded
+from proxy.timeline import timeline
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -136,10 +139,36 @@ def _number(attributes: Mapping[str, str], name: str) -> float | None:
     return float(attributes[name]) if name in attributes else None
 
 
+SEARCHED_CONVERSATIONS = 1000  # the newest conversations a search looks through
+
+
+def _offset(request: web.Request) -> int:
+    raw = request.query.get("offset", "")
+    if raw == "":
+        return 0
+    if not (raw.isascii() and raw.isdecimal()) or int(raw) > 100_000:
+        raise BadParameter(f"offset must be a whole number up to 100000, not {raw[:40]!r}")
+    return int(raw)
+
+
 @admin_only
 async def list_conversations(request: web.Request) -> web.StreamResponse:
-    limit = _limit(request, 50)
-    summaries = await request.app[STORE].list_conversations(limit)
+    """Newest first, ``limit`` from ``offset``; ``q`` keeps those whose session name or id
+    contains it (among the newest ``SEARCHED_CONVERSATIONS``)."""
+    limit, offset = _limit(request, 50), _offset(request)
+    query = request.query.get("q", "").strip().lower()
+    store = request.app[STORE]
+    if query:
+        every = await store.list_conversations(SEARCHED_CONVERSATIONS)
+        found = [
+            s
+            for s in every
+            if query in s.conversation or query in s.attributes.get("session", "").lower()
+        ]
+        summaries, more = found[offset : offset + limit], len(found) > offset + limit
+    else:
+        summaries = await store.list_conversations(limit + 1, offset)
+        summaries, more = summaries[:limit], len(summaries) > limit
     return _json(
         {
             "conversations": [
@@ -153,7 +182,8 @@ async def list_conversations(request: web.Request) -> web.StreamResponse:
                     "last_pressure": _number(s.attributes, "last_pressure"),
                 }
                 for s in summaries
-            ]
+            ],
+            "next_offset": offset + limit if more else None,
         }
     )
 
@@ -197,6 +227,31 @@ async def conversation_log(request: web.Request) -> web.StreamResponse:
     )
 
 
+@admin_only
+async def conversation_timeline(request: web.Request) -> web.StreamResponse:
+    """Every request of the conversation with its tokens, its compactions and overflows, and
+    the window and watermarks its model has now (see ``proxy.timeline``)."""
+    conversation = request.match_info["conversation"]
+    store = request.app[STORE]
+    state = await store.load(conversation)
+    if state.generation == 0 and not state.attributes:
+        return _problem(404, "no such conversation")
+    model = state.attributes.get("model")
+    limits: dict[str, int | None] = dict.fromkeys(("window", "threshold", "precompact"))
+    if model is not None:
+        model_policy = request.app[POLICIES].for_model(model)
+        window = model_window(request.app, model_policy, model)
+        if window is not None:
+            found = budgets(model_policy.policy, window)
+            limits = {
+                "window": window,
+                "threshold": found.threshold if model_policy.policy.auto else None,
+                "precompact": found.precompact or None if model_policy.policy.auto else None,
+            }
+    events = await _all_events(store, conversation)
+    return _json({"conversation": conversation, "model": model, **limits, **timeline(events)})
+
+
 async def _all_events(store: Store, conversation: str) -> list[Event]:
     events: list[Event] = []
     cursor: str | None = None
@@ -237,6 +292,15 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
     conversation, state, logged, view = found
     surface = view.surface(state.records)
     meter, count = request.app[ENGINE].meter, counter_for(logged.model)
+    # What each replacing node stands for: a checkpoint's shadowed tokens, a prune's cut.
+    replaced: dict[tuple[str, int | None], dict[str, int]] = {
+        ("checkpoint", c.start): {"shadowed_tokens": c.shadowed_tokens} for c in surface.checkpoints
+    }
+    for prune in surface.prunes:
+        replaced[("pruned", prune.position)] = {
+            "chars_before": prune.chars_before,
+            "chars_after": prune.chars_after,
+        }
     return _json(
         {
             "conversation": conversation,
@@ -244,12 +308,15 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
             "generation": state.generation,
             "has_content": logged.has_content,
             "messages": surface.messages,
+            # (call, result) node indexes, paired as compaction pairs them
+            "tool_pairs": call_pairs(surface.messages),
             "nodes": [
                 {
                     "kind": n.kind,
                     "start": n.start,
                     "end": n.end,
                     "tokens": meter.message(n.message, count),
+                    **replaced.get((n.kind, n.start), {}),
                 }
                 for n in surface.nodes
             ],
@@ -335,6 +402,7 @@ def admin_routes() -> list[web.RouteDef]:
         web.get(base + "/{conversation}", show_conversation),
         web.get(base + "/{conversation}/log", conversation_log),
         web.get(base + "/{conversation}/surface", conversation_surface),
+        web.get(base + "/{conversation}/timeline", conversation_timeline),
         web.post(base + "/{conversation}/compact", compact),
         web.post(base + "/{conversation}/compact-region", compact_region),
     ]

@@ -20,6 +20,7 @@ from proxy.compaction.engine import Engine, EngineSettings
 from proxy.config import ConfigError, Settings
 from proxy.credentials import ConfigProblem, credential_problems
 from proxy.errors import error_response
+from proxy.inspector import inspector_routes
 from proxy.keys import (
     BACKGROUND,
     CLIENT_KEYS,
@@ -211,6 +212,7 @@ def create_app(settings: Settings) -> web.Application:
             web.get("/readyz", handlers.readyz),
             web.get("/metrics", metrics_handler),
             *admin_routes(),
+            *inspector_routes(),
         ]
     )
     return app

@@ -99,7 +99,10 @@ def request_event(
     tip: str | None = None,
     context: str | None = None,
     digests: Sequence[str] | None = None,
+    client_tokens: int | None = None,
 ) -> Event:
+    """What was forwarded: ``estimated_tokens`` of the surface sent, ``client_tokens`` of the
+    client's own messages (the same when nothing was replaced)."""
     event: Event = {
         "type": "request",
         "ts": now,
@@ -111,12 +114,18 @@ def request_event(
         "body_messages": body_length,
         "surface_messages": surface_length,
         "estimated_tokens": estimated_tokens,
+        "client_tokens": estimated_tokens if client_tokens is None else client_tokens,
         "anchored": anchored,
         "status": status,
     }
     if digests is not None:
         event["digests"] = list(digests)
     return event
+
+
+def overflow_event(*, now: float, limit: int | None, retried: bool) -> Event:
+    """The upstream answered a context overflow (``limit``: the window it stated, if any)."""
+    return {"type": "overflow", "ts": now, "limit": limit, "retried": retried}
 
 
 def usage_event(*, now: float, usage: dict[str, Any], status: int) -> Event:

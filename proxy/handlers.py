@@ -20,7 +20,7 @@ from proxy.chat_request import ChatRequest, parse_chat_request
 from proxy.config import Route
 from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
-from proxy.events import usage_event
+from proxy.events import overflow_event, usage_event
 from proxy.forwarding import Reply, forward
 from proxy.keys import (
     CLIENT_KEYS,
@@ -175,12 +175,15 @@ async def _forward_with_recovery(
         if verdict.limit is not None:
             app[LEARNED_WINDOWS].learn(route.model, chat.model, verdict.limit)
         retry = None
+        overflow = overflow_event(now=time.time(), limit=verdict.limit, retried=False)
+        prepared.pending_events.append(overflow)  # a retry carries it on, before its own
         if retries < model_policy.policy.max_overflow_retries:
             retries += 1
             try:
                 retry = await recover_overflow(request, chat, model_policy, prepared)
             except Exception:
                 log.exception("overflow recovery failed: the upstream's error stands")
+        overflow["retried"] = retry is not None
         if retry is None:
             OVERFLOW_RECOVERIES.labels(result="passed_through").inc()
             break

@@ -454,6 +454,7 @@ async def prepare(
         payload = await off_loop_if(view.big, lambda: payload_for(chat, surface))
         unchanged = view.measure(engine.meter, view.surface(()))
         tokens_before = unchanged.tokens
+        forwarded["client_tokens"] = tokens_before
         _count_savings(route.model, surface, unchanged.estimated - measurement.estimated)
     return Prepared(
         payload=payload,

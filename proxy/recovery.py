@@ -117,6 +117,7 @@ async def recover_overflow(
     if not should_retry(state.generation, prepared.forwarded, fresh.generation, surface.messages):
         return None
     measurement = job.view.measure(engine.meter, surface, fresh.anchor)
+    tokens_before = job.view.measure(engine.meter, job.view.surface(())).tokens
     event = request_event(
         now=time.time(),
         model=chat.model,
@@ -129,6 +130,7 @@ async def recover_overflow(
         status="recovered",
         tip=job.view.chain[-1] if job.view.chain else None,
         context=job.view.context_digest,
+        client_tokens=tokens_before,
     )
     return Prepared(
         payload=payload_for(chat, surface),
@@ -136,7 +138,7 @@ async def recover_overflow(
         conversation=job.view.conversation,
         generation=fresh.generation,
         measurement=measurement,
-        tokens_before=job.view.measure(engine.meter, job.view.surface(())).tokens,
+        tokens_before=tokens_before,
         job=job,
         state=fresh,
         forwarded=surface.messages,

@@ -184,8 +184,10 @@ class Store(Protocol):
     ) -> LogPage:
         """Events in order, ``limit`` at a time, starting after cursor ``after``."""
 
-    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
-        """The most recently active conversations, newest first."""
+    async def list_conversations(
+        self, limit: int = 50, offset: int = 0
+    ) -> list[ConversationSummary]:
+        """The most recently active conversations, newest first, skipping the first ``offset``."""
 
     async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         """Wait until no live lease holds the conversation; False if it still does."""

@@ -118,9 +118,11 @@ class InstrumentedStore:
         async with _observed("read_log"):
             return await self.inner.read_log(conversation, after, limit)
 
-    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
+    async def list_conversations(
+        self, limit: int = 50, offset: int = 0
+    ) -> list[ConversationSummary]:
         async with _observed("list_conversations"):
-            return await self.inner.list_conversations(limit)
+            return await self.inner.list_conversations(limit, offset)
 
     async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
         started = time.perf_counter()

@@ -295,13 +295,19 @@ class MemoryStore:
         events = [(event_id, jsonio.loads(data)) for event_id, data in page]
         return LogPage(events, page[-1][0] if page and more else None)
 
-    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
+    async def list_conversations(
+        self, limit: int = 50, offset: int = 0
+    ) -> list[ConversationSummary]:
         now = time.monotonic()
         wall = time.time()
         summaries: list[ConversationSummary] = []
+        skipped = 0
         for name in reversed(self._conversations):
             entry = self._conversations[name]
             if now - entry.touched > self._ttl:
+                continue
+            if skipped < offset:
+                skipped += 1
                 continue
             last_seen = wall - (now - entry.touched)
             summaries.append(

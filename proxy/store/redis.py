@@ -326,11 +326,13 @@ class RedisStore:
         more = len(entries) > limit
         return LogPage(page, page[-1][0] if page and more else None)
 
-    async def list_conversations(self, limit: int = 50) -> list[ConversationSummary]:
+    async def list_conversations(
+        self, limit: int = 50, offset: int = 0
+    ) -> list[ConversationSummary]:
         index = conversations_key()
         async with _unavailable_on_error("list_conversations"):
             await self._client.zremrangebyscore(index, "-inf", time.time() - self._ttl_ms / 1000)
-            raw = await self._client.zrevrange(index, 0, limit - 1, withscores=True)
+            raw = await self._client.zrevrange(index, offset, offset + limit - 1, withscores=True)
             entries = cast(list[tuple[str, float]], raw)
             pipe = self._client.pipeline(transaction=False)
             for name, _ in entries:

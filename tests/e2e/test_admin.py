@@ -232,3 +232,63 @@ async def test_region_compaction_merges_a_prior_checkpoint_inside_it(
     # Splitting the merged checkpoint is refused.
     status, result = await admin(proxy, "POST", path, json={"start": 5, "end": 12})
     assert status == 400 and "inside an existing checkpoint" in result["reason"]
+
+
+async def test_the_timeline_has_a_point_per_request_and_the_compaction_between(
+    proxy: RunningProxy,
+) -> None:
+    messages = history()
+    conversation = await chat(proxy, messages)
+    status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
+    assert (status, result["outcome"]) == (200, "committed")
+    await chat(proxy, [*messages, user("continue")])
+    status, timeline = await admin(proxy, "GET", f"/conversations/{conversation}/timeline")
+    assert status == 200
+    assert timeline["window"] == 64_000 and timeline["threshold"] == 51_200
+    first, second = timeline["requests"]
+    # Nothing was replaced yet: sent as forwarded, and the upstream's count came back.
+    assert first["sent_tokens"] == first["forwarded_tokens"] and first["prompt_tokens"] > 0
+    # The second request resent everything and was forwarded with the checkpoint.
+    assert second["sent_tokens"] > second["forwarded_tokens"]
+    assert second["generation"] == 1
+    (compaction,) = timeline["compactions"]
+    assert (compaction["trigger"], compaction["outcome"], compaction["before_request"]) == (
+        "manual",
+        "committed",
+        1,
+    )
+    status, surface = await admin(proxy, "GET", f"/conversations/{conversation}/surface")
+    checkpoint = surface["nodes"][1]
+    assert (
+        checkpoint["kind"] == "checkpoint" and checkpoint["shadowed_tokens"] > checkpoint["tokens"]
+    )
+    # Tool calls and results are paired by node index, as compaction pairs them.
+    roles = [m["role"] for m in surface["messages"]]
+    assert surface["tool_pairs"] and all(
+        (roles[call], roles[result]) == ("assistant", "tool")
+        for call, result in surface["tool_pairs"]
+    )
+
+
+async def test_conversations_are_searched_by_session_name_and_paged(proxy: RunningProxy) -> None:
+    marker = uuid.uuid4().hex[:8]
+    for index in range(3):
+        await chat(proxy, [user(f"hello {index}")], session=f"search-{marker}-{index}")
+    await chat(proxy, [user("unrelated")], session=f"other-{marker}")
+    status, found = await admin(proxy, "GET", f"/conversations?q=SEARCH-{marker}&limit=2")
+    assert status == 200
+    assert [c["session"] for c in found["conversations"]] == [
+        f"search-{marker}-2",
+        f"search-{marker}-1",
+    ]
+    assert found["next_offset"] == 2
+    status, rest = await admin(proxy, "GET", f"/conversations?q=search-{marker}&limit=2&offset=2")
+    assert [c["session"] for c in rest["conversations"]] == [f"search-{marker}-0"]
+    assert rest["next_offset"] is None
+    status, by_id = await admin(
+        proxy, "GET", f"/conversations?q={found['conversations'][0]['conversation']}"
+    )
+    assert [c["session"] for c in by_id["conversations"]] == [f"search-{marker}-2"]
+    for bad in ("offset=-1", "offset=x", "offset=²"):
+        status, _ = await admin(proxy, "GET", f"/conversations?{bad}")
+        assert status == 400

@@ -304,6 +304,8 @@ async def test_recently_active_conversations_are_listed_newest_first(store: Stor
     assert [s.conversation for s in ours] == names[::-1]
     assert all(s.attributes["tenant"] == "t" and s.generation == 0 for s in ours)
     assert len(await store.list_conversations(limit=2)) == 2
+    page = await store.list_conversations(limit=2, offset=1)
+    assert [s.conversation for s in page] == [s.conversation for s in listed[1:3]]
 
 
 async def test_superseded_records_are_dropped_at_commit(store: Store, conversation: str) -> None:
