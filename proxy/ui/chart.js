@@ -6,7 +6,7 @@
 const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 1000;
 const HEIGHT = 320;
-const MARGIN = { top: 16, right: 110, bottom: 34, left: 64 };
+const MARGIN = { top: 16, right: 110, bottom: 52, left: 64 };
 
 function node(name, attributes = {}, text = null) {
   const element = document.createElementNS(SVG, name);
@@ -57,7 +57,7 @@ export function timelineChart(data, onHover) {
     node("line", { class: "axis", x1: MARGIN.left, y1: MARGIN.top, x2: MARGIN.left, y2: y(0) }),
     node("text", { class: "axis-label", x: MARGIN.left - 6, y: y(highest) + 4, "text-anchor": "end" }, String(highest)),
     node("text", { class: "axis-label", x: MARGIN.left - 6, y: y(0) + 4, "text-anchor": "end" }, "0"),
-    node("text", { class: "axis-label", x: MARGIN.left + plotWidth / 2, y: HEIGHT - 6, "text-anchor": "middle" }, "requests"),
+    node("text", { class: "axis-label", x: MARGIN.left + plotWidth / 2, y: y(0) + 16, "text-anchor": "middle" }, "requests"),
   );
 
   for (const [name, value] of limits) {
@@ -92,6 +92,7 @@ export function timelineChart(data, onHover) {
         class: `compaction-mark${failed ? " failed" : ""}`,
         points: `${position - 5},${MARGIN.top} ${position + 5},${MARGIN.top} ${position},${MARGIN.top + 8}`,
       }),
+      node("text", { class: "compaction-label", x: position + 7, y: MARGIN.top + 9 }, compaction.trigger ?? ""),
       node("title", {}, `${compaction.trigger} ${compaction.mechanism}: ${compaction.outcome}`),
     );
     svg.append(mark);
@@ -125,12 +126,19 @@ export function timelineChart(data, onHover) {
     svg.append(circle);
   }
 
-  const legend = node("g", { class: "legend", transform: `translate(${MARGIN.left + 8}, ${MARGIN.top + 4})` });
+  const legend = node("g", { class: "legend", transform: `translate(${MARGIN.left}, ${HEIGHT - 16})` });
   legend.append(
     node("line", { class: "series-forwarded", x1: 0, y1: 6, x2: 18, y2: 6 }),
     node("text", { x: 22, y: 10 }, "forwarded"),
     node("line", { class: "series-sent", x1: 90, y1: 6, x2: 108, y2: 6 }),
     node("text", { x: 112, y: 10 }, "sent by the client"),
+    node("polygon", { class: "compaction-mark", points: "232,2 242,2 237,10" }),
+    node("text", { x: 246, y: 10 }, "compaction (red: not committed)"),
+    node("line", { class: "overflow-mark", x1: 432, y1: 1, x2: 442, y2: 11 }),
+    node("line", { class: "overflow-mark", x1: 432, y1: 11, x2: 442, y2: 1 }),
+    node("text", { x: 446, y: 10 }, "overflow"),
+    node("circle", { class: "legend-recovered", cx: 512, cy: 6, r: 4 }),
+    node("text", { x: 520, y: 10 }, "recovered retry"),
   );
   svg.append(legend);
   return svg;
