@@ -41,6 +41,7 @@ from proxy.log_cursor import LogCursors
 from proxy.loops import self_loop_problems
 from proxy.meter import TokenMeter
 from proxy.metrics import REQUESTS, initialize_label_sets, metrics_handler
+from proxy.passthrough import passthrough
 from proxy.policy import PolicyBook, validate_all_policies
 from proxy.store import StoreUnavailable, open_store
 from proxy.tasks import PendingRecords
@@ -207,12 +208,15 @@ def create_app(settings: Settings) -> web.Application:
     app.add_routes(
         [
             web.post("/v1/chat/completions", handlers.chat_completions),
+            web.post("/v1/responses", handlers.responses),
             web.get("/v1/models", handlers.list_models),
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),
             web.get("/metrics", metrics_handler),
             *admin_routes(),
             *inspector_routes(),
+            # Last: every other /v1/ path and method (chat's own paths are matched first).
+            web.route("*", "/v1/{tail:.*}", passthrough),
         ]
     )
     return app

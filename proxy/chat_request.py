@@ -11,7 +11,7 @@ not, is kept as sent and reaches the upstream unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from proxy import jsonio
 from proxy.conversation import MESSAGE_ROLES
@@ -91,7 +91,13 @@ def _check_message(message: Any, param: str) -> None:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """A validated body. ``body`` is the client's object as parsed, never modified."""
+    """A validated body, as chat messages whatever API it came in. ``body`` is the client's
+    object as parsed, never modified.
+
+    ``api`` says which endpoint it goes to and how its surface is written back: ``chat``
+    (``messages`` are the body's own) or ``responses`` (``messages`` translated from the
+    ``input`` items, ``groups[i]`` the items ``messages[i]`` stands for; see
+    ``proxy.responses_request``)."""
 
     body: dict[str, Any]
     model: str
@@ -99,17 +105,20 @@ class ChatRequest:
     stream: bool
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
     raw: bytes = b""  # the body as received (parsed with ``jsonio.loads_fast``)
+    api: Literal["chat", "responses"] = "chat"
+    groups: list[tuple[int, ...]] | None = None
+
+    @property
+    def upstream_path(self) -> str:
+        return "/responses" if self.api == "responses" else "/chat/completions"
 
 
 def _validate(message: Any, index: int) -> None:
     _check_message(message, f"messages[{index}]")
 
 
-def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRequest:
-    """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one.
-
-    With ``known``, messages are validated and hashed in the same walk, and a message this
-    process already validated is neither validated nor canonicalized again."""
+def parse_object_with_model(raw: bytes) -> dict[str, Any]:
+    """A JSON object naming its ``model`` as a string (what every API here needs first)."""
     try:
         body = jsonio.loads_fast(raw)
     except (ValueError, RecursionError) as exc:
@@ -120,6 +129,22 @@ def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRe
         raise BadRequest("you must provide a model parameter", param="model")
     if not isinstance(body["model"], str):
         raise _invalid("model", "a string", body["model"])
+    return body
+
+
+def check_stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "a boolean", stream)
+    return bool(stream)
+
+
+def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRequest:
+    """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one.
+
+    With ``known``, messages are validated and hashed in the same walk, and a message this
+    process already validated is neither validated nor canonicalized again."""
+    body = parse_object_with_model(raw)
     if "messages" not in body:
         raise BadRequest(
             "Missing required parameter: 'messages'.",
@@ -135,14 +160,11 @@ def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ChatRe
             _validate(message, index)
     else:
         digests = known.digests(messages, _validate)
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _invalid("stream", "a boolean", stream)
     return ChatRequest(
         body=body,
         model=body["model"],
         messages=messages,
-        stream=bool(stream),
+        stream=check_stream(body),
         digests=digests,
         raw=raw,
     )

@@ -46,15 +46,20 @@ class Reply:
 
 
 async def forward(
-    request: web.Request, route: Route, payload: bytes, extra_headers: Mapping[str, str]
+    request: web.Request,
+    route: Route,
+    path: str,
+    payload: bytes,
+    extra_headers: Mapping[str, str],
 ) -> Reply:
-    """Send ``payload`` upstream. A successful stream is relayed to the client as it arrives;
-    any other answer is returned whole, so the caller may still decide to retry."""
+    """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
+    successful stream is relayed to the client as it arrives; any other answer is returned
+    whole, so the caller may still decide to retry."""
     session = request.app[HTTP_CLIENT]
     proxy_keys = request.app[CLIENT_KEYS].required
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     headers.setdefault("Content-Type", "application/json")
-    url = f"{route.base}/chat/completions"
+    url = f"{route.base}{path}"
     started = time.perf_counter()
     try:
         async with session.post(url, data=payload, headers=headers) as upstream:

@@ -14,14 +14,14 @@ from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
-from proxy.chat_request import ChatRequest, parse_chat_request
+from proxy.chat_request import ChatRequest, parse_chat_request, parse_object_with_model
 from proxy.config import Route
 from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
 from proxy.events import overflow_event, usage_event
 from proxy.forwarding import Reply, forward
+from proxy.intake import check_headers, read_body
 from proxy.keys import (
     CLIENT_KEYS,
     HTTP_CLIENT,
@@ -45,53 +45,17 @@ from proxy.metrics import (
 )
 from proxy.offload import is_big, off_loop_if
 from proxy.overflow import classify_overflow
+from proxy.passthrough import relay_as_sent
 from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
+from proxy.responses_request import parse_responses_request, stateful
 from proxy.store import StoreUnavailable
 from proxy.upstream import buffered_response, client_headers, upstream_headers
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Session-Id"
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    too_large = BadRequest(
-        f"Request body too large: the limit is {limit} bytes.",
-        status=413,
-        code="request_too_large",
-    )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise too_large from exc
-    except RequestPayloadError as exc:
-        raise BadRequest(
-            "The request body could not be decoded as its Content-Encoding header says.",
-            param="Content-Encoding",
-            code="invalid_body_encoding",
-        ) from exc
-    if len(raw) > limit:
-        raise too_large
-    return raw
-
-
-def _check_headers(headers: Mapping[str, str]) -> None:
-    """Header values must be text: bytes that are not UTF-8 cannot be forwarded either."""
-    for name, value in headers.items():
-        if value.isascii():
-            continue
-        try:
-            value.encode()
-        except UnicodeEncodeError as exc:
-            raise BadRequest(
-                f"Invalid value for header '{name}': it is not valid UTF-8.",
-                param=name,
-                code="invalid_header",
-            ) from exc
 
 
 def _session_id(headers: Mapping[str, str]) -> str | None:
@@ -108,19 +72,48 @@ def _session_id(headers: Mapping[str, str]) -> str | None:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
     started = time.perf_counter()
-    app = request.app
-    settings = app[SETTINGS]
     try:
-        _check_headers(request.headers)
-        raw = await _read_body(request, settings.max_body_bytes)
-        known = app[KNOWN_MESSAGES]
+        check_headers(request.headers)
+        raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
+        known = request.app[KNOWN_MESSAGES]
         chat = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw, known))
         session_id = _session_id(request.headers)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
+    return await _serve(request, chat, raw, session_id, started)
 
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses``: compacted like chat, unless the provider holds the history
+    (``previous_response_id``, ``conversation``): then forwarded as sent, and counted."""
+    started = time.perf_counter()
+    try:
+        check_headers(request.headers)
+        raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
+        body = await off_loop_if(is_big(len(raw)), lambda: parse_object_with_model(raw))
+        session_id = _session_id(request.headers)
+        if stateful(body):
+            route = request.app[POLICIES].for_model(body["model"]).route
+            REQUESTS.labels(route=route.model, outcome="stateful").inc()
+            return await relay_as_sent(request, route, raw)
+        known = request.app[KNOWN_MESSAGES]
+        chat = await off_loop_if(
+            is_big(len(raw)), lambda: parse_responses_request(body, raw, known)
+        )
+    except BadRequest as error:
+        REQUESTS.labels(route="", outcome="bad_request").inc()
+        return bad_request_response(error)
+    return await _serve(request, chat, raw, session_id, started)
+
+
+async def _serve(
+    request: web.Request, chat: ChatRequest, raw: bytes, session_id: str | None, started: float
+) -> web.StreamResponse:
+    """Prepare (compact if need be), forward, recover from an overflow, record."""
+    app = request.app
     model_policy = app[POLICIES].for_model(chat.model)
     route = model_policy.route
     try:
@@ -166,7 +159,7 @@ async def _forward_with_recovery(
     """Forward; after a context overflow, compact and retry while the evidence allows."""
     app = request.app
     route = model_policy.route
-    reply = await _send(request, route, prepared)
+    reply = await _send(request, route, chat.upstream_path, prepared)
     retries = 0
     while reply.error_body is not None:
         verdict = classify_overflow(reply.status, reply.error_body)
@@ -189,14 +182,15 @@ async def _forward_with_recovery(
             break
         OVERFLOW_RECOVERIES.labels(result="retried").inc()
         prepared = retry
-        reply = await _send(request, route, prepared)
+        reply = await _send(request, route, chat.upstream_path, prepared)
     return reply, prepared
 
 
-async def _send(request: web.Request, route: Route, prepared: Prepared) -> Reply:
+async def _send(request: web.Request, route: Route, path: str, prepared: Prepared) -> Reply:
     if prepared.measurement is not None:
         PROMPT_TOKENS_FORWARDED.labels(route=route.model).inc(prepared.measurement.tokens)
-    return await forward(request, route, prepared.payload, _compaction_headers(prepared))
+    headers = _compaction_headers(prepared)
+    return await forward(request, route, path, prepared.payload, headers)
 
 
 def _compaction_headers(prepared: Prepared) -> dict[str, str]:

@@ -40,6 +40,18 @@ CLIENT_DISCONNECTS = Counter(
     "Requests whose client went away before the answer was complete.",
     ["route"],
 )
+PASSTHROUGH_REQUESTS = Counter(
+    "compaction_proxy_passthrough_requests_total",
+    "Requests to other /v1/ paths, forwarded as sent: by path template, method and outcome "
+    "(the upstream's status class, upstream_unavailable, bad_request, client_disconnected).",
+    ["path", "method", "outcome"],
+)
+PASSTHROUGH_DURATION = Histogram(
+    "compaction_proxy_passthrough_duration_seconds",
+    "Time from receiving a pass-through request to the end of its answer, by path template.",
+    ["path"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
 REQUEST_DURATION = Histogram(
     "compaction_proxy_request_duration_seconds",
     "Time from receiving a chat request to the end of its answer.",

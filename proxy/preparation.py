@@ -60,6 +60,7 @@ from proxy.metrics import (
 from proxy.offload import is_big, off_loop_if
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
+from proxy.responses_request import responses_payload
 from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
@@ -222,6 +223,8 @@ def payload_for(chat: ChatRequest, surface: Surface) -> bytes:
     The body was read with orjson alone, which turns integers beyond 64 bits into floats; a
     body that may hold one (rare) is read again losslessly, and the surface is rebuilt from
     that reading's messages."""
+    if chat.api == "responses":
+        return responses_payload(chat, surface)
     if not jsonio.may_hold_a_big_integer(chat.raw):
         return jsonio.dumps({**chat.body, "messages": surface.messages})
     exact = jsonio.loads(chat.raw)

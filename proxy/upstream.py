@@ -73,14 +73,38 @@ def is_event_stream(upstream: ClientResponse) -> bool:
     return upstream.content_type == "text/event-stream"
 
 
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """Usage in chat's terms (``prompt_tokens``, ``completion_tokens``), also from the
+    Responses API's (``input_tokens``, ``output_tokens``); None when it is not usage."""
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" not in usage and "input_tokens" in usage:
+        return {
+            **usage,
+            "prompt_tokens": usage.get("input_tokens"),
+            "completion_tokens": usage.get("output_tokens"),
+        }
+    return usage
+
+
+def _usage_in(event: Any) -> dict[str, Any] | None:
+    """The usage an answer or stream event carries: at the top (chat), or in its ``response``
+    (the Responses API's ``response.completed``)."""
+    if not isinstance(event, dict):
+        return None
+    found = chat_usage(event.get("usage"))
+    if found is None and isinstance(event.get("response"), dict):
+        found = chat_usage(event["response"].get("usage"))
+    return found
+
+
 def usage_of_body(body: bytes) -> dict[str, Any] | None:
-    """``usage`` of a non-streamed chat completion, if the body is one."""
+    """``usage`` of a non-streamed answer, if the body is one."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    return usage if isinstance(usage, dict) else None
+    return _usage_in(parsed)
 
 
 class UsageScanner:
@@ -112,8 +136,8 @@ class UsageScanner:
             event = orjson.loads(line[5:].strip())
         except orjson.JSONDecodeError:
             return
-        usage = event.get("usage") if isinstance(event, dict) else None
-        if isinstance(usage, dict):
+        usage = _usage_in(event)
+        if usage is not None:
             self.usage = usage
 
 

@@ -23,6 +23,8 @@ from aiohttp import web
 
 from proxy import jsonio
 from proxy.compaction.summarize import INSTRUCTION_OPENING, SECTIONS
+from proxy.testing.fake_endpoints import FakeEndpoints
+from proxy.testing.fake_responses import FakeResponses
 from proxy.tokenizers import encoding
 
 IMAGE_PART_TOKENS = 85
@@ -165,11 +167,16 @@ class FakeUpstream:
     summary_failures: int = 0
     summary_delay: float = 0.0
     received: list[Received] = field(default_factory=list)
+    endpoints: FakeEndpoints = field(default_factory=FakeEndpoints)  # every other endpoint
+    responses: FakeResponses = field(init=False)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
     overflows: list[bytes] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # requests refused as malformed
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.responses = FakeResponses(count_text=self.count_text, window_of=self.window_of)
 
     # -- behaviour set by tests -------------------------------------------------------------
 
@@ -236,6 +243,8 @@ class FakeUpstream:
             [
                 web.post("/v1/chat/completions", self._chat),
                 web.get("/v1/models", self._models),
+                *self.endpoints.routes(),
+                *self.responses.routes(),
             ]
         )
         return app

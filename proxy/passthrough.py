@@ -1,0 +1,207 @@
+"""Every other path under ``/v1/``: forwarded as sent, answered as the upstream answers.
+
+Embeddings, ``models/{id}``, files, audio, images, moderations, batches, ``responses/{id}``, and
+whatever a provider adds: any method, any body. A JSON body naming a ``model`` goes to that
+model's route (its base URL and key); any other body (a multipart upload, say) is streamed to
+the default route without being buffered. The answer is relayed as it arrives, streaming
+included. The same header rules as chat apply (hop-by-hop headers dropped, a route's own key
+in place of the client's, client keys for this proxy never sent on, the hop marker added),
+and a failure to reach the upstream is a 502 or 504 in OpenAI's error shape.
+
+Metrics are labelled with the path's template (``/v1/files/{id}/content``), never the path a
+client sent, so their label sets stay bounded whatever the clients do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+import orjson
+from aiohttp import web
+from yarl import URL
+
+from proxy.config import Route
+from proxy.errors import BadRequest, bad_request_response, error_response
+from proxy.intake import check_headers, read_body
+from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, POLICIES, SETTINGS
+from proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
+from proxy.upstream import ClientGone, client_headers, upstream_headers
+
+log = logging.getLogger(__name__)
+
+# Path segments that name a kind of thing, not one thing; every other segment is an id.
+STATIC_SEGMENTS = frozenset(
+    {
+        "assistants",
+        "audio",
+        "batches",
+        "cancel",
+        "chat",
+        "completions",
+        "compact",
+        "content",
+        "conversations",
+        "edits",
+        "embeddings",
+        "evals",
+        "files",
+        "fine_tuning",
+        "generations",
+        "images",
+        "input_items",
+        "items",
+        "jobs",
+        "messages",
+        "models",
+        "moderations",
+        "parts",
+        "realtime",
+        "responses",
+        "runs",
+        "sessions",
+        "speech",
+        "steps",
+        "threads",
+        "transcriptions",
+        "translations",
+        "uploads",
+        "variations",
+        "vector_stores",
+        "checkpoints",
+        "events",
+        "file_batches",
+        "containers",
+        "graders",
+        "alpha",
+        "checkpoints_permissions",
+        "permissions",
+        "output_items",
+        "transcription_sessions",
+        "client_secrets",
+        "calls",
+        "videos",
+        "remix",
+        "skills",
+        "versions",
+    }
+)
+
+
+def path_template(path: str) -> str:
+    """``/v1/files/file-abc/content`` → ``/v1/files/{id}/content`` (pure)."""
+    segments = path.removeprefix("/v1/").split("/")
+    shown = [s if s in STATIC_SEGMENTS else "{id}" for s in segments if s]
+    return "/v1/" + "/".join(shown)
+
+
+def _model_of(body: bytes) -> str | None:
+    """The ``model`` a JSON body names, if it is a JSON object that names one."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
+    template = path_template(request.path)
+    response, outcome = await _relay(request)
+    PASSTHROUGH_REQUESTS.labels(path=template, method=request.method, outcome=outcome).inc()
+    PASSTHROUGH_DURATION.labels(path=template).observe(time.perf_counter() - started)
+    return response
+
+
+async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
+    app = request.app
+    settings = app[SETTINGS]
+    route: Route = settings.default_route
+    data: bytes | aiohttp.StreamReader = request.content
+    try:
+        check_headers(request.headers)
+        if request.content_type == "application/json" and request.body_exists:
+            data = await read_body(request, settings.max_body_bytes)
+            model = _model_of(data)
+            if model is not None:
+                route = app[POLICIES].for_model(model).route
+    except BadRequest as error:
+        return bad_request_response(error), "bad_request"
+    return await _send_on(request, route, data)
+
+
+async def relay_as_sent(request: web.Request, route: Route, body: bytes) -> web.StreamResponse:
+    """Forward a request the proxy has read (``body``) but will not change."""
+    response, _ = await _send_on(request, route, body)
+    return response
+
+
+async def _send_on(
+    request: web.Request, route: Route, data: bytes | aiohttp.StreamReader
+) -> tuple[web.StreamResponse, str]:
+    app = request.app
+    headers = upstream_headers(
+        request.headers, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required
+    )
+    # The path and query exactly as the client encoded them.
+    url = URL(route.base + request.raw_path.removeprefix("/v1"), encoded=True)
+    try:
+        async with app[HTTP_CLIENT].request(
+            request.method, url, data=data, headers=headers
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status, reason=upstream.reason, headers=client_headers(upstream)
+            )
+            try:
+                await _stream(request, upstream, response)
+            except ClientGone:
+                return response, "client_disconnected"
+            return response, f"{upstream.status // 100}xx"
+    except TimeoutError:
+        log.warning("upstream %s timed out", route.base)
+        return (
+            error_response(
+                504,
+                "The upstream did not answer in time.",
+                error_type="upstream_error",
+                code="upstream_timeout",
+            ),
+            "upstream_unavailable",
+        )
+    except aiohttp.ClientError as exc:
+        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
+        return (
+            error_response(
+                502,
+                f"The upstream could not be reached: {type(exc).__name__}.",
+                error_type="upstream_error",
+                code="upstream_unavailable",
+            ),
+            "upstream_unavailable",
+        )
+
+
+async def _stream(
+    request: web.Request, upstream: aiohttp.ClientResponse, response: web.StreamResponse
+) -> None:
+    """Write the upstream's answer to the client as it arrives. Once bytes have gone out, an
+    upstream that breaks off can only be passed on by cutting the client's connection."""
+    try:
+        await response.prepare(request)
+    except ConnectionError as exc:
+        raise ClientGone(response) from exc
+    while True:
+        try:
+            chunk = await upstream.content.readany()
+        except aiohttp.ClientError as exc:
+            log.warning("upstream answer broke off: %s", type(exc).__name__)
+            raise ConnectionResetError("upstream answer broke off") from exc
+        try:
+            if not chunk:
+                await response.write_eof()
+                return
+            await response.write(chunk)
+        except ConnectionError as exc:
+            raise ClientGone(response) from exc

@@ -1,0 +1,143 @@
+"""The fake provider's endpoints besides chat: embeddings, models, files, speech.
+
+Enough of each for clients to work against (the openai SDK's own calls), and every request's
+exact bytes kept, so tests can check that what a client sent arrived byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.policy
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from email.parser import BytesParser
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+SPEECH_CHUNKS = 5
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    method: str
+    path: str  # with the query, as sent
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeEndpoints:
+    """State of the endpoints; ``routes()`` serves them."""
+
+    requests: list[RawRequest] = field(default_factory=list)
+    files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # id: (name, bytes)
+    sent: list[bytes] = field(default_factory=list)  # every body answered, in order
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/embeddings", self._embeddings),
+            web.get("/v1/models/{model}", self._model),
+            web.post("/v1/files", self._upload),
+            web.get("/v1/files/{file}/content", self._file_content),
+            web.post("/v1/audio/speech", self._speech),
+        ]
+
+    async def _keep(self, request: web.Request) -> bytes:
+        body = await request.read()
+        self.requests.append(
+            RawRequest(request.method, request.raw_path, dict(request.headers), body)
+        )
+        return body
+
+    def _answer(self, data: Any, status: int = 200) -> web.Response:
+        body = orjson.dumps(data)
+        self.sent.append(body)
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await self._keep(request))
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = []
+        for index, text in enumerate(inputs):
+            digest = hashlib.sha256(str(text).encode()).digest()
+            vector = [round(b / 255 - 0.5, 6) for b in digest[:8]]
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        tokens = sum(len(str(t).split()) for t in inputs)
+        return self._answer(
+            {
+                "object": "list",
+                "data": data,
+                "model": body["model"],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def _model(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        model = request.match_info["model"]
+        if model.startswith("missing"):
+            missing = _error(f"The model '{model}' does not exist", "model_not_found")
+            return self._answer(missing, 404)
+        return self._answer({"id": model, "object": "model", "created": 0, "owned_by": "fake"})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        raw = await self._keep(request)
+        fields = _form_fields(raw, request.headers["Content-Type"])
+        file_id = f"file-{next(self._ids)}"
+        name, content = fields["file"]
+        self.files[file_id] = (name, content)
+        return self._answer(
+            {
+                "id": file_id,
+                "object": "file",
+                "bytes": len(content),
+                "created_at": 0,
+                "filename": name,
+                "purpose": fields["purpose"][1].decode(),
+                "status": "processed",
+            }
+        )
+
+    async def _file_content(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        found = self.files.get(request.match_info["file"])
+        if found is None:
+            return self._answer(_error("No such file", "file_not_found"), 404)
+        self.sent.append(found[1])
+        return web.Response(body=found[1], content_type="application/octet-stream")
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await self._keep(request))
+        audio = hashlib.sha256(str(body["input"]).encode()).digest() * 2_000
+        self.sent.append(audio)
+        response = web.StreamResponse(headers={"Content-Type": "audio/mpeg"})
+        await response.prepare(request)
+        size = len(audio) // SPEECH_CHUNKS + 1
+        for start in range(0, len(audio), size):
+            await response.write(audio[start : start + size])
+            await asyncio.sleep(0.01)  # a stream, not one piece
+        await response.write_eof()
+        return response
+
+
+def _error(message: str, code: str) -> dict[str, Any]:
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return {"error": error}
+
+
+def _form_fields(raw: bytes, content_type: str) -> dict[str, tuple[str, bytes]]:
+    """A multipart/form-data body's fields: name → (file name or "", bytes)."""
+    message = BytesParser(policy=email.policy.default).parsebytes(
+        b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw
+    )
+    fields: dict[str, tuple[str, bytes]] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        content = payload if isinstance(payload, bytes) else b""
+        fields[str(name)] = (part.get_filename() or "", content)
+    return fields

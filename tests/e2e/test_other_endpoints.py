@@ -1,0 +1,129 @@
+"""Every other OpenAI endpoint a client calls goes through as sent, with the real openai SDK:
+the upstream receives the client's exact bytes and the client the upstream's."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client import REGISTRY
+
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+
+
+class Capture:
+    """The bodies the SDK sends, as it sends them (an httpx request hook)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, request: httpx.Request) -> None:
+        self.bodies.append(await request.aread())
+
+
+@pytest.fixture
+async def capture() -> Capture:
+    return Capture()
+
+
+@pytest.fixture
+async def sdk(proxy: RunningProxy, capture: Capture) -> AsyncIterator[openai.AsyncOpenAI]:
+    http = httpx.AsyncClient(event_hooks={"request": [capture]})
+    async with openai.AsyncOpenAI(
+        base_url=proxy.url, api_key="sk-other", max_retries=0, http_client=http
+    ) as client:
+        yield client
+
+
+def passed(path: str, method: str, outcome: str) -> float:
+    labels = {"path": path, "method": method, "outcome": outcome}
+    return REGISTRY.get_sample_value("compaction_proxy_passthrough_requests_total", labels) or 0
+
+
+async def test_embeddings_reach_the_upstream_and_come_back_byte_for_byte(
+    sdk: openai.AsyncOpenAI, capture: Capture, fake: FakeUpstream
+) -> None:
+    before = passed("/v1/embeddings", "POST", "2xx")
+    raw = await sdk.embeddings.with_raw_response.create(
+        model="text-embedding-3-small", input=["first text", "second text"]
+    )
+    assert fake.endpoints.requests[-1].body == capture.bodies[-1]
+    assert raw.content == fake.endpoints.sent[-1]
+    result = raw.parse()
+    assert [d.index for d in result.data] == [0, 1] and len(result.data[0].embedding) == 8
+    assert passed("/v1/embeddings", "POST", "2xx") == before + 1
+
+
+async def test_a_model_is_retrieved_and_a_missing_one_is_the_upstreams_404(
+    sdk: openai.AsyncOpenAI, fake: FakeUpstream
+) -> None:
+    model = await sdk.models.retrieve("fake-model")
+    assert model.id == "fake-model"
+    with pytest.raises(openai.NotFoundError) as missing:
+        await sdk.models.retrieve("missing-model")
+    assert missing.value.code == "model_not_found"
+    assert fake.endpoints.requests[-1].path == "/v1/models/missing-model"
+    assert passed("/v1/models/{id}", "GET", "4xx") >= 1
+
+
+async def test_a_file_upload_and_its_content_pass_byte_for_byte(
+    sdk: openai.AsyncOpenAI, capture: Capture, fake: FakeUpstream
+) -> None:
+    content = bytes(range(256)) * 400 + "\N{SNOWMAN} end".encode()
+    uploaded = await sdk.files.create(file=("notes.bin", content), purpose="assistants")
+    assert fake.endpoints.requests[-1].body == capture.bodies[-1]  # the multipart body as sent
+    assert uploaded.bytes == len(content) and uploaded.filename == "notes.bin"
+    downloaded = await sdk.files.content(uploaded.id)
+    assert downloaded.content == content
+    assert fake.endpoints.requests[-1].path == f"/v1/files/{uploaded.id}/content"
+    # Labelled by template: no file id ever becomes a label value.
+    assert passed("/v1/files/{id}/content", "GET", "2xx") >= 1
+    samples = REGISTRY.get_sample_value
+    assert (
+        samples(
+            "compaction_proxy_passthrough_requests_total",
+            {"path": f"/v1/files/{uploaded.id}/content", "method": "GET", "outcome": "2xx"},
+        )
+        is None
+    )
+
+
+async def test_a_streamed_answer_is_relayed_whole(
+    sdk: openai.AsyncOpenAI, fake: FakeUpstream
+) -> None:
+    async with sdk.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input="Hello from the proxy"
+    ) as response:
+        chunks = [chunk async for chunk in response.iter_bytes()]
+    assert b"".join(chunks) == fake.endpoints.sent[-1]
+
+
+async def test_a_json_body_goes_to_its_models_route(
+    make_proxy: ProxyFactory, upstream_url: str, aiohttp_server: Any
+) -> None:
+    other = FakeUpstream()
+    other_url = str((await aiohttp_server(other.app())).make_url("/v1"))
+    proxy = await make_proxy(
+        routes=[
+            {"model": "embed-*", "base_url": other_url},
+            {"model": "*", "base_url": upstream_url},
+        ]
+    )
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-x", max_retries=0) as client:
+        await client.embeddings.create(model="embed-large", input="routed")
+    assert [r.path for r in other.endpoints.requests] == ["/v1/embeddings"]
+
+
+async def test_an_unreachable_upstream_is_a_502_in_openais_shape(
+    make_proxy: ProxyFactory,
+) -> None:
+    proxy = await make_proxy(upstream_base_url="http://127.0.0.1:9/v1")
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-x", max_retries=0) as client:
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.embeddings.create(model="text-embedding-3-small", input="x")
+    assert failed.value.status_code == 502
+    assert failed.value.code == "upstream_unavailable"

@@ -1,0 +1,245 @@
+"""The Responses API through the proxy, with the real openai SDK: compacted like chat (sync,
+async and streamed), pairing and reasoning items kept, overflows recovered, and stateful
+requests passed on as sent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+from prometheus_client import REGISTRY
+
+from proxy.keys import PENDING_RECORDS
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+
+MODEL = "resp-small"
+WINDOW = 16_000
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file of the repository.",
+        "parameters": {
+            "type": "object",
+            "properties": {"step": {"type": "integer"}},
+            "required": ["step"],
+        },
+    }
+]
+OPENING = "FACT-1: the release branch is release-7. Fix the flaky importer test."
+
+
+def routes(upstream_url: str, window: int | None = WINDOW) -> list[dict[str, Any]]:
+    # Synchronous compaction: the tests read what the request that crossed was sent.
+    route = {"model": "resp-*", "base_url": upstream_url, "policy": {"precompact_ratio": 0}}
+    return [{**route, "context_window": window} if window else route]
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream) -> RunningProxy:
+    fake.windows[MODEL] = WINDOW
+    return await make_proxy(routes=routes(upstream_url))
+
+
+def observation(step: int) -> str:
+    return f"step {step} output: " + "importer log line with details " * 220
+
+
+def as_input(item: Any) -> dict[str, Any]:
+    dumped: dict[str, Any] = item.model_dump(exclude_none=True)
+    return dumped
+
+
+async def agent_loop(client: openai.AsyncOpenAI, turns: int, session: str) -> list[Any]:
+    """Drive the fake's tool calls for ``turns`` turns; returns the items of the last request
+    sent (its answer's call and output are not sent)."""
+    items: list[Any] = [{"role": "user", "content": OPENING}]
+    for _ in range(turns):
+        response = await client.responses.create(
+            model=MODEL,
+            instructions="You are a careful coding agent.",
+            input=items,
+            tools=TOOLS,
+            extra_headers={"X-Session-Id": session},
+        )
+        (call,) = response.output
+        assert call.type == "function_call"
+        sent = list(items)
+        items += [
+            as_input(call),
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": observation(len(items)),
+            },
+        ]
+    return sent
+
+
+def forwarded_inputs(fake: FakeUpstream) -> list[list[Any]]:
+    return [body["input"] for body in fake.responses.received]
+
+
+async def test_a_long_agent_loop_is_compacted_with_pairs_and_facts_kept(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        items = await agent_loop(client, 14, "loop")
+    assert fake.summary_requests, "a 16k window must have been compacted"
+    last = forwarded_inputs(fake)[-1]
+    # The checkpoint stands first, as a user message, and keeps the facts.
+    assert last[0]["role"] == "user" and "<compacted-summary>" in last[0]["content"]
+    assert "FACT-1" in last[0]["content"]
+    # The live turn (the last call and its output) reached the upstream exactly as sent.
+    assert last[-2:] == items[-2:]
+    # Every call still has its output (the fake refuses anything else) and the summary call
+    # read the loop as chat messages.
+    assert all(body["model"] == MODEL for body in fake.responses.received)
+    assert fake.responses.received[-1]["instructions"] == "You are a careful coding agent."
+
+
+async def test_the_sync_client_is_served_the_same(proxy: RunningProxy, fake: FakeUpstream) -> None:
+    def run() -> str:
+        with openai.OpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+            return client.responses.create(model=MODEL, input="Say hello.").output_text
+
+    assert await asyncio.to_thread(run) == "Done (1 items read)."
+    assert fake.responses.received[-1]["input"] == "Say hello."
+
+
+async def test_a_streamed_response_is_relayed_and_its_usage_anchors_the_meter(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        raw = await client.responses.with_raw_response.create(
+            model=MODEL,
+            input=[{"role": "user", "content": "Summarize the plan."}],
+            stream=True,
+            extra_headers={"X-Session-Id": "streamed"},
+        )
+        conversation = raw.headers["x-compaction-conversation"]
+        kinds, text, usage = [], "", None
+        async for event in raw.parse():
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                text += event.delta
+            if event.type == "response.completed":
+                usage = event.response.usage
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert text == "Done (1 items read)." and usage is not None
+    await proxy.app[PENDING_RECORDS].settled_all()
+    state = await proxy.store.load(conversation)
+    assert state.anchor is not None and state.anchor.prompt_tokens == usage.input_tokens
+
+
+async def test_reasoning_items_stay_with_their_call_and_are_never_summarized(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    secret = "gAAAAB-encrypted-reasoning-"
+    items: list[Any] = [{"role": "user", "content": OPENING}]
+    for step in range(12):
+        items += [
+            {
+                "type": "reasoning",
+                "id": f"rs_{step}",
+                "summary": [],
+                "encrypted_content": f"{secret}{step}",
+            },
+            {
+                "type": "function_call",
+                "call_id": f"call_{step}",
+                "name": "read_file",
+                "arguments": "{}",
+            },
+            {
+                "type": "function_call_output",
+                "call_id": f"call_{step}",
+                "output": observation(step),
+            },
+        ]
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        await client.responses.create(model=MODEL, input=items, tools=TOOLS)
+    assert fake.summary_requests
+    sent = forwarded_inputs(fake)[-1]
+    for index, item in enumerate(sent):
+        if item.get("type") == "reasoning":
+            assert sent[index + 1]["type"] == "function_call"
+            assert sent[index + 1]["call_id"] == "call_" + item["id"].removeprefix("rs_")
+    for summary in fake.summary_requests:
+        assert summary.body is not None and secret not in str(summary.body)
+
+
+async def test_an_overflow_in_the_responses_shape_is_recovered_streamed(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    # No window known to the proxy, and the Responses error states none: the failed request's
+    # own size bounds the summary.
+    fake.windows[MODEL] = 8_000
+    proxy = await make_proxy(routes=routes(upstream_url, None))
+    items: list[Any] = [{"role": "user", "content": OPENING}]
+    for step in range(8):
+        items += [
+            {
+                "type": "function_call",
+                "call_id": f"c{step}",
+                "name": "read_file",
+                "arguments": "{}",
+            },
+            {"type": "function_call_output", "call_id": f"c{step}", "output": observation(step)},
+        ]
+    items.append({"role": "user", "content": "Where are we?"})
+    before = (
+        REGISTRY.get_sample_value(
+            "compaction_proxy_overflow_recoveries_total", {"result": "retried"}
+        )
+        or 0
+    )
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        stream = await client.responses.create(model=MODEL, input=items, stream=True)
+        kinds = [event.type async for event in stream]
+    assert kinds[-1] == "response.completed"
+    assert (
+        REGISTRY.get_sample_value(
+            "compaction_proxy_overflow_recoveries_total", {"result": "retried"}
+        )
+        == before + 1
+    )
+
+
+async def test_a_stateful_request_is_forwarded_as_sent_and_counted(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    labels = {"route": "resp-*", "outcome": "stateful"}
+    before = REGISTRY.get_sample_value("compaction_proxy_requests_total", labels) or 0
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        response = await client.responses.create(
+            model=MODEL, previous_response_id="resp_earlier", input="And then?"
+        )
+    assert response.output_text
+    assert fake.responses.received[-1] == {
+        "model": MODEL,
+        "previous_response_id": "resp_earlier",
+        "input": "And then?",
+    }
+    assert REGISTRY.get_sample_value("compaction_proxy_requests_total", labels) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL, "input": 7}, "input"),
+        ({"model": MODEL, "input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
+        ({"model": MODEL, "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+        ({"model": MODEL, "input": "x", "instructions": 3}, "instructions"),
+    ],
+)
+async def test_malformed_input_is_a_400_naming_the_param(
+    proxy: RunningProxy, body: dict[str, Any], param: str
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.post("/responses", body=body, cast_to=object)
+    assert refused.value.param == param

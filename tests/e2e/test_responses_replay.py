@@ -1,0 +1,105 @@
+"""The agent transcripts replayed in the Responses format, through a 16k window: every
+request answered, the upstream's window and pairing rules never broken, the live turn sent as
+the client sent it, the facts planted in the first message kept to the last request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.conversation import live_turn_start, split_head
+from proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory
+from tests.e2e.test_transcript_replay import FACTS, plant_facts
+from tests.transcripts import Transcript, replay_requests, transcripts
+
+MODEL = "replay-responses"
+WINDOW = 16_000
+BASH = [
+    {
+        "type": "function",
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+]
+
+
+def text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def as_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat history as Responses input items."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            output = text(message.get("content"))
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": output,
+                }
+            )
+            continue
+        if message.get("content"):
+            items.append({"role": role, "content": text(message["content"])})
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                }
+            )
+    return items
+
+
+def fits(transcript: Transcript) -> bool:
+    """Whether no single message is too big for the window on its own."""
+    return all(len(text(m.get("content"))) < 0.75 * WINDOW * 3 for m in transcript.messages)
+
+
+@pytest.mark.parametrize(
+    "transcript", [pytest.param(t, id=t.name[:40]) for t in transcripts() if fits(t)]
+)
+async def test_a_transcript_in_the_responses_format_stays_inside_the_window(
+    transcript: Transcript, make_proxy: ProxyFactory, fake: FakeUpstream, upstream_url: str
+) -> None:
+    fake.windows[MODEL] = WINDOW
+    route = {"model": MODEL, "base_url": upstream_url, "context_window": WINDOW}
+    proxy = await make_proxy(routes=[route])
+    messages = plant_facts(transcript.messages, "responses")
+    head, _ = split_head(messages)
+    instructions = "\n".join(text(m.get("content")) for m in head)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-rr", max_retries=0) as client:
+        for history in replay_requests(messages):
+            _, body = split_head(history)
+            items = as_items(body)
+            seen = len(fake.responses.received)
+            await client.responses.create(
+                model=MODEL, instructions=instructions, input=items, tools=BASH
+            )
+            for forwarded in fake.responses.received[seen:]:
+                live = as_items(body[live_turn_start(body) :])
+                assert forwarded["input"][len(forwarded["input"]) - len(live) :] == live
+                assert forwarded["instructions"] == instructions
+    for forwarded in fake.responses.received:
+        assert fake.responses.input_tokens(forwarded) <= WINDOW
+    last = "\n".join(
+        text(i.get("content") or i.get("output")) for i in fake.responses.received[-1]["input"]
+    )
+    for fact in FACTS:
+        assert fact in last
