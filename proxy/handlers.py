@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import aiohttp
 from aiohttp import web
 
-from proxy.chat_request import ChatRequest, parse_chat_request, parse_object_with_model
+from proxy.chat_request import parse_chat_request
+from proxy.client_request import ClientRequest, parse_object_with_model
 from proxy.config import Route
 from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
@@ -110,7 +111,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 async def _serve(
-    request: web.Request, chat: ChatRequest, raw: bytes, session_id: str | None, started: float
+    request: web.Request, chat: ClientRequest, raw: bytes, session_id: str | None, started: float
 ) -> web.StreamResponse:
     """Prepare (compact if need be), forward, recover from an overflow, record."""
     app = request.app
@@ -154,7 +155,7 @@ async def _serve(
 
 
 async def _forward_with_recovery(
-    request: web.Request, chat: ChatRequest, model_policy: ModelPolicy, prepared: Prepared
+    request: web.Request, chat: ClientRequest, model_policy: ModelPolicy, prepared: Prepared
 ) -> tuple[Reply, Prepared]:
     """Forward; after a context overflow, compact and retry while the evidence allows."""
     app = request.app

@@ -26,7 +26,7 @@ OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 REQUESTS = Counter(
     "compaction_proxy_requests_total",
-    "Chat requests by route and outcome.",
+    "Chat and Responses requests by route and outcome.",
     ["route", "outcome"],
 )
 BYPASSES = Counter(

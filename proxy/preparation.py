@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy import jsonio
-from proxy.chat_request import ChatRequest
+from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
 from proxy.compaction.background import wants_precompaction
 from proxy.compaction.engine import Engine, Relief
@@ -216,7 +216,7 @@ def _maybe_precompact(
     return app[BACKGROUND].start(job, relief.state, relief.measurement.tokens, limits)
 
 
-def payload_for(chat: ChatRequest, surface: Surface) -> bytes:
+def payload_for(chat: ClientRequest, surface: Surface) -> bytes:
     """The client's body with only its messages replaced by ``surface``; every other field,
     and every message the surface keeps, as sent.
 
@@ -342,7 +342,7 @@ async def _open(
 
 
 async def _view_of(
-    meter: TokenMeter, tenant: str, chat: ChatRequest, size: int, session_id: str | None
+    meter: TokenMeter, tenant: str, chat: ClientRequest, size: int, session_id: str | None
 ) -> RequestView:
     """The request's view; for a big request, built and metered once off the loop, so every
     later measurement of it is cache hits."""
@@ -400,7 +400,7 @@ def compaction_job(
 
 async def prepare(
     request: web.Request,
-    chat: ChatRequest,
+    chat: ClientRequest,
     raw: bytes,
     model_policy: ModelPolicy,
     session_id: str | None,

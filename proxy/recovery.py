@@ -16,7 +16,7 @@ import time
 
 from aiohttp import web
 
-from proxy.chat_request import ChatRequest
+from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import Engine
 from proxy.config import Settings
@@ -84,7 +84,7 @@ def _recovery_cooling_down(
 
 
 async def recover_overflow(
-    request: web.Request, chat: ChatRequest, model_policy: ModelPolicy, prepared: Prepared
+    request: web.Request, chat: ClientRequest, model_policy: ModelPolicy, prepared: Prepared
 ) -> Prepared | None:
     """Compact after an overflow; the request to retry with, or None to pass the error on."""
     job, state = prepared.job, prepared.state

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import jsonio
-from proxy.chat_request import ChatRequest, check_stream
+from proxy.client_request import ClientRequest, check_stream
 from proxy.content import text_of
 from proxy.conversation import Message, Surface
 from proxy.errors import BadRequest
@@ -225,10 +225,12 @@ def stateful(body: dict[str, Any]) -> bool:
     return any(body.get(name) is not None for name in STATEFUL_FIELDS)
 
 
-def parse_responses_request(body: dict[str, Any], raw: bytes, known: KnownMessages) -> ChatRequest:
+def parse_responses_request(
+    body: dict[str, Any], raw: bytes, known: KnownMessages
+) -> ClientRequest:
     """A stateless Responses body (see ``stateful``) as a request for the shared core."""
     translated = translate(body)
-    return ChatRequest(
+    return ClientRequest(
         body=body,
         model=body["model"],
         messages=translated.messages,
@@ -240,7 +242,7 @@ def parse_responses_request(body: dict[str, Any], raw: bytes, known: KnownMessag
     )
 
 
-def responses_payload(request: ChatRequest, surface: Surface) -> bytes:
+def responses_payload(request: ClientRequest, surface: Surface) -> bytes:
     """The client's body with only ``input`` rebuilt for ``surface``; every other field, and
     every item the surface keeps, as sent (read again losslessly when the body may hold
     integers beyond 64 bits)."""

@@ -5,7 +5,8 @@ calls and their outputs, reasoning items), pairing enforced (an output needs its
 its output, a reasoning item the item after it), a window enforced with the Responses overflow
 error, usage as ``input_tokens``/``output_tokens``, and real SSE events when streamed. With
 ``tools`` in the request and a user message or a function output last, it calls the first
-tool (an agent loop for tests to drive); otherwise it answers with text.
+tool (an agent loop for tests to drive), ``tool_rounds`` times in all; otherwise it answers
+with text.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class FakeResponses:
     window_of: Callable[[str], int]
     received: list[dict[str, Any]] = field(default_factory=list)  # bodies, in order
     stream_pieces: int = 4
+    tool_rounds: int = 3  # tool calls it makes in all before it answers with text
+    calls_made: int = 0
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def routes(self) -> list[web.RouteDef]:
@@ -129,7 +132,13 @@ class FakeResponses:
         wants_tool = last.get("type", "message") == "function_call_output" or (
             last.get("type", "message") == "message" and last.get("role") == "user"
         )
-        if tools and wants_tool and isinstance(tools[0], dict):
+        if (
+            tools
+            and wants_tool
+            and self.calls_made < self.tool_rounds
+            and isinstance(tools[0], dict)
+        ):
+            self.calls_made += 1
             return {
                 "type": "function_call",
                 "id": f"fc_fake{number}",

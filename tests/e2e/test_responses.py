@@ -41,6 +41,7 @@ def routes(upstream_url: str, window: int | None = WINDOW) -> list[dict[str, Any
 @pytest.fixture
 async def proxy(make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream) -> RunningProxy:
     fake.windows[MODEL] = WINDOW
+    fake.responses.tool_rounds = 1_000  # the agent loops call tools for as long as they run
     return await make_proxy(routes=routes(upstream_url))
 
 
@@ -53,61 +54,73 @@ def as_input(item: Any) -> dict[str, Any]:
     return dumped
 
 
+def next_request(items: list[Any], output: list[Any]) -> list[Any]:
+    """The agent's next input: what it sent, the call it got, the call's (large) output."""
+    (call,) = output
+    assert call.type == "function_call"
+    result = {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": observation(len(items)),
+    }
+    return [*items, as_input(call), result]
+
+
+REQUEST: dict[str, Any] = {"model": MODEL, "instructions": "You are a careful coding agent."}
+
+
 async def agent_loop(client: openai.AsyncOpenAI, turns: int, session: str) -> list[Any]:
-    """Drive the fake's tool calls for ``turns`` turns; returns the items of the last request
-    sent (its answer's call and output are not sent)."""
+    """Drive the fake's tool calls for ``turns`` turns; returns the input of the last request."""
     items: list[Any] = [{"role": "user", "content": OPENING}]
-    for _ in range(turns):
+    for turn in range(turns):
         response = await client.responses.create(
-            model=MODEL,
-            instructions="You are a careful coding agent.",
-            input=items,
-            tools=TOOLS,
-            extra_headers={"X-Session-Id": session},
+            **REQUEST, input=items, tools=TOOLS, extra_headers={"X-Session-Id": session}
         )
-        (call,) = response.output
-        assert call.type == "function_call"
-        sent = list(items)
-        items += [
-            as_input(call),
-            {
-                "type": "function_call_output",
-                "call_id": call.call_id,
-                "output": observation(len(items)),
-            },
-        ]
-    return sent
+        if turn < turns - 1:
+            items = next_request(items, response.output)
+    return items
+
+
+def agent_loop_in_sync(base_url: str, turns: int, session: str) -> list[Any]:
+    """The same loop with the synchronous client (run it in a thread)."""
+    items: list[Any] = [{"role": "user", "content": OPENING}]
+    with openai.OpenAI(base_url=base_url, api_key="sk-r", max_retries=0) as client:
+        for turn in range(turns):
+            response = client.responses.create(
+                **REQUEST, input=items, tools=TOOLS, extra_headers={"X-Session-Id": session}
+            )
+            if turn < turns - 1:
+                items = next_request(items, response.output)
+    return items
 
 
 def forwarded_inputs(fake: FakeUpstream) -> list[list[Any]]:
     return [body["input"] for body in fake.responses.received]
 
 
-async def test_a_long_agent_loop_is_compacted_with_pairs_and_facts_kept(
-    proxy: RunningProxy, fake: FakeUpstream
-) -> None:
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
-        items = await agent_loop(client, 14, "loop")
+def assert_compacted_keeping_what_matters(fake: FakeUpstream, last_sent: list[Any]) -> None:
     assert fake.summary_requests, "a 16k window must have been compacted"
     last = forwarded_inputs(fake)[-1]
     # The checkpoint stands first, as a user message, and keeps the facts.
     assert last[0]["role"] == "user" and "<compacted-summary>" in last[0]["content"]
     assert "FACT-1" in last[0]["content"]
     # The live turn (the last call and its output) reached the upstream exactly as sent.
-    assert last[-2:] == items[-2:]
-    # Every call still has its output (the fake refuses anything else) and the summary call
-    # read the loop as chat messages.
-    assert all(body["model"] == MODEL for body in fake.responses.received)
-    assert fake.responses.received[-1]["instructions"] == "You are a careful coding agent."
+    assert last[-2:] == last_sent[-2:]
+    # Every call kept its output (the fake refuses anything else); instructions as sent.
+    assert fake.responses.received[-1]["instructions"] == REQUEST["instructions"]
+
+
+async def test_a_long_agent_loop_is_compacted_with_pairs_and_facts_kept(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        last_sent = await agent_loop(client, 14, "loop")
+    assert_compacted_keeping_what_matters(fake, last_sent)
 
 
 async def test_the_sync_client_is_served_the_same(proxy: RunningProxy, fake: FakeUpstream) -> None:
-    def run() -> str:
-        with openai.OpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
-            return client.responses.create(model=MODEL, input="Say hello.").output_text
-
-    assert await asyncio.to_thread(run) == "Done (1 items read)."
-    assert fake.responses.received[-1]["input"] == "Say hello."
+    last_sent = await asyncio.to_thread(agent_loop_in_sync, proxy.url, 14, "sync-loop")
+    assert_compacted_keeping_what_matters(fake, last_sent)
 
 
 async def test_a_streamed_response_is_relayed_and_its_usage_anchors_the_meter(
