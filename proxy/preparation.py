@@ -17,7 +17,6 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import jsonio
 from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
 from proxy.compaction.background import wants_precompaction
@@ -52,15 +51,15 @@ from proxy.meter import Measurement, TokenMeter
 from proxy.metrics import (
     CHECKPOINT_MISSES,
     COMPACTION_ERRORS,
-    OVER_THRESHOLD,
     PRESSURE,
     PROACTIVE_STOPPED,
     TOKENS_SAVED,
 )
 from proxy.offload import is_big, off_loop_if
+from proxy.payload import payload_for
 from proxy.policy import ModelPolicy, budgets
 from proxy.request_view import RequestView
-from proxy.responses_request import responses_payload
+from proxy.shortfall import OVER_THRESHOLD_REASON, report_shortfall
 from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
@@ -129,52 +128,12 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
 
 
 MISSES = "checkpoint_misses"
-OVER_THRESHOLD_REASON = "over_threshold"
 
 
 def proactive_compaction_stopped(misses: int, miss_limit: int) -> bool:
     """Whether a conversation missed its checkpoints too often in a row to be compacted
     proactively any more (``miss_limit`` 0: never stops; pure)."""
     return miss_limit > 0 and misses >= miss_limit
-
-
-def _report_shortfall(
-    view: RequestView, state: ConversationState, route: str, relief: Relief, threshold: int
-) -> str:
-    """Count a request left at or above its threshold, and log it once per conversation and
-    reason. Returns the reason to remember ("" when the request is below its threshold)."""
-    if relief.measurement.tokens < threshold:
-        return ""
-    reason = relief.shortfall or "rounds"
-    OVER_THRESHOLD.labels(route=route, reason=reason).inc()
-    # Over the threshold by design: the checkpoint is on its way, nothing to warn about.
-    if reason != triggers.AHEAD and state.attributes.get(OVER_THRESHOLD_REASON) != reason:
-        log.warning(
-            "conversation %s is forwarded at %d tokens, at or above its threshold of %d: %s",
-            view.conversation,
-            relief.measurement.tokens,
-            threshold,
-            SHORTFALL_REASONS.get(reason, reason),
-        )
-    return reason
-
-
-SHORTFALL_REASONS = {
-    "live_turn": "the live turn alone (with head and tools) does not fit the window",
-    "no_range": "no span of the history can be summarized",
-    "summary_failed": "the summary call failed",
-    "not_smaller": "the summary was not smaller than what it would replace",
-    "ceiling": "the tenant reached its summary ceiling",
-    "cooldown": "a recent summary failure is cooling down",
-    "stopped": "proactive compaction stopped (the client keeps missing its checkpoints)",
-    "busy": "another compaction held the conversation too long",
-    "changed": "a deeper checkpoint was committed meanwhile",
-    "commit_failed": "the commit failed",
-    "rounds": "the compaction rounds ran out",
-    "error": "compaction raised an unexpected error (logged above)",
-    "store": "the store became unreachable during compaction",
-    triggers.AHEAD: "a checkpoint is being prepared in the background",
-}
 
 
 def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) -> int:
@@ -214,33 +173,6 @@ def _maybe_precompact(
     if not wants_precompaction(relief.measurement.tokens, limits):
         return False
     return app[BACKGROUND].start(job, relief.state, relief.measurement.tokens, limits)
-
-
-def payload_for(chat: ClientRequest, surface: Surface) -> bytes:
-    """The client's body with only its messages replaced by ``surface``; every other field,
-    and every message the surface keeps, as sent.
-
-    The body was read with orjson alone, which turns integers beyond 64 bits into floats; a
-    body that may hold one (rare) is read again losslessly, and the surface is rebuilt from
-    that reading's messages."""
-    if chat.api == "responses":
-        return responses_payload(chat, surface)
-    if not jsonio.may_hold_a_big_integer(chat.raw):
-        return jsonio.dumps({**chat.body, "messages": surface.messages})
-    exact = jsonio.loads(chat.raw)
-    sent: list[Message] = exact["messages"]
-    head = sum(1 for node in surface.nodes if node.kind == "head")
-    messages: list[Message] = []
-    for index, node in enumerate(surface.nodes):
-        if node.kind == "head":
-            messages.append(sent[index])
-        elif node.kind == "body" and node.start is not None:
-            messages.append(sent[head + node.start])
-        elif node.kind == "pruned" and node.start is not None:
-            messages.append({**sent[head + node.start], "content": node.message.get("content")})
-        else:
-            messages.append(node.message)
-    return jsonio.dumps({**exact, "messages": messages})
 
 
 async def _relieve(
@@ -444,7 +376,7 @@ async def prepare(
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
         if model_policy.policy.auto:
             threshold = budgets(model_policy.policy, window).threshold
-            attributes[OVER_THRESHOLD_REASON] = _report_shortfall(
+            attributes[OVER_THRESHOLD_REASON] = report_shortfall(
                 view, state, route.model, relief, threshold
             )
 

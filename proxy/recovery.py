@@ -25,8 +25,9 @@ from proxy.events import request_event
 from proxy.guards import trip
 from proxy.keys import ENGINE, SETTINGS, STORE
 from proxy.metrics import COMPACTION_ERRORS
+from proxy.payload import payload_for
 from proxy.policy import ModelPolicy, budgets
-from proxy.preparation import MISSES, Prepared, model_window, payload_for
+from proxy.preparation import MISSES, Prepared, model_window
 from proxy.store.base import ConversationState, StoreUnavailable
 from proxy.tasks import shielded
 

@@ -15,7 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 Event = Mapping[str, Any]
@@ -54,17 +54,24 @@ def request_points(events: Iterable[Event]) -> list[dict[str, Any]]:
     return points
 
 
+def _between_requests(events: Iterable[Event]) -> Iterator[tuple[int, Event]]:
+    """Every event but the requests, with how many requests came before it."""
+    seen = 0
+    for event in events:
+        if event.get("type") == "request":
+            seen += 1
+        else:
+            yield seen, event
+
+
 def compactions(events: Iterable[Event]) -> list[dict[str, Any]]:
     """Every compaction attempt: when it started and ended, its trigger, mechanism and
     outcome, and the request it happened before (the index of the next request point)."""
     attempts: list[dict[str, Any]] = []
     open_by_owner: dict[Any, dict[str, Any]] = {}
-    requests_seen = 0
-    for event in events:
+    for requests_seen, event in _between_requests(events):
         kind = event.get("type")
-        if kind == "request":
-            requests_seen += 1
-        elif kind == "compaction/start":
+        if kind == "compaction/start":
             started: dict[str, Any] = {
                 "started": event.get("ts"),
                 "ended": None,
@@ -89,12 +96,8 @@ def overflows(events: Iterable[Event]) -> list[dict[str, Any]]:
     """Every context overflow the upstream answered: when, the limit it stated, whether the
     request was retried, and the request point it answered."""
     found: list[dict[str, Any]] = []
-    requests_seen = 0
-    for event in events:
-        kind = event.get("type")
-        if kind == "request":
-            requests_seen += 1
-        elif kind == "overflow":
+    for requests_seen, event in _between_requests(events):
+        if event.get("type") == "overflow":
             found.append(
                 {
                     "ts": event.get("ts"),

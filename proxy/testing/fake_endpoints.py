@@ -43,6 +43,7 @@ class FakeEndpoints:
             web.get("/v1/models/{model}", self._model),
             web.post("/v1/files", self._upload),
             web.get("/v1/files/{file}/content", self._file_content),
+            web.delete("/v1/files/{file}", self._delete_file),
             web.post("/v1/audio/speech", self._speech),
         ]
 
@@ -109,6 +110,12 @@ class FakeEndpoints:
             return self._answer(_error("No such file", "file_not_found"), 404)
         self.sent.append(found[1])
         return web.Response(body=found[1], content_type="application/octet-stream")
+
+    async def _delete_file(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        file_id = request.match_info["file"]
+        deleted = self.files.pop(file_id, None) is not None
+        return self._answer({"id": file_id, "object": "file", "deleted": deleted})
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await self._keep(request))

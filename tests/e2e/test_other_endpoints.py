@@ -79,7 +79,9 @@ async def test_a_file_upload_and_its_content_pass_byte_for_byte(
     assert uploaded.bytes == len(content) and uploaded.filename == "notes.bin"
     downloaded = await sdk.files.content(uploaded.id)
     assert downloaded.content == content
-    assert fake.endpoints.requests[-1].path == f"/v1/files/{uploaded.id}/content"
+    deleted = await sdk.files.delete(uploaded.id)  # any method
+    assert deleted.deleted and fake.endpoints.requests[-1].method == "DELETE"
+    assert fake.endpoints.requests[-2].path == f"/v1/files/{uploaded.id}/content"
     # Labelled by template: no file id ever becomes a label value.
     assert passed("/v1/files/{id}/content", "GET", "2xx") >= 1
     samples = REGISTRY.get_sample_value

@@ -12,23 +12,13 @@ import pytest
 from proxy.conversation import live_turn_start, split_head
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
-from tests.e2e.test_transcript_replay import FACTS, plant_facts
+from tests.e2e.test_transcript_replay import BASH_TOOL, FACTS, plant_facts
 from tests.transcripts import Transcript, replay_requests, transcripts
 
 MODEL = "replay-responses"
 WINDOW = 16_000
-BASH = [
-    {
-        "type": "function",
-        "name": "bash",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    }
-]
+# The transcripts' shell tool, in the Responses API's flat shape.
+BASH = [{"type": "function", **BASH_TOOL[0]["function"]}]
 
 
 def text(content: Any) -> str:

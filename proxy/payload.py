@@ -1,0 +1,36 @@
+"""The bytes sent upstream for a surface: the client's body with only its messages (or
+``input`` items) replaced, every other field as sent."""
+
+from __future__ import annotations
+
+from proxy import jsonio
+from proxy.client_request import ClientRequest
+from proxy.conversation import Message, Surface
+from proxy.responses_request import responses_payload
+
+
+def payload_for(chat: ClientRequest, surface: Surface) -> bytes:
+    """The client's body with only its messages replaced by ``surface``; every other field,
+    and every message the surface keeps, as sent.
+
+    The body was read with orjson alone, which turns integers beyond 64 bits into floats; a
+    body that may hold one (rare) is read again losslessly, and the surface is rebuilt from
+    that reading's messages."""
+    if chat.api == "responses":
+        return responses_payload(chat, surface)
+    if not jsonio.may_hold_a_big_integer(chat.raw):
+        return jsonio.dumps({**chat.body, "messages": surface.messages})
+    exact = jsonio.loads(chat.raw)
+    sent: list[Message] = exact["messages"]
+    head = sum(1 for node in surface.nodes if node.kind == "head")
+    messages: list[Message] = []
+    for index, node in enumerate(surface.nodes):
+        if node.kind == "head":
+            messages.append(sent[index])
+        elif node.kind == "body" and node.start is not None:
+            messages.append(sent[head + node.start])
+        elif node.kind == "pruned" and node.start is not None:
+            messages.append({**sent[head + node.start], "content": node.message.get("content")})
+        else:
+            messages.append(node.message)
+    return jsonio.dumps({**exact, "messages": messages})
