@@ -69,15 +69,27 @@ def next_request(items: list[Any], output: list[Any]) -> list[Any]:
 REQUEST: dict[str, Any] = {"model": MODEL, "instructions": "You are a careful coding agent."}
 
 
-async def agent_loop(client: openai.AsyncOpenAI, turns: int, session: str) -> list[Any]:
-    """Drive the fake's tool calls for ``turns`` turns; returns the input of the last request."""
+async def agent_loop(
+    client: openai.AsyncOpenAI, turns: int, session: str, stream: bool = False
+) -> list[Any]:
+    """Drive the fake's tool calls for ``turns`` turns (each answer streamed, if ``stream``);
+    returns the input of the last request."""
     items: list[Any] = [{"role": "user", "content": OPENING}]
+    headers = {"X-Session-Id": session}
     for turn in range(turns):
-        response = await client.responses.create(
-            **REQUEST, input=items, tools=TOOLS, extra_headers={"X-Session-Id": session}
-        )
+        if stream:
+            events = await client.responses.create(
+                **REQUEST, input=items, tools=TOOLS, extra_headers=headers, stream=True
+            )
+            completed = [e async for e in events if e.type == "response.completed"]
+            output = completed[-1].response.output
+        else:
+            response = await client.responses.create(
+                **REQUEST, input=items, tools=TOOLS, extra_headers=headers
+            )
+            output = response.output
         if turn < turns - 1:
-            items = next_request(items, response.output)
+            items = next_request(items, output)
     return items
 
 
@@ -116,6 +128,15 @@ async def test_a_long_agent_loop_is_compacted_with_pairs_and_facts_kept(
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
         last_sent = await agent_loop(client, 14, "loop")
     assert_compacted_keeping_what_matters(fake, last_sent)
+
+
+async def test_a_streamed_agent_loop_is_compacted_the_same(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        last_sent = await agent_loop(client, 14, "streamed-loop", stream=True)
+    assert_compacted_keeping_what_matters(fake, last_sent)
+    assert all(body.get("stream") for body in fake.responses.received)
 
 
 async def test_the_sync_client_is_served_the_same(proxy: RunningProxy, fake: FakeUpstream) -> None:
