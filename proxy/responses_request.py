@@ -77,7 +77,7 @@ def item_message(item: Any, param: str) -> Message:
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
-        if role not in MESSAGE_ROLES:
+        if not isinstance(role, str) or role not in MESSAGE_ROLES:
             roles = ", ".join(sorted(MESSAGE_ROLES))
             raise _invalid(f"{param}.role", f"one of {roles}")
         return {"role": role, "content": _content_as_chat(item.get("content"), f"{param}.content")}

@@ -46,3 +46,25 @@ messages = st.fixed_dictionaries(
         "cache_control": junk,
     },
 )
+
+# The Responses API's input items, valid-looking and junk.
+call_ids = st.sampled_from(["call_0", "c1", ""]) | junk
+items = (
+    st.fixed_dictionaries(
+        {"role": roles}, optional={"type": st.just("message") | junk, "content": contents}
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("function_call")},
+        optional={"call_id": call_ids, "name": texts(8) | junk, "arguments": texts(30) | junk},
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("function_call_output")},
+        optional={"call_id": call_ids, "output": words | junk},
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("reasoning")},
+        optional={"id": texts(6) | junk, "encrypted_content": texts(20) | junk},
+    )
+    | st.fixed_dictionaries({"type": texts(12) | junk}, optional={"id": junk})
+    | junk
+)

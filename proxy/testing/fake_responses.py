@@ -76,6 +76,7 @@ def pairing_problem(items: list[Any]) -> str | None:
 class FakeResponses:
     count_text: CountText
     window_of: Callable[[str], int]
+    headers: Callable[[], dict[str, str]] = dict  # a provider's own headers on every answer
     received: list[dict[str, Any]] = field(default_factory=list)  # bodies, in order
     stream_pieces: int = 4
     tool_rounds: int = 3  # tool calls it makes in all before it answers with text
@@ -99,6 +100,13 @@ class FakeResponses:
         return total
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
+        """Like a real provider, a body it cannot make sense of gets a 400, never a crash."""
+        try:
+            return await self._answer(request)
+        except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+            return _error(400, f"Invalid request: {type(exc).__name__}", None, None, self.headers())
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = jsonio.loads(await request.read())
         self.received.append(body)
         model = str(body.get("model"))
@@ -106,11 +114,11 @@ class FakeResponses:
         stateful = body.get("previous_response_id") is not None
         problem = None if stateful else pairing_problem(items)
         if problem is not None:
-            return _error(400, problem, "input", None)
+            return _error(400, problem, "input", None, self.headers())
         tokens = self.input_tokens(body)
         cap = int(body.get("max_output_tokens") or 0)
         if tokens + cap > self.window_of(model):
-            return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded")
+            return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded", self.headers())
         number = next(self._ids)
         item = self._output(body, items, number)
         produced = self.count_text(_text(item.get("content") or item.get("arguments")))
@@ -124,7 +132,9 @@ class FakeResponses:
         response = _response(f"resp_fake{number}", model, body, [item], usage)
         if body.get("stream"):
             return await self._stream(request, response)
-        return web.Response(body=orjson.dumps(response), content_type="application/json")
+        return web.Response(
+            body=orjson.dumps(response), content_type="application/json", headers=self.headers()
+        )
 
     def _output(self, body: dict[str, Any], items: list[Any], number: int) -> dict[str, Any]:
         last = items[-1] if items else {}
@@ -157,7 +167,7 @@ class FakeResponses:
         }
 
     async def _stream(self, request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
-        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        stream = web.StreamResponse(headers={**self.headers(), "Content-Type": "text/event-stream"})
         await stream.prepare(request)
         sequence = itertools.count()
 
@@ -219,8 +229,13 @@ def _response(
     }
 
 
-def _error(status: int, message: str, param: str | None, code: str | None) -> web.Response:
+def _error(
+    status: int, message: str, param: str | None, code: str | None, headers: dict[str, str]
+) -> web.Response:
     error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
     return web.Response(
-        status=status, body=orjson.dumps({"error": error}), content_type="application/json"
+        status=status,
+        body=orjson.dumps({"error": error}),
+        content_type="application/json",
+        headers=headers,
     )

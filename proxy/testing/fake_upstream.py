@@ -176,7 +176,9 @@ class FakeUpstream:
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
-        self.responses = FakeResponses(count_text=self.count_text, window_of=self.window_of)
+        self.responses = FakeResponses(
+            count_text=self.count_text, window_of=self.window_of, headers=self._headers
+        )
 
     # -- behaviour set by tests -------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from proxy import jsonio
 from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.testing.fake_upstream import FakeUpstream
-from tests.strategies import junk, messages, texts
+from tests.strategies import items, junk, messages, texts, words
 
 EXAMPLES = 2_200
 
@@ -190,6 +190,34 @@ def test_no_input_gets_a_5xx_from_the_proxy(
     status, response_headers, answer = send(
         servers.proxy_port, "/v1/chat/completions", body, request_headers
     )
+    assert_answered(status, {k.lower(): v for k, v in response_headers.items()}, answer)
+
+
+responses_bodies = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["fuzz-small", "fuzz-model"]) | junk,
+        "input": st.lists(items, max_size=10) | words | junk,
+    },
+    optional={
+        "instructions": words | junk,
+        "stream": st.booleans() | junk,
+        "tools": junk,
+        "previous_response_id": st.none() | texts(8) | junk,
+        "max_output_tokens": st.integers(min_value=-5, max_value=10**30) | junk,
+    },
+)
+
+
+@settings(
+    max_examples=EXAMPLES // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(body=responses_bodies.map(jsonio.dumps) | st.binary(max_size=100))
+def test_no_responses_input_gets_a_5xx_from_the_proxy(servers: Servers, body: bytes) -> None:
+    headers: list[tuple[str, bytes | str]] = [("Content-Type", "application/json")]
+    status, response_headers, answer = send(servers.proxy_port, "/v1/responses", body, headers)
     assert_answered(status, {k.lower(): v for k, v in response_headers.items()}, answer)
 
 

@@ -96,6 +96,7 @@ def test_the_surface_is_written_back_from_the_clients_own_items() -> None:
     [
         ({"input": 3}, "input"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": [], "content": "x"}]}, "input[0].role"),  # found by the fuzz test
         (
             {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
             "input[0].call_id",
