@@ -10,6 +10,7 @@ import asyncio
 import email.policy
 import hashlib
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.parser import BytesParser
 from typing import Any
@@ -39,12 +40,12 @@ class FakeEndpoints:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v1/embeddings", self._embeddings),
-            web.get("/v1/models/{model}", self._model),
-            web.post("/v1/files", self._upload),
-            web.get("/v1/files/{file}/content", self._file_content),
-            web.delete("/v1/files/{file}", self._delete_file),
-            web.post("/v1/audio/speech", self._speech),
+            web.post("/v1/embeddings", _refusing_junk(self._embeddings)),
+            web.get("/v1/models/{model}", _refusing_junk(self._model)),
+            web.post("/v1/files", _refusing_junk(self._upload)),
+            web.get("/v1/files/{file}/content", _refusing_junk(self._file_content)),
+            web.delete("/v1/files/{file}", _refusing_junk(self._delete_file)),
+            web.post("/v1/audio/speech", _refusing_junk(self._speech)),
         ]
 
     async def _keep(self, request: web.Request) -> bytes:
@@ -129,6 +130,22 @@ class FakeEndpoints:
             await asyncio.sleep(0.01)  # a stream, not one piece
         await response.write_eof()
         return response
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _refusing_junk(handler: Handler) -> Handler:
+    """Like a real provider, a body it cannot make sense of gets a 400, never a crash."""
+
+    async def refusing(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            invalid = _error(f"Invalid request: {type(exc).__name__}", "invalid_request")
+            return web.json_response(invalid, status=400)
+
+    return refusing
 
 
 def _error(message: str, code: str) -> dict[str, Any]:

@@ -221,6 +221,35 @@ def test_no_responses_input_gets_a_5xx_from_the_proxy(servers: Servers, body: by
     assert_answered(status, {k.lower(): v for k, v in response_headers.items()}, answer)
 
 
+segments = st.sampled_from(
+    ["embeddings", "models", "files", "responses", "batches", "x"]
+) | st.text(
+    st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="?#%/"),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    path=st.lists(segments, min_size=1, max_size=4).map(lambda parts: "/v1/" + "/".join(parts)),
+    method=st.sampled_from(["GET", "POST", "PUT", "PATCH", "DELETE"]),
+    body=bodies.map(jsonio.dumps) | st.binary(max_size=100),
+    json_type=st.booleans(),
+)
+def test_no_pass_through_request_gets_a_5xx_from_the_proxy(
+    servers: Servers, path: str, method: str, body: bytes, json_type: bool
+) -> None:
+    """Whatever the path, method or body, the answer is the upstream's (its own 404 or 405
+    included) or the proxy's 4xx, never a 5xx of the proxy's own."""
+    content_type = "application/json" if json_type else "application/octet-stream"
+    status, headers, answer = send(
+        servers.proxy_port, path, body, [("Content-Type", content_type)], method=method
+    )
+    lowered = {k.lower(): v for k, v in headers.items()}
+    assert status < 500 or lowered.get("x-request-id", "").startswith("req_fake"), answer[:300]
+
+
 def _bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
 
