@@ -79,12 +79,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         check_headers(request.headers)
         raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
         known = request.app[KNOWN_MESSAGES]
-        chat = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw, known))
+        client_request = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw, known))
         session_id = _session_id(request.headers)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
-    return await _serve(request, chat, raw, session_id, started)
+    return await _serve(request, client_request, raw, session_id, started)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -101,24 +101,28 @@ async def responses(request: web.Request) -> web.StreamResponse:
             REQUESTS.labels(route=route.model, outcome="stateful").inc()
             return await relay_as_sent(request, route, raw)
         known = request.app[KNOWN_MESSAGES]
-        chat = await off_loop_if(
+        client_request = await off_loop_if(
             is_big(len(raw)), lambda: parse_responses_request(body, raw, known)
         )
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
-    return await _serve(request, chat, raw, session_id, started)
+    return await _serve(request, client_request, raw, session_id, started)
 
 
 async def _serve(
-    request: web.Request, chat: ClientRequest, raw: bytes, session_id: str | None, started: float
+    request: web.Request,
+    client_request: ClientRequest,
+    raw: bytes,
+    session_id: str | None,
+    started: float,
 ) -> web.StreamResponse:
     """Prepare (compact if need be), forward, recover from an overflow, record."""
     app = request.app
-    model_policy = app[POLICIES].for_model(chat.model)
+    model_policy = app[POLICIES].for_model(client_request.model)
     route = model_policy.route
     try:
-        prepared = await prepare(request, chat, raw, model_policy, session_id)
+        prepared = await prepare(request, client_request, raw, model_policy, session_id)
     except StoreUnavailable as exc:
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
         BYPASSES.labels(route=route.model, cause="store").inc()
@@ -136,7 +140,9 @@ async def _serve(
         in_flight[conversation] += 1
     reply: Reply | None = None
     try:
-        reply, prepared = await _forward_with_recovery(request, chat, model_policy, prepared)
+        reply, prepared = await _forward_with_recovery(
+            request, client_request, model_policy, prepared
+        )
     finally:
         if conversation is not None:
             in_flight[conversation] -= 1
@@ -155,26 +161,29 @@ async def _serve(
 
 
 async def _forward_with_recovery(
-    request: web.Request, chat: ClientRequest, model_policy: ModelPolicy, prepared: Prepared
+    request: web.Request,
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    prepared: Prepared,
 ) -> tuple[Reply, Prepared]:
     """Forward; after a context overflow, compact and retry while the evidence allows."""
     app = request.app
     route = model_policy.route
-    reply = await _send(request, route, chat.upstream_path, prepared)
+    reply = await _send(request, route, client_request.upstream_path, prepared)
     retries = 0
     while reply.error_body is not None:
         verdict = classify_overflow(reply.status, reply.error_body)
         if not verdict.is_overflow:
             break
         if verdict.limit is not None:
-            app[LEARNED_WINDOWS].learn(route.model, chat.model, verdict.limit)
+            app[LEARNED_WINDOWS].learn(route.model, client_request.model, verdict.limit)
         retry = None
         overflow = overflow_event(now=time.time(), limit=verdict.limit, retried=False)
         prepared.pending_events.append(overflow)  # a retry carries it on, before its own
         if retries < model_policy.policy.max_overflow_retries:
             retries += 1
             try:
-                retry = await recover_overflow(request, chat, model_policy, prepared)
+                retry = await recover_overflow(request, client_request, model_policy, prepared)
             except Exception:
                 log.exception("overflow recovery failed: the upstream's error stands")
         overflow["retried"] = retry is not None
@@ -183,7 +192,7 @@ async def _forward_with_recovery(
             break
         OVERFLOW_RECOVERIES.labels(result="retried").inc()
         prepared = retry
-        reply = await _send(request, route, chat.upstream_path, prepared)
+        reply = await _send(request, route, client_request.upstream_path, prepared)
     return reply, prepared
 
 

@@ -9,18 +9,18 @@ from proxy.conversation import Message, Surface
 from proxy.responses_request import responses_payload
 
 
-def payload_for(chat: ClientRequest, surface: Surface) -> bytes:
+def payload_for(client_request: ClientRequest, surface: Surface) -> bytes:
     """The client's body with only its messages replaced by ``surface``; every other field,
     and every message the surface keeps, as sent.
 
     The body was read with orjson alone, which turns integers beyond 64 bits into floats; a
     body that may hold one (rare) is read again losslessly, and the surface is rebuilt from
     that reading's messages."""
-    if chat.api == "responses":
-        return responses_payload(chat, surface)
-    if not jsonio.may_hold_a_big_integer(chat.raw):
-        return jsonio.dumps({**chat.body, "messages": surface.messages})
-    exact = jsonio.loads(chat.raw)
+    if client_request.api == "responses":
+        return responses_payload(client_request, surface)
+    if not jsonio.may_hold_a_big_integer(client_request.raw):
+        return jsonio.dumps({**client_request.body, "messages": surface.messages})
+    exact = jsonio.loads(client_request.raw)
     sent: list[Message] = exact["messages"]
     head = sum(1 for node in surface.nodes if node.kind == "head")
     messages: list[Message] = []

@@ -274,18 +274,24 @@ async def _open(
 
 
 async def _view_of(
-    meter: TokenMeter, tenant: str, chat: ClientRequest, size: int, session_id: str | None
+    meter: TokenMeter, tenant: str, client_request: ClientRequest, size: int, session_id: str | None
 ) -> RequestView:
     """The request's view; for a big request, built and metered once off the loop, so every
     later measurement of it is cache hits."""
 
     def build() -> RequestView:
-        tools = chat.body.get("tools")
+        tools = client_request.body.get("tools")
         return RequestView.of(
-            tenant, chat.model, chat.messages, session_id, tools, size=size, digests=chat.digests
+            tenant,
+            client_request.model,
+            client_request.messages,
+            session_id,
+            tools,
+            size=size,
+            digests=client_request.digests,
         )
 
-    if not is_big(size, len(chat.messages)):
+    if not is_big(size, len(client_request.messages)):
         return build()
 
     def build_and_meter() -> RequestView:
@@ -332,7 +338,7 @@ def compaction_job(
 
 async def prepare(
     request: web.Request,
-    chat: ClientRequest,
+    client_request: ClientRequest,
     raw: bytes,
     model_policy: ModelPolicy,
     session_id: str | None,
@@ -341,13 +347,13 @@ async def prepare(
     settings, engine = app[SETTINGS], app[ENGINE]
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
-    view = await _view_of(engine.meter, tenant, chat, len(raw), session_id)
+    view = await _view_of(engine.meter, tenant, client_request, len(raw), session_id)
     # The previous request's writes (its anchor, its miss count) come first.
     await app[PENDING_RECORDS].settled(view.conversation)
-    state, context, by_content = await _open(app, view, chat.model, tenant, session_id)
-    window = model_window(app, model_policy, chat.model)
+    state, context, by_content = await _open(app, view, client_request.model, tenant, session_id)
+    window = model_window(app, model_policy, client_request.model)
     if window is None:
-        app[LEARNED_WINDOWS].warn_unknown_once(route.model, chat.model)
+        app[LEARNED_WINDOWS].warn_unknown_once(route.model, client_request.model)
     job = compaction_job(app, view, model_policy, window, request.headers)
     misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
@@ -359,7 +365,7 @@ async def prepare(
 
     forwarded = request_event(
         now=time.time(),
-        model=chat.model,
+        model=client_request.model,
         route=route.model,
         generation=state.generation,
         body_length=len(view.body),
@@ -386,7 +392,7 @@ async def prepare(
     tokens_before = None
     payload = raw
     if surface.changed:
-        payload = await off_loop_if(view.big, lambda: payload_for(chat, surface))
+        payload = await off_loop_if(view.big, lambda: payload_for(client_request, surface))
         unchanged = view.measure(engine.meter, view.surface(()))
         tokens_before = unchanged.tokens
         forwarded["client_tokens"] = tokens_before

@@ -85,7 +85,10 @@ def _recovery_cooling_down(
 
 
 async def recover_overflow(
-    request: web.Request, chat: ClientRequest, model_policy: ModelPolicy, prepared: Prepared
+    request: web.Request,
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    prepared: Prepared,
 ) -> Prepared | None:
     """Compact after an overflow; the request to retry with, or None to pass the error on."""
     job, state = prepared.job, prepared.state
@@ -93,7 +96,7 @@ async def recover_overflow(
         return None
     app = request.app
     route = model_policy.route
-    window = model_window(app, model_policy, chat.model)
+    window = model_window(app, model_policy, client_request.model)
     window_is_a_guess = window is None and prepared.measurement is not None
     if window is None and prepared.measurement is not None:
         # The upstream stated no limit and none is known, but the request that overflowed is
@@ -121,7 +124,7 @@ async def recover_overflow(
     tokens_before = job.view.measure(engine.meter, job.view.surface(())).tokens
     event = request_event(
         now=time.time(),
-        model=chat.model,
+        model=client_request.model,
         route=route.model,
         generation=fresh.generation,
         body_length=len(job.view.body),
@@ -134,7 +137,7 @@ async def recover_overflow(
         client_tokens=tokens_before,
     )
     return Prepared(
-        payload=payload_for(chat, surface),
+        payload=payload_for(client_request, surface),
         status="recovered",
         conversation=job.view.conversation,
         generation=fresh.generation,
