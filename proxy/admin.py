@@ -135,6 +135,11 @@ def _record_view(record: ReplacementRecord) -> dict[str, Any]:
     }
 
 
+def _known(state: ConversationState) -> bool:
+    """Whether the store holds anything of the conversation (it answers empty otherwise)."""
+    return state.generation > 0 or bool(state.attributes)
+
+
 def _number(attributes: Mapping[str, str], name: str) -> float | None:
     return float(attributes[name]) if name in attributes else None
 
@@ -192,7 +197,7 @@ async def list_conversations(request: web.Request) -> web.StreamResponse:
 async def show_conversation(request: web.Request) -> web.StreamResponse:
     conversation = request.match_info["conversation"]
     state = await request.app[STORE].load(conversation)
-    if state.generation == 0 and not state.attributes:
+    if not _known(state):
         return _problem(404, "no such conversation")
     attributes = state.attributes
     misses = int(attributes.get(MISSES, "0"))
@@ -234,7 +239,7 @@ async def conversation_timeline(request: web.Request) -> web.StreamResponse:
     conversation = request.match_info["conversation"]
     store = request.app[STORE]
     state = await store.load(conversation)
-    if state.generation == 0 and not state.attributes:
+    if not _known(state):
         return _problem(404, "no such conversation")
     model = state.attributes.get("model")
     limits: dict[str, int | None] = dict.fromkeys(("window", "threshold", "precompact"))
@@ -242,12 +247,11 @@ async def conversation_timeline(request: web.Request) -> web.StreamResponse:
         model_policy = request.app[POLICIES].for_model(model)
         window = model_window(request.app, model_policy, model)
         if window is not None:
-            found = budgets(model_policy.policy, window)
-            limits = {
-                "window": window,
-                "threshold": found.threshold if model_policy.policy.auto else None,
-                "precompact": found.precompact or None if model_policy.policy.auto else None,
-            }
+            limits["window"] = window
+            if model_policy.policy.auto:  # watermarks only where the proxy compacts by itself
+                found = budgets(model_policy.policy, window)
+                limits["threshold"] = found.threshold
+                limits["precompact"] = found.precompact or None  # 0: precompaction is off
     events = await _all_events(store, conversation)
     return _json({"conversation": conversation, "model": model, **limits, **timeline(events)})
 

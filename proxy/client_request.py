@@ -46,11 +46,11 @@ class ClientRequest:
     ``proxy.responses_request``)."""
 
     body: dict[str, Any]
+    raw: bytes  # the body as received (parsed with ``jsonio.loads_fast``), sent as is if unchanged
     model: str
     messages: list[dict[str, Any]]
     stream: bool
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
-    raw: bytes = b""  # the body as received (parsed with ``jsonio.loads_fast``)
     api: Literal["chat", "responses"] = "chat"
     groups: list[tuple[int, ...]] | None = None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -345,6 +345,32 @@ def derive_surface(
         checkpoints=tuple(sorted(chosen, key=lambda r: r.start)),
         prunes=tuple(applied_prunes),
     )
+
+
+def written_back(
+    surface: Surface,
+    groups: Sequence[Sequence[int]],
+    sent: Sequence[Any],
+    pruned: Callable[[Any, Message], Any],
+    summary: Callable[[Message], Any],
+) -> list[Any]:
+    """What to send for ``surface``, from the client's own entries (``sent``: its messages, or
+    its Responses items): ``groups[i]`` are the entries message ``i`` (head, then body) stands
+    for. Every node the surface keeps is its entries as sent; a pruned node is its entries with
+    the last one given ``pruned(entry, pruned_message)``; a checkpoint is ``summary(message)``.
+    """
+    head = sum(1 for node in surface.nodes if node.kind == "head")
+    out: list[Any] = []
+    for index, node in enumerate(surface.nodes):
+        if node.kind == "checkpoint":
+            out.append(summary(node.message))
+            continue
+        position = index if node.kind == "head" else head + (node.start or 0)
+        chosen = [sent[i] for i in groups[position]]
+        if node.kind == "pruned" and chosen:
+            chosen[-1] = pruned(chosen[-1], node.message)
+        out.extend(chosen)
+    return out
 
 
 def superseded_by(

@@ -84,7 +84,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
-    return await _serve(request, client_request, raw, session_id, started)
+    return await _serve(request, client_request, session_id, started)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -107,13 +107,12 @@ async def responses(request: web.Request) -> web.StreamResponse:
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
-    return await _serve(request, client_request, raw, session_id, started)
+    return await _serve(request, client_request, session_id, started)
 
 
 async def _serve(
     request: web.Request,
     client_request: ClientRequest,
-    raw: bytes,
     session_id: str | None,
     started: float,
 ) -> web.StreamResponse:
@@ -122,16 +121,16 @@ async def _serve(
     model_policy = app[POLICIES].for_model(client_request.model)
     route = model_policy.route
     try:
-        prepared = await prepare(request, client_request, raw, model_policy, session_id)
+        prepared = await prepare(request, client_request, model_policy, session_id)
     except StoreUnavailable as exc:
         log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
         BYPASSES.labels(route=route.model, cause="store").inc()
-        prepared = Prepared(payload=raw, status="bypass")
+        prepared = Prepared(payload=client_request.raw, status="bypass")
     except Exception:
         # Never worse than no proxy: a fault of our own sends the client's bytes as they came.
         log.exception("preparing the request failed: forwarding it unchanged")
         BYPASSES.labels(route=route.model, cause="error").inc()
-        prepared = Prepared(payload=raw, status="bypass")
+        prepared = Prepared(payload=client_request.raw, status="bypass")
 
     PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
     in_flight = app[IN_FLIGHT]

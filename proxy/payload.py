@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from proxy import jsonio
 from proxy.client_request import ClientRequest
-from proxy.conversation import Message, Surface
+from proxy.conversation import Message, Surface, written_back
 from proxy.responses_request import responses_payload
 
 
@@ -22,15 +22,10 @@ def payload_for(client_request: ClientRequest, surface: Surface) -> bytes:
         return jsonio.dumps({**client_request.body, "messages": surface.messages})
     exact = jsonio.loads(client_request.raw)
     sent: list[Message] = exact["messages"]
-    head = sum(1 for node in surface.nodes if node.kind == "head")
-    messages: list[Message] = []
-    for index, node in enumerate(surface.nodes):
-        if node.kind == "head":
-            messages.append(sent[index])
-        elif node.kind == "body" and node.start is not None:
-            messages.append(sent[head + node.start])
-        elif node.kind == "pruned" and node.start is not None:
-            messages.append({**sent[head + node.start], "content": node.message.get("content")})
-        else:
-            messages.append(node.message)
+    one_each = [(index,) for index in range(len(sent))]
+    messages = written_back(surface, one_each, sent, _with_pruned_content, lambda m: m)
     return jsonio.dumps({**exact, "messages": messages})
+
+
+def _with_pruned_content(sent: Message, pruned: Message) -> Message:
+    return {**sent, "content": pruned.get("content")}

@@ -274,7 +274,7 @@ async def _open(
 
 
 async def _view_of(
-    meter: TokenMeter, tenant: str, client_request: ClientRequest, size: int, session_id: str | None
+    meter: TokenMeter, tenant: str, client_request: ClientRequest, session_id: str | None
 ) -> RequestView:
     """The request's view; for a big request, built and metered once off the loop, so every
     later measurement of it is cache hits."""
@@ -287,11 +287,11 @@ async def _view_of(
             client_request.messages,
             session_id,
             tools,
-            size=size,
+            size=len(client_request.raw),
             digests=client_request.digests,
         )
 
-    if not is_big(size, len(client_request.messages)):
+    if not is_big(len(client_request.raw), len(client_request.messages)):
         return build()
 
     def build_and_meter() -> RequestView:
@@ -339,7 +339,6 @@ def compaction_job(
 async def prepare(
     request: web.Request,
     client_request: ClientRequest,
-    raw: bytes,
     model_policy: ModelPolicy,
     session_id: str | None,
 ) -> Prepared:
@@ -347,7 +346,7 @@ async def prepare(
     settings, engine = app[SETTINGS], app[ENGINE]
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
-    view = await _view_of(engine.meter, tenant, client_request, len(raw), session_id)
+    view = await _view_of(engine.meter, tenant, client_request, session_id)
     # The previous request's writes (its anchor, its miss count) come first.
     await app[PENDING_RECORDS].settled(view.conversation)
     state, context, by_content = await _open(app, view, client_request.model, tenant, session_id)
@@ -390,7 +389,7 @@ async def prepare(
         status = "precompacting"
 
     tokens_before = None
-    payload = raw
+    payload = client_request.raw
     if surface.changed:
         payload = await off_loop_if(view.big, lambda: payload_for(client_request, surface))
         unchanged = view.measure(engine.meter, view.surface(()))

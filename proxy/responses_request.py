@@ -30,7 +30,7 @@ from typing import Any
 from proxy import jsonio
 from proxy.client_request import ClientRequest, check_stream
 from proxy.content import text_of
-from proxy.conversation import Message, Surface
+from proxy.conversation import Message, Surface, written_back
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
 
@@ -193,27 +193,15 @@ def _pruned_item(item: dict[str, Any], pruned: Message) -> dict[str, Any]:
     return {**item, "content": text}
 
 
+def _summary_item(message: Message) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text_of(message.get("content")) or ""}
+
+
 def items_for(surface: Surface, groups: Sequence[tuple[int, ...]], sent: list[Any]) -> list[Any]:
     """The ``input`` to send for ``surface``: the client's own items wherever the surface keeps
     a message, a summary message where a checkpoint stands, pruned content where a prune does.
     ``sent`` is the client's ``input`` list; ``groups`` maps messages (head, then body) to it."""
-    head = sum(1 for node in surface.nodes if node.kind == "head")
-    items: list[Any] = []
-    for index, node in enumerate(surface.nodes):
-        if node.kind == "head":
-            group = groups[index]
-        elif node.kind == "checkpoint":
-            text = text_of(node.message.get("content")) or ""
-            items.append({"type": "message", "role": "user", "content": text})
-            continue
-        else:
-            assert node.start is not None
-            group = groups[head + node.start]
-        chosen = [sent[i] for i in group]
-        if node.kind == "pruned" and chosen:
-            chosen[-1] = _pruned_item(chosen[-1], node.message)
-        items.extend(chosen)
-    return items
+    return written_back(surface, groups, sent, _pruned_item, _summary_item)
 
 
 def _no_check(message: Message, index: int) -> None:

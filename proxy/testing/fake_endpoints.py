@@ -36,6 +36,8 @@ class FakeEndpoints:
     requests: list[RawRequest] = field(default_factory=list)
     files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # id: (name, bytes)
     sent: list[bytes] = field(default_factory=list)  # every body answered, in order
+    # Set by a test: speech waits on it after its first chunk (to see a stream relayed live).
+    speech_gate: asyncio.Event | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def routes(self) -> list[web.RouteDef]:
@@ -127,6 +129,8 @@ class FakeEndpoints:
         size = len(audio) // SPEECH_CHUNKS + 1
         for start in range(0, len(audio), size):
             await response.write(audio[start : start + size])
+            if start == 0 and self.speech_gate is not None:
+                await self.speech_gate.wait()
             await asyncio.sleep(0.01)  # a stream, not one piece
         await response.write_eof()
         return response

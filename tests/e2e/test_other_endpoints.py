@@ -3,6 +3,7 @@ the upstream receives the client's exact bytes and the client the upstream's."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -94,14 +95,24 @@ async def test_a_file_upload_and_its_content_pass_byte_for_byte(
     )
 
 
-async def test_a_streamed_answer_is_relayed_whole(
+async def test_a_streamed_answer_is_relayed_as_it_comes_and_whole(
     sdk: openai.AsyncOpenAI, fake: FakeUpstream
 ) -> None:
-    async with sdk.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input="Hello from the proxy"
-    ) as response:
-        chunks = [chunk async for chunk in response.iter_bytes()]
-    assert b"".join(chunks) == fake.endpoints.sent[-1]
+    # The upstream holds the rest of its answer back until the client has the first bytes:
+    # through a proxy that buffered answers, the client would get nothing before the timeout.
+    gate = fake.endpoints.speech_gate = asyncio.Event()
+    try:
+        async with asyncio.timeout(10):
+            async with sdk.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input="Hello from the proxy"
+            ) as response:
+                chunks = response.iter_bytes()
+                first = await anext(chunks)
+                gate.set()
+                rest = [chunk async for chunk in chunks]
+    finally:
+        gate.set()
+    assert first + b"".join(rest) == fake.endpoints.sent[-1]
 
 
 async def test_a_json_body_goes_to_its_models_route(
