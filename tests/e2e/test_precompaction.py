@@ -166,13 +166,30 @@ async def test_two_replicas_prepare_one_checkpoint_per_span(
     assert len(fake.summary_requests) == 1
 
 
+async def round_in_flight(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    *,
+    summary_seconds: float,
+    rounds: int,
+    **policy: Any,
+) -> tuple[RunningProxy, float]:
+    """A proxy whose conversation (``rounds`` tool rounds) has just started a background round
+    that summarizes for ``summary_seconds``; and the lease waits counted before it."""
+    fake.summary_delay = summary_seconds
+    proxy = await make_proxy(routes=route(upstream_url, **policy))
+    waits_before = lease_waits()
+    assert (await send(proxy, tool_rounds(rounds)))[0] == "precompacting"
+    return proxy, waits_before
+
+
 async def test_a_request_that_outgrew_the_round_in_flight_goes_at_once_over_the_threshold(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    fake.summary_delay = 2.0
-    proxy = await make_proxy(routes=route(upstream_url))
-    waits_before = lease_waits()
-    assert (await send(proxy, tool_rounds(26)))[0] == "precompacting"
+    proxy, waits_before = await round_in_flight(
+        make_proxy, upstream_url, fake, summary_seconds=2.0, rounds=26
+    )
     status, latency = await send(proxy, tool_rounds(29))  # the round is still summarizing
     assert status == "none" and latency < fake.summary_delay
     assert 0.8 * WINDOW <= fake.chat_requests[-1].prompt_tokens < 0.9 * WINDOW
@@ -187,10 +204,9 @@ async def test_an_observation_to_prune_does_not_wait_for_the_round_in_flight(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     """Pruning takes the lease too; under ``must_compact`` a busy lease is not waited for."""
-    fake.summary_delay = 2.0
-    proxy = await make_proxy(routes=route(upstream_url, retain_tokens=500))
-    waits_before = lease_waits()
-    assert (await send(proxy, tool_rounds(24)))[0] == "precompacting"
+    proxy, waits_before = await round_in_flight(
+        make_proxy, upstream_url, fake, summary_seconds=2.0, rounds=24, retain_tokens=500
+    )
     big_read = [
         assistant(None, ("call_read", "bash", '{"command": "cat importer.log"}')),
         tool("call_read", "importer log line " * 460),  # over the pruner's 8,192 characters
@@ -219,10 +235,9 @@ async def test_a_turn_that_jumps_both_watermarks_is_compacted_behind_it(
 async def test_from_must_compact_on_a_request_waits_for_the_round_in_flight(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    fake.summary_delay = 1.5
-    proxy = await make_proxy(routes=route(upstream_url))
-    waits_before = lease_waits()
-    assert (await send(proxy, tool_rounds(26)))[0] == "precompacting"
+    proxy, waits_before = await round_in_flight(
+        make_proxy, upstream_url, fake, summary_seconds=1.5, rounds=26
+    )
     _, latency = await send(proxy, tool_rounds(34))  # over 90% of the window
     assert latency >= 1.0 and lease_waits() == waits_before + 1
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
