@@ -58,6 +58,22 @@ class ClientRequest:
     def upstream_path(self) -> str:
         return "/responses" if self.api == "responses" else "/chat/completions"
 
+    @property
+    def answer_cap(self) -> int | None:
+        """The most tokens the client lets the answer take, when it says (a positive integer
+        in the API's field; anything else is the upstream's to refuse)."""
+        for key in _ANSWER_CAP_FIELDS[self.api]:
+            cap = self.body.get(key)
+            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                return cap
+        return None
+
+
+_ANSWER_CAP_FIELDS = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "responses": ("max_output_tokens",),
+}
+
 
 def parse_object_with_model(raw: bytes) -> dict[str, Any]:
     """A JSON object naming its ``model`` as a string (what every API here needs first)."""

@@ -48,7 +48,7 @@ from proxy.offload import is_big, off_loop_if
 from proxy.overflow import classify_overflow
 from proxy.passthrough import relay_as_sent
 from proxy.policy import ModelPolicy
-from proxy.preparation import Prepared, prepare
+from proxy.preparation import LARGEST_ANSWER, Prepared, largest_answer, prepare
 from proxy.recovery import recover_overflow
 from proxy.responses_request import parse_responses_request, stateful
 from proxy.store import StoreUnavailable
@@ -230,10 +230,16 @@ async def _record(app: web.Application, prepared: Prepared, reply: Reply | None)
     """The request's second round trip: what was forwarded, the upstream's usage, the anchor."""
     assert prepared.conversation is not None
     events = list(prepared.pending_events)
+    attributes = dict(prepared.pending_attributes)
     anchor = None
     usage = reply.usage if reply is not None else None
     if reply is not None and usage is not None:
         events.append(usage_event(now=time.time(), usage=usage, status=reply.status))
+        answer = usage.get("completion_tokens")
+        if isinstance(answer, int) and answer > 0 and prepared.state is not None:
+            largest = largest_answer(prepared.state)
+            if largest is None or answer > largest:
+                attributes[LARGEST_ANSWER] = str(answer)
         prompt_tokens = usage.get("prompt_tokens")
         measurement = prepared.measurement
         if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
@@ -242,9 +248,7 @@ async def _record(app: web.Application, prepared: Prepared, reply: Reply | None)
                 METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
     # A lost record is counted by the instrumented store; not worth failing a request.
     try:
-        await app[STORE].record_request(
-            prepared.conversation, events, anchor, prepared.pending_attributes
-        )
+        await app[STORE].record_request(prepared.conversation, events, anchor, attributes)
     except StoreUnavailable:
         pass
     except Exception:

@@ -75,17 +75,35 @@ class Budgets:
     threshold: int
     retain: int
     precompact: int = 0  # tokens from which a checkpoint is prepared in the background (0: off)
+    # Tokens kept free for the answer of a request forwarded while its checkpoint is still
+    # being written (None: nothing known of the answer; see answer_reserve).
+    answer_reserve: int | None = None
 
     @property
     def must_compact(self) -> int:
         """Tokens from which a request is not forwarded before it is compacted: the threshold;
-        with precompaction on, halfway from the threshold to the window. Between the two a
-        checkpoint is on its way in the background, and waiting for it would cost the client
-        the summary call's time to save a few tokens; the other half of the margin is kept for
-        the answer."""
+        with precompaction on, the window less the answer's reserve (never below the
+        threshold). Between the two a checkpoint is on its way in the background, and waiting
+        for it would cost the client the summary call's time to save a few tokens. Knowing
+        nothing of the answer, half the margin above the threshold is kept for it."""
         if not self.precompact:
             return self.threshold
-        return self.threshold + (self.window - self.threshold) // 2
+        reserve = self.answer_reserve
+        if reserve is None:
+            reserve = (self.window - self.threshold) // 2
+        return max(self.threshold, self.window - reserve)
+
+
+def answer_reserve(window: int, declared_cap: int | None, largest_answer: int | None) -> int | None:
+    """Room to leave for a request's answer (pure): the cap the request declares (a provider
+    refuses a prompt that leaves less), else a quarter more than the largest answer the
+    conversation has had, at least a 32nd of the window (for the meter's error on the new
+    messages); None when neither is known."""
+    if declared_cap is not None:
+        return declared_cap
+    if largest_answer is None:
+        return None
+    return max(window // 32, largest_answer + largest_answer // 4)
 
 
 def budgets(policy: Policy, window: int) -> Budgets:

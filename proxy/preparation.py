@@ -57,7 +57,7 @@ from proxy.metrics import (
 )
 from proxy.offload import is_big, off_loop_if
 from proxy.payload import payload_for
-from proxy.policy import ModelPolicy, budgets
+from proxy.policy import Budgets, ModelPolicy, answer_reserve, budgets
 from proxy.request_view import RequestView
 from proxy.shortfall import OVER_THRESHOLD_REASON, report_shortfall
 from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
@@ -128,6 +128,7 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
 
 
 MISSES = "checkpoint_misses"
+LARGEST_ANSWER = "largest_answer_tokens"  # written after each answer that beat it
 
 
 def proactive_compaction_stopped(misses: int, miss_limit: int) -> bool:
@@ -157,40 +158,52 @@ def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) 
 
 
 def _maybe_precompact(
-    app: web.Application,
-    job: CompactionJob,
-    relief: Relief,
-    model_policy: ModelPolicy,
-    proactive: bool,
+    app: web.Application, job: CompactionJob, relief: Relief, limits: Budgets | None
 ) -> bool:
     """Between the watermarks, prepare the next checkpoint in the background; this request
     goes on at once (see ``proxy.compaction.background``). Whether one was started."""
-    if job.window is None or not model_policy.policy.auto or not proactive:
+    if limits is None or relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
         return False
-    if relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
-        return False
-    limits = budgets(model_policy.policy, job.window)
     if not wants_precompaction(relief.measurement.tokens, limits):
         return False
     return app[BACKGROUND].start(job, relief.state, relief.measurement.tokens, limits)
+
+
+def largest_answer(state: ConversationState) -> int | None:
+    """The most completion tokens an answer in this conversation has taken, when known."""
+    value = state.attributes.get(LARGEST_ANSWER)
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
+
+
+def _pressure_limits(
+    model_policy: ModelPolicy,
+    window: int | None,
+    client_request: ClientRequest,
+    state: ConversationState,
+) -> Budgets | None:
+    """The budgets pressure is measured against, the answer's reserve included; None when
+    the proxy does not compact this request by pressure (unknown window, ``auto`` off)."""
+    if window is None or not model_policy.policy.auto:
+        return None
+    reserve = answer_reserve(window, client_request.answer_cap, largest_answer(state))
+    return dataclasses.replace(budgets(model_policy.policy, window), answer_reserve=reserve)
 
 
 async def _relieve(
     engine: Engine,
     job: CompactionJob,
     state: ConversationState,
-    model_policy: ModelPolicy,
+    limits: Budgets | None,
     proactive: bool,
 ) -> Relief:
     def as_it_is() -> Relief:
         surface = job.view.surface(state.records)
         return Relief(state, surface, job.view.measure(engine.meter, surface, state.anchor))
 
-    if job.window is None or not model_policy.policy.auto:
+    if limits is None:
         return as_it_is()
     if not proactive:
         return dataclasses.replace(as_it_is(), shortfall="stopped")
-    limits = budgets(model_policy.policy, job.window)
     try:
         return await shielded(triggers.relieve_pressure(engine, job, state, limits))
     except StoreUnavailable as exc:
@@ -356,7 +369,8 @@ async def prepare(
     job = compaction_job(app, view, model_policy, window, request.headers)
     misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
-    relief = await _relieve(engine, job, state, model_policy, proactive)
+    limits = _pressure_limits(model_policy, window, client_request, state)
+    relief = await _relieve(engine, job, state, limits, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     if window is not None:
         PRESSURE.labels(route=route.model).observe(measurement.tokens / window)
@@ -379,13 +393,12 @@ async def prepare(
     attributes = {MISSES: str(misses)}
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
-        if model_policy.policy.auto:
-            threshold = budgets(model_policy.policy, window).threshold
+        if limits is not None:
             attributes[OVER_THRESHOLD_REASON] = report_shortfall(
-                view, state, route.model, relief, threshold
+                view, state, route.model, relief, limits.threshold
             )
 
-    if _maybe_precompact(app, job, relief, model_policy, proactive) and status == "none":
+    if proactive and _maybe_precompact(app, job, relief, limits) and status == "none":
         status = "precompacting"
 
     tokens_before = None

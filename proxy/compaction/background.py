@@ -4,10 +4,10 @@ When a request's pressure crosses ``precompact`` (below the threshold), it is fo
 and one summary round starts in the background: select, summarize, commit, under the usual
 lease, ceilings and breaker. The request that later reaches the threshold finds the checkpoint
 committed. If the round is still running (the conversation outgrew the summary call), or none
-could start before (one turn jumped both watermarks), a request under ``must_compact`` (halfway
-from the threshold to the window) is still forwarded at once, as it is, and the round runs or
-starts in the background; only from ``must_compact`` does a request wait on the lease or
-compact synchronously, as without precompaction.
+could start before (one turn jumped both watermarks), a request under ``must_compact`` (the
+window less the room its answer needs, ``policy.answer_reserve``) is still forwarded at once,
+as it is, and the round runs or starts in the background; only from ``must_compact`` does a
+request wait on the lease or compact synchronously, as without precompaction.
 
 **Which span.** The conversation keeps growing while the summary is written, and the checkpoint
 applies as soon as it is committed. It is selected with a retain budget smaller than the usual

@@ -73,10 +73,14 @@ async def relieve_pressure(
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
     # Under must_compact nothing waits: a round in the background may hold the lease.
     must_wait = measurement.tokens >= limits.must_compact
+    generation = state.generation
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
+    # Not our prune, yet a new generation: another request's round committed while this one
+    # waited on its lease (to the client, this request was compacted before it went).
+    compacted_meanwhile = not pruned and state.generation != generation
     measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
-        return Relief(state, surface, measurement, pruned=pruned)
+        return Relief(state, surface, measurement, pruned=pruned, compacted=compacted_meanwhile)
 
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
@@ -94,7 +98,7 @@ async def relieve_pressure(
         surface,
         measurement,
         pruned=pruned,
-        compacted=rounds.compacted,
+        compacted=rounds.compacted or compacted_meanwhile,
         shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
     )
 
@@ -113,7 +117,9 @@ async def _summarize_rounds(
             if waits > engine.settings.max_busy_waits:
                 shortfall = result.outcome.value
                 break
+            generation = state.generation
             state, surface = await engine.wait_and_reload(job)
+            compacted = compacted or state.generation != generation  # the round waited for
             measurement = await engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:

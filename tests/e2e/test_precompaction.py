@@ -1,6 +1,7 @@
 """Compaction ahead of need: the request that reaches the threshold does not wait for a summary
 call, because the checkpoint was prepared in the background from an earlier request. A request
-waits only from ``must_compact`` (halfway from the threshold to the window) on."""
+waits only from ``must_compact`` on: the window less the room its answer needs (halfway from
+the threshold to the window while nothing is known of the answers)."""
 
 from __future__ import annotations
 
@@ -50,13 +51,16 @@ def tool_rounds(turns: int) -> list[dict[str, Any]]:
     ]
 
 
-async def send(proxy: RunningProxy, messages: list[dict[str, Any]]) -> tuple[str, float]:
+async def send(
+    proxy: RunningProxy, messages: list[dict[str, Any]], **fields: Any
+) -> tuple[str, float]:
     """The compaction status and the latency of one request."""
     started = time.perf_counter()
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=messages,  # type: ignore[arg-type]
+            **fields,
         )
     return raw.headers["x-compaction-status"], time.perf_counter() - started
 
@@ -238,10 +242,44 @@ async def test_from_must_compact_on_a_request_waits_for_the_round_in_flight(
     proxy, waits_before = await round_in_flight(
         make_proxy, upstream_url, fake, summary_seconds=1.5, rounds=26
     )
-    _, latency = await send(proxy, tool_rounds(34))  # over 90% of the window
+    status, latency = await send(proxy, tool_rounds(34))  # too close to the window
     assert latency >= 1.0 and lease_waits() == waits_before + 1
+    assert status == "compacted", "the client waited for a summary: the status says so"
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
     assert len(fake.summary_requests) == 1, "it waited for the round rather than start another"
+
+
+async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_its_answer(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """The fake's answers are a few tokens, so the reserve shrinks to a 32nd of the window and
+    a request beyond the old halfway mark (14,400) still does not wait for the round."""
+    proxy, waits_before = await round_in_flight(
+        make_proxy, upstream_url, fake, summary_seconds=2.0, rounds=26
+    )
+    status, latency = await send(proxy, tool_rounds(32))
+    assert status == "none" and latency < fake.summary_delay
+    assert 0.9 * WINDOW <= fake.chat_requests[-1].prompt_tokens < WINDOW - WINDOW // 32
+    assert not carries_a_checkpoint(fake) and lease_waits() == waits_before
+    await proxy.app[BACKGROUND].idle()
+    assert (await send(proxy, tool_rounds(33)))[0] == "none"
+    assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
+
+
+async def test_a_request_whose_declared_answer_would_not_fit_waits_for_the_round(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Over the threshold with ``max_tokens`` 3,000, the prompt leaves less than the answer
+    may take (the provider would refuse it): the request waits for the round in flight
+    instead of going at once."""
+    proxy, waits_before = await round_in_flight(
+        make_proxy, upstream_url, fake, summary_seconds=1.5, rounds=26
+    )
+    status, latency = await send(proxy, tool_rounds(29), max_tokens=3_000)
+    assert status == "compacted" and latency >= 1.0 and lease_waits() == waits_before + 1
+    assert carries_a_checkpoint(fake)
+    assert fake.chat_requests[-1].prompt_tokens + 3_000 <= WINDOW
+    assert len(fake.summary_requests) == 1
 
 
 async def test_sigterm_during_a_background_summary_frees_the_lease_and_exits(

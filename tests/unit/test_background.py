@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from proxy.compaction.background import precompaction_retain, wants_precompaction
 from proxy.config import ConfigError, Policy, load_settings
-from proxy.policy import Budgets, budgets
+from proxy.policy import Budgets, answer_reserve, budgets
 
 
 @pytest.mark.parametrize(
@@ -62,6 +64,37 @@ def test_the_span_leaves_room_for_the_growth_before_the_threshold(tokens: int, r
 def test_requests_wait_from_the_threshold_only_without_precompaction(
     precompact: int, must_compact: int
 ) -> None:
-    """With a checkpoint on its way, a request waits only in the upper half of the margin."""
+    """Knowing nothing of the answer, a request with a checkpoint on its way waits only in the
+    upper half of the margin."""
     limits = Budgets(window=16_000, threshold=12_800, retain=2_560, precompact=precompact)
     assert limits.must_compact == must_compact
+
+
+@pytest.mark.parametrize(
+    ("declared", "largest", "reserve"),
+    [
+        (None, None, None),  # nothing known: must_compact keeps half the margin
+        (4_096, None, 4_096),  # the client's cap is what the provider holds the prompt to
+        (4_096, 200, 4_096),  # and it wins over what answers looked like
+        (None, 200, 500),  # small answers: a 32nd of the window, for the meter's error
+        (None, 1_200, 1_500),  # else a quarter more than the largest answer
+    ],
+)
+def test_the_answer_reserve_is_the_declared_cap_else_the_largest_answer_with_headroom(
+    declared: int | None, largest: int | None, reserve: int | None
+) -> None:
+    assert answer_reserve(16_000, declared, largest) == reserve
+
+
+@pytest.mark.parametrize(
+    ("reserve", "must_compact"),
+    [(None, 14_400), (500, 15_500), (1_500, 14_500), (8_000, 12_800), (20_000, 12_800)],
+)
+def test_with_precompaction_a_request_waits_only_where_its_answer_would_not_fit(
+    reserve: int | None, must_compact: int
+) -> None:
+    """``must_compact`` is the window less the answer's reserve, never below the threshold;
+    without precompaction it is the threshold whatever the reserve."""
+    limits = Budgets(16_000, 12_800, 2_560, precompact=11_200, answer_reserve=reserve)
+    assert limits.must_compact == must_compact
+    assert dataclasses.replace(limits, precompact=0).must_compact == 12_800

@@ -43,3 +43,25 @@ def test_unknown_fields_are_kept_as_sent() -> None:
     assert chat.body == body
     assert chat.stream is True
     assert chat.messages is chat.body["messages"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "cap"),
+    [
+        ({}, None),
+        ({"max_tokens": 300}, 300),
+        ({"max_completion_tokens": 500, "max_tokens": 300}, 500),
+        ({"max_completion_tokens": None, "max_tokens": 300}, 300),
+        # What the upstream will refuse is no cap the proxy plans with.
+        ({"max_tokens": 0}, None),
+        ({"max_tokens": -5}, None),
+        ({"max_tokens": True}, None),
+        ({"max_tokens": 12.5}, None),
+        ({"max_tokens": "300"}, None),
+    ],
+)
+def test_the_answer_cap_is_the_clients_positive_integer_field(
+    fields: dict[str, object], cap: int | None
+) -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert parse_chat_request(raw).answer_cap == cap

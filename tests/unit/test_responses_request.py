@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.conversation import Checkpoint, Prune, Surface, SurfaceNode, split_head
 from proxy.errors import BadRequest
-from proxy.responses_request import items_for, stateful, translate
+from proxy.known_messages import KnownMessages
+from proxy.responses_request import items_for, parse_responses_request, stateful, translate
 
 
 def call(call_id: str, name: str = "bash") -> dict[str, Any]:
@@ -123,3 +125,14 @@ def test_what_the_api_would_refuse_is_a_400_naming_the_param(
 )
 def test_stateful_requests_are_recognised(extra: dict[str, Any], expected: bool) -> None:
     assert stateful({"model": "m", "input": "x", **extra}) is expected
+
+
+@pytest.mark.parametrize(
+    ("extra", "cap"), [({}, None), ({"max_output_tokens": 700}, 700), ({"max_tokens": 700}, None)]
+)
+def test_a_responses_answer_cap_is_max_output_tokens(
+    extra: dict[str, Any], cap: int | None
+) -> None:
+    body = {"model": "m", "input": "hello", **extra}
+    request = parse_responses_request(body, orjson.dumps(body), KnownMessages())
+    assert request.answer_cap == cap
