@@ -15,7 +15,8 @@ window and mode: client latency p50 / p99 / max over all requests, the latency o
 that compacted synchronously in ``sync`` mode (the same requests in every mode), requests that
 waited on a summary in each mode, summary calls, forwarded/raw tokens, and the provider-cache hit
 ratio: the share of forwarded prompt tokens that repeat a prefix the upstream already saw in
-the same conversation (prefixes compared message by message, as providers cache them).
+the same conversation (prefixes compared message by message, as providers cache them). "slow"
+counts requests that took half a second longer than a model answer, whatever their status.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tests.transcripts import Transcript, replay_requests, transcripts
 MODEL = "bench-model"
 MODES = ("direct", "sync", "ahead")
 UNLIMITED = 10_000_000
-# Statuses of a request that compacted before it was forwarded (so it may have waited).
+# The status of a request that waited for a summary (its own, or a round in flight).
 WAITED = {"compacted"}
 
 
@@ -165,13 +166,15 @@ async def run_window(
     return {mode: (by_mode[mode], fakes[mode]) for mode in MODES}
 
 
-def report(window: int, results: dict[str, tuple[list[Replay], FakeUpstream]]) -> None:
+def report(
+    window: int, results: dict[str, tuple[list[Replay], FakeUpstream]], model_seconds: float
+) -> None:
     sync_replays = results["sync"][0]
     raw = forwarded_tokens(results["direct"][1])
     print(f"\nwindow {window // 1000}k, {len(sync_replays)} conversations")
     print(
         f"{'mode':<8}{'requests':>9}{'p50 s':>8}{'p99 s':>8}{'max s':>8}"
-        f"{'crossing p50':>14}{'crossing max':>14}{'waited':>8}{'summaries':>11}"
+        f"{'crossing p50':>14}{'crossing max':>14}{'waited':>8}{'slow':>6}{'summaries':>11}"
         f"{'fwd/raw':>9}{'cache hit':>11}"
     )
     for mode, (replays, fake) in results.items():
@@ -184,12 +187,13 @@ def report(window: int, results: dict[str, tuple[list[Replay], FakeUpstream]]) -
             if status in WAITED
         ]
         waited = sum(s in WAITED for r in replays for s in r.statuses)
+        slow = sum(latency > model_seconds + 0.5 for latency in every)
         summaries = len(fake.summary_requests)
         print(
             f"{mode:<8}{len(every):>9}{percentile(every, 0.5):>8.2f}"
             f"{percentile(every, 0.99):>8.2f}{max(every):>8.2f}"
             f"{statistics.median(crossing) if crossing else 0:>14.2f}"
-            f"{max(crossing, default=0):>14.2f}{waited:>8}{summaries:>11}"
+            f"{max(crossing, default=0):>14.2f}{waited:>8}{slow:>6}{summaries:>11}"
             f"{forwarded_tokens(fake) / raw:>9.1%}{cache_hit_ratio(fake):>11.1%}"
         )
     sync_calls = len(results["sync"][1].summary_requests)
@@ -212,7 +216,7 @@ async def run(args: argparse.Namespace) -> None:
     )
     for window in args.windows:
         chosen = [t for t in every if fits(t, window, counter)]
-        report(window, await run_window(window, chosen, args))
+        report(window, await run_window(window, chosen, args), args.model_seconds)
 
 
 def main(argv: list[str] | None = None) -> None:
