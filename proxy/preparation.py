@@ -19,7 +19,7 @@ from aiohttp import web
 
 from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
-from proxy.compaction.background import wants_precompaction
+from proxy.compaction.background import expected_growth, wants_precompaction
 from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
@@ -129,6 +129,7 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
 
 MISSES = "checkpoint_misses"
 LARGEST_ANSWER = "largest_answer_tokens"  # written after each answer that beat it
+LAST_TOKENS, LAST_MEASURED_AT = "last_tokens", "last_measured_at"  # for the growth rate
 
 
 def proactive_compaction_stopped(misses: int, miss_limit: int) -> bool:
@@ -164,9 +165,21 @@ def _maybe_precompact(
     goes on at once (see ``proxy.compaction.background``). Whether one was started."""
     if limits is None or relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
         return False
-    if not wants_precompaction(relief.measurement.tokens, limits):
+    background, tokens = app[BACKGROUND], relief.measurement.tokens
+    growth = expected_growth(
+        tokens, last_measured(relief.state), time.time(), background.round_seconds
+    )
+    if not wants_precompaction(tokens, limits, growth):
         return False
-    return app[BACKGROUND].start(job, relief.state, relief.measurement.tokens, limits)
+    return background.start(job, relief.state, tokens, limits)
+
+
+def last_measured(state: ConversationState) -> tuple[int, float] | None:
+    """The tokens the conversation's last request forwarded, and when they were measured."""
+    try:
+        return int(state.attributes[LAST_TOKENS]), float(state.attributes[LAST_MEASURED_AT])
+    except (KeyError, ValueError):
+        return None
 
 
 def largest_answer(state: ConversationState) -> int | None:
@@ -390,7 +403,11 @@ async def prepare(
         context=context,
         digests=view.body_digests if by_content else None,
     )
-    attributes = {MISSES: str(misses)}
+    attributes = {
+        MISSES: str(misses),
+        LAST_TOKENS: str(measurement.tokens),
+        LAST_MEASURED_AT: f"{time.time():.3f}",
+    }
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
         if limits is not None:
