@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import aiohttp
 from aiohttp import web
 
+from proxy.ahead import answer_attributes
 from proxy.chat_request import parse_chat_request
 from proxy.client_request import ClientRequest, parse_object_with_model
 from proxy.config import Route
@@ -48,7 +49,7 @@ from proxy.offload import is_big, off_loop_if
 from proxy.overflow import classify_overflow
 from proxy.passthrough import relay_as_sent
 from proxy.policy import ModelPolicy
-from proxy.preparation import LARGEST_ANSWER, Prepared, largest_answer, prepare
+from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
 from proxy.responses_request import parse_responses_request, stateful
 from proxy.store import StoreUnavailable
@@ -235,11 +236,7 @@ async def _record(app: web.Application, prepared: Prepared, reply: Reply | None)
     usage = reply.usage if reply is not None else None
     if reply is not None and usage is not None:
         events.append(usage_event(now=time.time(), usage=usage, status=reply.status))
-        answer = usage.get("completion_tokens")
-        if isinstance(answer, int) and answer > 0 and prepared.state is not None:
-            largest = largest_answer(prepared.state)
-            if largest is None or answer > largest:
-                attributes[LARGEST_ANSWER] = str(answer)
+        attributes.update(answer_attributes(prepared.state, usage))
         prompt_tokens = usage.get("prompt_tokens")
         measurement = prepared.measurement
         if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:

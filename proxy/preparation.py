@@ -17,9 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.ahead import maybe_precompact, measured_attributes, pressure_limits
 from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
-from proxy.compaction.background import expected_growth, wants_precompaction
 from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
@@ -57,7 +57,7 @@ from proxy.metrics import (
 )
 from proxy.offload import is_big, off_loop_if
 from proxy.payload import payload_for
-from proxy.policy import Budgets, ModelPolicy, answer_reserve, budgets
+from proxy.policy import Budgets, ModelPolicy
 from proxy.request_view import RequestView
 from proxy.shortfall import OVER_THRESHOLD_REASON, report_shortfall
 from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
@@ -128,8 +128,6 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
 
 
 MISSES = "checkpoint_misses"
-LARGEST_ANSWER = "largest_answer_tokens"  # written after each answer that beat it
-LAST_TOKENS, LAST_MEASURED_AT = "last_tokens", "last_measured_at"  # for the growth rate
 
 
 def proactive_compaction_stopped(misses: int, miss_limit: int) -> bool:
@@ -156,50 +154,6 @@ def _checkpoint_misses(view: RequestView, state: ConversationState, limit: int) 
     elif surface.checkpoints:
         misses = 0
     return misses
-
-
-def _maybe_precompact(
-    app: web.Application, job: CompactionJob, relief: Relief, limits: Budgets | None
-) -> bool:
-    """Between the watermarks, prepare the next checkpoint in the background; this request
-    goes on at once (see ``proxy.compaction.background``). Whether one was started."""
-    if limits is None or relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
-        return False
-    background, tokens = app[BACKGROUND], relief.measurement.tokens
-    growth = expected_growth(
-        tokens, last_measured(relief.state), time.time(), background.round_seconds
-    )
-    if not wants_precompaction(tokens, limits, growth):
-        return False
-    return background.start(job, relief.state, tokens, limits)
-
-
-def last_measured(state: ConversationState) -> tuple[int, float] | None:
-    """The tokens the conversation's last request forwarded, and when they were measured."""
-    try:
-        return int(state.attributes[LAST_TOKENS]), float(state.attributes[LAST_MEASURED_AT])
-    except (KeyError, ValueError):
-        return None
-
-
-def largest_answer(state: ConversationState) -> int | None:
-    """The most completion tokens an answer in this conversation has taken, when known."""
-    value = state.attributes.get(LARGEST_ANSWER)
-    return int(value) if value is not None and value.isascii() and value.isdigit() else None
-
-
-def _pressure_limits(
-    model_policy: ModelPolicy,
-    window: int | None,
-    client_request: ClientRequest,
-    state: ConversationState,
-) -> Budgets | None:
-    """The budgets pressure is measured against, the answer's reserve included; None when
-    the proxy does not compact this request by pressure (unknown window, ``auto`` off)."""
-    if window is None or not model_policy.policy.auto:
-        return None
-    reserve = answer_reserve(window, client_request.answer_cap, largest_answer(state))
-    return dataclasses.replace(budgets(model_policy.policy, window), answer_reserve=reserve)
 
 
 async def _relieve(
@@ -382,7 +336,7 @@ async def prepare(
     job = compaction_job(app, view, model_policy, window, request.headers)
     misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
-    limits = _pressure_limits(model_policy, window, client_request, state)
+    limits = pressure_limits(model_policy, window, client_request, state)
     relief = await _relieve(engine, job, state, limits, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     if window is not None:
@@ -403,11 +357,7 @@ async def prepare(
         context=context,
         digests=view.body_digests if by_content else None,
     )
-    attributes = {
-        MISSES: str(misses),
-        LAST_TOKENS: str(measurement.tokens),
-        LAST_MEASURED_AT: f"{time.time():.3f}",
-    }
+    attributes = {MISSES: str(misses), **measured_attributes(measurement.tokens, time.time())}
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
         if limits is not None:
@@ -415,7 +365,8 @@ async def prepare(
                 view, state, route.model, relief, limits.threshold
             )
 
-    if proactive and _maybe_precompact(app, job, relief, limits) and status == "none":
+    started = proactive and maybe_precompact(app[BACKGROUND], job, relief, limits, time.time())
+    if started and status == "none":
         status = "precompacting"
 
     tokens_before = None
