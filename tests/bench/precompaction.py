@@ -16,7 +16,9 @@ that compacted synchronously in ``sync`` mode (the same requests in every mode),
 waited on a summary in each mode, summary calls, forwarded/raw tokens, and the provider-cache hit
 ratio: the share of forwarded prompt tokens that repeat a prefix the upstream already saw in
 the same conversation (prefixes compared message by message, as providers cache them). "slow"
-counts requests that took half a second longer than a model answer, whatever their status.
+counts requests that took half a second longer than a model answer, whatever their status;
+"past window" those of them that arrived over the window (about: the proxy's estimate of the
+surface before compacting), so that no proxy could have sent them as they came.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ class Replay:
     transcript: str
     latencies: list[float] = field(default_factory=list)
     statuses: list[str] = field(default_factory=list)
+    forwarded: list[int] = field(default_factory=list)  # the proxy's estimate of what it sent
+    client: list[int] = field(default_factory=list)  # and of the client's own messages
+
+    def arrived_with(self, i: int) -> int:
+        """About the tokens request ``i`` would have been forwarded with, before compacting:
+        the previous request's surface plus what the client added since."""
+        if i == 0:
+            return self.client[0]
+        return self.forwarded[i - 1] + self.client[i] - self.client[i - 1]
 
 
 @asynccontextmanager
@@ -105,6 +116,9 @@ async def replay(
             assert response.status == 200, (response.status, answer[:300])
             result.latencies.append(time.perf_counter() - started)
             result.statuses.append(response.headers.get("X-Compaction-Status", "direct"))
+            forwarded = int(response.headers.get("X-Compaction-Tokens", "0"))
+            result.forwarded.append(forwarded)
+            result.client.append(int(response.headers.get("X-Compaction-Tokens-Before", forwarded)))
         await asyncio.sleep(tool_seconds)
     return result
 
@@ -174,7 +188,8 @@ def report(
     print(f"\nwindow {window // 1000}k, {len(sync_replays)} conversations")
     print(
         f"{'mode':<8}{'requests':>9}{'p50 s':>8}{'p99 s':>8}{'max s':>8}"
-        f"{'crossing p50':>14}{'crossing max':>14}{'waited':>8}{'slow':>6}{'summaries':>11}"
+        f"{'crossing p50':>14}{'crossing max':>14}{'waited':>8}{'slow':>6}{'past window':>13}"
+        f"{'summaries':>11}"
         f"{'fwd/raw':>9}{'cache hit':>11}"
     )
     for mode, (replays, fake) in results.items():
@@ -187,13 +202,19 @@ def report(
             if status in WAITED
         ]
         waited = sum(s in WAITED for r in replays for s in r.statuses)
-        slow = sum(latency > model_seconds + 0.5 for latency in every)
+        slow_ones = [
+            (r, i) for r in replays for i, x in enumerate(r.latencies) if x > model_seconds + 0.5
+        ]
+        slow = len(slow_ones)
+        # Slow requests that arrived past the window: none could be sent as it came.
+        beyond = sum(r.arrived_with(i) > window for r, i in slow_ones)
         summaries = len(fake.summary_requests)
         print(
             f"{mode:<8}{len(every):>9}{percentile(every, 0.5):>8.2f}"
             f"{percentile(every, 0.99):>8.2f}{max(every):>8.2f}"
             f"{statistics.median(crossing) if crossing else 0:>14.2f}"
-            f"{max(crossing, default=0):>14.2f}{waited:>8}{slow:>6}{summaries:>11}"
+            f"{max(crossing, default=0):>14.2f}{waited:>8}{slow:>6}"
+            f"{beyond if mode != 'direct' else '-':>13}{summaries:>11}"
             f"{forwarded_tokens(fake) / raw:>9.1%}{cache_hit_ratio(fake):>11.1%}"
         )
     sync_calls = len(results["sync"][1].summary_requests)
