@@ -8,6 +8,7 @@ answer: the largest answer so far, and the tokens this request forwarded and whe
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,9 +37,13 @@ def largest_answer(state: ConversationState) -> int | None:
 def last_measured(state: ConversationState) -> tuple[int, float] | None:
     """The tokens the conversation's last request forwarded, and when they were measured."""
     try:
-        return int(state.attributes[LAST_TOKENS]), float(state.attributes[LAST_MEASURED_AT])
+        tokens, measured_at = (
+            int(state.attributes[LAST_TOKENS]),
+            float(state.attributes[LAST_MEASURED_AT]),
+        )
     except (KeyError, ValueError):
         return None
+    return (tokens, measured_at) if math.isfinite(measured_at) else None
 
 
 def measured_attributes(tokens: int, now: float) -> dict[str, str]:
