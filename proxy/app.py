@@ -32,6 +32,7 @@ from proxy.keys import (
     LOG_CURSORS,
     PENDING_RECORDS,
     POLICIES,
+    RECENT_BODIES,
     SETTINGS,
     STORE,
     TENANT_SECRET,
@@ -43,6 +44,7 @@ from proxy.meter import TokenMeter
 from proxy.metrics import REQUESTS, initialize_label_sets, metrics_handler
 from proxy.passthrough import passthrough
 from proxy.policy import PolicyBook, validate_all_policies
+from proxy.recent_bodies import RecentBodies
 from proxy.store import StoreUnavailable, open_store
 from proxy.tasks import PendingRecords
 from proxy.tenant import TenantSecret, api_key_of
@@ -199,6 +201,7 @@ def create_app(settings: Settings) -> web.Application:
     app[IN_FLIGHT] = Counter()
     app[LOG_CURSORS] = LogCursors()
     app[KNOWN_MESSAGES] = KnownMessages(settings.known_messages_bytes)
+    app[RECENT_BODIES] = RecentBodies(settings.recent_bodies_bytes)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_tenant_secret)
     app.cleanup_ctx.append(_engine)

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.client_request import ClientRequest, check_stream, invalid, parse_object_with_model
+from proxy.client_request import (
+    ClientRequest,
+    check_object_with_model,
+    check_stream,
+    invalid,
+    parse_object_with_model,
+)
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
+from proxy.recent_bodies import Extension, RecentBodies, layout_of
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
@@ -72,11 +79,18 @@ def _validate(message: Any, index: int) -> None:
     _check_message(message, f"messages[{index}]")
 
 
-def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> ClientRequest:
+def parse_chat_request(
+    raw: bytes, known: KnownMessages | None = None, recent: RecentBodies | None = None
+) -> ClientRequest:
     """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one.
 
     With ``known``, messages are validated and hashed in the same walk, and a message this
-    process already validated is neither validated nor canonicalized again."""
+    process already validated is neither validated nor canonicalized again. With ``recent`` as
+    well, a body extending one parsed a moment ago is parsed from where it differs."""
+    if known is not None and recent is not None:
+        extension = recent.extend(raw)
+        if extension is not None:
+            return _extended(raw, extension, known, recent)
     body = parse_object_with_model(raw)
     if "messages" not in body:
         raise BadRequest(
@@ -93,6 +107,31 @@ def parse_chat_request(raw: bytes, known: KnownMessages | None = None) -> Client
             _validate(message, index)
     else:
         digests = known.digests(messages, _validate)
+        if recent is not None:
+            layout = layout_of(raw, messages)
+            if layout is not None:
+                recent.remember(raw, layout, messages, digests)
+    return _request(raw, body, messages, digests)
+
+
+def _extended(
+    raw: bytes, extension: Extension, known: KnownMessages, recent: RecentBodies
+) -> ClientRequest:
+    """The rest of a body a remembered one begins: only its new messages are validated and
+    hashed (the others passed both when the remembered body was parsed)."""
+    body = check_object_with_model(extension.body)
+    messages = body["messages"]
+    first = extension.known
+    digests = extension.digests + known.digests(
+        messages[first:], lambda message, index: _validate(message, first + index)
+    )
+    recent.remember(raw, extension.layout, messages, digests, replaces=extension)
+    return _request(raw, body, messages, digests)
+
+
+def _request(
+    raw: bytes, body: dict[str, Any], messages: list[Any], digests: list[str] | None
+) -> ClientRequest:
     return ClientRequest(
         body=body,
         model=body["model"],

@@ -83,6 +83,11 @@ def parse_object_with_model(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"We could not parse the JSON body of your request: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    return check_object_with_model(body)
+
+
+def check_object_with_model(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` if it names its ``model`` as a string."""
     if "model" not in body:
         raise BadRequest("you must provide a model parameter", param="model")
     if not isinstance(body["model"], str):

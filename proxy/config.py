@@ -208,6 +208,9 @@ class Settings(BaseSettings):
     meter_cache_size: PositiveInt = 200_000
     # Bytes of recently seen messages kept to skip validating and hashing them again.
     known_messages_bytes: NonNegativeInt = 64 * 1024 * 1024
+    # Bytes of recent chat bodies kept (counted four times over, for their parsed messages) so
+    # that a body extending one is parsed from where it differs; 0 turns this off.
+    recent_bodies_bytes: NonNegativeInt = 256 * 1024 * 1024
     lease_ttl_seconds: float = Field(default=15.0, ge=1)
     summary_timeout_seconds: float = Field(default=90.0, gt=0)
     summary_breaker_cooldown_seconds: float = Field(default=60.0, ge=0)

@@ -32,6 +32,7 @@ from proxy.keys import (
     LEARNED_WINDOWS,
     PENDING_RECORDS,
     POLICIES,
+    RECENT_BODIES,
     SETTINGS,
     STORE,
 )
@@ -79,8 +80,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         check_headers(request.headers)
         raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
-        known = request.app[KNOWN_MESSAGES]
-        client_request = await off_loop_if(is_big(len(raw)), lambda: parse_chat_request(raw, known))
+        known, recent = request.app[KNOWN_MESSAGES], request.app[RECENT_BODIES]
+        client_request = await off_loop_if(
+            is_big(len(raw)), lambda: parse_chat_request(raw, known, recent)
+        )
         session_id = _session_id(request.headers)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()

@@ -14,6 +14,7 @@ from proxy.config import Settings
 from proxy.known_messages import KnownMessages
 from proxy.log_cursor import LogCursors
 from proxy.policy import PolicyBook
+from proxy.recent_bodies import RecentBodies
 from proxy.store.base import Store
 from proxy.tasks import PendingRecords
 from proxy.tenant import TenantSecret
@@ -32,4 +33,5 @@ LOG_CURSORS = web.AppKey("log_cursors", LogCursors)
 CLIENT_KEYS = web.AppKey("client_keys", ClientKeys)
 BACKGROUND = web.AppKey("background", BackgroundCompactions)
 KNOWN_MESSAGES = web.AppKey("known_messages", KnownMessages)
+RECENT_BODIES = web.AppKey("recent_bodies", RecentBodies)
 PENDING_RECORDS = web.AppKey("pending_records", PendingRecords)

@@ -1,0 +1,285 @@
+"""Chat bodies that extend one this process parsed a moment ago, parsed from where they differ.
+
+An agent resends its whole history on every request, byte for byte as it sent it before, with
+the new messages appended. Parsing the whole body, and looking every message up by its bytes
+(``known_messages``), costs time in proportion to the history. So the layout of each parsed body
+is remembered: where its ``messages`` array opens and where each message ends. A body whose
+bytes start with a remembered body's bytes up to the end of one of its messages takes those
+messages and their digests as they are, and only the rest is parsed:
+
+* the new messages, each parsed alone, between offsets found by a string-aware scan of the tail
+  (strings are skipped whole by one regular expression, so a long tool output costs no Python
+  per character);
+* the rest of the object, parsed with the array's contents replaced by a per-process nonce, so a
+  second ``messages`` key (parsers keep the last) is noticed.
+
+Invariants:
+
+* ``extend`` returns the body a whole parse (``jsonio.loads_fast``) returns, or None, and then the
+  caller parses the whole body, which also words any error.
+* Messages handed out are the same objects for every body sharing them: nothing may modify a
+  parsed message (nothing in the proxy does; the core works on copies).
+* The bytes held are bounded (``max_bytes``, counting a body four times over for its parsed
+  messages; least recently used first out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy import jsonio
+from proxy.conversation import Message
+
+# A JSON string (escapes included), or a bracket.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_SPACE = re.compile(rb"[ \t\r\n]*")
+_OPEN = frozenset(b"[{")
+_QUOTE = ord('"')
+# A body met without a remembered one is scanned for its layout only up to this size (a bigger
+# one is laid out by matching each message's own serialization, or not at all).
+SCAN_LIMIT = 64 * 1024
+_PARSED_COST = 4  # a body's parsed messages, as a multiple of its bytes
+_PER_KEY = 4  # bodies remembered under one opening (forks, replays)
+_MAX_DEPTH = 512  # well inside orjson's nesting limit, counted from the top of the body
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a body's ``messages`` array opens (just after ``[``) and each message ends."""
+
+    opened: int
+    ends: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: a body is one remembered parse
+class _Remembered:
+    raw: bytes
+    layout: Layout
+    messages: tuple[Message, ...]
+    digests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A body parsed from a remembered one: ``body["messages"]`` is the whole list, of which
+    the first ``known`` (with ``digests``) come from the remembered body."""
+
+    body: dict[str, Any]
+    known: int
+    digests: list[str]
+    layout: Layout
+    base: _Remembered
+
+
+def _space(raw: bytes, pos: int) -> int:
+    match = _SPACE.match(raw, pos)
+    return match.end() if match else pos
+
+
+def messages_array(raw: bytes) -> int | None:
+    """The offset just after the ``[`` of the top-level ``messages`` array, if there is one."""
+    depth = 0
+    for token in _TOKEN.finditer(raw):
+        first = raw[token.start()]
+        if first == _QUOTE:
+            if depth == 1 and token.group() == b'"messages"':
+                colon = _space(raw, token.end())
+                if raw[colon : colon + 1] == b":":
+                    bracket = _space(raw, colon + 1)
+                    return bracket + 1 if raw[bracket : bracket + 1] == b"[" else None
+            continue
+        depth += 1 if first in _OPEN else -1
+    return None
+
+
+def _object_end(raw: bytes, start: int) -> int | None:
+    depth = 0
+    for token in _TOKEN.finditer(raw, start):
+        first = raw[token.start()]
+        if first == _QUOTE:
+            continue
+        depth += 1 if first in _OPEN else -1
+        if depth == 0:
+            return token.end()
+        if depth > _MAX_DEPTH:
+            return None  # what a whole parse may refuse is left to it
+    return None
+
+
+def scan_elements(
+    raw: bytes, pos: int, after_element: bool, limit: int | None = None
+) -> tuple[list[tuple[int, int]], int | None] | None:
+    """The (start, end) of each object element from ``pos`` (``after_element``: a ``,`` comes
+    first), and the offset of the array's ``]``; None where the bytes are not such an array
+    (a whole parse words the error). With ``limit``, stops after that many elements (no
+    ``]`` then)."""
+    spans: list[tuple[int, int]] = []
+    while limit is None or len(spans) < limit:
+        pos = _space(raw, pos)
+        if raw[pos : pos + 1] == b"]":
+            return spans, pos
+        if after_element:
+            if raw[pos : pos + 1] != b",":
+                return None
+            pos = _space(raw, pos + 1)
+        if raw[pos : pos + 1] != b"{":
+            return None
+        end = _object_end(raw, pos)
+        if end is None:
+            return None
+        spans.append((pos, end))
+        pos, after_element = end, True
+    return spans, None
+
+
+def layout_of(raw: bytes, messages: Sequence[Message]) -> Layout | None:
+    """The layout of a body parsed whole into ``messages``: each message's own serialization
+    found in place (most clients write compact JSON as orjson does), else, for a small body,
+    a scan; None when neither works."""
+    opened = messages_array(raw)
+    if opened is None or not messages:
+        return None
+    ends: list[int] = []
+    pos = opened
+    try:
+        for index, message in enumerate(messages):
+            pos = _space(raw, pos)
+            if index:
+                if raw[pos : pos + 1] != b",":
+                    break
+                pos = _space(raw, pos + 1)
+            written = orjson.dumps(message)
+            if not raw.startswith(written, pos):
+                break
+            pos += len(written)
+            ends.append(pos)
+        else:
+            return Layout(opened, tuple(ends))
+    except TypeError:  # orjson cannot write it (an integer beyond 64 bits)
+        pass
+    if len(raw) > SCAN_LIMIT:
+        return None
+    scanned = scan_elements(raw, opened, after_element=False)
+    if scanned is None or len(scanned[0]) != len(messages):
+        return None
+    return Layout(opened, tuple(end for _, end in scanned[0]))
+
+
+def _key(raw: bytes, layout_ends: Sequence[int]) -> bytes:
+    """Bodies are filed under their bytes up to the end of the second message (or the first):
+    the system prompt and the task, which tell most conversations apart."""
+    return hashlib.blake2b(
+        raw[: layout_ends[min(1, len(layout_ends) - 1)]], digest_size=16
+    ).digest()
+
+
+class RecentBodies:
+    """Bounded memory of recently parsed chat bodies; safe from the event loop and worker
+    threads at once (a big body is parsed off the loop)."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must not be negative")
+        self.max_bytes = max_bytes
+        self._by_key: OrderedDict[bytes, list[_Remembered]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._nonce = secrets.token_hex(16)
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def extend(self, raw: bytes) -> Extension | None:
+        """The body parsed from a remembered body it extends, or None (parse it whole)."""
+        if not self.max_bytes:
+            return None
+        opened = messages_array(raw)
+        if opened is None:
+            return None
+        opening = scan_elements(raw, opened, after_element=False, limit=2)
+        if opening is None or not opening[0]:
+            return None
+        key = _key(raw, [end for _, end in opening[0]])
+        with self._lock:
+            candidates = list(self._by_key.get(key, ()))
+            if candidates:
+                self._by_key.move_to_end(key)
+        for base in candidates:
+            known = _shared_messages(raw, base)
+            if known:
+                return self._parse_rest(raw, base, known)
+        return None
+
+    def _parse_rest(self, raw: bytes, base: _Remembered, known: int) -> Extension | None:
+        ends = base.layout.ends[:known]
+        scanned = scan_elements(raw, ends[-1], after_element=True)
+        if scanned is None or scanned[1] is None:
+            return None
+        spans, closed = scanned
+        opened = base.layout.opened
+        nonce = f'"{self._nonce}"'.encode()
+        try:
+            new = [jsonio.loads_fast(raw[start:end]) for start, end in spans]
+            rest = jsonio.loads_fast(b"".join((raw[:opened], nonce, raw[closed:])))
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(rest, dict) or rest.get("messages") != [self._nonce]:
+            return None  # not an object, or a second "messages" key wins
+        rest["messages"] = [*base.messages[:known], *new]
+        layout = Layout(opened, (*ends, *(end for _, end in spans)))
+        return Extension(rest, known, list(base.digests[:known]), layout, base)
+
+    def remember(
+        self,
+        raw: bytes,
+        layout: Layout,
+        messages: Sequence[Message],
+        digests: Sequence[str],
+        replaces: Extension | None = None,
+    ) -> None:
+        """Remember a parsed body (``replaces``: the extension it was parsed as, whose base it
+        supersedes)."""
+        cost = len(raw) * _PARSED_COST
+        if cost * 10 > self.max_bytes or len(layout.ends) != len(messages):
+            return
+        entry = _Remembered(raw, layout, tuple(messages), tuple(digests))
+        key = _key(raw, layout.ends)
+        with self._lock:
+            bucket = self._by_key.setdefault(key, [])
+            self._by_key.move_to_end(key)
+            if replaces is not None and replaces.base in bucket:
+                bucket.remove(replaces.base)
+                self._bytes -= len(replaces.base.raw) * _PARSED_COST
+            bucket.insert(0, entry)
+            self._bytes += cost
+            while len(bucket) > _PER_KEY:
+                self._bytes -= len(bucket.pop().raw) * _PARSED_COST
+            while self._bytes > self.max_bytes and self._by_key:
+                _, evicted = self._by_key.popitem(last=False)
+                self._bytes -= sum(len(e.raw) for e in evicted) * _PARSED_COST
+
+
+def _shared_messages(raw: bytes, base: _Remembered) -> int:
+    """How many of ``base``'s messages ``raw`` repeats byte for byte, from its first byte."""
+    ends = base.layout.ends
+    view = memoryview(base.raw)
+    if raw.startswith(view[: ends[-1]]):
+        return len(ends)
+    low, high = 0, len(ends) - 1  # invariant: the first `low` messages are shared
+    while low < high:
+        middle = (low + high + 1) // 2
+        if raw.startswith(view[: ends[middle - 1]]):
+            low = middle
+        else:
+            high = middle - 1
+    return low

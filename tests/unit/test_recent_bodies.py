@@ -1,0 +1,136 @@
+"""A body parsed from a recent one it extends is exactly the body parsed whole: the same
+object, the same digests, the same error, whatever the client's formatting or tricks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.chat_request import parse_chat_request
+from proxy.errors import BadRequest
+from proxy.known_messages import KnownMessages
+from proxy.recent_bodies import RecentBodies, layout_of
+from tests.strategies import messages
+
+Style = Callable[[Any], bytes]
+STYLES: dict[str, Style] = {
+    "compact": lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    ),
+    "spaced": lambda v: json.dumps(v).encode(),
+    "indented": lambda v: json.dumps(v, indent=1).encode(),
+}
+
+
+def outcome(raw: bytes, known: KnownMessages, recent: RecentBodies | None) -> tuple[Any, ...]:
+    try:
+        request = parse_chat_request(raw, known, recent)
+    except BadRequest as error:
+        return ("refused", error.message, error.param)
+    return ("parsed", request.body, request.digests, request.model, request.stream)
+
+
+def whole(raw: bytes) -> tuple[Any, ...]:
+    return outcome(raw, KnownMessages(), None)
+
+
+def body(history: list[Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": history, **extra}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    history=st.lists(messages, min_size=1, max_size=8),
+    cuts=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+    style=st.sampled_from(sorted(STYLES)),
+    model_last=st.booleans(),
+    tools=st.booleans(),
+)
+def test_a_growing_conversation_parses_as_if_each_body_were_parsed_whole(
+    history: list[Any], cuts: list[int], style: str, model_last: bool, tools: bool
+) -> None:
+    known, recent = KnownMessages(), RecentBodies()
+    for cut in sorted(cuts):
+        fields: dict[str, Any] = {"tools": [{"type": "function", "messages": [1]}]} if tools else {}
+        value = body(history[:cut], **fields)
+        if model_last:
+            value = {"messages": value["messages"], **fields, "model": "m"}
+        raw = STYLES[style](value)
+        assert outcome(raw, known, recent) == whole(raw)
+
+
+def plain(n: int) -> list[dict[str, Any]]:
+    conversation: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs."}]
+    for i in range(1, n):
+        role = "user" if i % 2 else "assistant"
+        conversation.append({"role": role, "content": f'turn {i} "quoted" [x] {{y}} \\ é'})
+    return conversation
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_an_appended_body_is_parsed_from_the_recent_one(style: str) -> None:
+    """Not vacuous: the path under test is the one taken, for every formatting."""
+    known, recent = KnownMessages(), RecentBodies()
+    parse_chat_request(STYLES[style](body(plain(3))), known, recent)
+    raw = STYLES[style](body(plain(6)))
+    extension = recent.extend(raw)
+    assert extension is not None and extension.known == 3
+    assert outcome(raw, known, recent) == whole(raw)
+
+
+def tricks() -> list[tuple[str, bytes]]:
+    base = json.dumps(body(plain(6)), separators=(",", ":")).encode()
+    cut = base.rindex(b',{"role"')  # before the last message
+    last = base[cut + 1 : base.rindex(b"]")]
+    return [
+        ("a second messages key wins", base[:-1] + b',"messages":[]}'),
+        ("a second messages key holding the nonce shape", base[:-1] + b',"messages":["x"]}'),
+        ("garbage between messages", base[:cut] + b" x " + base[cut:]),
+        ("a trailing comma", base[: base.rindex(b"]")] + b",]" + base[base.rindex(b"]") + 1 :]),
+        ("a message that is no object", base[: base.rindex(b"]")] + b",7]}"),
+        ("an unterminated string", base[:cut] + b',{"role":"user","content":"x}]}'),
+        ("the last message rewritten", base[:cut] + b',{"role":"user","content":"new"}]}'),
+        ("an early message rewritten", base.replace(b"turn 1", b"turn one", 1)),
+        ("model missing", base.replace(b'"model":"m",', b"")),
+        ("a repeated last message", base[: base.rindex(b"]")] + b"," + last + b"]}"),
+        ("nothing new", base),
+        ("trailing garbage", base + b"x"),
+        (
+            "deep nesting",
+            base[:cut] + b',{"role":"user","content":' + b"[" * 600 + b"]" * 600 + b"}]}",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("trick", "raw"), tricks(), ids=[t for t, _ in tricks()])
+def test_a_body_that_plays_tricks_on_a_recent_one_parses_as_if_whole(
+    trick: str, raw: bytes
+) -> None:
+    known, recent = KnownMessages(), RecentBodies()
+    parse_chat_request(json.dumps(body(plain(5)), separators=(",", ":")).encode(), known, recent)
+    assert outcome(raw, known, recent) == whole(raw)
+
+
+def test_a_big_body_met_first_is_laid_out_by_its_messages_own_serialization() -> None:
+    """Over the scan limit, compact JSON is laid out by matching each message's bytes; other
+    formatting is not laid out (and is simply parsed whole next time)."""
+    history = [{"role": "user", "content": "x" * 70_000}, *plain(4)[1:]]
+    compact = json.dumps(body(history), separators=(",", ":"), ensure_ascii=False).encode()
+    spaced = json.dumps(body(history)).encode()
+    assert layout_of(compact, history) is not None
+    assert layout_of(spaced, history) is None
+
+
+def test_held_bytes_stay_within_the_bound() -> None:
+    known, recent = KnownMessages(), RecentBodies(max_bytes=200_000)
+    for conversation in range(20):
+        history = [{"role": "system", "content": f"prompt {conversation}"}, *plain(4)[1:]]
+        history[1]["content"] += "y" * 2_000
+        parse_chat_request(json.dumps(body(history)).encode(), known, recent)
+        assert recent.held_bytes <= 200_000
+    assert recent.held_bytes > 0
