@@ -1,54 +1,31 @@
 """What a request tells the background rounds (``proxy.compaction.background``): its limits
-with the room its answer needs, the conversation's growth, and whether a round starts now.
+with the room its answer needs, and whether a round starts now.
 
-The conversation attributes read here are written with the request's record, after its
-answer: the largest answer so far, and the tokens this request forwarded and when.
+The largest answer so far is a conversation attribute, written with the request's record after
+its answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
-from proxy.compaction.background import (
-    BackgroundCompactions,
-    expected_growth,
-    wants_precompaction,
-)
+from proxy.compaction.background import BackgroundCompactions, wants_precompaction
 from proxy.compaction.engine import Relief
 from proxy.compaction.planning import CompactionJob
 from proxy.policy import Budgets, ModelPolicy, answer_reserve, budgets
 from proxy.store.base import ConversationState
 
 LARGEST_ANSWER = "largest_answer_tokens"  # raised after each answer that beat it
-LAST_TOKENS, LAST_MEASURED_AT = "last_tokens", "last_measured_at"  # for the growth rate
 
 
 def largest_answer(state: ConversationState) -> int | None:
     """The most completion tokens an answer in this conversation has taken, when known."""
     value = state.attributes.get(LARGEST_ANSWER)
     return int(value) if value is not None and value.isascii() and value.isdigit() else None
-
-
-def last_measured(state: ConversationState) -> tuple[int, float] | None:
-    """The tokens the conversation's last request forwarded, and when they were measured."""
-    try:
-        tokens, measured_at = (
-            int(state.attributes[LAST_TOKENS]),
-            float(state.attributes[LAST_MEASURED_AT]),
-        )
-    except (KeyError, ValueError):
-        return None
-    return (tokens, measured_at) if math.isfinite(measured_at) else None
-
-
-def measured_attributes(tokens: int, now: float) -> dict[str, str]:
-    """What the next request's growth rate is measured from."""
-    return {LAST_TOKENS: str(tokens), LAST_MEASURED_AT: f"{now:.3f}"}
 
 
 def answer_attributes(state: ConversationState | None, usage: Mapping[str, Any]) -> dict[str, str]:
@@ -75,18 +52,13 @@ def pressure_limits(
 
 
 def maybe_precompact(
-    background: BackgroundCompactions,
-    job: CompactionJob,
-    relief: Relief,
-    limits: Budgets | None,
-    now: float,
+    background: BackgroundCompactions, job: CompactionJob, relief: Relief, limits: Budgets | None
 ) -> bool:
-    """Between the watermarks (or below, growing fast), prepare the next checkpoint in the
-    background; this request goes on at once. Whether a round was started."""
+    """Between the watermarks, prepare the next checkpoint in the background; this request
+    goes on at once. Whether a round was started."""
     if limits is None or relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
         return False
     tokens = relief.measurement.tokens
-    growth = expected_growth(tokens, last_measured(relief.state), now, background.round_seconds)
-    if not wants_precompaction(tokens, limits, growth):
+    if not wants_precompaction(tokens, limits):
         return False
     return background.start(job, relief.state, tokens, limits)

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.ahead import maybe_precompact, measured_attributes, pressure_limits
+from proxy.ahead import maybe_precompact, pressure_limits
 from proxy.client_request import ClientRequest
 from proxy.compaction import triggers
 from proxy.compaction.engine import Engine, Relief
@@ -357,7 +357,7 @@ async def prepare(
         context=context,
         digests=view.body_digests if by_content else None,
     )
-    attributes = {MISSES: str(misses), **measured_attributes(measurement.tokens, time.time())}
+    attributes = {MISSES: str(misses)}
     if window is not None:
         attributes["last_pressure"] = f"{measurement.tokens / window:.4f}"
         if limits is not None:
@@ -365,7 +365,7 @@ async def prepare(
                 view, state, route.model, relief, limits.threshold
             )
 
-    started = proactive and maybe_precompact(app[BACKGROUND], job, relief, limits, time.time())
+    started = proactive and maybe_precompact(app[BACKGROUND], job, relief, limits)
     if started and status == "none":
         status = "precompacting"
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
 
 from proxy.compaction import triggers
 from proxy.compaction.engine import Engine, Outcome
@@ -35,39 +33,16 @@ from proxy.store.base import ConversationState
 log = logging.getLogger(__name__)
 
 TRIGGER = "precompact"
-ROUND_SMOOTHING = 0.3  # weight of the newest round in round_seconds
 # Outcomes that are no summarizer failure: nothing to cool down after.
 _NOT_FAILURES = frozenset(
     {Outcome.COMMITTED, Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER, Outcome.BUSY}
 )
 
 
-def wants_precompaction(tokens: int, limits: Budgets, growth: int = 0) -> bool:
+def wants_precompaction(tokens: int, limits: Budgets) -> bool:
     """Pressure from the precompaction watermark up to where a request must be compacted
-    before it goes (pure). A conversation expected to grow by ``growth`` tokens while a round
-    runs starts it earlier, as soon as the round would otherwise land past the threshold, but
-    not before ``threshold - retain``, where the span's own retain budget
-    (``precompaction_retain``) reaches zero."""
-    if limits.precompact <= 0 or tokens >= limits.must_compact:
-        return False
-    if tokens >= limits.precompact:
-        return True
-    return tokens >= limits.threshold - limits.retain and tokens + growth >= limits.threshold
-
-
-def expected_growth(
-    tokens: int, last: tuple[int, float] | None, now: float, round_seconds: float | None
-) -> int:
-    """Tokens the conversation is expected to add while a round runs (pure): its growth since
-    its last request, per second, over the time rounds have been taking. 0 when either is
-    unknown, or when it did not grow (a checkpoint applied in between)."""
-    if last is None or round_seconds is None:
-        return 0
-    last_tokens, measured_at = last
-    elapsed = now - measured_at
-    if tokens <= last_tokens or elapsed <= 0:
-        return 0
-    return math.ceil((tokens - last_tokens) / elapsed * round_seconds)
+    before it goes (pure)."""
+    return 0 < limits.precompact <= tokens < limits.must_compact
 
 
 def precompaction_retain(tokens: int, limits: Budgets) -> int:
@@ -85,13 +60,6 @@ class BackgroundCompactions:
         self._engine = engine
         self._concurrency = concurrency
         self._running: dict[str, asyncio.Task[None]] = {}
-        self.round_seconds: float | None = None  # moving average of committed rounds
-
-    def _took(self, seconds: float) -> None:
-        previous = self.round_seconds
-        self.round_seconds = (
-            seconds if previous is None else previous + ROUND_SMOOTHING * (seconds - previous)
-        )
 
     @property
     def in_flight(self) -> int:
@@ -123,10 +91,7 @@ class BackgroundCompactions:
         engine = self._engine
         try:
             surface = job.view.surface(state.records)
-            started = time.monotonic()
             result = await engine.summarize_round(job, state, surface, retain, TRIGGER)
-            if result.outcome is Outcome.COMMITTED:
-                self._took(time.monotonic() - started)
             if result.outcome not in _NOT_FAILURES:
                 await triggers.remember_failure(engine, job, tokens)
         except asyncio.CancelledError:

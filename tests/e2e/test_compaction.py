@@ -92,7 +92,9 @@ async def test_ten_concurrent_identical_requests_make_one_summary_call(
     assert all(r.parse().choices[0].message.content == "ok" for r in replies)
     forwarded = [r.body["messages"] for r in fake.chat_requests if r.body is not None]
     assert len(forwarded) == 10 and all(f == forwarded[0] for f in forwarded)
-    assert sorted(r.headers["x-compaction-status"] for r in replies).count("compacted") == 1
+    # One made the summary, the others waited for it (or came after it was committed).
+    statuses = {r.headers["x-compaction-status"] for r in replies}
+    assert "compacted" in statuses and statuses <= {"compacted", "none"}
 
 
 async def test_failed_summary_never_fails_the_request(

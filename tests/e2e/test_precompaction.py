@@ -12,7 +12,6 @@ from typing import Any
 
 import openai
 import orjson
-import pytest
 from prometheus_client import REGISTRY
 
 from proxy.compaction.summarize import framed_summary_text
@@ -281,30 +280,6 @@ async def test_a_request_whose_declared_answer_would_not_fit_waits_for_the_round
     assert carries_a_checkpoint(fake)
     assert fake.chat_requests[-1].prompt_tokens + 3_000 <= WINDOW
     assert len(fake.summary_requests) == 1
-
-
-@pytest.mark.parametrize(
-    ("first", "pause", "expected"), [(20, 0.3, "precompacting"), (22, 1.0, "none")]
-)
-async def test_a_conversation_growing_fast_starts_its_round_below_the_watermark(
-    make_proxy: ProxyFactory,
-    upstream_url: str,
-    fake: FakeUpstream,
-    first: int,
-    pause: float,
-    expected: str,
-) -> None:
-    """Rounds here take 2 s. Three tool rounds (about 1,400 tokens) in 0.3 s would add some
-    9,000 tokens during a round: from 23 rounds, under the watermark, a round starts at once.
-    One round in a second would add under 1,000: nothing starts before the watermark."""
-    fake.summary_delay = 1.0
-    proxy = await make_proxy(routes=route(upstream_url))
-    proxy.app[BACKGROUND].round_seconds = 2.0
-    assert (await send(proxy, tool_rounds(first)))[0] == "none"
-    await asyncio.sleep(pause)
-    assert (await send(proxy, tool_rounds(23)))[0] == expected
-    assert 0.64 * WINDOW <= fake.chat_requests[-1].prompt_tokens < 0.7 * WINDOW
-    await proxy.app[BACKGROUND].idle()
 
 
 async def test_sigterm_during_a_background_summary_frees_the_lease_and_exits(

@@ -1,5 +1,5 @@
 """What a request reads from and writes to its conversation for the background rounds: the
-largest answer and the last measurement, from attributes that may hold anything."""
+largest answer, from attributes that may hold anything."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import pytest
 
 from proxy.ahead import (
     LARGEST_ANSWER,
-    LAST_MEASURED_AT,
-    LAST_TOKENS,
     answer_attributes,
     largest_answer,
-    last_measured,
-    measured_attributes,
 )
 from proxy.store.base import ConversationState
 
@@ -52,24 +48,3 @@ def test_an_answer_raises_the_largest_only_when_larger(
     attributes = {} if previous is None else {LARGEST_ANSWER: previous}
     assert answer_attributes(state(**attributes), usage) == written
     assert answer_attributes(None, usage) == {}
-
-
-def test_a_measurement_reads_back_as_written() -> None:
-    assert last_measured(state(**measured_attributes(9_000, 1_700_000_000.25))) == (
-        9_000,
-        1_700_000_000.25,
-    )
-
-
-@pytest.mark.parametrize(
-    "attributes",
-    [
-        {},
-        {LAST_TOKENS: "9000"},
-        {LAST_TOKENS: "x", LAST_MEASURED_AT: "1.0"},
-        {LAST_TOKENS: "9000", LAST_MEASURED_AT: "nan"},
-        {LAST_TOKENS: "9000", LAST_MEASURED_AT: "inf"},
-    ],
-)
-def test_a_missing_or_broken_measurement_gives_no_growth_rate(attributes: dict[str, str]) -> None:
-    assert last_measured(state(**attributes)) is None

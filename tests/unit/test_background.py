@@ -6,11 +6,7 @@ import dataclasses
 
 import pytest
 
-from proxy.compaction.background import (
-    expected_growth,
-    precompaction_retain,
-    wants_precompaction,
-)
+from proxy.compaction.background import precompaction_retain, wants_precompaction
 from proxy.config import ConfigError, Policy, load_settings
 from proxy.policy import Budgets, answer_reserve, budgets
 
@@ -54,44 +50,6 @@ def test_a_round_starts_from_the_watermark_up_to_where_a_request_must_wait(
 ) -> None:
     assert wants_precompaction(tokens, LIMITS) is wanted
     assert not wants_precompaction(tokens, Budgets(16_000, 12_800, 2_560, precompact=0))
-
-
-@pytest.mark.parametrize(
-    ("tokens", "growth", "wanted"),
-    [
-        (10_500, 0, False),  # under the watermark, not growing: wait for the watermark
-        (10_500, 2_000, False),  # it would land under the threshold
-        (10_500, 2_300, True),  # it would land past it: start now
-        (10_239, 9_000, False),  # never below threshold - retain (10,240)
-        (10_240, 2_560, True),
-        (14_400, 9_000, False),  # from must_compact a request waits; nothing starts behind it
-    ],
-)
-def test_a_fast_growing_conversation_starts_its_round_early_enough_to_land_by_the_threshold(
-    tokens: int, growth: int, wanted: bool
-) -> None:
-    assert wants_precompaction(tokens, LIMITS, growth) is wanted
-
-
-@pytest.mark.parametrize(
-    ("tokens", "last", "now", "round_seconds", "growth"),
-    [
-        (10_000, (9_000, 100.0), 101.0, 3.0, 3_000),  # 1,000 tokens a second, 3 s rounds
-        (10_000, (9_000, 100.0), 102.0, 3.0, 1_500),
-        (10_000, None, 101.0, 3.0, 0),  # first request: no rate yet
-        (10_000, (9_000, 100.0), 101.0, None, 0),  # no round timed yet
-        (5_000, (12_000, 100.0), 101.0, 3.0, 0),  # a checkpoint applied in between
-        (10_000, (9_000, 101.0), 101.0, 3.0, 0),  # no time passed (clock, or parallel requests)
-    ],
-)
-def test_expected_growth_is_the_last_rate_over_a_round(
-    tokens: int,
-    last: tuple[int, float] | None,
-    now: float,
-    round_seconds: float | None,
-    growth: int,
-) -> None:
-    assert expected_growth(tokens, last, now, round_seconds) == growth
 
 
 @pytest.mark.parametrize(
