@@ -107,7 +107,7 @@ def parse_chat_request(
             _validate(message, index)
     else:
         digests = known.digests(messages, _validate)
-        if recent is not None:
+        if recent is not None and recent.enabled:
             layout = layout_of(raw, messages)
             if layout is not None:
                 recent.remember(raw, layout, messages, digests)

@@ -78,6 +78,7 @@ class Extension:
     digests: list[str]
     layout: Layout
     base: _Remembered
+    key: bytes  # the bucket both are filed under (the same first two messages)
 
 
 def _space(raw: bytes, pos: int) -> int:
@@ -199,9 +200,13 @@ class RecentBodies:
     def held_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
     def extend(self, raw: bytes) -> Extension | None:
         """The body parsed from a remembered body it extends, or None (parse it whole)."""
-        if not self.max_bytes:
+        if not self.enabled:
             return None
         opened = messages_array(raw)
         if opened is None:
@@ -217,10 +222,12 @@ class RecentBodies:
         for base in candidates:
             known = _shared_messages(raw, base)
             if known:
-                return self._parse_rest(raw, base, known)
+                return self._parse_rest(raw, base, known, key)
         return None
 
-    def _parse_rest(self, raw: bytes, base: _Remembered, known: int) -> Extension | None:
+    def _parse_rest(
+        self, raw: bytes, base: _Remembered, known: int, key: bytes
+    ) -> Extension | None:
         ends = base.layout.ends[:known]
         scanned = scan_elements(raw, ends[-1], after_element=True)
         if scanned is None or scanned[1] is None:
@@ -237,7 +244,7 @@ class RecentBodies:
             return None  # not an object, or a second "messages" key wins
         rest["messages"] = [*base.messages[:known], *new]
         layout = Layout(opened, (*ends, *(end for _, end in spans)))
-        return Extension(rest, known, list(base.digests[:known]), layout, base)
+        return Extension(rest, known, list(base.digests[:known]), layout, base, key)
 
     def remember(
         self,
@@ -253,7 +260,7 @@ class RecentBodies:
         if cost * 10 > self.max_bytes or len(layout.ends) != len(messages):
             return
         entry = _Remembered(raw, layout, tuple(messages), tuple(digests))
-        key = _key(raw, layout.ends)
+        key = replaces.key if replaces is not None else _key(raw, layout.ends)
         with self._lock:
             bucket = self._by_key.setdefault(key, [])
             self._by_key.move_to_end(key)
