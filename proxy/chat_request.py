@@ -22,7 +22,7 @@ from proxy.client_request import (
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, RecentBodies, layout_of
+from proxy.recent_bodies import Extension, KnownChains, RecentBodies, layout_of
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
@@ -101,7 +101,7 @@ def parse_chat_request(
     messages = body["messages"]
     if not isinstance(messages, list):
         raise invalid("messages", "an array", messages)
-    digests = None
+    digests, chains = None, None
     if known is None:
         for index, message in enumerate(messages):
             _validate(message, index)
@@ -110,8 +110,8 @@ def parse_chat_request(
         if recent is not None and recent.enabled:
             layout = layout_of(raw, messages)
             if layout is not None:
-                recent.remember(raw, layout, messages, digests)
-    return _request(raw, body, messages, digests)
+                chains = recent.remember(raw, layout, messages, digests)
+    return _request(raw, body, messages, digests, chains)
 
 
 def _extended(
@@ -125,12 +125,16 @@ def _extended(
     digests = extension.digests + known.digests(
         messages[first:], lambda message, index: _validate(message, first + index)
     )
-    recent.remember(raw, extension.layout, messages, digests, replaces=extension)
-    return _request(raw, body, messages, digests)
+    chains = recent.remember(raw, extension.layout, messages, digests, replaces=extension)
+    return _request(raw, body, messages, digests, chains)
 
 
 def _request(
-    raw: bytes, body: dict[str, Any], messages: list[Any], digests: list[str] | None
+    raw: bytes,
+    body: dict[str, Any],
+    messages: list[Any],
+    digests: list[str] | None,
+    chains: KnownChains | None,
 ) -> ClientRequest:
     return ClientRequest(
         body=body,
@@ -139,4 +143,5 @@ def _request(
         stream=check_stream(body),
         digests=digests,
         raw=raw,
+        chains=chains,
     )

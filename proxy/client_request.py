@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from proxy import jsonio
 from proxy.errors import BadRequest
+from proxy.recent_bodies import KnownChains
 
 
 def invalid(param: str, expected: str, got: Any) -> BadRequest:
@@ -53,6 +54,7 @@ class ClientRequest:
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
     api: Literal["chat", "responses"] = "chat"
     groups: list[tuple[int, ...]] | None = None
+    chains: KnownChains | None = None  # where its body chain starts from and is left
 
     @property
     def upstream_path(self) -> str:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 from proxy import jsonio
 from proxy.content import cut, text_of
@@ -139,18 +139,25 @@ def message_digest(message: Mapping[str, Any]) -> str:
 
 
 def chain_hashes(
-    root: str, body: Sequence[Message], digests: Sequence[str] | None = None
+    root: str,
+    body: Sequence[Message],
+    digests: Sequence[str] | None = None,
+    known: Sequence[str] = (),
 ) -> list[str]:
     """``c[i] = H(c[i-1] || H(canonical(body[i])))`` for every body position.
 
     ``digests`` (from ``message_digest``) may be passed when already computed, so a request's
     messages are serialized and hashed once for the chain and the token meter together.
+    ``known`` is the chain of a body this one begins with (same root, same first messages):
+    it is taken as it is and only the positions after it are hashed.
     """
     if digests is None:
         digests = [message_digest(message) for message in body]
-    chain: list[str] = []
-    previous = bytes.fromhex(root)
-    for digest in digests:
+    if len(known) > len(digests):
+        raise ValueError("a known chain longer than the body")
+    chain = list(known)
+    previous = bytes.fromhex(chain[-1] if chain else root)
+    for digest in digests[len(chain) :]:
         previous = hashlib.blake2b(
             previous + bytes.fromhex(digest), digest_size=_DIGEST_SIZE
         ).digest()
@@ -258,14 +265,55 @@ class SurfaceNode(NamedTuple):
     end: int | None = None
 
 
+class SentNodes(Sequence[SurfaceNode]):
+    """The nodes of a surface that replaces nothing, made only when read: every request
+    derives such a surface, and most only count its nodes and forward its messages (the
+    request's own), which costs nothing per message here."""
+
+    __slots__ = ("_body", "_head", "_nodes")
+
+    def __init__(self, head: Sequence[Message], body: Sequence[Message]) -> None:
+        self._head, self._body = head, body
+        self._nodes: tuple[SurfaceNode, ...] | None = None
+
+    def messages(self) -> list[Message]:
+        return [*self._head, *self._body]
+
+    def _made(self) -> tuple[SurfaceNode, ...]:
+        if self._nodes is None:
+            head = [SurfaceNode(m, "head") for m in self._head]
+            self._nodes = (*head, *(SurfaceNode(m, "body", i, i) for i, m in enumerate(self._body)))
+        return self._nodes
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._body)
+
+    @overload
+    def __getitem__(self, index: int) -> SurfaceNode: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[SurfaceNode, ...]: ...
+    def __getitem__(self, index: int | slice) -> SurfaceNode | tuple[SurfaceNode, ...]:
+        return self._made()[index]
+
+    def __iter__(self) -> Iterator[SurfaceNode]:
+        return iter(self._made())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, yet not one
+
+
 @dataclass(frozen=True)
 class Surface:
-    nodes: tuple[SurfaceNode, ...]
+    nodes: Sequence[SurfaceNode]
     checkpoints: tuple[Checkpoint, ...] = ()
     prunes: tuple[Prune, ...] = ()
 
     @property
     def messages(self) -> list[Message]:
+        if isinstance(self.nodes, SentNodes):
+            return self.nodes.messages()
         return [node.message for node in self.nodes]
 
     @property
@@ -316,11 +364,9 @@ def derive_surface(
             chosen.append(candidate)
     by_start = {c.start: c for c in chosen}
 
-    nodes = [SurfaceNode(message=m, kind="head") for m in head]
     if not chosen and not prunes:
-        # The common case (nothing replaced yet), on every request: one comprehension.
-        nodes += [SurfaceNode(m, "body", i, i) for i, m in enumerate(body)]
-        return Surface(nodes=tuple(nodes))
+        return Surface(nodes=SentNodes(head, body))  # the common case, on every request
+    nodes = [SurfaceNode(message=m, kind="head") for m in head]
     applied_prunes: list[Prune] = []
     position = 0
     while position < count:

@@ -97,13 +97,15 @@ def summary_call(
     client's headers only those ``summary_call_headers`` allows (its credentials only when
     the summary goes to the host its request went to; the route's own key otherwise)."""
     route = app[POLICIES].for_model(summary_model).route
-    url = f"{route.base}/chat/completions"
-    allowed = summary_call_headers(client_headers, request_route, route)
-    headers = upstream_headers(allowed, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required)
-    headers["Content-Type"] = "application/json"
     timeout = app[SETTINGS].summary_timeout_seconds
 
     async def call(body: dict[str, Any]) -> Summary:
+        # Made here, not per request: most requests never call the summarizer.
+        allowed = summary_call_headers(client_headers, request_route, route)
+        keys = app[CLIENT_KEYS].required
+        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys)
+        headers["Content-Type"] = "application/json"
+        url = f"{route.base}/chat/completions"
         try:
             return await call_summarizer(app[HTTP_CLIENT], url, headers, body, timeout)
         except SummaryFailed as failure:
@@ -269,6 +271,7 @@ async def _view_of(
             tools,
             size=len(client_request.raw),
             digests=client_request.digests,
+            chains=client_request.chains,
         )
 
     if not is_big(len(client_request.raw), len(client_request.messages)):

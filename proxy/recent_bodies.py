@@ -20,18 +20,19 @@ Invariants:
 * Messages handed out are the same objects for every body sharing them: nothing may modify a
   parsed message (nothing in the proxy does; the core works on copies).
 * The bytes held are bounded (``max_bytes``, counting a body four times over for its parsed
-  messages; least recently used first out).
+  messages and its chain; least recently used first out).
+* A remembered body also keeps its body chain once a request view has hashed it
+  (``KnownChains``), so the next body's chain is hashed from where the two differ.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -39,11 +40,14 @@ import orjson
 from proxy import jsonio
 from proxy.conversation import Message
 
-# A JSON string (escapes included), or a bracket.
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_STRUCTURE = re.compile(rb'["\[\]{}]')  # where a string or a bracket starts
+# A whole JSON string, escapes included (a backslash escapes any byte, as in string_end).
+JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _SPACE = re.compile(rb"[ \t\r\n]*")
 _OPEN = frozenset(b"[{")
 _QUOTE = ord('"')
+_BACKSLASH = ord("\\")
+_SHORT_RUN = 16  # backslashes counted one by one before a quote
 # A body met without a remembered one is scanned for its layout only up to this size (a bigger
 # one is laid out by matching each message's own serialization, or not at all).
 SCAN_LIMIT = 64 * 1024
@@ -66,6 +70,25 @@ class _Remembered:
     layout: Layout
     messages: tuple[Message, ...]
     digests: tuple[str, ...]
+    # The body chain of these messages, by tenant root, once a request view has hashed it.
+    chains: dict[str, Sequence[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KnownChains:
+    """What a body's chain can start from: the chains of the remembered body it extends (by
+    tenant root) for the ``shared`` messages, head included, the two have in common; and where
+    this body's own chains are left for the body that extends it next."""
+
+    earlier: Mapping[str, Sequence[str]]
+    shared: int
+    own: dict[str, Sequence[str]]
+
+    def known(self, root: str, head: int) -> Sequence[str]:
+        """The chain of the shared body positions, for a head of ``head`` messages. Messages
+        past the head are shared only if the remembered body split its head at the same
+        place (the same bytes up to there), so its positions are ours."""
+        return self.earlier.get(root, ())[: max(0, self.shared - head)]
 
 
 @dataclass(frozen=True)
@@ -78,7 +101,7 @@ class Extension:
     digests: list[str]
     layout: Layout
     base: _Remembered
-    key: bytes  # the bucket both are filed under (the same first two messages)
+    key: int  # the bucket both are filed under (the same first two messages)
 
 
 def _space(raw: bytes, pos: int) -> int:
@@ -86,14 +109,48 @@ def _space(raw: bytes, pos: int) -> int:
     return match.end() if match else pos
 
 
+def string_end(raw: bytes, start: int) -> int | None:
+    """The offset just past the JSON string whose quote opens at ``start``; None if it never
+    closes. Its end is the first quote after an even run of backslashes, found at the speed of
+    a byte search; only a long run of backslashes is left to the escape-aware expression."""
+    close = raw.find(b'"', start + 1)
+    while close >= 0:
+        run = 0  # backslashes right before the quote (the opening quote stops the count)
+        while raw[close - 1 - run] == _BACKSLASH:
+            run += 1
+            if run > _SHORT_RUN:
+                match = JSON_STRING.match(raw, start)
+                return match.end() if match else None
+        if run % 2 == 0:
+            return close + 1
+        close = raw.find(b'"', close + 1)
+    return None
+
+
+def _tokens(raw: bytes, pos: int) -> Iterator[tuple[int, int]]:
+    """The (start, end) of each string and bracket from ``pos``, in order; ends early at a
+    string that never closes."""
+    search = _STRUCTURE.search
+    while (found := search(raw, pos)) is not None:
+        start = found.start()
+        if raw[start] == _QUOTE:
+            end = string_end(raw, start)
+            if end is None:
+                return
+        else:
+            end = start + 1
+        yield start, end
+        pos = end
+
+
 def messages_array(raw: bytes) -> int | None:
     """The offset just after the ``[`` of the top-level ``messages`` array, if there is one."""
     depth = 0
-    for token in _TOKEN.finditer(raw):
-        first = raw[token.start()]
+    for start, end in _tokens(raw, 0):
+        first = raw[start]
         if first == _QUOTE:
-            if depth == 1 and token.group() == b'"messages"':
-                colon = _space(raw, token.end())
+            if depth == 1 and raw[start:end] == b'"messages"':
+                colon = _space(raw, end)
                 if raw[colon : colon + 1] == b":":
                     bracket = _space(raw, colon + 1)
                     return bracket + 1 if raw[bracket : bracket + 1] == b"[" else None
@@ -104,13 +161,13 @@ def messages_array(raw: bytes) -> int | None:
 
 def _object_end(raw: bytes, start: int) -> int | None:
     depth = 0
-    for token in _TOKEN.finditer(raw, start):
-        first = raw[token.start()]
+    for token, end in _tokens(raw, start):
+        first = raw[token]
         if first == _QUOTE:
             continue
         depth += 1 if first in _OPEN else -1
         if depth == 0:
-            return token.end()
+            return end
         if depth > _MAX_DEPTH:
             return None  # what a whole parse may refuse is left to it
     return None
@@ -175,12 +232,12 @@ def layout_of(raw: bytes, messages: Sequence[Message]) -> Layout | None:
     return Layout(opened, tuple(end for _, end in scanned[0]))
 
 
-def _key(raw: bytes, layout_ends: Sequence[int]) -> bytes:
+def _key(raw: bytes, layout_ends: Sequence[int]) -> int:
     """Bodies are filed under their bytes up to the end of the second message (or the first):
-    the system prompt and the task, which tell most conversations apart."""
-    return hashlib.blake2b(
-        raw[: layout_ends[min(1, len(layout_ends) - 1)]], digest_size=16
-    ).digest()
+    the system prompt and the task, which tell most conversations apart. Python's own hash of
+    them: a bucket only says where to look (the bytes themselves are compared), and this one
+    costs a fifth of a cryptographic digest."""
+    return hash(memoryview(raw)[: layout_ends[min(1, len(layout_ends) - 1)]])
 
 
 class RecentBodies:
@@ -191,7 +248,7 @@ class RecentBodies:
         if max_bytes < 0:
             raise ValueError("max_bytes must not be negative")
         self.max_bytes = max_bytes
-        self._by_key: OrderedDict[bytes, list[_Remembered]] = OrderedDict()
+        self._by_key: OrderedDict[int, list[_Remembered]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self._nonce = secrets.token_hex(16)
@@ -226,7 +283,7 @@ class RecentBodies:
         return None
 
     def _parse_rest(
-        self, raw: bytes, base: _Remembered, known: int, key: bytes
+        self, raw: bytes, base: _Remembered, known: int, key: int
     ) -> Extension | None:
         ends = base.layout.ends[:known]
         scanned = scan_elements(raw, ends[-1], after_element=True)
@@ -253,12 +310,13 @@ class RecentBodies:
         messages: Sequence[Message],
         digests: Sequence[str],
         replaces: Extension | None = None,
-    ) -> None:
+    ) -> KnownChains:
         """Remember a parsed body (``replaces``: the extension it was parsed as, whose base it
-        supersedes)."""
+        supersedes); returns where the body's chains go, and any it can start from."""
+        earlier, shared = ({}, 0) if replaces is None else (replaces.base.chains, replaces.known)
         cost = len(raw) * _PARSED_COST
         if cost * 10 > self.max_bytes or len(layout.ends) != len(messages):
-            return
+            return KnownChains(earlier, shared, {})
         entry = _Remembered(raw, layout, tuple(messages), tuple(digests))
         key = replaces.key if replaces is not None else _key(raw, layout.ends)
         with self._lock:
@@ -274,6 +332,7 @@ class RecentBodies:
             while self._bytes > self.max_bytes and self._by_key:
                 _, evicted = self._by_key.popitem(last=False)
                 self._bytes -= sum(len(e.raw) for e in evicted) * _PARSED_COST
+        return KnownChains(earlier, shared, entry.chains)
 
 
 def _shared_messages(raw: bytes, base: _Remembered) -> int:

@@ -27,6 +27,7 @@ from proxy.conversation import (
 )
 from proxy.meter import Measurement, TokenMeter
 from proxy.offload import is_big
+from proxy.recent_bodies import KnownChains
 from proxy.store.base import Anchor
 
 
@@ -58,16 +59,22 @@ class RequestView:
         conversation: str | None = None,
         size: int = 0,
         digests: Sequence[str] | None = None,
+        chains: KnownChains | None = None,
     ) -> RequestView:
         """``conversation`` overrides the derived id (when it is already known, e.g. from the
         admin API for a conversation named by a session header); ``digests`` are the
-        messages' ``message_digest``s when the parse already computed them."""
+        messages' ``message_digest``s when the parse already computed them; ``chains``, the
+        chain of a body this one extends (the chain is left there for the next one)."""
         head, body = split_head(messages)
         if digests is None:
             digests = [message_digest(m) for m in messages]
         head_digests, body_digests = list(digests[: len(head)]), list(digests[len(head) :])
         root = chain_root(tenant)
-        chain = chain_hashes(root, body, body_digests)
+        if chains is None:
+            chain = chain_hashes(root, body, body_digests)
+        else:
+            chain = chain_hashes(root, body, body_digests, chains.known(root, len(head)))
+            chains.own[root] = chain
         return cls(
             tenant=tenant,
             conversation=conversation or conversation_id(tenant, root, chain, session_id),

@@ -13,6 +13,7 @@ from proxy.conversation import (
     Prune,
     ReplacementRecord,
     Surface,
+    SurfaceNode,
     branch_fingerprint,
     canonical_message,
     chain_hashes,
@@ -198,6 +199,28 @@ def test_records_round_trip_through_plain_dicts(record: ReplacementRecord) -> No
 
 
 # -- surface derivation --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("head", "body"),
+    [([], []), ([system("Be brief.")], []), ([], conversation(1)), ([system("x")], conversation())],
+)
+def test_a_surface_replacing_nothing_reads_as_the_requests_own_nodes(
+    head: list[Message], body: list[Message]
+) -> None:
+    """Its nodes are made when read; they are what the surface would have listed."""
+    surface = surface_of(body, [], head)
+    expected = (
+        *(SurfaceNode(m, "head") for m in head),
+        *(SurfaceNode(m, "body", i, i) for i, m in enumerate(body)),
+    )
+    assert len(surface.nodes) == len(expected)
+    assert surface.messages == [*head, *body]
+    assert tuple(surface.nodes) == expected and surface.nodes == expected
+    assert surface.nodes[1:] == expected[1:]
+    if expected:
+        assert surface.nodes[-1] == expected[-1]
+    assert not surface.changed
 
 
 def test_no_records_gives_the_request_itself() -> None:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from proxy.chat_request import parse_chat_request
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import RecentBodies, layout_of
+from proxy.recent_bodies import JSON_STRING, RecentBodies, layout_of, string_end
+from proxy.request_view import RequestView
 from tests.strategies import messages
 
 Style = Callable[[Any], bytes]
@@ -81,6 +82,71 @@ def test_an_appended_body_is_parsed_from_the_recent_one(style: str) -> None:
     extension = recent.extend(raw)
     assert extension is not None and extension.known == 3
     assert outcome(raw, known, recent) == whole(raw)
+
+
+def chain_of(tenant: str, raw: bytes, known: KnownMessages, recent: RecentBodies) -> list[str]:
+    """The body chain of ``raw`` as the proxy derives it (from a recent body's chain when it
+    has one), after checking it against the chain hashed from nothing."""
+    request = parse_chat_request(raw, known, recent)
+    view = RequestView.of(
+        tenant, "m", request.messages, None, digests=request.digests, chains=request.chains
+    )
+    assert view.chain == RequestView.of(tenant, "m", request.messages, None).chain
+    return view.chain
+
+
+valid_messages = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+        "content": st.sampled_from(["a", "b", "same"]),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shared=st.lists(valid_messages, min_size=1, max_size=6),
+    forks=st.lists(st.lists(valid_messages, max_size=4), min_size=1, max_size=2),
+    steps=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(1, 10), st.sampled_from(["t1", "t2"])),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_a_chain_started_from_a_recent_bodys_chain_is_the_chain_hashed_whole(
+    shared: list[Any], forks: list[list[Any]], steps: list[tuple[int, int, str]]
+) -> None:
+    """Whatever the order of bodies (growing, shrinking, forking, another tenant's)."""
+    known, recent = KnownMessages(), RecentBodies()
+    for fork, cut, tenant in steps:
+        history = [*shared, *forks[fork % len(forks)]][:cut]
+        chain_of(tenant, STYLES["compact"](body(history)), known, recent)
+
+
+def test_an_appended_bodys_chain_is_hashed_from_where_the_recent_one_ends() -> None:
+    """Not vacuous: the shared positions' chain is taken, not hashed again."""
+    known, recent = KnownMessages(), RecentBodies()
+    first = chain_of("t", STYLES["compact"](body(plain(3))), known, recent)
+    request = parse_chat_request(STYLES["compact"](body(plain(6))), known, recent)
+    assert request.chains is not None
+    root = RequestView.of("t", "m", request.messages, None).root
+    assert list(request.chains.known(root, 1)) == first  # a system message, two shared
+    assert request.chains.known("another tenant's root", 1) == ()
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([b"\\" * 20, b"\\" * 17, b"\\", b'"', b"x", b"\n", "é".encode()]),
+        max_size=30,
+    )
+)
+def test_a_strings_end_is_found_as_the_escape_aware_expression_finds_it(
+    pieces: list[bytes],
+) -> None:
+    raw = b'"' + b"".join(pieces)
+    match = JSON_STRING.match(raw)
+    assert string_end(raw, 0) == (match.end() if match else None)
 
 
 def tricks() -> list[tuple[str, bytes]]:
