@@ -15,6 +15,7 @@ Invariants (DESIGN.md §3):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -128,6 +129,7 @@ def live_turn_start(body: Sequence[Message]) -> int:
     return 0
 
 
+@functools.lru_cache(maxsize=1024)
 def chain_root(tenant: str) -> str:
     """``c[-1]``: the hash every chain of this tenant starts from."""
     return _digest(b"tenant\x00", tenant.encode())

@@ -14,7 +14,7 @@ from aiohttp import web
 from proxy.config import Route
 from proxy.errors import error_response
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT
-from proxy.metrics import UPSTREAM_DURATION
+from proxy.metrics import UPSTREAM_DURATION, child
 from proxy.upstream import (
     ClientGone,
     UsageScanner,
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def _observe(route: Route, started: float) -> None:
-    UPSTREAM_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
+    child(UPSTREAM_DURATION, route.model).observe(time.perf_counter() - started)
 
 
 @dataclass(frozen=True)

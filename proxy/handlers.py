@@ -45,6 +45,7 @@ from proxy.metrics import (
     PROXY_OVERHEAD,
     REQUEST_DURATION,
     REQUESTS,
+    child,
 )
 from proxy.offload import is_big, off_loop_if
 from proxy.overflow import classify_overflow
@@ -136,7 +137,7 @@ async def _serve(
         BYPASSES.labels(route=route.model, cause="error").inc()
         prepared = Prepared(payload=client_request.raw, status="bypass")
 
-    PROXY_OVERHEAD.labels(route=route.model).observe(time.perf_counter() - started)
+    child(PROXY_OVERHEAD, route.model).observe(time.perf_counter() - started)
     in_flight = app[IN_FLIGHT]
     conversation = prepared.conversation
     if conversation is not None:
@@ -156,8 +157,8 @@ async def _serve(
             app[PENDING_RECORDS].spawn(conversation, _record(request.app, prepared, reply))
         # Counted however the request ended, a client that left included.
         outcome = _outcome(reply, prepared.status)
-        REQUESTS.labels(route=route.model, outcome=outcome).inc()
-        REQUEST_DURATION.labels(route=route.model).observe(time.perf_counter() - started)
+        child(REQUESTS, route.model, outcome).inc()
+        child(REQUEST_DURATION, route.model).observe(time.perf_counter() - started)
         if outcome == "client_disconnected":
             CLIENT_DISCONNECTS.labels(route=route.model).inc()
     return reply.response
@@ -201,7 +202,7 @@ async def _forward_with_recovery(
 
 async def _send(request: web.Request, route: Route, path: str, prepared: Prepared) -> Reply:
     if prepared.measurement is not None:
-        PROMPT_TOKENS_FORWARDED.labels(route=route.model).inc(prepared.measurement.tokens)
+        child(PROMPT_TOKENS_FORWARDED, route.model).inc(prepared.measurement.tokens)
     headers = _compaction_headers(prepared)
     return await forward(request, route, path, prepared.payload, headers)
 

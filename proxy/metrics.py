@@ -6,7 +6,9 @@ small closed sets of outcomes; never a conversation id or a key.
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import (
@@ -20,9 +22,21 @@ from prometheus_client import (
     multiprocess,
     start_http_server,
 )
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 LLM_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+@functools.cache
+def child(metric: M, *label_values: str) -> M:
+    """``metric.labels(*label_values)``, in the order the metric names its labels, looked up
+    once per label set: every request observes the same few children, and ``labels`` checks
+    its arguments and takes a lock on each call. (The label sets are closed, so is the cache.)"""
+    return metric.labels(*label_values)
+
 
 REQUESTS = Counter(
     "compaction_proxy_requests_total",

@@ -54,6 +54,7 @@ from proxy.metrics import (
     PRESSURE,
     PROACTIVE_STOPPED,
     TOKENS_SAVED,
+    child,
 )
 from proxy.offload import is_big, off_loop_if
 from proxy.payload import payload_for
@@ -343,7 +344,7 @@ async def prepare(
     relief = await _relieve(engine, job, state, limits, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     if window is not None:
-        PRESSURE.labels(route=route.model).observe(measurement.tokens / window)
+        child(PRESSURE, route.model).observe(measurement.tokens / window)
     status = "compacted" if relief.compacted else "pruned" if relief.pruned else "none"
 
     forwarded = request_event(

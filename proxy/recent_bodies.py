@@ -236,8 +236,9 @@ def _key(raw: bytes, layout_ends: Sequence[int]) -> int:
     """Bodies are filed under their bytes up to the end of the second message (or the first):
     the system prompt and the task, which tell most conversations apart. Python's own hash of
     them: a bucket only says where to look (the bytes themselves are compared), and this one
-    costs a fifth of a cryptographic digest."""
-    return hash(memoryview(raw)[: layout_ends[min(1, len(layout_ends) - 1)]])
+    costs a fifth of a cryptographic digest. (Of a copy: hashing a memoryview hashes the
+    whole body it views first.)"""
+    return hash(raw[: layout_ends[min(1, len(layout_ends) - 1)]])
 
 
 class RecentBodies:
@@ -282,9 +283,7 @@ class RecentBodies:
                 return self._parse_rest(raw, base, known, key)
         return None
 
-    def _parse_rest(
-        self, raw: bytes, base: _Remembered, known: int, key: int
-    ) -> Extension | None:
+    def _parse_rest(self, raw: bytes, base: _Remembered, known: int, key: int) -> Extension | None:
         ends = base.layout.ends[:known]
         scanned = scan_elements(raw, ends[-1], after_element=True)
         if scanned is None or scanned[1] is None:

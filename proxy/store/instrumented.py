@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from proxy.conversation import ReplacementRecord
-from proxy.metrics import LEASE_WAIT_DURATION, LEASE_WAITS, STORE_DURATION, STORE_ERRORS
+from proxy.metrics import LEASE_WAIT_DURATION, LEASE_WAITS, STORE_DURATION, STORE_ERRORS, child
 from proxy.store.base import (
     Anchor,
     BeginResult,
@@ -34,7 +34,7 @@ async def _observed(operation: str) -> AsyncIterator[None]:
         STORE_ERRORS.labels(operation=operation).inc()
         raise
     finally:
-        STORE_DURATION.labels(operation=operation).observe(time.perf_counter() - started)
+        child(STORE_DURATION, operation).observe(time.perf_counter() - started)
 
 
 class InstrumentedStore:
