@@ -174,6 +174,9 @@ async def _relieve(
         return as_it_is()
     if not proactive:
         return dataclasses.replace(as_it_is(), shortfall="stopped")
+    relief = as_it_is()
+    if relief.measurement.tokens < limits.threshold:
+        return relief  # most requests: nothing to compact, so no task to shield it in
     try:
         return await shielded(triggers.relieve_pressure(engine, job, state, limits))
     except StoreUnavailable as exc:
