@@ -248,7 +248,7 @@ def report(concurrency: int, tallies: dict[str, Tally]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--transcript", help="part of a transcript file name")
     args = parser.parse_args(argv)
     asyncio.run(run(args.rounds, args.transcript))
