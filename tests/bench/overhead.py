@@ -11,7 +11,8 @@ Printed, for concurrency 1 and 4: req/s, p50 and p99 per target and as ratios to
 the CPU time each proxy set-up spent per request (its processes, and Redis's apart), which is
 what sizing follows from; then the cost per request against history length: the proxy's
 median extra latency over the relay in the last tenth of the transcript, divided by the same
-in the first tenth.
+in the first tenth, from replays run in step (request by request across the targets, so that
+the two latencies compared were measured moments apart).
 """
 
 from __future__ import annotations
@@ -49,6 +50,23 @@ async def process(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
         await proc.wait()
 
 
+async def post(http: aiohttp.ClientSession, base: str, body: bytes, session: str) -> float:
+    """One request of a replay; its latency."""
+    started = time.perf_counter()
+    async with http.post(
+        f"{base}/v1/chat/completions",
+        data=body,
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": "Bearer bench",
+            "X-Session-Id": session,
+        },
+    ) as response:
+        await response.read()
+        assert response.status == 200, response.status
+    return time.perf_counter() - started
+
+
 async def replay(
     http: aiohttp.ClientSession, base: str, bodies: list[bytes], concurrency: int
 ) -> tuple[list[list[float]], float]:
@@ -58,26 +76,30 @@ async def replay(
 
     async def one_replay() -> None:
         session = f"bench-{next(_fresh)}"
-        latencies: list[float] = []
-        for body in bodies:
-            started = time.perf_counter()
-            async with http.post(
-                f"{base}/v1/chat/completions",
-                data=body,
-                headers={
-                    "Content-Type": "application/json",
-                    "Authorization": "Bearer bench",
-                    "X-Session-Id": session,
-                },
-            ) as response:
-                await response.read()
-                assert response.status == 200, response.status
-            latencies.append(time.perf_counter() - started)
-        replays.append(latencies)
+        replays.append([await post(http, base, body, session) for body in bodies])
 
     started = time.perf_counter()
     await asyncio.gather(*(one_replay() for _ in range(concurrency)))
     return replays, time.perf_counter() - started
+
+
+async def lockstep(
+    http: aiohttp.ClientSession, bases: dict[str, str], bodies: list[bytes], rounds: int
+) -> dict[str, list[list[float]]]:
+    """Every target replays the transcript in step, one request each in turn (a fresh
+    conversation per target and round), so the latencies compared at one request index were
+    measured moments apart: noise from the rest of the machine, which comes and goes over
+    seconds, then hits the targets alike instead of one replay."""
+    replays: dict[str, list[list[float]]] = {name: [] for name in bases}
+    for _ in range(rounds):
+        sessions = {name: f"bench-{next(_fresh)}" for name in bases}
+        latencies: dict[str, list[float]] = {name: [] for name in bases}
+        for body in bodies:
+            for name, base in bases.items():
+                latencies[name].append(await post(http, base, body, sessions[name]))
+        for name, one in latencies.items():
+            replays[name].append(one)
+    return replays
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -218,6 +240,16 @@ async def run(rounds: int, transcript: str | None) -> None:
                         tally.requests += sum(map(len, done))
                         tally.rps.append(sum(map(len, done)) / wall)
                 report(concurrency, tallies)
+            print("\ncost against history length (the targets in step, concurrency 1)")
+            stepped = await lockstep(
+                http, {name: bases[name] for name in ("relay", "memory", "redis")}, bodies, rounds
+            )
+            for name in ("memory", "redis"):
+                first, last, ratio = growth_ratio(stepped[name], stepped["relay"])
+                print(
+                    f"{name}: extra over relay, first tenth {first:.2f} ms, last tenth "
+                    f"{last:.2f} ms: x{ratio:.2f}"
+                )
 
 
 def report(concurrency: int, tallies: dict[str, Tally]) -> None:
@@ -237,13 +269,6 @@ def report(concurrency: int, tallies: dict[str, Tally]) -> None:
             f"{percentile(latencies, 0.99) * 1000:>9.2f}{median_rps / relay_rps:>14.2f}x"
             f"{cpu_columns}"
         )
-    if concurrency == 1:
-        for name in ("memory", "redis"):
-            first, last, ratio = growth_ratio(tallies[name].replays, tallies["relay"].replays)
-            print(
-                f"{name}: extra over relay, first tenth {first:.2f} ms, last tenth "
-                f"{last:.2f} ms: x{ratio:.2f}"
-            )
 
 
 def main(argv: list[str] | None = None) -> None:
