@@ -122,7 +122,7 @@ def _extended(
     body = check_object_with_model(extension.body)
     messages = body["messages"]
     first = extension.known
-    digests = extension.digests + known.digests(
+    digests = list(extension.base.digests[:first]) + known.digests(
         messages[first:], lambda message, index: _validate(message, first + index)
     )
     chains = recent.remember(raw, extension.layout, messages, digests, replaces=extension)

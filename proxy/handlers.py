@@ -17,7 +17,7 @@ from aiohttp import web
 
 from proxy.ahead import answer_attributes
 from proxy.chat_request import parse_chat_request
-from proxy.client_request import ClientRequest, parse_object_with_model
+from proxy.client_request import ClientRequest
 from proxy.config import Route
 from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, error_response
@@ -53,7 +53,7 @@ from proxy.passthrough import relay_as_sent
 from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
-from proxy.responses_request import parse_responses_request, stateful
+from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
 from proxy.store import StoreUnavailable
 from proxy.upstream import buffered_response, client_headers, upstream_headers
 
@@ -99,15 +99,18 @@ async def responses(request: web.Request) -> web.StreamResponse:
     try:
         check_headers(request.headers)
         raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
-        body = await off_loop_if(is_big(len(raw)), lambda: parse_object_with_model(raw))
+        known, recent = request.app[KNOWN_MESSAGES], request.app[RECENT_BODIES]
+        body, extension = await off_loop_if(
+            is_big(len(raw)), lambda: parse_responses_body(raw, recent)
+        )
         session_id = _session_id(request.headers)
         if stateful(body):
             route = request.app[POLICIES].for_model(body["model"]).route
             REQUESTS.labels(route=route.model, outcome="stateful").inc()
             return await relay_as_sent(request, route, raw)
-        known = request.app[KNOWN_MESSAGES]
         client_request = await off_loop_if(
-            is_big(len(raw)), lambda: parse_responses_request(body, raw, known)
+            is_big(len(raw)),
+            lambda: parse_responses_request(body, raw, known, recent, extension),
         )
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()

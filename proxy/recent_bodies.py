@@ -3,9 +3,10 @@
 An agent resends its whole history on every request, byte for byte as it sent it before, with
 the new messages appended. Parsing the whole body, and looking every message up by its bytes
 (``known_messages``), costs time in proportion to the history. So the layout of each parsed body
-is remembered: where its ``messages`` array opens and where each message ends. A body whose
-bytes start with a remembered body's bytes up to the end of one of its messages takes those
-messages and their digests as they are, and only the rest is parsed:
+is remembered: where its ``messages`` array (a Responses body's ``input``) opens and where each
+element ends. A body whose bytes start with a remembered body's bytes up to the end of one of
+its elements takes those elements, their digests, and what the API's adapter made of them, as
+they are, and only the rest is parsed:
 
 * the new messages, each parsed alone, between offsets found by a string-aware scan of the tail
   (strings are skipped whole by one regular expression, so a long tool output costs no Python
@@ -38,7 +39,6 @@ from typing import Any
 import orjson
 
 from proxy import jsonio
-from proxy.conversation import Message
 
 _STRUCTURE = re.compile(rb'["\[\]{}]')  # where a string or a bracket starts
 # A whole JSON string, escapes included (a backslash escapes any byte, as in string_end).
@@ -58,7 +58,8 @@ _MAX_DEPTH = 512  # well inside orjson's nesting limit, counted from the top of 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a body's ``messages`` array opens (just after ``[``) and each message ends."""
+    """Where a body's array (``messages``, ``input``) opens (just after ``[``) and each
+    element ends."""
 
     opened: int
     ends: tuple[int, ...]
@@ -68,8 +69,9 @@ class Layout:
 class _Remembered:
     raw: bytes
     layout: Layout
-    messages: tuple[Message, ...]
-    digests: tuple[str, ...]
+    elements: tuple[Any, ...]  # the array's elements as parsed
+    digests: tuple[str, ...]  # of the chat messages the elements stand for
+    translation: Any  # what the API's adapter made of the elements (None for chat)
     # The body chain of these messages, by tenant root, once a request view has hashed it.
     chains: dict[str, Sequence[str]] = field(default_factory=dict)
 
@@ -93,12 +95,11 @@ class KnownChains:
 
 @dataclass(frozen=True)
 class Extension:
-    """A body parsed from a remembered one: ``body["messages"]`` is the whole list, of which
-    the first ``known`` (with ``digests``) come from the remembered body."""
+    """A body parsed from a remembered one: its array is the whole list, of which the first
+    ``known`` elements come from the remembered body (``base``)."""
 
     body: dict[str, Any]
     known: int
-    digests: list[str]
     layout: Layout
     base: _Remembered
     key: int  # the bucket both are filed under (the same first two messages)
@@ -143,13 +144,14 @@ def _tokens(raw: bytes, pos: int) -> Iterator[tuple[int, int]]:
         pos = end
 
 
-def messages_array(raw: bytes) -> int | None:
-    """The offset just after the ``[`` of the top-level ``messages`` array, if there is one."""
+def top_level_array(raw: bytes, name: str) -> int | None:
+    """The offset just after the ``[`` of the top-level array ``name``, if there is one."""
+    quoted = f'"{name}"'.encode()
     depth = 0
     for start, end in _tokens(raw, 0):
         first = raw[start]
         if first == _QUOTE:
-            if depth == 1 and raw[start:end] == b'"messages"':
+            if depth == 1 and raw[start:end] == quoted:
                 colon = _space(raw, end)
                 if raw[colon : colon + 1] == b":":
                     bracket = _space(raw, colon + 1)
@@ -199,23 +201,23 @@ def scan_elements(
     return spans, None
 
 
-def layout_of(raw: bytes, messages: Sequence[Message]) -> Layout | None:
-    """The layout of a body parsed whole into ``messages``: each message's own serialization
-    found in place (most clients write compact JSON as orjson does), else, for a small body,
-    a scan; None when neither works."""
-    opened = messages_array(raw)
-    if opened is None or not messages:
+def layout_of(raw: bytes, elements: Sequence[Any], name: str = "messages") -> Layout | None:
+    """The layout of a body whose array ``name`` parsed whole into ``elements``: each
+    element's own serialization found in place (most clients write compact JSON as orjson
+    does), else, for a small body, a scan; None when neither works."""
+    opened = top_level_array(raw, name)
+    if opened is None or not elements:
         return None
     ends: list[int] = []
     pos = opened
     try:
-        for index, message in enumerate(messages):
+        for index, element in enumerate(elements):
             pos = _space(raw, pos)
             if index:
                 if raw[pos : pos + 1] != b",":
                     break
                 pos = _space(raw, pos + 1)
-            written = orjson.dumps(message)
+            written = orjson.dumps(element)
             if not raw.startswith(written, pos):
                 break
             pos += len(written)
@@ -227,7 +229,7 @@ def layout_of(raw: bytes, messages: Sequence[Message]) -> Layout | None:
     if len(raw) > SCAN_LIMIT:
         return None
     scanned = scan_elements(raw, opened, after_element=False)
-    if scanned is None or len(scanned[0]) != len(messages):
+    if scanned is None or len(scanned[0]) != len(elements):
         return None
     return Layout(opened, tuple(end for _, end in scanned[0]))
 
@@ -262,11 +264,12 @@ class RecentBodies:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def extend(self, raw: bytes) -> Extension | None:
-        """The body parsed from a remembered body it extends, or None (parse it whole)."""
+    def extend(self, raw: bytes, name: str = "messages") -> Extension | None:
+        """The body parsed from a remembered body its array ``name`` extends, or None (parse
+        it whole)."""
         if not self.enabled:
             return None
-        opened = messages_array(raw)
+        opened = top_level_array(raw, name)
         if opened is None:
             return None
         opening = scan_elements(raw, opened, after_element=False, limit=2)
@@ -280,10 +283,12 @@ class RecentBodies:
         for base in candidates:
             known = _shared_messages(raw, base)
             if known:
-                return self._parse_rest(raw, base, known, key)
+                return self._parse_rest(raw, base, known, key, name)
         return None
 
-    def _parse_rest(self, raw: bytes, base: _Remembered, known: int, key: int) -> Extension | None:
+    def _parse_rest(
+        self, raw: bytes, base: _Remembered, known: int, key: int, name: str
+    ) -> Extension | None:
         ends = base.layout.ends[:known]
         scanned = scan_elements(raw, ends[-1], after_element=True)
         if scanned is None or scanned[1] is None:
@@ -296,27 +301,33 @@ class RecentBodies:
             rest = jsonio.loads_fast(b"".join((raw[:opened], nonce, raw[closed:])))
         except (ValueError, RecursionError):
             return None
-        if not isinstance(rest, dict) or rest.get("messages") != [self._nonce]:
-            return None  # not an object, or a second "messages" key wins
-        rest["messages"] = [*base.messages[:known], *new]
+        if not isinstance(rest, dict) or rest.get(name) != [self._nonce]:
+            return None  # not an object, or a second key of that name wins
+        rest[name] = [*base.elements[:known], *new]
         layout = Layout(opened, (*ends, *(end for _, end in spans)))
-        return Extension(rest, known, list(base.digests[:known]), layout, base, key)
+        return Extension(rest, known, layout, base, key)
 
     def remember(
         self,
         raw: bytes,
         layout: Layout,
-        messages: Sequence[Message],
+        elements: Sequence[Any],
         digests: Sequence[str],
         replaces: Extension | None = None,
+        translation: Any = None,
+        shared: int | None = None,
     ) -> KnownChains:
         """Remember a parsed body (``replaces``: the extension it was parsed as, whose base it
-        supersedes); returns where the body's chains go, and any it can start from."""
-        earlier, shared = ({}, 0) if replaces is None else (replaces.base.chains, replaces.known)
+        supersedes; ``translation``: what the API's adapter made of the elements); returns
+        where the body's chains go, and any it can start from: those of the ``shared``
+        leading messages it has in common with the base (by default, its known elements)."""
+        earlier = {} if replaces is None else replaces.base.chains
+        if shared is None:
+            shared = 0 if replaces is None else replaces.known
         cost = len(raw) * _PARSED_COST
-        if cost * 10 > self.max_bytes or len(layout.ends) != len(messages):
+        if cost * 10 > self.max_bytes or len(layout.ends) != len(elements):
             return KnownChains(earlier, shared, {})
-        entry = _Remembered(raw, layout, tuple(messages), tuple(digests))
+        entry = _Remembered(raw, layout, tuple(elements), tuple(digests), translation)
         key = replaces.key if replaces is not None else _key(raw, layout.ends)
         with self._lock:
             bucket = self._by_key.setdefault(key, [])

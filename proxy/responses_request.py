@@ -28,11 +28,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import jsonio
-from proxy.client_request import ClientRequest, check_stream
+from proxy.client_request import (
+    ClientRequest,
+    check_object_with_model,
+    check_stream,
+    parse_object_with_model,
+)
 from proxy.content import text_of
 from proxy.conversation import Message, Surface, written_back
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
+from proxy.recent_bodies import Extension, KnownChains, RecentBodies, layout_of
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text"})
@@ -122,12 +128,15 @@ class Translated:
     groups: list[tuple[int, ...]]
 
 
-def translate(body: dict[str, Any]) -> Translated:
-    """The chat messages for a Responses body's ``instructions`` and ``input``."""
+def translate(body: dict[str, Any], prefix: Translated | None = None) -> Translated:
+    """The chat messages for a Responses body's ``instructions`` and ``input``. ``prefix``:
+    messages already made of this very body's instructions and first items (see
+    ``_reusable``), taken as they are; the items after theirs are translated."""
     messages: list[Message] = []
     groups: list[tuple[int, ...]] = []
-    instructions = body.get("instructions")
-    if instructions is not None:
+    if prefix is not None:
+        messages, groups = list(prefix.messages), list(prefix.groups)
+    elif (instructions := body.get("instructions")) is not None:
         if not isinstance(instructions, str):
             raise _invalid("instructions", "a string")
         messages.append({"role": "system", "content": instructions})
@@ -140,7 +149,9 @@ def translate(body: dict[str, Any]) -> Translated:
     else:
         raise _invalid("input", "a string or an array of items")
     pending: list[int] = []  # reasoning items waiting for the item they led to
-    for index, item in enumerate(items):
+    start = max((group[-1] for group in groups if group), default=-1) + 1
+    for index in range(start, len(items)):
+        item = items[index]
         if isinstance(item, dict) and item.get("type") == "reasoning":
             pending.append(index)
             continue
@@ -149,7 +160,7 @@ def translate(body: dict[str, Any]) -> Translated:
         if _continues_a_turn(messages, groups, message, group):
             # One assistant turn, as chat has it: its text and all its calls in one message,
             # so the results that follow answer one message (chat's pairing rule).
-            turn = messages[-1]
+            turn = messages[-1] = {**messages[-1]}  # a copy: a prefix's messages are shared
             turn["tool_calls"] = [*(turn.get("tool_calls") or []), *message["tool_calls"]]
             reasoning = [i for i in (*groups[-1], *group) if items[i].get("type") == "reasoning"]
             if reasoning:
@@ -213,20 +224,68 @@ def stateful(body: dict[str, Any]) -> bool:
     return any(body.get(name) is not None for name in STATEFUL_FIELDS)
 
 
+def parse_responses_body(
+    raw: bytes, recent: RecentBodies | None = None
+) -> tuple[dict[str, Any], Extension | None]:
+    """The body as an object naming its model: from where it differs when its ``input``
+    extends a body parsed a moment ago (then with that extension), else parsed whole."""
+    extension = recent.extend(raw, "input") if recent is not None else None
+    if extension is not None:
+        return check_object_with_model(extension.body), extension
+    return parse_object_with_model(raw), None
+
+
+def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:
+    """The messages of the remembered body's translation this body's begins with: under the
+    same instructions, those made of shared items only, less the last of them (the items
+    after it may continue its turn, or it holds reasoning waiting for them)."""
+    base = extension.base.translation
+    if not isinstance(base, Translated):
+        return None
+    head = 1 if base.groups and not base.groups[0] else 0
+    instructions = body.get("instructions")
+    if (base.messages[0].get("content") if head else None) != instructions:
+        return None
+    count = head
+    while count < len(base.groups) and base.groups[count][-1] < extension.known:
+        count += 1
+    count = max(head, count - 1)
+    return Translated(base.messages[:count], base.groups[:count])
+
+
 def parse_responses_request(
-    body: dict[str, Any], raw: bytes, known: KnownMessages
+    body: dict[str, Any],
+    raw: bytes,
+    known: KnownMessages,
+    recent: RecentBodies | None = None,
+    extension: Extension | None = None,
 ) -> ClientRequest:
-    """A stateless Responses body (see ``stateful``) as a request for the shared core."""
-    translated = translate(body)
+    """A stateless Responses body (see ``stateful``) as a request for the shared core; with
+    the ``extension`` it was parsed as, translated and hashed from where the remembered body's
+    translation still holds."""
+    prefix = _reusable(extension, body) if extension is not None else None
+    translated = translate(body, prefix)
+    reused = 0 if prefix is None else len(prefix.messages)
+    digests = [] if extension is None else list(extension.base.digests[:reused])
+    digests += known.digests(translated.messages[reused:], _no_check)
+    chains: KnownChains | None = None
+    items = body.get("input")
+    if recent is not None and recent.enabled and isinstance(items, list):
+        layout = extension.layout if extension is not None else layout_of(raw, items, "input")
+        if layout is not None:
+            chains = recent.remember(
+                raw, layout, items, digests, extension, translation=translated, shared=reused
+            )
     return ClientRequest(
         body=body,
         model=body["model"],
         messages=translated.messages,
         stream=check_stream(body),
-        digests=known.digests(translated.messages, _no_check),
+        digests=digests,
         raw=raw,
         api="responses",
         groups=translated.groups,
+        chains=chains,
     )
 
 

@@ -16,6 +16,8 @@ from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
 from proxy.recent_bodies import JSON_STRING, RecentBodies, layout_of, string_end
 from proxy.request_view import RequestView
+from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
+from tests.strategies import items as responses_junk
 from tests.strategies import messages
 
 Style = Callable[[Any], bytes]
@@ -200,3 +202,97 @@ def test_held_bytes_stay_within_the_bound() -> None:
         parse_chat_request(json.dumps(body(history)).encode(), known, recent)
         assert recent.held_bytes <= 200_000
     assert recent.held_bytes > 0
+
+
+# -- the Responses API's input ---------------------------------------------------------------
+
+response_items = (
+    st.sampled_from(
+        [
+            {"role": "user", "content": "Fix it."},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "ok"}],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "done"},
+            {"type": "reasoning", "id": "r1", "encrypted_content": "x"},
+            {"type": "web_search_call", "id": "w1"},
+        ]
+    )
+    | responses_junk
+)
+
+
+def responses_outcome(
+    raw: bytes, known: KnownMessages, recent: RecentBodies | None
+) -> tuple[Any, ...]:
+    try:
+        parsed, extension = parse_responses_body(raw, recent)
+        if stateful(parsed):
+            return ("stateful", parsed)
+        request = parse_responses_request(parsed, raw, known, recent, extension)
+    except BadRequest as error:
+        return ("refused", error.message, error.param)
+    view = RequestView.of(
+        "t", "m", request.messages, None, digests=request.digests, chains=request.chains
+    )
+    assert view.chain == RequestView.of("t", "m", request.messages, None).chain
+    return ("parsed", request.body, request.messages, request.groups, request.digests)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shared=st.lists(response_items, min_size=1, max_size=6),
+    forks=st.lists(st.lists(response_items, max_size=4), min_size=1, max_size=2),
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 1),
+            st.integers(1, 10),
+            st.sampled_from([None, "Be brief.", "Be thorough."]),
+            st.sampled_from(sorted(STYLES)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_a_growing_responses_conversation_parses_as_if_each_body_were_parsed_whole(
+    shared: list[Any], forks: list[list[Any]], steps: list[tuple[int, int, str | None, str]]
+) -> None:
+    """Translation, digests and chain included, whatever the order of bodies and however
+    their instructions change."""
+    known, recent = KnownMessages(), RecentBodies()
+    for fork, cut, instructions, style in steps:
+        value: dict[str, Any] = {"model": "m", "input": [*shared, *forks[fork % len(forks)]][:cut]}
+        if instructions is not None:
+            value["instructions"] = instructions
+        raw = STYLES[style](value)
+        assert responses_outcome(raw, known, recent) == responses_outcome(
+            raw, KnownMessages(), None
+        )
+
+
+def test_an_appended_responses_body_is_translated_from_the_recent_one() -> None:
+    """Not vacuous: the shared messages are the remembered body's own, and so is their chain."""
+    first_items = [
+        {"role": "user", "content": "Fix it."},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "done"},
+    ]
+    more = [{"type": "function_call", "call_id": "c2", "name": "bash", "arguments": "{}"}]
+    known, recent = KnownMessages(), RecentBodies()
+    raw = STYLES["compact"]({"model": "m", "instructions": "Be brief.", "input": first_items})
+    first = parse_responses_request(*parse_responses_body(raw, recent)[:1], raw, known, recent)
+    raw = STYLES["compact"](
+        {"model": "m", "instructions": "Be brief.", "input": [*first_items, *more]}
+    )
+    body, extension = parse_responses_body(raw, recent)
+    assert extension is not None and extension.known == 3
+    second = parse_responses_request(body, raw, known, recent, extension)
+    # Instructions, the user's message and the call are taken; the output, last of the
+    # shared messages, is translated again.
+    assert all(a is b for a, b in zip(second.messages[:3], first.messages[:3], strict=True))
+    assert second.messages[3] is not first.messages[3]
+    assert second.chains is not None and second.chains.shared == 3
