@@ -24,8 +24,9 @@ from functools import cache
 from typing import Any, Protocol
 
 from proxy import jsonio, lazy_litellm
-from proxy.conversation import Message, Surface, message_digest, pruned_message
+from proxy.conversation import Message, message_digest, pruned_message
 from proxy.store.base import Anchor
+from proxy.surface import Surface
 from proxy.tokenizers import encoding
 
 log = logging.getLogger(__name__)

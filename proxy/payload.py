@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from proxy import jsonio
 from proxy.client_request import ClientRequest
-from proxy.conversation import Message, Surface, written_back
+from proxy.conversation import Message
 from proxy.responses_request import responses_payload
+from proxy.surface import Surface, written_back
 
 
 def payload_for(client_request: ClientRequest, surface: Surface) -> bytes:

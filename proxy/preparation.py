@@ -24,7 +24,7 @@ from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.config import Route
-from proxy.conversation import Message, Surface, missed_checkpoints
+from proxy.conversation import Message
 from proxy.credentials import summary_call_headers
 from proxy.events import (
     context_event,
@@ -62,6 +62,7 @@ from proxy.policy import Budgets, ModelPolicy
 from proxy.request_view import RequestView
 from proxy.shortfall import OVER_THRESHOLD_REASON, report_shortfall
 from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
+from proxy.surface import Surface, missed_checkpoints
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
 from proxy.upstream import upstream_headers

@@ -16,11 +16,9 @@ from proxy.context import context_fingerprint
 from proxy.conversation import (
     Message,
     ReplacementRecord,
-    Surface,
     chain_hashes,
     chain_root,
     conversation_id,
-    derive_surface,
     live_turn_start,
     message_digest,
     split_head,
@@ -29,6 +27,7 @@ from proxy.meter import Measurement, TokenMeter
 from proxy.offload import is_big
 from proxy.recent_bodies import KnownChains
 from proxy.store.base import Anchor
+from proxy.surface import Surface, derive_surface
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,11 @@ from proxy.client_request import (
     parse_object_with_model,
 )
 from proxy.content import text_of
-from proxy.conversation import Message, Surface, written_back
+from proxy.conversation import Message
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
 from proxy.recent_bodies import Extension, KnownChains, RecentBodies, layout_of
+from proxy.surface import Surface, written_back
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text"})

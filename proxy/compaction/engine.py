@@ -35,7 +35,6 @@ from proxy.conversation import (
     Checkpoint,
     Prune,
     ReplacementRecord,
-    Surface,
     branch_fingerprint,
     superseded_by,
 )
@@ -44,6 +43,7 @@ from proxy.meter import Measurement, TokenMeter, counter_for
 from proxy.metrics import COMPACTIONS, SUMMARY_DURATION
 from proxy.offload import off_loop_if
 from proxy.store.base import BeginResult, ConversationState, Event, Store, StoreUnavailable
+from proxy.surface import Surface
 
 log = logging.getLogger(__name__)
 

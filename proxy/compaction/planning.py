@@ -23,9 +23,10 @@ from proxy.compaction.select import (
 )
 from proxy.compaction.summarize import INSTRUCTION, Summary
 from proxy.config import Policy
-from proxy.conversation import Message, Surface
+from proxy.conversation import Message
 from proxy.meter import REPLY_PRIMING_TOKENS, TokenMeter, counter_for
 from proxy.request_view import RequestView
+from proxy.surface import Surface
 
 SummaryCall = Callable[[dict[str, Any]], Awaitable[Summary]]
 

@@ -12,23 +12,20 @@ from proxy.conversation import (
     Checkpoint,
     Prune,
     ReplacementRecord,
-    Surface,
-    SurfaceNode,
     branch_fingerprint,
     canonical_message,
     chain_hashes,
     chain_root,
     conversation_id,
-    derive_surface,
     is_valid_session_id,
     live_turn_start,
     message_digest,
-    missed_checkpoints,
     pruned_message,
     record_from_dict,
     record_to_dict,
     split_head,
 )
+from proxy.surface import Surface, SurfaceNode, derive_surface, missed_checkpoints
 from tests.builders import Message, agent_turns, assistant, system, tool, user
 
 ROOT = chain_root("tenant-a")

@@ -8,10 +8,11 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.conversation import Checkpoint, Prune, Surface, SurfaceNode, split_head
+from proxy.conversation import Checkpoint, Prune, split_head
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
 from proxy.responses_request import items_for, parse_responses_request, stateful, translate
+from proxy.surface import Surface, SurfaceNode
 
 
 def call(call_id: str, name: str = "bash") -> dict[str, Any]:
