@@ -22,7 +22,7 @@ from proxy.client_request import (
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, KnownChains, RecentBodies, layout_of
+from proxy.recent_bodies import Extension, KnownChains, RecentBodies
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
@@ -107,10 +107,8 @@ def parse_chat_request(
             _validate(message, index)
     else:
         digests = known.digests(messages, _validate)
-        if recent is not None and recent.enabled:
-            layout = layout_of(raw, messages)
-            if layout is not None:
-                chains = recent.remember(raw, layout, messages, digests)
+        if recent is not None:
+            chains = recent.remember(raw, messages, digests)
     return _request(raw, body, messages, digests, chains)
 
 
@@ -125,7 +123,7 @@ def _extended(
     digests = list(extension.base.digests[:first]) + known.digests(
         messages[first:], lambda message, index: _validate(message, first + index)
     )
-    chains = recent.remember(raw, extension.layout, messages, digests, replaces=extension)
+    chains = recent.remember(raw, messages, digests, replaces=extension)
     return _request(raw, body, messages, digests, chains)
 
 

@@ -167,27 +167,25 @@ async def _relieve(
     limits: Budgets | None,
     proactive: bool,
 ) -> Relief:
-    def as_it_is() -> Relief:
-        surface = job.view.surface(state.records)
-        return Relief(state, surface, job.view.measure(engine.meter, surface, state.anchor))
-
+    # The surface as the loaded state has it: forwarded when nothing is to be done, or when
+    # compaction fails (the checkpoints already loaded still stand).
+    surface = job.view.surface(state.records)
+    as_it_is = Relief(state, surface, await engine.measure(job, state, surface))
     if limits is None:
-        return as_it_is()
+        return as_it_is
     if not proactive:
-        return dataclasses.replace(as_it_is(), shortfall="stopped")
-    relief = as_it_is()
-    if relief.measurement.tokens < limits.threshold:
-        return relief  # most requests: nothing to compact, so no task to shield it in
+        return dataclasses.replace(as_it_is, shortfall="stopped")
+    if as_it_is.measurement.tokens < limits.threshold:
+        return as_it_is  # most requests: nothing to compact, so no task to shield it in
     try:
         return await shielded(triggers.relieve_pressure(engine, job, state, limits))
     except StoreUnavailable as exc:
-        # The checkpoints already loaded still stand: forward with them, not the raw body.
         log.warning("store unavailable during compaction (%s)", exc.operation)
-        return dataclasses.replace(as_it_is(), shortfall="store")
+        return dataclasses.replace(as_it_is, shortfall="store")
     except Exception:
         COMPACTION_ERRORS.inc()
         log.exception("compaction failed; forwarding the surface as it was")
-        return dataclasses.replace(as_it_is(), shortfall="error")
+        return dataclasses.replace(as_it_is, shortfall="error")
 
 
 LOG_BATCH = 1_000  # messages logged per store call

@@ -310,22 +310,31 @@ class RecentBodies:
     def remember(
         self,
         raw: bytes,
-        layout: Layout,
         elements: Sequence[Any],
         digests: Sequence[str],
+        name: str = "messages",
         replaces: Extension | None = None,
         translation: Any = None,
         shared: int | None = None,
-    ) -> KnownChains:
-        """Remember a parsed body (``replaces``: the extension it was parsed as, whose base it
-        supersedes; ``translation``: what the API's adapter made of the elements); returns
-        where the body's chains go, and any it can start from: those of the ``shared``
-        leading messages it has in common with the base (by default, its known elements)."""
+    ) -> KnownChains | None:
+        """Remember a body whose array ``name`` was parsed into ``elements`` (``replaces``: the
+        extension it was parsed as, whose base it supersedes; ``translation``: what the API's
+        adapter made of the elements). Returns where the body's chains go, and any it can
+        start from: those of the ``shared`` leading messages it has in common with the base
+        (by default, its known elements); None when disabled or when a body parsed whole
+        cannot be laid out."""
+        if not self.enabled:
+            return None
         earlier = {} if replaces is None else replaces.base.chains
         if shared is None:
             shared = 0 if replaces is None else replaces.known
         cost = len(raw) * _PARSED_COST
-        if cost * 10 > self.max_bytes or len(layout.ends) != len(elements):
+        if cost * 10 > self.max_bytes:
+            return KnownChains(earlier, shared, {})  # too big to keep: spare the layout
+        layout = replaces.layout if replaces is not None else layout_of(raw, elements, name)
+        if layout is None:
+            return None
+        if len(layout.ends) != len(elements):
             return KnownChains(earlier, shared, {})
         entry = _Remembered(raw, layout, tuple(elements), tuple(digests), translation)
         key = replaces.key if replaces is not None else _key(raw, layout.ends)

@@ -38,7 +38,7 @@ from proxy.content import text_of
 from proxy.conversation import Message
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, KnownChains, RecentBodies, layout_of
+from proxy.recent_bodies import Extension, KnownChains, RecentBodies
 from proxy.surface import Surface, written_back
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -271,12 +271,8 @@ def parse_responses_request(
     digests += known.digests(translated.messages[reused:], _no_check)
     chains: KnownChains | None = None
     items = body.get("input")
-    if recent is not None and recent.enabled and isinstance(items, list):
-        layout = extension.layout if extension is not None else layout_of(raw, items, "input")
-        if layout is not None:
-            chains = recent.remember(
-                raw, layout, items, digests, extension, translation=translated, shared=reused
-            )
+    if recent is not None and isinstance(items, list):
+        chains = recent.remember(raw, items, digests, "input", extension, translated, reused)
     return ClientRequest(
         body=body,
         model=body["model"],

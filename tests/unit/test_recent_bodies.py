@@ -284,7 +284,8 @@ def test_an_appended_responses_body_is_translated_from_the_recent_one() -> None:
     more = [{"type": "function_call", "call_id": "c2", "name": "bash", "arguments": "{}"}]
     known, recent = KnownMessages(), RecentBodies()
     raw = STYLES["compact"]({"model": "m", "instructions": "Be brief.", "input": first_items})
-    first = parse_responses_request(*parse_responses_body(raw, recent)[:1], raw, known, recent)
+    body, _ = parse_responses_body(raw, recent)
+    first = parse_responses_request(body, raw, known, recent)
     raw = STYLES["compact"](
         {"model": "m", "instructions": "Be brief.", "input": [*first_items, *more]}
     )
