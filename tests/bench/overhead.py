@@ -12,7 +12,10 @@ the CPU time each proxy set-up spent per request (its processes, and Redis's apa
 what sizing follows from; then the cost per request against history length: the proxy's
 median extra latency over the relay in the last tenth of the transcript, divided by the same
 in the first tenth, from replays run in step (request by request across the targets, so that
-the two latencies compared were measured moments apart).
+the two latencies compared were measured moments apart). The same ratio is printed for a
+control: the relay plus a fixed amount of Python work per request. Work that does not grow
+with the body still runs slower after a big body is read and before it is written (the body
+passes through the CPU's caches), so the control's ratio is the floor this host sets.
 """
 
 from __future__ import annotations
@@ -148,11 +151,14 @@ def growth_ratio(proxy: list[list[float]], relay: list[list[float]]) -> tuple[fl
 
 
 @asynccontextmanager
-async def targets(upstream_port: int) -> AsyncIterator[tuple[dict[str, str], dict[str, int]]]:
+async def targets(
+    upstream_port: int, control_us: float
+) -> AsyncIterator[tuple[dict[str, str], dict[str, int], str]]:
     """Every target's base URL, the upstream included, and the process ids whose CPU time is
-    a proxy set-up's ("redis" for the Redis server); all stopped on exit."""
+    a proxy set-up's ("redis" for the Redis server); then the control's base URL (a relay that
+    runs ``control_us`` of fixed work per request). All stopped on exit."""
     upstream = f"http://127.0.0.1:{upstream_port}"
-    relay_port = free_port()
+    relay_port, control_port = free_port(), free_port()
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(
             process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant")
@@ -162,6 +168,19 @@ async def targets(upstream_port: int) -> AsyncIterator[tuple[dict[str, str], dic
                 "-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", f"{upstream}/v1"
             )
         )
+        await stack.enter_async_context(
+            process(
+                "-m",
+                "tests.bench.relay",
+                "--port",
+                str(control_port),
+                "--upstream",
+                f"{upstream}/v1",
+                "--work-us",
+                str(control_us),
+            )
+        )
+        control = f"http://127.0.0.1:{control_port}"
         redis_server = RedisServer()
         await redis_server.start()
         stack.push_async_callback(redis_server.stop)
@@ -187,9 +206,9 @@ async def targets(upstream_port: int) -> AsyncIterator[tuple[dict[str, str], dic
             )
             bases[name] = base
             pids[name] = proxy.pid
-        for base in bases.values():
+        for base in (*bases.values(), control):
             await wait_until_ready(f"{base}/v1/models")
-        yield bases, pids
+        yield bases, pids, control
 
 
 @dataclass
@@ -207,7 +226,7 @@ class Tally:
         return [x for one in self.replays for x in one]
 
 
-async def run(rounds: int, transcript: str | None) -> None:
+async def run(rounds: int, step_rounds: int, control_us: float, transcript: str | None) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
     bodies = [
@@ -219,7 +238,7 @@ async def run(rounds: int, transcript: str | None) -> None:
         f"transcript {chosen.name}: {len(bodies)} requests per replay, mean body "
         f"{size / 1024:.0f} KiB, {rounds} rounds, a fresh conversation per replay"
     )
-    async with targets(free_port()) as (bases, pids):
+    async with targets(free_port(), control_us) as (bases, pids, control):
         # Let every proxy finish loading litellm (a background import after listening).
         await asyncio.sleep(8)
         connector = aiohttp.TCPConnector(limit=64)
@@ -240,16 +259,24 @@ async def run(rounds: int, transcript: str | None) -> None:
                         tally.requests += sum(map(len, done))
                         tally.rps.append(sum(map(len, done)) / wall)
                 report(concurrency, tallies)
-            print("\ncost against history length (the targets in step, concurrency 1)")
-            stepped = await lockstep(
-                http, {name: bases[name] for name in ("relay", "memory", "redis")}, bodies, rounds
+            print(
+                f"\ncost against history length (the targets in step, concurrency 1, "
+                f"{step_rounds} rounds)"
             )
-            for name in ("memory", "redis"):
+            stepped_bases = {name: bases[name] for name in ("relay", "memory", "redis")}
+            stepped_bases["control"] = control
+            stepped = await lockstep(http, stepped_bases, bodies, step_rounds)
+            for name in ("memory", "redis", "control"):
                 first, last, ratio = growth_ratio(stepped[name], stepped["relay"])
                 print(
-                    f"{name}: extra over relay, first tenth {first:.2f} ms, last tenth "
+                    f"{name:<8} extra over relay, first tenth {first:.2f} ms, last tenth "
                     f"{last:.2f} ms: x{ratio:.2f}"
                 )
+            print(
+                f"(control: the relay plus {control_us:.0f} us of fixed Python work per "
+                "request; its growth is what work that does not grow with the body shows on "
+                "this host)"
+            )
 
 
 def report(concurrency: int, tallies: dict[str, Tally]) -> None:
@@ -274,9 +301,15 @@ def report(concurrency: int, tallies: dict[str, Tally]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--step-rounds", type=int, default=30, help="rounds of the cost-against-history phase"
+    )
+    parser.add_argument(
+        "--control-us", type=float, default=400.0, help="the control's fixed work per request"
+    )
     parser.add_argument("--transcript", help="part of a transcript file name")
     args = parser.parse_args(argv)
-    asyncio.run(run(args.rounds, args.transcript))
+    asyncio.run(run(args.rounds, args.step_rounds, args.control_us, args.transcript))
 
 
 if __name__ == "__main__":
