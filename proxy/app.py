@@ -63,8 +63,13 @@ async def _http_client(app: web.Application) -> AsyncIterator[None]:
         connect=settings.upstream_connect_timeout,
         sock_read=settings.upstream_read_timeout,
     )
+    # One session serves every client, so it keeps no cookies: a cookie the upstream sets
+    # (a CDN's, say) goes to the client it answered and is never sent for another.
     async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+        connector=connector,
+        timeout=timeout,
+        skip_auto_headers=("User-Agent",),
+        cookie_jar=aiohttp.DummyCookieJar(),
     ) as session:
         app[HTTP_CLIENT] = session
         yield

@@ -62,7 +62,9 @@ async def forward(
     url = f"{route.base}{path}"
     started = time.perf_counter()
     try:
-        async with session.post(url, data=payload, headers=headers) as upstream:
+        async with session.post(
+            url, data=payload, headers=headers, allow_redirects=False
+        ) as upstream:
             reply_headers = client_headers(upstream)
             reply_headers.update(extra_headers)
             if upstream.status < 400 and is_event_stream(upstream):

@@ -266,7 +266,9 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     proxy_keys = request.app[CLIENT_KEYS].required
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     try:
-        async with session.get(f"{route.base}/models", headers=headers) as upstream:
+        async with session.get(
+            f"{route.base}/models", headers=headers, allow_redirects=False
+        ) as upstream:
             body = await upstream.read()
             return buffered_response(upstream.status, client_headers(upstream), body)
     except (TimeoutError, aiohttp.ClientError) as exc:

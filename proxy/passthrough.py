@@ -149,7 +149,7 @@ async def _send_on(
     url = URL(route.base + request.raw_path.removeprefix("/v1"), encoded=True)
     try:
         async with app[HTTP_CLIENT].request(
-            request.method, url, data=data, headers=headers
+            request.method, url, data=data, headers=headers, allow_redirects=False
         ) as upstream:
             response = web.StreamResponse(
                 status=upstream.status, reason=upstream.reason, headers=client_headers(upstream)

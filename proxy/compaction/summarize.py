@@ -150,7 +150,9 @@ async def call_summarizer(
     """POST the summary request; raise SummaryFailed unless it returns usable text."""
     try:
         async with asyncio.timeout(timeout_seconds):
-            async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
+            async with session.post(
+                url, data=orjson.dumps(body), headers=headers, allow_redirects=False
+            ) as response:
                 raw = await response.read()
                 status = response.status
     except TimeoutError as exc:
@@ -161,6 +163,7 @@ async def call_summarizer(
         verdict = classify_overflow(status, raw)
         if verdict.is_overflow:
             raise SummaryFailed("overflow", verdict.limit)
+    if not 200 <= status < 300:  # a redirect included: the proxy follows none
         raise SummaryFailed(f"http_{status}", upstream_message=error_message(raw)[:300])
     try:
         parsed = orjson.loads(raw)

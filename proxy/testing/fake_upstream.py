@@ -46,6 +46,7 @@ class CannedReply:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=65536)
@@ -166,6 +167,7 @@ class FakeUpstream:
     overflow_states_limit: bool = True
     summary_failures: int = 0
     summary_delay: float = 0.0
+    reply_headers: dict[str, str] = field(default_factory=dict)  # on every answer (Set-Cookie)
     received: list[Received] = field(default_factory=list)
     endpoints: FakeEndpoints = field(default_factory=FakeEndpoints)  # every other endpoint
     responses: FakeResponses = field(init=False)
@@ -182,9 +184,15 @@ class FakeUpstream:
 
     # -- behaviour set by tests -------------------------------------------------------------
 
-    def fail_next(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+    def fail_next(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         """The next chat request gets this answer instead of a completion."""
-        self.canned.append(CannedReply(status, body, content_type))
+        self.canned.append(CannedReply(status, body, content_type, headers or {}))
 
     def window_of(self, model: str) -> int:
         return self.windows.get(model, self.default_window)
@@ -261,6 +269,7 @@ class FakeUpstream:
             "x-ratelimit-limit-requests": "10000",
             "x-ratelimit-remaining-requests": "9999",
             "openai-processing-ms": "1",
+            **self.reply_headers,
         }
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -312,7 +321,7 @@ class FakeUpstream:
             return web.Response(
                 status=canned.status,
                 body=canned.body,
-                headers={**self._headers(), "Content-Type": canned.content_type},
+                headers={**self._headers(), **canned.headers, "Content-Type": canned.content_type},
             )
         summarizing = is_summary_request(body)
         if summarizing and self.summary_delay:

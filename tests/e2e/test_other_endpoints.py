@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import httpx
 import openai
 import pytest
+from aiohttp import web
 from prometheus_client import REGISTRY
 
 from proxy.testing.fake_upstream import FakeUpstream
@@ -140,3 +142,37 @@ async def test_an_unreachable_upstream_is_a_502_in_openais_shape(
             await client.embeddings.create(model="text-embedding-3-small", input="x")
     assert failed.value.status_code == 502
     assert failed.value.code == "upstream_unavailable"
+
+
+@pytest.mark.parametrize("path", ["/v1/files/file-1/content", "/v1/models"])
+async def test_a_redirect_is_the_clients_to_follow_never_the_proxys(
+    make_proxy: ProxyFactory, aiohttp_server: Any, path: str
+) -> None:
+    """A signed download link, say: the client gets the redirect, and the proxy sends its
+    credentials nowhere but the configured upstream."""
+    followed: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": "/elsewhere"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        followed.append(request.headers.get("Authorization", ""))
+        return web.Response(body=b"followed")
+
+    app = web.Application()
+    app.router.add_get("/v1/files/file-1/content", redirect)
+    app.router.add_get("/v1/models", redirect)
+    app.router.add_get("/elsewhere", elsewhere)
+    upstream = await aiohttp_server(app)
+    proxy = await make_proxy(upstream_base_url=str(upstream.make_url("/v1")))
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"{proxy.root}{path}",
+            headers={"Authorization": "Bearer sk-other"},
+            allow_redirects=False,
+        ) as response,
+    ):
+        assert response.status == 302
+        assert response.headers["Location"] == "/elsewhere"
+    assert followed == []

@@ -182,6 +182,47 @@ async def test_upstream_errors_reach_the_client_unchanged(
         assert response.headers["x-request-id"].startswith("req_fake_")
 
 
+async def test_an_upstream_cookie_reaches_its_client_and_is_never_sent_for_another(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    # By name, not address: a cookie jar would keep a cookie for "localhost" (never for an IP).
+    proxy = await make_proxy(upstream_base_url=upstream_url.replace("127.0.0.1", "localhost"))
+    fake.reply_headers["Set-Cookie"] = "__cf_bm=client-a; Path=/; HttpOnly"
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as first:
+        raw = await first.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+        )
+    assert raw.headers["set-cookie"] == "__cf_bm=client-a; Path=/; HttpOnly"
+    del fake.reply_headers["Set-Cookie"]
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-b", max_retries=0) as second:
+        await second.chat.completions.create(model=MODEL, messages=history())  # type: ignore[arg-type]
+        await second.models.list()
+    assert len(fake.chat_requests) == 2
+    assert all("Cookie" not in received.headers for received in fake.received)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_an_upstream_redirect_reaches_the_client_as_sent(
+    proxy_url: str, fake: FakeUpstream, status: int
+) -> None:
+    # Followed, it would land on an endpoint that answers: the proxy must not go there.
+    location = "/v1/embeddings"
+    fake.fail_next(status, b"", headers={"Location": location})
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{proxy_url}/chat/completions",
+            json={"model": MODEL, "messages": history()},
+            allow_redirects=False,
+        ) as response,
+    ):
+        assert response.status == status
+        assert response.headers["Location"] == location
+    assert [received.path for received in fake.received] == ["/v1/chat/completions"]
+    assert fake.endpoints.requests == []
+
+
 async def test_client_disconnect_mid_stream_cancels_the_upstream_request(
     client: openai.AsyncOpenAI, fake: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -55,6 +55,8 @@ async def provider(aiohttp_server: Any) -> str:
         name = request.match_info["name"]
         if name == "slow":
             await asyncio.sleep(5)
+        if name == "redirect":  # to an answer that would do, were it followed
+            return web.Response(status=307, headers={"Location": "/ok/chat/completions"})
         status, body = ANSWERS.get(name, (200, {}))
         return web.json_response(body, status=status)
 
@@ -85,6 +87,7 @@ async def test_text_is_kept(provider: str) -> None:
         ("tools-only", "empty"),
         ("error", "http_500"),
         ("garbage", "malformed"),
+        ("redirect", "http_307"),
     ],
 )
 async def test_unusable_answers_are_failures(provider: str, name: str, reason: str) -> None:
