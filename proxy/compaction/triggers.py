@@ -18,11 +18,31 @@ from proxy.compaction.engine import (
     Round,
 )
 from proxy.compaction.planning import CompactionJob
+from proxy.conversation import Checkpoint, Prune
 from proxy.policy import Budgets
 from proxy.store.base import ConversationState
 
 MAX_WINDOW_SHRINKS = 3
 AHEAD = "ahead"  # over the threshold, under must_compact: forwarded, compacted in the background
+
+
+@dataclasses.dataclass(frozen=True)
+class Meanwhile:
+    """What other requests committed between two reads of a conversation's state: the request
+    that waited for them forwards their work, and says so (``X-Compaction-Status``)."""
+
+    compacted: bool = False  # a checkpoint
+    pruned: bool = False  # a pruned observation
+
+    @classmethod
+    def between(cls, before: ConversationState, after: ConversationState) -> Meanwhile:
+        if after.generation == before.generation:
+            return cls()
+        new = [record for record in after.records if record not in before.records]
+        return cls(
+            compacted=any(isinstance(record, Checkpoint) for record in new),
+            pruned=any(isinstance(record, Prune) for record in new),
+        )
 
 
 def cooling_down(engine: Engine, state: ConversationState, tokens: int) -> bool:
@@ -73,14 +93,15 @@ async def relieve_pressure(
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
     # Under must_compact nothing waits: a round in the background may hold the lease.
     must_wait = measurement.tokens >= limits.must_compact
-    generation = state.generation
+    read = state
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
     # Not our prune, yet a new generation: another request's round committed while this one
-    # waited on its lease (to the client, this request was compacted before it went).
-    compacted_meanwhile = not pruned and state.generation != generation
+    # waited on its lease (to the client, this request was compacted or pruned before it went).
+    meanwhile = Meanwhile() if pruned else Meanwhile.between(read, state)
+    pruned = pruned or meanwhile.pruned
     measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
-        return Relief(state, surface, measurement, pruned=pruned, compacted=compacted_meanwhile)
+        return Relief(state, surface, measurement, pruned=pruned, compacted=meanwhile.compacted)
 
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
@@ -97,8 +118,8 @@ async def relieve_pressure(
         state,
         surface,
         measurement,
-        pruned=pruned,
-        compacted=rounds.compacted or compacted_meanwhile,
+        pruned=pruned or rounds.pruned,
+        compacted=rounds.compacted or meanwhile.compacted,
         shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
     )
 
@@ -108,7 +129,7 @@ async def _summarize_rounds(
 ) -> Relief:
     """Summary rounds; ``shortfall`` says why they stopped if the request is still over."""
     state, surface, measurement = start.state, start.surface, start.measurement
-    rounds, waits, compacted, shortfall = 0, 0, False, "rounds"
+    rounds, waits, compacted, pruned, shortfall = 0, 0, False, False, "rounds"
     allowed = 1 + job.policy.compaction_retries
     while rounds < engine.settings.max_rounds and measurement.tokens >= threshold:
         result = await engine.summarize_round(job, state, surface, retain, "pressure")
@@ -117,9 +138,10 @@ async def _summarize_rounds(
             if waits > engine.settings.max_busy_waits:
                 shortfall = result.outcome.value
                 break
-            generation = state.generation
+            read = state
             state, surface = await engine.wait_and_reload(job)
-            compacted = compacted or state.generation != generation  # the round waited for
+            meanwhile = Meanwhile.between(read, state)  # the round waited for
+            compacted, pruned = compacted or meanwhile.compacted, pruned or meanwhile.pruned
             measurement = await engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
@@ -135,7 +157,9 @@ async def _summarize_rounds(
         limited = result.span is not None and result.span.limited_by_fit
         if rounds >= allowed and not limited:
             break
-    return Relief(state, surface, measurement, compacted=compacted, shortfall=shortfall)
+    return Relief(
+        state, surface, measurement, pruned=pruned, compacted=compacted, shortfall=shortfall
+    )
 
 
 async def recover_overflow(

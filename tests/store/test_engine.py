@@ -317,3 +317,47 @@ async def test_nothing_compactable_gives_no_range(store: Store, conversation: st
     job = job_for(conversation, messages, summarizer)
     relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
     assert not relief.compacted and summarizer.calls == []
+
+
+def pruning_job(
+    conversation: str, turns: int, summarizer: Summarizer
+) -> tuple[CompactionJob, Budgets]:
+    """A job whose pruner cuts every observation of ``long_conversation`` to a few lines."""
+    job = dataclasses.replace(
+        job_for(conversation, long_conversation(turns), summarizer),
+        pruner=Pruner(threshold_chars=1_000, head_chars=100, tail_chars=100),
+    )
+    return job, LIMITS
+
+
+async def test_a_request_that_waited_on_another_ones_summary_reports_it_compacted(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer(delay=0.3)
+    job, limits = pruning_job(conversation, 40, summarizer)  # over the threshold once pruned
+    stale = await store.load(conversation)
+    first = asyncio.create_task(triggers.relieve_pressure(engine, job, stale, limits))
+    while not summarizer.calls:  # the first request holds the lease for its summary call
+        await asyncio.sleep(0.01)
+    # The second read the state before the first one's prune: its own prune finds the
+    # conversation busy, and it waits for the round instead of summarizing again.
+    second = await triggers.relieve_pressure(engine, job, stale, limits)
+    await first
+    assert len(summarizer.calls) == 1
+    assert second.compacted
+    assert second.measurement.tokens < limits.threshold
+    assert "checkpoint" in [node.kind for node in second.surface.nodes]
+
+
+async def test_a_request_that_waited_on_another_ones_prune_reports_it_pruned(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    job, limits = pruning_job(conversation, 12, summarizer)  # under the threshold once pruned
+    stale = await store.load(conversation)
+    first = await triggers.relieve_pressure(engine, job, stale, limits)
+    assert first.pruned and not first.compacted
+    second = await triggers.relieve_pressure(engine, job, stale, limits)
+    assert summarizer.calls == []
+    assert second.pruned and not second.compacted
+    assert second.measurement.tokens == first.measurement.tokens < limits.threshold
