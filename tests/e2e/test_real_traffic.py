@@ -11,7 +11,8 @@ import openai
 from prometheus_client import REGISTRY
 
 from proxy.compaction.summarize import framed_summary_text
-from proxy.testing.fake_upstream import FakeUpstream, pairing_error
+from proxy.testing.fake_answers import pairing_error
+from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.synthetic import agent_conversation

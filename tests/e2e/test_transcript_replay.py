@@ -27,7 +27,8 @@ import pytest
 from proxy.compaction.summarize import framed_summary_text
 from proxy.conversation import live_turn_start, split_head
 from proxy.keys import BACKGROUND
-from proxy.testing.fake_upstream import FakeUpstream, Received, pairing_error
+from proxy.testing.fake_answers import pairing_error
+from proxy.testing.fake_upstream import FakeUpstream, Received
 from proxy.tokenizers import encoding
 from tests.conftest import ProxyFactory
 from tests.transcripts import VARIANTS, Transcript, replay_requests, transcript_named, transcripts
