@@ -21,6 +21,7 @@ _HOP_BY_HOP = frozenset(
         "keep-alive",
         "proxy-authenticate",
         "proxy-authorization",
+        "proxy-connection",  # not standard, still sent by some clients
         "te",
         "trailer",
         "transfer-encoding",
@@ -29,7 +30,15 @@ _HOP_BY_HOP = frozenset(
 )
 # The server decompresses a gzip or deflate body before the proxy reads it, so the bytes sent up
 # are plain: their old length and encoding no longer describe them.
-_NOT_FORWARDED_UP = _HOP_BY_HOP | {"host", "content-length", "accept-encoding", "content-encoding"}
+# An expectation (``Expect: 100-continue``) was met when the proxy read the body: sent on, it
+# would only hold the body back a round trip while the upstream says "continue".
+_NOT_FORWARDED_UP = _HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "accept-encoding",
+    "content-encoding",
+    "expect",
+}
 # The client session decompresses, so length and encoding no longer describe the bytes we write.
 _NOT_FORWARDED_DOWN = _HOP_BY_HOP | {"content-length", "content-encoding"}
 
@@ -49,6 +58,7 @@ def upstream_headers(
     the client's. With ``proxy_keys`` the client's credential is a key for this proxy, never
     sent on."""
     dropped = _NOT_FORWARDED_UP | CREDENTIAL_HEADERS if proxy_keys else _NOT_FORWARDED_UP
+    dropped |= _named_by_connection(client_headers)
     headers: CIMultiDict[str] = CIMultiDict(
         (name, value) for name, value in client_headers.items() if name.lower() not in dropped
     )
@@ -61,11 +71,18 @@ def upstream_headers(
     return headers
 
 
+def _named_by_connection(headers: Mapping[str, str]) -> frozenset[str]:
+    """Headers the ``Connection`` header names: this hop's alone (RFC 9110, 7.6.1)."""
+    listed = headers.get("Connection")
+    if not listed:
+        return frozenset()
+    return frozenset(token.strip().lower() for token in listed.split(","))
+
+
 def client_headers(upstream: ClientResponse) -> CIMultiDict[str]:
+    dropped = _NOT_FORWARDED_DOWN | _named_by_connection(upstream.headers)
     return CIMultiDict(
-        (name, value)
-        for name, value in upstream.headers.items()
-        if name.lower() not in _NOT_FORWARDED_DOWN
+        (name, value) for name, value in upstream.headers.items() if name.lower() not in dropped
     )
 
 
