@@ -95,3 +95,9 @@ def summary_call_headers(
         for name, value in client_headers.items()
         if name.lower() in SUMMARY_HEADERS and (same_host or name.lower() not in CREDENTIAL_HEADERS)
     }
+
+
+def summary_call_query(query: str, request_route: Route, summary_route: Route) -> str:
+    """The client's query string for a summary call (``api-version=...``): on the terms of
+    its credentials, since a query may carry a key (``?key=...``)."""
+    return query if summary_route.base == request_route.base else ""

@@ -20,9 +20,11 @@ from proxy.upstream import (
     UsageScanner,
     buffered_response,
     client_headers,
+    client_query,
     is_event_stream,
     relay_stream,
     upstream_headers,
+    upstream_url,
     usage_of_body,
 )
 
@@ -59,7 +61,7 @@ async def forward(
     proxy_keys = request.app[CLIENT_KEYS].required
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     headers.setdefault("Content-Type", "application/json")
-    url = f"{route.base}{path}"
+    url = upstream_url(route.base, path, client_query(request))
     started = time.perf_counter()
     try:
         async with session.post(

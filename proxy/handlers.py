@@ -55,7 +55,13 @@ from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
 from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
 from proxy.store import StoreUnavailable
-from proxy.upstream import buffered_response, client_headers, upstream_headers
+from proxy.upstream import (
+    buffered_response,
+    client_headers,
+    client_query,
+    upstream_headers,
+    upstream_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +272,8 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     proxy_keys = request.app[CLIENT_KEYS].required
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     try:
-        async with session.get(
-            f"{route.base}/models", headers=headers, allow_redirects=False
-        ) as upstream:
+        url = upstream_url(route.base, "/models", client_query(request))
+        async with session.get(url, headers=headers, allow_redirects=False) as upstream:
             body = await upstream.read()
             return buffered_response(upstream.status, client_headers(upstream), body)
     except (TimeoutError, aiohttp.ClientError) as exc:

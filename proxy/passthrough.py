@@ -20,14 +20,13 @@ import time
 import aiohttp
 import orjson
 from aiohttp import web
-from yarl import URL
 
 from proxy.config import Route
 from proxy.errors import BadRequest, bad_request_response, error_response
 from proxy.intake import check_headers, read_body
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, POLICIES, SETTINGS
 from proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
-from proxy.upstream import ClientGone, client_headers, upstream_headers
+from proxy.upstream import ClientGone, client_headers, upstream_headers, upstream_url
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,8 @@ async def _send_on(
         request.headers, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required
     )
     # The path and query exactly as the client encoded them.
-    url = URL(route.base + request.raw_path.removeprefix("/v1"), encoded=True)
+    path, _, query = request.raw_path.partition("?")
+    url = upstream_url(route.base, path.removeprefix("/v1"), query)
     try:
         async with app[HTTP_CLIENT].request(
             request.method, url, data=data, headers=headers, allow_redirects=False

@@ -25,7 +25,7 @@ from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.config import Route
 from proxy.conversation import Message
-from proxy.credentials import summary_call_headers
+from proxy.credentials import summary_call_headers, summary_call_query
 from proxy.events import (
     context_event,
     first_unlogged,
@@ -65,7 +65,7 @@ from proxy.store.base import ConversationState, Event, StoreUnavailable, body_ti
 from proxy.surface import Surface, missed_checkpoints
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
-from proxy.upstream import upstream_headers
+from proxy.upstream import client_query, upstream_headers, upstream_url
 from proxy.windows import resolve_window
 
 log = logging.getLogger(__name__)
@@ -92,12 +92,14 @@ class Prepared:
 def summary_call(
     app: web.Application,
     client_headers: Mapping[str, str],
+    client_query: str,
     request_route: Route,
     summary_model: str,
 ) -> SummaryCall:
     """The summary call: the summary model's route, the configured timeout, and of the
     client's headers only those ``summary_call_headers`` allows (its credentials only when
-    the summary goes to the host its request went to; the route's own key otherwise)."""
+    the summary goes to the host its request went to; the route's own key otherwise), with
+    the client's query string on the same terms."""
     route = app[POLICIES].for_model(summary_model).route
     timeout = app[SETTINGS].summary_timeout_seconds
 
@@ -107,7 +109,8 @@ def summary_call(
         keys = app[CLIENT_KEYS].required
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys)
         headers["Content-Type"] = "application/json"
-        url = f"{route.base}/chat/completions"
+        query = summary_call_query(client_query, request_route, route)
+        url = upstream_url(route.base, "/chat/completions", query)
         try:
             return await call_summarizer(app[HTTP_CLIENT], url, headers, body, timeout)
         except SummaryFailed as failure:
@@ -301,6 +304,7 @@ def compaction_job(
     model_policy: ModelPolicy,
     window: int | None,
     client_headers: Mapping[str, str],
+    client_query: str = "",
 ) -> CompactionJob:
     """The compaction inputs for ``view``: its policy and window, and the summary route with
     its own window when the summary model is another model."""
@@ -315,7 +319,9 @@ def compaction_job(
         pruner=model_policy.pruner,
         window=window,
         summary_model=summary_model,
-        summarize=summary_call(app, client_headers, model_policy.route, summary_model),
+        summarize=summary_call(
+            app, client_headers, client_query, model_policy.route, summary_model
+        ),
         route=model_policy.route.model,
         summary_window=summary_window,
         summary_route=summary_policy.route.model,
@@ -339,7 +345,7 @@ async def prepare(
     window = model_window(app, model_policy, client_request.model)
     if window is None:
         app[LEARNED_WINDOWS].warn_unknown_once(route.model, client_request.model)
-    job = compaction_job(app, view, model_policy, window, request.headers)
+    job = compaction_job(app, view, model_policy, window, request.headers, client_query(request))
     misses = _checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
     limits = pressure_limits(model_policy, window, client_request, state)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import ClientResponse, web
 from multidict import CIMultiDict
+from yarl import URL
 
 _HOP_BY_HOP = frozenset(
     {
@@ -69,6 +70,17 @@ def upstream_headers(
             headers["Authorization"] = f"Bearer {route_key}"
     headers[HOP_HEADER] = "1"
     return headers
+
+
+def client_query(request: web.BaseRequest) -> str:
+    """The query string of the client's request, exactly as it encoded it ("" for none)."""
+    return request.raw_path.partition("?")[2]
+
+
+def upstream_url(base: str, path: str, query: str = "") -> URL:
+    """``base`` + ``path``, with the client's query string (``api-version=...``, a gateway's
+    parameters) as the client encoded it."""
+    return URL(f"{base}{path}?{query}" if query else f"{base}{path}", encoded=True)
 
 
 def _named_by_connection(headers: Mapping[str, str]) -> frozenset[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from proxy.conversation import Message
 from proxy.overflow import classify_overflow, error_message
@@ -142,7 +143,7 @@ def summary_body(
 
 async def call_summarizer(
     session: aiohttp.ClientSession,
-    url: str,
+    url: str | URL,
     headers: Mapping[str, str],
     body: dict[str, Any],
     timeout_seconds: float,

@@ -44,6 +44,7 @@ class Received:
     headers: dict[str, str]
     body: dict[str, Any] | None
     prompt_tokens: int = 0
+    query: str = ""  # as the proxy encoded it
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,11 @@ class FakeUpstream:
         }
 
     async def _models(self, request: web.Request) -> web.Response:
-        self._remember(Received(request.path, dict(request.headers), None))
+        self._remember(
+            Received(
+                request.path, dict(request.headers), None, query=request.rel_url.raw_query_string
+            )
+        )
         models = sorted({*self.windows, "fake-model"})
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in models]
         return web.json_response({"object": "list", "data": data}, headers=self._headers())
@@ -201,7 +206,14 @@ class FakeUpstream:
         try:
             body = jsonio.loads(raw)  # integers beyond 64 bits arrive as sent
         except ValueError:
-            self._remember(Received(request.path, dict(request.headers), None))
+            self._remember(
+                Received(
+                    request.path,
+                    dict(request.headers),
+                    None,
+                    query=request.rel_url.raw_query_string,
+                )
+            )
             return web.json_response(
                 {
                     "error": {
@@ -216,13 +228,28 @@ class FakeUpstream:
         model = str(body.get("model", "fake-model"))
         invalid = pairing_error(body.get("messages"))
         if invalid is not None:
-            self._remember(Received(request.path, dict(request.headers), body))
+            self._remember(
+                Received(
+                    request.path,
+                    dict(request.headers),
+                    body,
+                    query=request.rel_url.raw_query_string,
+                )
+            )
             self.rejected.append(invalid)
             refusal = {"message": invalid, "type": "invalid_request_error", "param": "messages"}
             return web.json_response({"error": {**refusal, "code": None}}, status=400)
         # Benchmarks turn counting off so the upstream answers as fast as it can.
         prompt_tokens = self.prompt_tokens(body) if self.count_tokens else len(raw) // 4
-        self._remember(Received(request.path, dict(request.headers), body, prompt_tokens))
+        self._remember(
+            Received(
+                request.path,
+                dict(request.headers),
+                body,
+                prompt_tokens,
+                request.rel_url.raw_query_string,
+            )
+        )
         if self.response_delay:
             await asyncio.sleep(self.response_delay)
         if self.canned:

@@ -81,6 +81,23 @@ async def test_pressure_compaction_headers_and_metrics(
     assert len(fake.summary_requests) == 1
 
 
+async def test_the_summary_call_carries_the_clients_query_string(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=routes(upstream_url))
+    version = {"api-version": "2025-04-01-preview"}
+    async with openai.AsyncOpenAI(
+        base_url=proxy.url, api_key="sk-a", max_retries=0, default_query=version
+    ) as client:
+        reply = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+        )
+    assert reply.headers["x-compaction-status"] == "compacted"
+    assert [r.query for r in fake.summary_requests] == ["api-version=2025-04-01-preview"]
+    assert [r.query for r in fake.chat_requests] == ["api-version=2025-04-01-preview"]
+
+
 async def test_ten_concurrent_identical_requests_make_one_summary_call(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:

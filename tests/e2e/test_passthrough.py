@@ -9,6 +9,7 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from yarl import URL
 
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
@@ -221,6 +222,36 @@ async def test_an_upstream_redirect_reaches_the_client_as_sent(
         assert response.headers["Location"] == location
     assert [received.path for received in fake.received] == ["/v1/chat/completions"]
     assert fake.endpoints.requests == []
+
+
+async def test_the_clients_query_string_reaches_the_upstream_as_it_encoded_it(
+    proxy_url: str, fake: FakeUpstream
+) -> None:
+    # Azure's api-version, a gateway's own parameters: dropped, the upstream refuses the call.
+    version = {"api-version": "2025-04-01-preview"}
+    async with openai.AsyncOpenAI(
+        base_url=proxy_url, api_key="sk-test", max_retries=0, default_query=version
+    ) as client:
+        await client.chat.completions.create(model=MODEL, messages=history())  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+            stream=True,
+        )
+        async for _chunk in stream:
+            pass
+        await client.models.list()
+    assert [r.query for r in fake.received] == ["api-version=2025-04-01-preview"] * 3
+    exact = "v=1&path=a%2Fb&empty="
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            URL(f"{proxy_url}/chat/completions?{exact}", encoded=True),
+            json={"model": MODEL, "messages": history()},
+        ) as response,
+    ):
+        assert response.status == 200
+    assert fake.received[-1].query == exact
 
 
 async def test_client_disconnect_mid_stream_cancels_the_upstream_request(

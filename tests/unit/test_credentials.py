@@ -1,0 +1,43 @@
+"""What a summary call takes from the client's request: credentials and query string go only
+where the request went (pure: a table of routes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import Route
+from proxy.credentials import summary_call_headers, summary_call_query
+
+OPENAI = Route(model="gpt-*", base_url="https://api.openai.com/v1")  # type: ignore[arg-type]
+ALSO_OPENAI = Route(model="o*", base_url="https://api.openai.com/v1")  # type: ignore[arg-type]
+ELSEWHERE = Route(
+    model="cheap-*",
+    base_url="https://summaries.example.com/v1",  # type: ignore[arg-type]
+    api_key_env="SUMMARY_KEY",
+)
+CLIENT = {
+    "Authorization": "Bearer sk-client",
+    "OpenAI-Organization": "org-1",
+    "X-Trace-Id": "t-1",
+    "Cookie": "a=b",
+}
+
+
+@pytest.mark.parametrize(
+    ("summary_route", "headers", "query"),
+    [
+        (
+            ALSO_OPENAI,
+            {"Authorization": "Bearer sk-client", "OpenAI-Organization": "org-1"},
+            "api-version=2025-04-01-preview&key=k",
+        ),
+        (ELSEWHERE, {"OpenAI-Organization": "org-1"}, ""),
+    ],
+)
+def test_a_summary_call_carries_the_clients_credentials_and_query_only_to_its_host(
+    summary_route: Route, headers: dict[str, str], query: str
+) -> None:
+    assert summary_call_headers(CLIENT, OPENAI, summary_route) == headers
+    assert summary_call_query("api-version=2025-04-01-preview&key=k", OPENAI, summary_route) == (
+        query
+    )
