@@ -52,14 +52,31 @@ def loads(raw: bytes | str) -> Any:
     ``Infinity``, numbers that overflow to infinity) are refused as orjson refuses them."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if may_hold_a_big_integer(data):
-        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
-    return orjson.loads(raw)
+        return _standard_loads(raw)
+    return loads_fast(raw)
 
 
-def loads_fast(raw: bytes) -> Any:
-    """Parse with orjson alone: integers beyond 64 bits come back as floats. For reading only;
-    what is sent on must come from ``loads``. Raises ``ValueError`` when it is not JSON."""
-    return orjson.loads(raw)
+def loads_fast(raw: bytes | str) -> Any:
+    """Parse with orjson: integers beyond 64 bits come back as floats. For reading only; what
+    is sent on must come from ``loads``. Raises ``ValueError`` when it is not JSON.
+
+    A lone surrogate escape (``"\\ud83d"``: a JavaScript client's string cut in the middle of an
+    emoji) is valid JSON that orjson refuses; some providers take it, so a document orjson
+    refuses is read again by the standard library when it holds an escape (if that fails too,
+    orjson's error stands)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as refused:
+        if b"\\u" not in (raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw):
+            raise
+        try:
+            return _standard_loads(raw)
+        except (ValueError, RecursionError):
+            raise refused from None
+
+
+def _standard_loads(raw: bytes | str) -> Any:
+    return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def dumps(value: Any, *, sort_keys: bool = False) -> bytes:

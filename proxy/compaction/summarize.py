@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy import jsonio
 from proxy.conversation import Message
 from proxy.overflow import classify_overflow, error_message
 
@@ -152,7 +153,7 @@ async def call_summarizer(
     try:
         async with asyncio.timeout(timeout_seconds):
             async with session.post(
-                url, data=orjson.dumps(body), headers=headers, allow_redirects=False
+                url, data=jsonio.dumps(body), headers=headers, allow_redirects=False
             ) as response:
                 raw = await response.read()
                 status = response.status

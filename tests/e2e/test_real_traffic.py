@@ -4,17 +4,21 @@ conversations that share their first message."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import openai
+import pytest
 from prometheus_client import REGISTRY
 
 from proxy.compaction.summarize import framed_summary_text
 from proxy.testing.fake_answers import pairing_error
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
-from tests.conftest import ProxyFactory, RunningProxy
+from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
 
@@ -261,3 +265,34 @@ async def test_integers_beyond_64_bits_survive_a_compacted_request(
     assert forwarded is not None and forwarded["metadata"] == {"trace": big}
     assert forwarded["messages"][-1] == history[-1]
     assert isinstance(forwarded["messages"][-1]["x_sequence"], int)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_a_lone_surrogate_goes_on_as_sent_and_its_conversation_compacts(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, store: str
+) -> None:
+    """A JavaScript agent that cuts a string between the two halves of an emoji sends a lone
+    surrogate escape: valid JSON, which some providers take. The proxy reads it, compacts
+    around it and sends it on as it came."""
+    stores = {"memory": {}, "redis": {"store_url": REDIS_URL}}
+    proxy = await make_proxy(routes=[route(upstream_url, 16_000)], **stores[store])
+    cut = "deploy log \U0001f680 " * 3 + "\ud83d"  # ends on half an emoji
+    history = [
+        system(),
+        user(f"Fix the deploy script ({uuid.uuid4().hex})."),
+        *agent_turns(35, output="trace " * 400 + cut),
+        user("Go on."),
+    ]
+    raw = json.dumps({"model": MODEL, "messages": history}).encode()  # the half as an escape
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-agent"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{proxy.url}/chat/completions", data=raw, headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+        assert response.headers["X-Compaction-Status"] == "compacted"
+    forwarded = fake.chat_requests[-1].body
+    assert forwarded is not None
+    assert forwarded["messages"][-2:] == history[-2:]
+    assert "\ud83d" in forwarded["messages"][-2]["content"]
+    assert len(fake.summary_requests) == 1

@@ -473,6 +473,33 @@ def test_a_big_integer_is_kept_wherever_it_falls_in_a_large_body(offset: int) ->
     assert jsonio.loads(raw)["n"] == 12345678901234567890123
 
 
+@pytest.mark.parametrize(
+    ("raw", "read"),
+    [
+        (b'{"a":"cut \\ud83d"}', {"a": "cut \ud83d"}),  # a lone high half
+        (b'{"a":"\\udc00 and \\ud83d\\ude80"}', {"a": "\udc00 and \U0001f680"}),
+        (b'{"a":"\\ud83d\\ude80"}', {"a": "\U0001f680"}),  # a pair: orjson reads it
+    ],
+)
+def test_a_lone_surrogate_escape_is_read_as_json_allows_and_written_back_escaped(
+    raw: bytes, read: dict[str, str]
+) -> None:
+    from proxy import jsonio
+
+    assert jsonio.loads_fast(raw) == jsonio.loads(raw) == read
+    assert jsonio.loads(jsonio.dumps(read)) == read
+
+
+@pytest.mark.parametrize("raw", [b'{"a":"\\ud83d"', b'{"a":"\\uZZZZ"}', b'{"a":NaN,"b":"\\u00e9"}'])
+def test_what_no_parser_reads_is_refused_in_orjsons_words(raw: bytes) -> None:
+    import orjson
+
+    from proxy import jsonio
+
+    with pytest.raises(orjson.JSONDecodeError):
+        jsonio.loads_fast(raw)
+
+
 def test_records_inside_a_new_checkpoint_on_its_branch_are_superseded() -> None:
     from proxy.conversation import superseded_by
 
