@@ -8,6 +8,9 @@ included. The same header rules as chat apply (hop-by-hop headers dropped, a rou
 in place of the client's, client keys for this proxy never sent on, the hop marker added),
 and a failure to reach the upstream is a 502 or 504 in OpenAI's error shape.
 
+A WebSocket (the Realtime API) is relayed frame by frame (``proxy.websocket_relay``), routed
+by the ``model`` its query names.
+
 Metrics are labelled with the path's template (``/v1/files/{id}/content``), never the path a
 client sent, so their label sets stay bounded whatever the clients do.
 """
@@ -27,6 +30,7 @@ from proxy.intake import check_headers, read_body
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, POLICIES, SETTINGS
 from proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
 from proxy.upstream import ClientGone, client_headers, upstream_headers, upstream_url
+from proxy.websocket_relay import is_websocket, relay_websocket
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,11 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     data: bytes | aiohttp.StreamReader = request.content
     try:
         check_headers(request.headers)
+        if is_websocket(request):
+            model = request.query.get("model")  # the Realtime API names it in the query
+            if model:
+                route = app[POLICIES].for_model(model).route
+            return await relay_websocket(request, route)
         if request.content_type == "application/json" and request.body_exists:
             data = await read_body(request, settings.max_body_bytes)
             model = _model_of(data)

@@ -1,4 +1,4 @@
-"""The fake provider's endpoints besides chat: embeddings, models, files, speech.
+"""The fake provider's endpoints besides chat: embeddings, models, files, speech, realtime.
 
 Enough of each for clients to work against (the openai SDK's own calls), and every request's
 exact bytes kept, so tests can check that what a client sent arrived byte for byte.
@@ -16,7 +16,7 @@ from email.parser import BytesParser
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 SPEECH_CHUNKS = 5
 
@@ -38,6 +38,7 @@ class FakeEndpoints:
     sent: list[bytes] = field(default_factory=list)  # every body answered, in order
     # Set by a test: speech waits on it after its first chunk (to see a stream relayed live).
     speech_gate: asyncio.Event | None = None
+    realtime_closes: list[int | None] = field(default_factory=list)  # codes clients closed with
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def routes(self) -> list[web.RouteDef]:
@@ -48,6 +49,7 @@ class FakeEndpoints:
             web.get("/v1/files/{file}/content", _refusing_junk(self._file_content)),
             web.delete("/v1/files/{file}", _refusing_junk(self._delete_file)),
             web.post("/v1/audio/speech", _refusing_junk(self._speech)),
+            web.get("/v1/realtime", _refusing_junk(self._realtime)),
         ]
 
     async def _keep(self, request: web.Request) -> bytes:
@@ -134,6 +136,32 @@ class FakeEndpoints:
             await asyncio.sleep(0.01)  # a stream, not one piece
         await response.write_eof()
         return response
+
+    async def _realtime(self, request: web.Request) -> web.StreamResponse:
+        """The Realtime API as far as a relay can tell: ``session.created`` first, then each
+        client event echoed (binary frames too); ``{"type": "fake.close", "code": N}`` makes
+        the provider close with ``N``. It speaks the ``realtime`` subprotocol when offered."""
+        await self._keep(request)
+        model = request.query.get("model", "")
+        if model.startswith("missing"):
+            return self._answer(
+                _error(f"The model '{model}' does not exist", "model_not_found"), 404
+            )
+        ws = web.WebSocketResponse(protocols=("realtime",))
+        await ws.prepare(request)
+        await ws.send_json({"type": "session.created", "event_id": "event_0", "model": model})
+        async for message in ws:
+            if message.type is WSMsgType.BINARY:
+                await ws.send_bytes(message.data)
+                continue
+            event = orjson.loads(message.data)
+            if event.get("type") == "fake.close":
+                await ws.close(code=event["code"])
+                break
+            echo = {"type": "fake.echo", "event_id": f"event_{next(self._ids)}", "echo": event}
+            await ws.send_json(echo)
+        self.realtime_closes.append(ws.close_code)
+        return ws
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -1,0 +1,83 @@
+"""WebSocket endpoints through the proxy: the Realtime API with the real openai SDK, and the
+frames, subprotocols and close codes a relay must carry both ways."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.upstream import HOP_HEADER
+from proxy.websocket_relay import offered_protocols
+from tests.conftest import RunningProxy
+
+
+async def closes_recorded(fake: FakeUpstream, count: int) -> list[int | None]:
+    for _ in range(100):
+        if len(fake.endpoints.realtime_closes) >= count:
+            break
+        await asyncio.sleep(0.02)
+    return fake.endpoints.realtime_closes
+
+
+async def test_the_realtime_sdk_holds_a_session_with_the_upstream_through_the_proxy(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-voice", max_retries=0)
+    async with client.realtime.connect(model="gpt-realtime") as connection:
+        created = orjson.loads(await connection.recv_bytes())
+        assert created == {
+            "type": "session.created",
+            "event_id": "event_0",
+            "model": "gpt-realtime",
+        }
+        update: dict[str, Any] = {"type": "session.update", "session": {"type": "realtime"}}
+        await connection.send(update)  # type: ignore[arg-type]
+        echoed = orjson.loads(await connection.recv_bytes())
+        assert echoed["type"] == "fake.echo" and echoed["echo"] == update
+    await client.close()
+    (handshake,) = fake.endpoints.requests
+    assert handshake.method == "GET"
+    assert handshake.path == "/v1/realtime?model=gpt-realtime"
+    assert handshake.headers["Authorization"] == "Bearer sk-voice"
+    assert handshake.headers[HOP_HEADER] == "1"
+    assert await closes_recorded(fake, 1) == [1000]
+
+
+async def test_frames_subprotocols_and_close_codes_pass_both_ways(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    url = f"{proxy.url}/realtime?model=gpt-realtime"
+    # A browser's key travels as a subprotocol; the upstream picks "realtime".
+    offered = ("realtime", "openai-insecure-api-key.sk-browser")
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url, protocols=offered) as ws:
+            assert ws.protocol == "realtime"
+            assert (await ws.receive_json())["type"] == "session.created"
+            await ws.send_bytes(b"\x00\x01audio\xff")
+            assert (await ws.receive_bytes()) == b"\x00\x01audio\xff"
+            await ws.send_json({"type": "fake.close", "code": 4001})
+            closing = await ws.receive()
+            assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 4001
+        async with http.ws_connect(url) as ws:
+            assert ws.protocol is None  # offered nothing, got nothing
+            await ws.receive_json()
+            await ws.close(code=4002)
+    # The provider's own close reads back the proxy's echo of it; the client's is 4002.
+    assert (await closes_recorded(fake, 2))[1] == 4002
+    first = fake.endpoints.requests[0]
+    assert offered_protocols(first.headers["Sec-WebSocket-Protocol"]) == offered
+
+
+async def test_a_refused_handshake_is_answered_with_the_upstreams_status(
+    proxy: RunningProxy,
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(f"{proxy.url}/realtime?model=missing-model")
+    assert refused.value.status == 404

@@ -1,0 +1,38 @@
+"""What the WebSocket relay passes from one side to the other (pure: tables)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.websocket_relay import close_code_for, offered_protocols
+
+
+@pytest.mark.parametrize(
+    ("received", "sent"),
+    [
+        (1000, 1000),
+        (1001, 1001),
+        (4001, 4001),  # an application's own code
+        (None, 1000),  # closed without a code
+        (1005, 1000),  # "no status": reserved, never in a close frame
+        (1006, 1011),  # dropped without a close frame: the other side hears of an error
+        (1015, 1000),
+    ],
+)
+def test_a_close_code_goes_on_unless_no_close_frame_may_carry_it(
+    received: int | None, sent: int
+) -> None:
+    assert close_code_for(received) == sent
+
+
+@pytest.mark.parametrize(
+    ("header", "offered"),
+    [
+        ("", ()),
+        ("realtime", ("realtime",)),
+        ("realtime, openai-insecure-api-key.sk-x", ("realtime", "openai-insecure-api-key.sk-x")),
+        (" a ,, b ", ("a", "b")),
+    ],
+)
+def test_offered_subprotocols_are_read_in_order(header: str, offered: tuple[str, ...]) -> None:
+    assert offered_protocols(header) == offered
