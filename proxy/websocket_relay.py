@@ -4,8 +4,9 @@ both ways as it comes, until either side closes.
 The rules of every other path apply to the handshake: the client's headers less hop-by-hop ones
 (and less the handshake's own: aiohttp makes the upstream handshake), a route's key in place of
 the client's, client keys for this proxy never sent on, the path and query as the client
-encoded them. The subprotocols the client offers are offered upstream (a browser passes its key
-that way), and the one the upstream picks is the client's. A handshake the upstream refuses is
+encoded them. The subprotocols the client offers are offered upstream, and the one the upstream
+picks is the client's; a browser's key, which travels as a subprotocol, follows the rule of the
+``Authorization`` header. A handshake the upstream refuses is
 answered with its status; an upstream that cannot be reached with a 502. Each side's close code
 reaches the other.
 """
@@ -42,17 +43,28 @@ def is_websocket(request: web.Request) -> bool:
     return request.headers.get("Upgrade", "").lower() == "websocket"
 
 
+# A browser cannot set headers on a WebSocket, so OpenAI takes its key as a subprotocol.
+KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
+
+
 def offered_protocols(header: str) -> tuple[str, ...]:
     """The subprotocols a ``Sec-WebSocket-Protocol`` header offers, in order (pure)."""
     return tuple(p.strip() for p in header.split(",") if p.strip())
 
 
+def protocols_to_offer(offered: tuple[str, ...], client_key_goes_on: bool) -> tuple[str, ...]:
+    """What is offered upstream: the client's subprotocols, less a key one when the client's
+    key does not go on (a route with its own key, or a key for this proxy) (pure)."""
+    if client_key_goes_on:
+        return offered
+    return tuple(p for p in offered if not p.startswith(KEY_PROTOCOL_PREFIX))
+
+
 async def relay_websocket(request: web.Request, route: Route) -> tuple[web.StreamResponse, str]:
     """The client's WebSocket, relayed to ``route``; the response and the outcome to count."""
     app = request.app
-    headers = upstream_headers(
-        request.headers, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required
-    )
+    proxy_keys = app[CLIENT_KEYS].required
+    headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     for name in HANDSHAKE_HEADERS:
         headers.popall(name, None)
     path, _, query = request.raw_path.partition("?")
@@ -61,7 +73,10 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
         upstream = await app[HTTP_CLIENT].ws_connect(
             upstream_url(route.base, path.removeprefix("/v1"), query),
             headers=headers,
-            protocols=offered_protocols(request.headers.get("Sec-WebSocket-Protocol", "")),
+            protocols=protocols_to_offer(
+                offered_protocols(request.headers.get("Sec-WebSocket-Protocol", "")),
+                client_key_goes_on=not (route.api_key_env or proxy_keys),
+            ),
             max_msg_size=limit,
         )
     except aiohttp.WSServerHandshakeError as refused:

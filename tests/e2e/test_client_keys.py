@@ -106,3 +106,22 @@ def test_a_key_issued_by_the_cli_is_accepted_through_a_digest_file(
     keys_file.write_text("not-a-digest carol\n")
     with pytest.raises(ConfigError, match="not a SHA-256 hex digest"):
         create_app(load_settings(None, client_keys_file=str(keys_file)))
+
+
+async def test_a_realtime_session_spends_the_proxys_key_and_never_passes_the_clients(
+    keyed_proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    offered = ("realtime", f"openai-insecure-api-key.{ALICE}")
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(
+            f"{keyed_proxy.url}/realtime?model=gpt-realtime",
+            headers={"Authorization": f"Bearer {ALICE}"},
+            protocols=offered,
+        ) as ws,
+    ):
+        assert ws.protocol == "realtime"
+        assert (await ws.receive_json())["type"] == "session.created"
+    (handshake,) = fake.endpoints.requests
+    assert handshake.headers["Authorization"] == "Bearer sk-held-by-the-proxy"
+    assert ALICE not in str(handshake.headers)

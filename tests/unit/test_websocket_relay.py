@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.websocket_relay import close_code_for, offered_protocols
+from proxy.websocket_relay import close_code_for, offered_protocols, protocols_to_offer
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,14 @@ def test_a_close_code_goes_on_unless_no_close_frame_may_carry_it(
 )
 def test_offered_subprotocols_are_read_in_order(header: str, offered: tuple[str, ...]) -> None:
     assert offered_protocols(header) == offered
+
+
+@pytest.mark.parametrize(
+    ("client_key_goes_on", "offered_upstream"),
+    [(True, ("realtime", "openai-insecure-api-key.sk-x")), (False, ("realtime",))],
+)
+def test_a_browsers_key_subprotocol_goes_on_only_where_its_key_would(
+    client_key_goes_on: bool, offered_upstream: tuple[str, ...]
+) -> None:
+    offered = ("realtime", "openai-insecure-api-key.sk-x")
+    assert protocols_to_offer(offered, client_key_goes_on) == offered_upstream
