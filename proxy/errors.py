@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 from aiohttp import web
+
+log = logging.getLogger(__name__)
 
 
 class BadRequest(Exception):
@@ -45,4 +49,24 @@ def bad_request_response(error: BadRequest) -> web.Response:
         error_type=error.error_type,
         param=error.param,
         code=error.code,
+    )
+
+
+def upstream_failed(base: str, exc: BaseException) -> web.Response:
+    """The client's answer when the upstream at ``base`` did not answer in time (504) or could
+    not be reached (502); logged, without the request's content."""
+    if isinstance(exc, TimeoutError):
+        log.warning("upstream %s timed out", base)
+        return error_response(
+            504,
+            "The upstream did not answer in time.",
+            error_type="upstream_error",
+            code="upstream_timeout",
+        )
+    log.warning("upstream %s failed: %s", base, type(exc).__name__)
+    return error_response(
+        502,
+        f"The upstream could not be reached: {type(exc).__name__}.",
+        error_type="upstream_error",
+        code="upstream_unavailable",
     )

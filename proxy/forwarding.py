@@ -12,7 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Route
-from proxy.errors import error_response
+from proxy.errors import upstream_failed
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT
 from proxy.metrics import UPSTREAM_DURATION, child
 from proxy.upstream import (
@@ -90,21 +90,5 @@ async def forward(
             if upstream.status >= 400:
                 return Reply(response, upstream.status, error_body=body)
             return Reply(response, upstream.status, usage_of_body(body))
-    except TimeoutError:
-        log.warning("upstream %s timed out", route.base)
-        timeout = error_response(
-            504,
-            "The upstream did not answer in time.",
-            error_type="upstream_error",
-            code="upstream_timeout",
-        )
-        return Reply(timeout, 0)
-    except aiohttp.ClientError as exc:
-        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
-        unreachable = error_response(
-            502,
-            f"The upstream could not be reached: {type(exc).__name__}.",
-            error_type="upstream_error",
-            code="upstream_unavailable",
-        )
-        return Reply(unreachable, 0)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return Reply(upstream_failed(route.base, exc), 0)

@@ -20,7 +20,7 @@ from proxy.chat_request import parse_chat_request
 from proxy.client_request import ClientRequest
 from proxy.config import Route
 from proxy.conversation import is_valid_session_id
-from proxy.errors import BadRequest, bad_request_response, error_response
+from proxy.errors import BadRequest, bad_request_response, upstream_failed
 from proxy.events import overflow_event, usage_event
 from proxy.forwarding import Reply, forward
 from proxy.intake import check_headers, read_body
@@ -277,13 +277,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
             body = await upstream.read()
             return buffered_response(upstream.status, client_headers(upstream), body)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
-        return error_response(
-            502,
-            "The upstream could not be reached.",
-            error_type="upstream_error",
-            code="upstream_unavailable",
-        )
+        return upstream_failed(route.base, exc)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 from proxy.config import Route
-from proxy.errors import BadRequest, bad_request_response, error_response
+from proxy.errors import BadRequest, bad_request_response, upstream_failed
 from proxy.intake import check_headers, read_body
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, POLICIES, SETTINGS
 from proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
@@ -168,28 +168,8 @@ async def _send_on(
             except ClientGone:
                 return response, "client_disconnected"
             return response, f"{upstream.status // 100}xx"
-    except TimeoutError:
-        log.warning("upstream %s timed out", route.base)
-        return (
-            error_response(
-                504,
-                "The upstream did not answer in time.",
-                error_type="upstream_error",
-                code="upstream_timeout",
-            ),
-            "upstream_unavailable",
-        )
-    except aiohttp.ClientError as exc:
-        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
-        return (
-            error_response(
-                502,
-                f"The upstream could not be reached: {type(exc).__name__}.",
-                error_type="upstream_error",
-                code="upstream_unavailable",
-            ),
-            "upstream_unavailable",
-        )
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return upstream_failed(route.base, exc), "upstream_unavailable"
 
 
 async def _stream(

@@ -14,17 +14,14 @@ reaches the other.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import aiohttp
 from aiohttp import WSMsgType, web
 
 from proxy.config import Route
-from proxy.errors import error_response
+from proxy.errors import error_response, upstream_failed
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, SETTINGS
 from proxy.upstream import upstream_headers, upstream_url
-
-log = logging.getLogger(__name__)
 
 HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Key",
@@ -86,14 +83,7 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
         )
         return answer, f"{refused.status // 100}xx"
     except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("upstream %s failed: %s", route.base, type(exc).__name__)
-        unreachable = error_response(
-            502,
-            f"The upstream could not be reached: {type(exc).__name__}.",
-            error_type="upstream_error",
-            code="upstream_unavailable",
-        )
-        return unreachable, "upstream_unavailable"
+        return upstream_failed(route.base, exc), "upstream_unavailable"
     chosen = (upstream.protocol,) if upstream.protocol else ()
     client = web.WebSocketResponse(protocols=chosen, max_msg_size=limit)
     try:
