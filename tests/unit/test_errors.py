@@ -1,0 +1,29 @@
+"""The client's answer when the upstream fails, in OpenAI's error shape (a table)."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.errors import upstream_failed
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [
+        (TimeoutError(), 504, "upstream_timeout"),
+        (aiohttp.ServerTimeoutError("read"), 504, "upstream_timeout"),  # both kinds at once
+        (aiohttp.ServerDisconnectedError(), 502, "upstream_unavailable"),
+        (aiohttp.ClientPayloadError("cut"), 502, "upstream_unavailable"),
+    ],
+)
+def test_a_timeout_is_a_504_and_any_other_failure_a_502(
+    failure: BaseException, status: int, code: str
+) -> None:
+    answer = upstream_failed("https://api.example.com/v1", failure)
+    assert answer.status == status
+    assert answer.body is not None
+    error = orjson.loads(answer.body)["error"]  # type: ignore[arg-type]
+    assert error["type"] == "upstream_error" and error["code"] == code
+    assert set(error) == {"message", "type", "param", "code"}
