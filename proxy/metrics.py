@@ -57,7 +57,8 @@ CLIENT_DISCONNECTS = Counter(
 PASSTHROUGH_REQUESTS = Counter(
     "compaction_proxy_passthrough_requests_total",
     "Requests to other /v1/ paths, forwarded as sent: by path template, method and outcome "
-    "(the upstream's status class, upstream_unavailable, bad_request, client_disconnected).",
+    "(the upstream's status class, upstream_unavailable, bad_request, client_disconnected, "
+    "websocket: a WebSocket session).",
     ["path", "method", "outcome"],
 )
 PASSTHROUGH_DURATION = Histogram(

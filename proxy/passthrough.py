@@ -29,7 +29,7 @@ from proxy.errors import BadRequest, bad_request_response, upstream_failed
 from proxy.intake import check_headers, read_body
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, POLICIES, SETTINGS
 from proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
-from proxy.upstream import ClientGone, client_headers, upstream_headers, upstream_url
+from proxy.upstream import ClientGone, client_headers, same_path_upstream_url, upstream_headers
 from proxy.websocket_relay import is_websocket, relay_websocket
 
 log = logging.getLogger(__name__)
@@ -112,9 +112,14 @@ def _model_of(body: bytes) -> str | None:
 async def passthrough(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     template = path_template(request.path)
-    response, outcome = await _relay(request)
-    PASSTHROUGH_REQUESTS.labels(path=template, method=request.method, outcome=outcome).inc()
-    PASSTHROUGH_DURATION.labels(path=template).observe(time.perf_counter() - started)
+    # Counted however it ends. When the client's connection goes, aiohttp cancels the handler:
+    # a WebSocket client does so right after its close frame, at the end of its session.
+    outcome = "websocket" if is_websocket(request) else "client_disconnected"
+    try:
+        response, outcome = await _relay(request)
+    finally:
+        PASSTHROUGH_REQUESTS.labels(path=template, method=request.method, outcome=outcome).inc()
+        PASSTHROUGH_DURATION.labels(path=template).observe(time.perf_counter() - started)
     return response
 
 
@@ -153,9 +158,7 @@ async def _send_on(
     headers = upstream_headers(
         request.headers, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required
     )
-    # The path and query exactly as the client encoded them.
-    path, _, query = request.raw_path.partition("?")
-    url = upstream_url(route.base, path.removeprefix("/v1"), query)
+    url = same_path_upstream_url(route.base, request)
     try:
         async with app[HTTP_CLIENT].request(
             request.method, url, data=data, headers=headers, allow_redirects=False

@@ -83,6 +83,13 @@ def upstream_url(base: str, path: str, query: str = "") -> URL:
     return URL(f"{base}{path}?{query}" if query else f"{base}{path}", encoded=True)
 
 
+def same_path_upstream_url(base: str, request: web.BaseRequest) -> URL:
+    """``base`` + the client's path after ``/v1`` and its query, as the client encoded them
+    (a path the proxy relays without reading it)."""
+    path, _, query = request.raw_path.partition("?")
+    return upstream_url(base, path.removeprefix("/v1"), query)
+
+
 def _named_by_connection(headers: Mapping[str, str]) -> frozenset[str]:
     """Headers the ``Connection`` header names: this hop's alone (RFC 9110, 7.6.1)."""
     listed = headers.get("Connection")

@@ -21,7 +21,7 @@ from aiohttp import WSMsgType, web
 from proxy.config import Route
 from proxy.errors import error_response, upstream_failed
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, SETTINGS
-from proxy.upstream import upstream_headers, upstream_url
+from proxy.upstream import same_path_upstream_url, upstream_headers
 
 HANDSHAKE_HEADERS = (
     "Sec-WebSocket-Key",
@@ -64,11 +64,10 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     for name in HANDSHAKE_HEADERS:
         headers.popall(name, None)
-    path, _, query = request.raw_path.partition("?")
     limit = app[SETTINGS].max_body_bytes  # a message, as a body, may not be larger
     try:
         upstream = await app[HTTP_CLIENT].ws_connect(
-            upstream_url(route.base, path.removeprefix("/v1"), query),
+            same_path_upstream_url(route.base, request),
             headers=headers,
             protocols=protocols_to_offer(
                 offered_protocols(request.headers.get("Sec-WebSocket-Protocol", "")),

@@ -10,11 +10,18 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.upstream import HOP_HEADER
 from proxy.websocket_relay import offered_protocols
-from tests.conftest import RunningProxy
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.processes import free_port
+
+
+def sessions_counted() -> float:
+    labels = {"path": "/v1/realtime", "method": "GET", "outcome": "websocket"}
+    return REGISTRY.get_sample_value("compaction_proxy_passthrough_requests_total", labels) or 0
 
 
 async def closes_recorded(fake: FakeUpstream, count: int) -> list[int | None]:
@@ -28,6 +35,7 @@ async def closes_recorded(fake: FakeUpstream, count: int) -> list[int | None]:
 async def test_the_realtime_sdk_holds_a_session_with_the_upstream_through_the_proxy(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
+    counted = sessions_counted()
     client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-voice", max_retries=0)
     async with client.realtime.connect(model="gpt-realtime") as connection:
         created = orjson.loads(await connection.recv_bytes())
@@ -47,6 +55,11 @@ async def test_the_realtime_sdk_holds_a_session_with_the_upstream_through_the_pr
     assert handshake.headers["Authorization"] == "Bearer sk-voice"
     assert handshake.headers[HOP_HEADER] == "1"
     assert await closes_recorded(fake, 1) == [1000]
+    for _ in range(100):  # counted once the handler returns, after the close
+        if sessions_counted() == counted + 1:
+            break
+        await asyncio.sleep(0.02)
+    assert sessions_counted() == counted + 1
 
 
 async def test_frames_subprotocols_and_close_codes_pass_both_ways(
@@ -81,3 +94,22 @@ async def test_a_refused_handshake_is_answered_with_the_upstreams_status(
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(f"{proxy.url}/realtime?model=missing-model")
     assert refused.value.status == 404
+
+
+async def test_an_unreachable_upstream_is_a_502_in_openais_shape(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(upstream_base_url=f"http://127.0.0.1:{free_port()}/v1")
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(f"{proxy.url}/realtime?model=gpt-realtime")
+        assert refused.value.status == 502
+        async with http.get(
+            f"{proxy.url}/realtime?model=gpt-realtime",
+            headers={
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            },
+        ) as answer:
+            assert answer.status == 502
+            assert (await answer.json())["error"]["code"] == "upstream_unavailable"
