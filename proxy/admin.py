@@ -20,6 +20,7 @@ from proxy.compaction.engine import Outcome, Round
 from proxy.compaction.planning import CompactionJob
 from proxy.compaction.select import call_pairs
 from proxy.conversation import Checkpoint, ReplacementRecord
+from proxy.credentials import operator_query
 from proxy.keys import ENGINE, IN_FLIGHT, PENDING_RECORDS, POLICIES, SETTINGS, STORE
 from proxy.log_view import LoggedRequest, latest_request
 from proxy.meter import counter_for
@@ -39,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _CONVERSATION_ID = re.compile(r"[a-z0-9]{1,80}")
 UPSTREAM_AUTH_HEADER = "X-Upstream-Authorization"
+UPSTREAM_QUERY_HEADER = "X-Upstream-Query"  # e.g. Azure's api-version, for the summary call
 _OUTCOME_STATUS = {
     Outcome.COMMITTED: 200,
     Outcome.BUSY: 409,
@@ -328,14 +330,16 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _job(request: web.Request, logged: LoggedRequest, view: RequestView) -> CompactionJob:
+def _job(
+    request: web.Request, logged: LoggedRequest, view: RequestView, query: str
+) -> CompactionJob:
     app = request.app
     model_policy = app[POLICIES].for_model(logged.model)
     window = model_window(app, model_policy, logged.model)
     credentials = {}
     if UPSTREAM_AUTH_HEADER in request.headers:
         credentials["Authorization"] = request.headers[UPSTREAM_AUTH_HEADER]
-    return compaction_job(app, view, model_policy, window, credentials)
+    return compaction_job(app, view, model_policy, window, credentials, query)
 
 
 def _round_result(result: Round, generation: int) -> web.Response:
@@ -356,6 +360,9 @@ async def _manual(
     request: web.Request,
     run: Callable[[CompactionJob, ConversationState], Coroutine[Any, Any, Round | str]],
 ) -> web.StreamResponse:
+    query = operator_query(request.headers.get(UPSTREAM_QUERY_HEADER, ""))
+    if query is None:
+        return _problem(400, f"{UPSTREAM_QUERY_HEADER} is not a valid URL query string")
     found = await _logged(request)
     if isinstance(found, web.Response):
         return found
@@ -369,7 +376,7 @@ async def _manual(
             "message is longer than log_content_max_chars)",
             outcome="persistence",
         )
-    job = _job(request, logged, view)
+    job = _job(request, logged, view, query)
     result: Round | str = await shielded(run(job, state))
     if isinstance(result, str):
         return _problem(400, result)

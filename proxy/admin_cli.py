@@ -35,6 +35,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
     upstream_key = getattr(args, "upstream_key", None)
     if upstream_key:
         headers["X-Upstream-Authorization"] = f"Bearer {upstream_key}"
+    upstream_query = getattr(args, "upstream_query", None)
+    if upstream_query:
+        headers["X-Upstream-Query"] = upstream_query
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
         f"{url}/admin{path}", data=data, method=method, headers=headers
@@ -295,6 +298,10 @@ def add_parser(commands: Any) -> None:
     compact.add_argument("--end", type=int, help="last body position of a region (inclusive)")
     compact.add_argument(
         "--upstream-key", help="API key for the summary call when the route has none of its own"
+    )
+    compact.add_argument(
+        "--upstream-query",
+        help="query string for the summary call, as clients send it (e.g. api-version=2024-10-21)",
     )
     compact.set_defaults(show=_compact)
     parser.set_defaults(run=run)

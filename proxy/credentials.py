@@ -8,6 +8,7 @@ another host than the request's route must bring its own key for the same reason
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -101,3 +102,16 @@ def summary_call_query(query: str, request_route: Route, summary_route: Route) -
     """The client's query string for a summary call (``api-version=...``): on the terms of
     its credentials, since a query may carry a key (``?key=...``)."""
     return query if summary_route.base == request_route.base else ""
+
+
+# What RFC 3986 allows in a query, percent escapes included: anything else would make the
+# summary call's URL invalid, so it is refused before a summary is paid for.
+_QUERY = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*")
+
+
+def operator_query(given: str) -> str | None:
+    """The query string an operator gives for a manual compaction's summary call (the admin
+    API's ``X-Upstream-Query``, with or without its ``?``), standing in for the client query
+    a request would carry; None when it is not a valid URL query (pure)."""
+    query = given.strip().removeprefix("?")
+    return query if _QUERY.fullmatch(query) else None

@@ -163,6 +163,32 @@ async def test_manual_compaction_commits_and_later_requests_use_it(
     assert checkpoint["end"] == len(messages) - 5
 
 
+async def test_a_manual_compaction_sends_the_operators_query_with_its_summary_call(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """An upstream that needs ``api-version`` (Azure) gets it from ``X-Upstream-Query``: the
+    admin request has no client query to pass on."""
+    conversation = await chat(proxy, history())
+    headers = {**AUTH, "X-Upstream-Query": "?api-version=2024-10-21"}
+    status, result = await admin(
+        proxy, "POST", f"/conversations/{conversation}/compact", headers=headers
+    )
+    assert status == 200 and result["outcome"] == "committed"
+    assert fake.summary_requests[-1].query == "api-version=2024-10-21"
+
+
+async def test_a_manual_compaction_with_an_invalid_query_is_refused_before_any_summary(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    conversation = await chat(proxy, history())
+    headers = {**AUTH, "X-Upstream-Query": "api-version=2024 10 21"}
+    status, result = await admin(
+        proxy, "POST", f"/conversations/{conversation}/compact", headers=headers
+    )
+    assert status == 400 and "X-Upstream-Query" in result["reason"]
+    assert fake.summary_requests == []
+
+
 async def test_manual_compaction_is_refused_while_a_request_is_in_flight(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:

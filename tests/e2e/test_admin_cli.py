@@ -28,7 +28,10 @@ async def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 
 
 async def test_cli_lists_shows_and_compacts(
-    proxy: RunningProxy, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    proxy: RunningProxy,
+    fake: FakeUpstream,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("COMPACTION_PROXY_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("COMPACTION_PROXY_ADMIN_URL", proxy.root)
@@ -59,8 +62,11 @@ async def test_cli_lists_shows_and_compacts(
     listed: dict[str, Any] = json.loads(out)
     assert listed["conversations"][0]["conversation"] == conversation
 
-    code, out, _ = await cli(capsys, "compact", conversation)
+    code, out, _ = await cli(
+        capsys, "compact", conversation, "--upstream-query", "api-version=2024-10-21"
+    )
     assert code == 0 and out.startswith("committed: ") and "generation 1" in out
+    assert fake.summary_requests[-1].query == "api-version=2024-10-21"
 
     code, out, _ = await cli(capsys, "show", conversation)
     assert code == 0 and "generation    1" in out and "checkpoint" in out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import Route
-from proxy.credentials import summary_call_headers, summary_call_query
+from proxy.credentials import operator_query, summary_call_headers, summary_call_query
 
 OPENAI = Route(model="gpt-*", base_url="https://api.openai.com/v1")  # type: ignore[arg-type]
 ALSO_OPENAI = Route(model="o*", base_url="https://api.openai.com/v1")  # type: ignore[arg-type]
@@ -41,3 +41,22 @@ def test_a_summary_call_carries_the_clients_credentials_and_query_only_to_its_ho
     assert summary_call_query("api-version=2025-04-01-preview&key=k", OPENAI, summary_route) == (
         query
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "query"),
+    [
+        ("", ""),
+        ("api-version=2024-10-21", "api-version=2024-10-21"),
+        ("?api-version=2024-10-21&x=%20y", "api-version=2024-10-21&x=%20y"),
+        ("  a=b  ", "a=b"),
+        ("a=b c", None),  # a space is not sent in a URL as it is
+        ("a=b#frag", None),  # a fragment is never sent
+        ("a=\u00e9", None),
+        ("a=b\r\nHost: evil", None),
+    ],
+)
+def test_an_operators_query_is_taken_only_when_it_is_a_valid_url_query(
+    given: str, query: str | None
+) -> None:
+    assert operator_query(given) == query
