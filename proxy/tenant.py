@@ -23,13 +23,25 @@ class SecretStore(Protocol):
     async def shared_secret(self, name: str, candidate: bytes) -> bytes: ...
 
 
+# A browser cannot set headers on a WebSocket, so OpenAI takes its key as a subprotocol.
+KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
+
+
 def api_key_of(headers: Mapping[str, str]) -> str:
-    """The client's credential: ``Authorization: Bearer …`` or Azure's ``api-key``."""
+    """The client's credential: ``Authorization: Bearer …``, Azure's ``api-key``, or (a
+    browser's WebSocket) an ``openai-insecure-api-key.…`` subprotocol."""
     authorization = headers.get("Authorization", "")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return headers.get("api-key", "").strip()
+    api_key = headers.get("api-key", "").strip()
+    if api_key:
+        return api_key
+    for protocol in headers.get("Sec-WebSocket-Protocol", "").split(","):
+        key = protocol.strip().removeprefix(KEY_PROTOCOL_PREFIX)
+        if key != protocol.strip() and key:
+            return key
+    return ""
 
 
 def tenant_of(secret: bytes, api_key: str) -> str:

@@ -5,10 +5,10 @@ The rules of every other path apply to the handshake: the client's headers less 
 (and less the handshake's own: aiohttp makes the upstream handshake), a route's key in place of
 the client's, client keys for this proxy never sent on, the path and query as the client
 encoded them. The subprotocols the client offers are offered upstream, and the one the upstream
-picks is the client's; a browser's key, which travels as a subprotocol, follows the rule of the
-``Authorization`` header. A handshake the upstream refuses is
-answered with its status; an upstream that cannot be reached with a 502. Each side's close code
-reaches the other.
+picks is the client's. A browser's key, which travels as a subprotocol, follows the rule of the
+``Authorization`` header: it opens a proxy that requires client keys, and goes on only where
+that header would. A handshake the upstream refuses is answered with its status; an upstream
+that cannot be reached with a 502. Each side's close code reaches the other.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 from proxy.config import Route
 from proxy.errors import error_response, upstream_failed
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, SETTINGS
+from proxy.tenant import KEY_PROTOCOL_PREFIX
 from proxy.upstream import same_path_upstream_url, upstream_headers
 
 HANDSHAKE_HEADERS = (
@@ -38,10 +39,6 @@ WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
 def is_websocket(request: web.Request) -> bool:
     return request.headers.get("Upgrade", "").lower() == "websocket"
-
-
-# A browser cannot set headers on a WebSocket, so OpenAI takes its key as a subprotocol.
-KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
 def offered_protocols(header: str) -> tuple[str, ...]:

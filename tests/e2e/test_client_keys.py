@@ -125,3 +125,29 @@ async def test_a_realtime_session_spends_the_proxys_key_and_never_passes_the_cli
     (handshake,) = fake.endpoints.requests
     assert handshake.headers["Authorization"] == "Bearer sk-held-by-the-proxy"
     assert ALICE not in str(handshake.headers)
+
+
+@pytest.mark.parametrize(("key", "status"), [(ALICE, 101), ("cpk-mallory-0123456789", 401)])
+async def test_a_browser_opens_a_realtime_session_with_its_client_key_as_a_subprotocol(
+    keyed_proxy: RunningProxy, fake: FakeUpstream, key: str, status: int
+) -> None:
+    """A browser cannot set ``Authorization`` on a WebSocket: its key comes as a subprotocol,
+    is checked as the header would be, and is never offered upstream."""
+    offered = ("realtime", f"openai-insecure-api-key.{key}")
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.ws_connect(
+                f"{keyed_proxy.url}/realtime?model=gpt-realtime", protocols=offered
+            ) as ws:
+                assert ws.protocol == "realtime"
+                assert (await ws.receive_json())["type"] == "session.created"
+                answered = 101
+        except aiohttp.WSServerHandshakeError as refused:
+            answered = refused.status
+    assert answered == status
+    if status == 101:
+        (handshake,) = fake.endpoints.requests
+        assert handshake.headers["Authorization"] == "Bearer sk-held-by-the-proxy"
+        assert key not in str(handshake.headers)
+    else:
+        assert fake.endpoints.requests == []
