@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import orjson
+import aiohttp
 from aiohttp import web
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,12 @@ def upstream_failed(base: str, exc: BaseException) -> web.Response:
             code="upstream_timeout",
         )
     log.warning("upstream %s failed: %s", base, type(exc).__name__)
+    # Reached, but what came back was not valid HTTP (or was cut off): a fault of its own.
+    answered = isinstance(exc, aiohttp.ClientResponseError | aiohttp.ClientPayloadError)
+    what = "sent an answer that is not valid HTTP" if answered else "could not be reached"
     return error_response(
         502,
-        f"The upstream could not be reached: {type(exc).__name__}.",
+        f"The upstream {what}: {type(exc).__name__}.",
         error_type="upstream_error",
         code="upstream_unavailable",
     )

@@ -130,11 +130,12 @@ class FakeResponses:
             "total_tokens": tokens + produced,
         }
         response = _response(f"resp_fake{number}", model, body, [item], usage)
+        # Encoded before a stream starts: what the answer echoes of the request may not encode
+        # (an integer past 64 bits), and that must be a 400, not a stream cut after its headers.
+        encoded = orjson.dumps(response)
         if body.get("stream"):
             return await self._stream(request, response)
-        return web.Response(
-            body=orjson.dumps(response), content_type="application/json", headers=self.headers()
-        )
+        return web.Response(body=encoded, content_type="application/json", headers=self.headers())
 
     def _output(self, body: dict[str, Any], items: list[Any], number: int) -> dict[str, Any]:
         last = items[-1] if items else {}
