@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 import aiohttp
+import orjson
 from aiohttp import web
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import gzip
 import http.client
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -31,13 +30,16 @@ from tests.strategies import items, junk, messages, texts, words
 EXAMPLES = 2_200
 
 
-@dataclass
 class Servers:
-    proxy_port: int
-    fake: FakeUpstream
+    """The proxy's port and the fake upstream behind it. Not a dataclass: Hypothesis prints
+    a dataclass field by field in an example's report, and what the fake received may be
+    nested too deep to print."""
+
+    def __init__(self, proxy_port: int, fake: FakeUpstream) -> None:
+        self.proxy_port = proxy_port
+        self.fake = fake
 
     def __repr__(self) -> str:
-        # What the fake received may be nested too deep to print in an example's report.
         return f"Servers(proxy_port={self.proxy_port})"
 
 
