@@ -191,6 +191,8 @@ class Settings(BaseSettings):
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_pool_size: PositiveInt = 256
+    # Seconds between pings on each side of a relayed WebSocket; 0: none.
+    websocket_heartbeat_seconds: float = Field(default=30.0, ge=0)
     store_url: str = Field(
         default="memory://",
         validation_alias=AliasChoices("store_url", "COMPACTION_PROXY_STORE_URL", "REDIS_URL"),

@@ -8,7 +8,9 @@ encoded them. The subprotocols the client offers are offered upstream, and the o
 picks is the client's. A browser's key, which travels as a subprotocol, follows the rule of the
 ``Authorization`` header: it opens a proxy that requires client keys, and goes on only where
 that header would. A handshake the upstream refuses is answered with its status; an upstream
-that cannot be reached with a 502. Each side's close code reaches the other.
+that cannot be reached with a 502. Each side's close code reaches the other. Each side is
+pinged every ``websocket_heartbeat_seconds``: one that stops answering is taken for gone
+(aiohttp closes it with 1006) and the other is closed with 1011.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
     for name in HANDSHAKE_HEADERS:
         headers.popall(name, None)
-    limit = app[SETTINGS].max_body_bytes  # a message, as a body, may not be larger
+    settings = app[SETTINGS]
+    limit = settings.max_body_bytes  # a message, as a body, may not be larger
+    heartbeat = settings.websocket_heartbeat_seconds or None
     try:
         upstream = await app[HTTP_CLIENT].ws_connect(
             same_path_upstream_url(route.base, request),
@@ -71,6 +75,7 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
                 client_key_goes_on=not (route.api_key_env or proxy_keys),
             ),
             max_msg_size=limit,
+            heartbeat=heartbeat,
         )
     except aiohttp.WSServerHandshakeError as refused:
         message = f"The upstream refused the WebSocket handshake ({refused.status})."
@@ -81,7 +86,7 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
     except (aiohttp.ClientError, TimeoutError) as exc:
         return upstream_failed(route.base, exc), "upstream_unavailable"
     chosen = (upstream.protocol,) if upstream.protocol else ()
-    client = web.WebSocketResponse(protocols=chosen, max_msg_size=limit)
+    client = web.WebSocketResponse(protocols=chosen, max_msg_size=limit, heartbeat=heartbeat)
     try:
         await client.prepare(request)
         await _relay_both_ways(client, upstream)

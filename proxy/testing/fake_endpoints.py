@@ -39,6 +39,7 @@ class FakeEndpoints:
     # Set by a test: speech waits on it after its first chunk (to see a stream relayed live).
     speech_gate: asyncio.Event | None = None
     realtime_closes: list[int | None] = field(default_factory=list)  # codes clients closed with
+    realtime_pings: int = 0  # pings received on Realtime sessions
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def routes(self) -> list[web.RouteDef]:
@@ -140,17 +141,25 @@ class FakeEndpoints:
     async def _realtime(self, request: web.Request) -> web.StreamResponse:
         """The Realtime API as far as a relay can tell: ``session.created`` first, then each
         client event echoed (binary frames too); ``{"type": "fake.close", "code": N}`` makes
-        the provider close with ``N``. It speaks the ``realtime`` subprotocol when offered."""
+        the provider close with ``N``, ``{"type": "fake.mute"}`` makes it stop answering pings
+        (a provider gone silent on an open connection). It speaks the ``realtime`` subprotocol
+        when offered."""
         await self._keep(request)
         model = request.query.get("model", "")
         if model.startswith("missing"):
             return self._answer(
                 _error(f"The model '{model}' does not exist", "model_not_found"), 404
             )
-        ws = web.WebSocketResponse(protocols=("realtime",))
+        ws = web.WebSocketResponse(protocols=("realtime",), autoping=False)
         await ws.prepare(request)
         await ws.send_json({"type": "session.created", "event_id": "event_0", "model": model})
+        muted = False
         async for message in ws:
+            if message.type is WSMsgType.PING:
+                self.realtime_pings += 1
+                if not muted:
+                    await ws.pong(message.data)
+                continue
             if message.type is WSMsgType.BINARY:
                 await ws.send_bytes(message.data)
                 continue
@@ -158,6 +167,9 @@ class FakeEndpoints:
             if event.get("type") == "fake.close":
                 await ws.close(code=event["code"])
                 break
+            if event.get("type") == "fake.mute":
+                muted = True
+                continue
             echo = {"type": "fake.echo", "event_id": f"event_{next(self._ids)}", "echo": event}
             await ws.send_json(echo)
         self.realtime_closes.append(ws.close_code)
