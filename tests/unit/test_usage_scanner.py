@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.upstream import UsageScanner, usage_of_body
 
@@ -40,3 +43,51 @@ def test_stream_without_usage_leaves_none() -> None:
 )
 def test_usage_of_body(body: bytes, usage: dict[str, int] | None) -> None:
     assert usage_of_body(body) == usage
+
+
+usages = st.none() | st.fixed_dictionaries(
+    {"prompt_tokens": st.integers(0, 10**6), "completion_tokens": st.integers(0, 10**6)}
+)
+events = st.tuples(st.text(max_size=40), usages)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=st.lists(events, max_size=8),
+    ending=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=4_000), max_size=12),
+    extra_lines=st.booleans(),
+)
+def test_the_last_usage_is_found_whatever_the_line_endings_and_cuts(
+    stream: list[tuple[str, dict[str, int] | None]],
+    ending: bytes,
+    cuts: list[int],
+    extra_lines: bool,
+) -> None:
+    """SSE allows LF, CRLF and CR; an upstream's bytes arrive cut anywhere."""
+    raw = b""
+    for text, usage in stream:
+        if extra_lines:
+            raw += b"event: chunk" + ending + b": a comment" + ending
+        event = {"choices": [{"delta": {"content": text}}], "usage": usage}
+        raw += b"data: " + orjson.dumps(event) + ending + ending
+    raw += b"data: [DONE]" + ending + ending
+    scanner = UsageScanner()
+    start = 0
+    for cut in sorted({min(c, len(raw)) for c in cuts}):
+        scanner.feed(raw[start:cut])
+        start = cut
+    scanner.feed(raw[start:])
+    scanner.close()
+    expected = next((u for _, u in reversed(stream) if u is not None), None)
+    assert scanner.usage == expected
+
+
+def test_a_line_past_the_bound_is_dropped_and_the_next_one_read() -> None:
+    scanner = UsageScanner()
+    scanner.MAX_LINE_BYTES = 1_000
+    scanner.feed(b'data: {"usage": {"prompt_tokens": 1}, "pad": "')
+    for _ in range(10):
+        scanner.feed(b"x" * 200)  # the line outgrows the bound: not kept
+    scanner.feed(b'"}\ndata: {"usage": {"prompt_tokens": 2}}\n')
+    assert scanner.usage == {"prompt_tokens": 2}
