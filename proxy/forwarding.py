@@ -15,6 +15,7 @@ from proxy.config import Route
 from proxy.errors import upstream_failed
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT
 from proxy.metrics import UPSTREAM_DURATION, child
+from proxy.offload import is_big, off_loop_if
 from proxy.upstream import (
     ClientGone,
     UsageScanner,
@@ -89,6 +90,7 @@ async def forward(
             response = buffered_response(upstream.status, reply_headers, body)
             if upstream.status >= 400:
                 return Reply(response, upstream.status, error_body=body)
-            return Reply(response, upstream.status, usage_of_body(body))
+            usage = await off_loop_if(is_big(len(body)), lambda: usage_of_body(body))
+            return Reply(response, upstream.status, usage)
     except (TimeoutError, aiohttp.ClientError) as exc:
         return Reply(upstream_failed(route.base, exc), 0)

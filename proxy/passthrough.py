@@ -29,6 +29,7 @@ from proxy.errors import BadRequest, bad_request_response, upstream_failed
 from proxy.intake import check_headers, read_body
 from proxy.keys import CLIENT_KEYS, HTTP_CLIENT, POLICIES, SETTINGS
 from proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
+from proxy.offload import is_big, off_loop_if
 from proxy.upstream import ClientGone, client_headers, same_path_upstream_url, upstream_headers
 from proxy.websocket_relay import is_websocket, relay_websocket
 
@@ -136,8 +137,8 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = app[POLICIES].for_model(model).route
             return await relay_websocket(request, route)
         if request.content_type == "application/json" and request.body_exists:
-            data = await read_body(request, settings.max_body_bytes)
-            model = _model_of(data)
+            body = data = await read_body(request, settings.max_body_bytes)
+            model = await off_loop_if(is_big(len(body)), lambda: _model_of(body))
             if model is not None:
                 route = app[POLICIES].for_model(model).route
     except BadRequest as error:

@@ -236,8 +236,10 @@ async def _open(
         attributes["session"] = session_id  # the client's name for it, for operators
     # A store logs one call's messages in one atomic step; on Redis that step blocks every
     # other client of the server while it runs, so a huge first request is logged in batches.
+    # The in-process store never waits, so between its batches the loop serves other clients.
     opened = await store.open(view.conversation, messages[:LOG_BATCH], attributes)
     for start_of_batch in range(LOG_BATCH, len(messages), LOG_BATCH):
+        await asyncio.sleep(0)
         batch = messages[start_of_batch : start_of_batch + LOG_BATCH]
         await store.append(view.conversation, batch)
     logged_tip = body_tip(messages) or opened.state.logged_tip

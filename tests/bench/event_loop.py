@@ -3,11 +3,12 @@
 Run: ``python -m tests.bench.event_loop [--store-url redis://...]``. Not collected by pytest.
 Three targets in turn: the upstream directly, a bare aiohttp relay, and a real proxy process.
 Against each, a second client sends small one-message requests back to back, first alone (the
-baseline), then while a first client sends a 20,000-message request and then a 30 MB one. Big
+baseline), then while a first client sends a 20,000-message request, a 30 MB one, and a 30 MB
+embeddings request (relayed as sent: the proxy reads its ``model`` to route it). Big
 and small requests go to two fake upstream processes (instant answers), as a provider's many
 servers would take them, so the fake's own parsing of 30 MB is not what is measured. Printed
-per target: the small client's p50 / p99 / max in both phases and their ratio, and how long the
-big requests themselves took.
+per target: the small client's p50 / p99 / max in both phases and their ratio, how long each
+big request took, and the slowest small request in flight meanwhile (a stall it caused).
 """
 
 from __future__ import annotations
@@ -45,8 +46,19 @@ def huge_body(megabytes: int) -> bytes:
     return orjson.dumps({"model": BIG_MODEL, "messages": [{"role": "user", "content": text}]})
 
 
+def huge_embeddings_request(megabytes: int) -> bytes:
+    """An embeddings request (relayed as sent; the proxy reads only its ``model``)."""
+    line = "lorem ipsum dolor sit amet consectetur adipiscing elit " * 20
+    count = megabytes * 1024 * 1024 // len(line)
+    return orjson.dumps({"model": BIG_MODEL, "input": [line] * count})
+
+
 async def post(
-    http: aiohttp.ClientSession, base: str, body: bytes, extra: dict[str, str] | None = None
+    http: aiohttp.ClientSession,
+    base: str,
+    body: bytes,
+    extra: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
 ) -> float:
     started = time.perf_counter()
     headers = extra or {}
@@ -55,21 +67,29 @@ async def post(
         "Authorization": "Bearer bench",
         "X-Session-Id": uuid.uuid4().hex,
     }
-    async with http.post(f"{base}/v1/chat/completions", data=body, headers=headers) as response:
+    async with http.post(f"{base}{path}", data=body, headers=headers) as response:
         await response.read()
         assert response.status == 200, (response.status, await response.text())
     return time.perf_counter() - started
 
 
 async def small_requests(
-    http: aiohttp.ClientSession, base: str, stop: asyncio.Event, at_least: int
+    http: aiohttp.ClientSession,
+    base: str,
+    stop: asyncio.Event,
+    at_least: int,
+    ended: list[float] | None = None,
 ) -> list[float]:
+    """Latencies of small requests sent one after another until ``stop``; the time each
+    ended is appended to ``ended``."""
     latencies: list[float] = []
     while not stop.is_set() or len(latencies) < at_least:
         body = orjson.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": uuid.uuid4().hex}]}
         )
         latencies.append(await post(http, base, body))
+        if ended is not None:
+            ended.append(time.perf_counter())
     return latencies
 
 
@@ -84,8 +104,8 @@ async def measure(
     small_base: str,
     big_base: str,
     baseline_requests: int,
-    big_bodies: list[tuple[str, bytes]],
-) -> tuple[list[float], list[float], list[tuple[str, int, float]]]:
+    big_bodies: list[tuple[str, str, bytes]],
+) -> tuple[list[float], list[float], list[tuple[str, int, float, float]]]:
     """The small client alone, then while the big requests are in flight (only those small
     requests count); and how long each big one took."""
     stop = asyncio.Event()
@@ -93,13 +113,25 @@ async def measure(
     await small_requests(http, small_base, stop, 50)  # warm up
     alone = await small_requests(http, small_base, stop, baseline_requests)
     stop = asyncio.Event()
-    beside = asyncio.create_task(small_requests(http, small_base, stop, 0))
-    big_durations = []
-    for label, body in big_bodies:
-        took = await post(http, big_base, body, dict(BIG_LANE))
-        big_durations.append((label, len(body), took))
+    ended: list[float] = []
+    beside = asyncio.create_task(small_requests(http, small_base, stop, 0, ended))
+    spans = []
+    for label, path, body in big_bodies:
+        started = time.perf_counter()
+        took = await post(http, big_base, body, dict(BIG_LANE), path)
+        spans.append((label, len(body), started, took))
     stop.set()
-    return alone, await beside, big_durations
+    during = await beside
+    big_durations = []
+    for label, size, started, took in spans:
+        # The slowest small request that was in flight while this big one was.
+        overlapping = [
+            latency
+            for latency, end in zip(during, ended, strict=True)
+            if end > started and end - latency < started + took
+        ]
+        big_durations.append((label, size, took, max(overlapping, default=0.0)))
+    return alone, during, big_durations
 
 
 async def main(baseline_requests: int, messages: int, megabytes: int, store_url: str) -> None:
@@ -129,7 +161,12 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
 
     relay = ("-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", small_upstream)
     relay += ("--big-upstream", big_upstream)
-    big_bodies = [("20,000 messages", many_messages(messages)), ("30 MB", huge_body(megabytes))]
+    chat = "/v1/chat/completions"
+    big_bodies = [
+        ("20,000 messages", chat, many_messages(messages)),
+        (f"{megabytes} MB", chat, huge_body(megabytes)),
+        (f"{megabytes} MB embeddings", "/v1/embeddings", huge_embeddings_request(megabytes)),
+    ]
     async with (
         process(*fake(small_port)),
         process(*fake(big_port)),
@@ -169,8 +206,11 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
                 f"  max {most:8.2f} ms"
             )
         print(f"  ratio beside/alone:               p50 x{p50b / p50a:.2f}  p99 x{p99b / p99a:.2f}")
-        for label, size, seconds in big_durations:
-            print(f"  big request {label:<16} {size / 1024:>9,.0f} KiB  took {seconds:6.2f} s")
+        for label, size, seconds, worst in big_durations:
+            print(
+                f"  big request {label:<20} {size / 1024:>9,.0f} KiB  took {seconds:6.2f} s"
+                f"  slowest small request meanwhile {worst * 1000:8.2f} ms"
+            )
 
 
 if __name__ == "__main__":

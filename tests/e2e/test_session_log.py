@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -203,21 +204,46 @@ async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
 async def test_a_huge_first_request_is_logged_whole_in_batches(
-    make_proxy: ProxyFactory, private_redis: RedisServer, backend: str
+    make_proxy: ProxyFactory,
+    private_redis: RedisServer,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Past ``LOG_BATCH`` messages the log is written in several store calls (one Redis script
-    must not hold the server for a whole huge body); it still reads back whole and in order,
-    and the next turn logs only what is new."""
+    must not hold the server for a whole huge body), and other clients are served between
+    them (the in-process store never waits on I/O, so nothing else would let them); it still
+    reads back whole and in order, and the next turn logs only what is new."""
     from proxy.preparation import LOG_BATCH
 
     store_url = private_redis.url if backend == "redis" else "memory://"
     proxy = await make_proxy(store_url=store_url)
     history = [system(), *(user(f"note {i}") for i in range(2 * LOG_BATCH + 500))]
+    ticks = 0  # how often another task ran
+
+    async def another_client() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticks_at_batches: list[int] = []
+    append = proxy.store.append
+
+    async def counted_append(*args: Any, **kwargs: Any) -> Any:
+        ticks_at_batches.append(ticks)
+        return await append(*args, **kwargs)
+
+    monkeypatch.setattr(proxy.store, "append", counted_append)
+    ticker = asyncio.create_task(another_client())
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
         conversation, _ = await send(client, history)
+        first_batches = list(ticks_at_batches)
         again, _ = await send(
             client, [*history, {"role": "assistant", "content": "ok"}, user("more")]
         )
+    ticker.cancel()
+    assert len(first_batches) == 2  # after the one ``open`` writes
+    assert first_batches[0] < first_batches[1]
     assert again == conversation
     messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
     assert [e["position"] for e in messages] == list(range(len(history) + 1))
