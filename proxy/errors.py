@@ -22,6 +22,7 @@ class BadRequest(Exception):
         param: str | None = None,
         code: str | None = None,
         error_type: str = "invalid_request_error",
+        close_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -29,6 +30,9 @@ class BadRequest(Exception):
         self.param = param
         self.code = code
         self.error_type = error_type
+        # The body was not read to its end (too large, or not decodable): the connection
+        # closes after the answer rather than have the server drain what fails again.
+        self.close_connection = close_connection
 
 
 def error_response(
@@ -44,13 +48,16 @@ def error_response(
 
 
 def bad_request_response(error: BadRequest) -> web.Response:
-    return error_response(
+    response = error_response(
         error.status,
         error.message,
         error_type=error.error_type,
         param=error.param,
         code=error.code,
     )
+    if error.close_connection:
+        response.force_close()
+    return response
 
 
 def upstream_failed(base: str, exc: BaseException) -> web.Response:

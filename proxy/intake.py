@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -15,6 +16,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         f"Request body too large: the limit is {limit} bytes.",
         status=413,
         code="request_too_large",
+        close_connection=True,
     )
     if request.content_length is not None and request.content_length > limit:
         raise too_large
@@ -27,6 +29,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             "The request body could not be decoded as its Content-Encoding header says.",
             param="Content-Encoding",
             code="invalid_body_encoding",
+            close_connection=True,
         ) from exc
     if len(raw) > limit:
         raise too_large
@@ -46,3 +49,23 @@ def check_headers(headers: Mapping[str, str]) -> None:
                 param=name,
                 code="invalid_header",
             ) from exc
+
+
+class UndecodableBodyFilter(logging.Filter):
+    """Keeps a client's undecodable body out of the server's error log.
+
+    Such a request is answered 400 (``invalid_body_encoding``); aiohttp then drains the rest
+    of the body to keep the connection usable, meets the same decoding error again, and logs
+    it as an unhandled exception with its traceback: a client's fault, at the level of a bug.
+    Any client could fill an operator's error log with them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, RequestPayloadError)
+
+
+def quiet_undecodable_bodies() -> None:
+    """Install the filter on aiohttp's server logger (once)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, UndecodableBodyFilter) for f in server_log.filters):
+        server_log.addFilter(UndecodableBodyFilter())

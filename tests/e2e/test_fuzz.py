@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import brotli
 import orjson
 import pytest
 from aiohttp import web
@@ -26,6 +28,11 @@ from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.strategies import items, junk, messages, texts, words
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 EXAMPLES = 2_200
 
@@ -178,9 +185,14 @@ headers = st.dictionaries(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     derandomize=True,
 )
-@given(body=raw_bodies, extra=headers, encoding=st.sampled_from(["plain", "gzip", "bad-gzip"]))
+@given(
+    body=raw_bodies,
+    extra=headers,
+    encoding=st.sampled_from(["plain", "gzip", "zstd", "br"]),
+    honest=st.booleans(),
+)
 def test_no_input_gets_a_5xx_from_the_proxy(
-    servers: Servers, body: bytes, extra: list[tuple[str, Any]], encoding: str
+    servers: Servers, body: bytes, extra: list[tuple[str, Any]], encoding: str, honest: bool
 ) -> None:
     request_headers: list[tuple[str, bytes | str]] = [("Content-Type", "application/json")]
     request_headers += [
@@ -188,11 +200,12 @@ def test_no_input_gets_a_5xx_from_the_proxy(
         for name, value in extra
         if not any(b < 0x20 or b == 0x7F for b in _bytes(value))
     ]
-    if encoding == "gzip":
-        body = gzip.compress(body)
-        request_headers.append(("Content-Encoding", "gzip"))
-    elif encoding == "bad-gzip":
-        request_headers.append(("Content-Encoding", "gzip"))
+    if encoding != "plain":
+        request_headers.append(("Content-Encoding", encoding))
+        if honest:  # else the body is not what the header says
+            body = {"gzip": gzip.compress, "zstd": zstd.compress, "br": brotli.compress}[encoding](
+                body
+            )
     status, response_headers, answer = send(
         servers.proxy_port, "/v1/chat/completions", body, request_headers
     )
