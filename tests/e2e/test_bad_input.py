@@ -4,27 +4,19 @@
 from __future__ import annotations
 
 import asyncio
-import gzip
 import http.client
 import logging
-import sys
-import zlib
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import brotli
 import orjson
 import pytest
 from prometheus_client import REGISTRY
 
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
-
-if sys.version_info >= (3, 14):
-    from compression import zstd
-else:
-    from backports import zstd
+from tests.encodings import ENCODINGS, compressed
 
 MODEL = "any-model"
 
@@ -121,7 +113,7 @@ async def test_an_authorization_header_that_is_not_utf8_gets_a_400(proxy_url: st
     assert answer["error"]["param"] == "Authorization"
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "zstd"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_a_body_that_is_not_the_encoding_it_claims_gets_a_400_and_a_closed_connection(
     proxy_url: str, encoding: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -137,18 +129,8 @@ async def test_a_body_that_is_not_the_encoding_it_claims_gets_a_400_and_a_closed
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def compressed(raw: bytes, encoding: str) -> bytes:
-    if encoding == "gzip":
-        return gzip.compress(raw)
-    if encoding == "deflate":
-        return zlib.compress(raw)
-    if encoding == "br":
-        return brotli.compress(raw)
-    return zstd.compress(raw)
-
-
 # Codex sends its requests zstd-compressed; aiohttp's clients and curl can send br.
-@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "zstd"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_a_compressed_body_reaches_the_upstream_readable(
     proxy_url: str, fake: FakeUpstream, encoding: str
 ) -> None:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import openai
+import orjson
 import pytest
 from prometheus_client import REGISTRY
 
 from proxy.keys import PENDING_RECORDS
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.encodings import compressed
 
 MODEL = "resp-small"
 WINDOW = 16_000
@@ -277,3 +280,22 @@ async def test_malformed_input_is_a_400_naming_the_param(
         with pytest.raises(openai.BadRequestError) as refused:
             await client.post("/responses", body=body, cast_to=object)
     assert refused.value.param == param
+
+
+async def test_a_zstd_compressed_request_as_codex_sends_it_is_read_and_forwarded_plain(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """Codex compresses its Responses requests with zstd; the upstream gets plain JSON."""
+    body = {
+        "model": MODEL,
+        "instructions": "You are terse.",
+        "input": [{"role": "user", "content": "Compress me."}],
+    }
+    packed = compressed(orjson.dumps(body), "zstd")
+    headers = {"Content-Type": "application/json", "Content-Encoding": "zstd"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/responses", data=packed, headers=headers) as answer:
+            assert answer.status == 200
+            assert (await answer.json())["output"][0]["type"] == "message"
+            assert answer.headers["X-Compaction-Status"] == "none"
+    assert fake.responses.received[-1] == body
