@@ -199,6 +199,9 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         client_max_size=settings.max_body_bytes + 1,
         middlewares=[refuse_looped_requests, authenticate_clients],
+        # Bodies as they came, whatever serves the app: ``intake.read_body`` decodes them
+        # (see ``proxy.content_coding`` for why not aiohttp's parser).
+        handler_args={"auto_decompress": False},
     )
     app[SETTINGS] = settings
     app[CLIENT_KEYS] = client_keys

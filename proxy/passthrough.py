@@ -159,6 +159,9 @@ async def _send_on(
     headers = upstream_headers(
         request.headers, route.api_key_env, proxy_keys=app[CLIENT_KEYS].required
     )
+    coding = request.headers.get("Content-Encoding")
+    if coding and not isinstance(data, bytes):
+        headers["Content-Encoding"] = coding  # streamed as it came, for the upstream to decode
     url = same_path_upstream_url(route.base, request)
     try:
         async with app[HTTP_CLIENT].request(

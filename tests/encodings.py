@@ -14,6 +14,7 @@ else:
     from backports import zstd
 
 ENCODINGS = ("gzip", "deflate", "br", "zstd")
+__all__ = ["ENCODINGS", "compressed", "zstd"]
 
 
 def compressed(raw: bytes, encoding: str) -> bytes:

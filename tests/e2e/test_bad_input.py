@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import logging
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -114,19 +115,63 @@ async def test_an_authorization_header_that_is_not_utf8_gets_a_400(proxy_url: st
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-async def test_a_body_that_is_not_the_encoding_it_claims_gets_a_400_and_a_closed_connection(
+async def test_a_body_that_is_not_the_encoding_it_claims_gets_a_400_and_no_error_logged(
     proxy_url: str, encoding: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The rest of such a body is not drained (it would fail again, logged by the server as
-    an unhandled exception): the connection closes after the answer."""
-    status, headers, answer = await post(
+    status, _, answer = await post(
         proxy_url, b"not compressed at all", **{"Content-Encoding": encoding}
     )
     assert status == 400
     assert answer["error"]["param"] == "Content-Encoding"
     assert answer["error"]["code"] == "invalid_body_encoding"
-    assert headers["Connection"] == "close"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def _post_after_the_headers(url: str, body: bytes, encoding: str) -> tuple[int, Any]:
+    """The body sent once the headers have gone, as a client streaming it does."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        connection.putrequest("POST", f"{parts.path}/chat/completions")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Encoding", encoding)
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders()
+        time.sleep(0.1)
+        connection.send(body)
+        response = connection.getresponse()
+        return response.status, orjson.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_a_truncated_body_sent_after_its_headers_is_answered_400(
+    proxy_url: str, encoding: str
+) -> None:
+    """aiohttp's own decoding checked a deflate body's end inside its HTTP parser, where no
+    handler could answer: the client waited for an answer that never came."""
+    packed = compressed(body_with({"role": "user", "content": "hi " * 500}), encoding)
+    status, answer = await asyncio.to_thread(
+        _post_after_the_headers, proxy_url, packed[: len(packed) // 2], encoding
+    )
+    assert status == 400 and answer["error"]["code"] == "invalid_body_encoding"
+
+
+async def test_a_coding_the_proxy_cannot_undo_gets_a_415(proxy_url: str) -> None:
+    raw = body_with({"role": "user", "content": "hi"})
+    status, _, answer = await post(proxy_url, raw, **{"Content-Encoding": "compress"})
+    assert status == 415
+    assert answer["error"]["code"] == "unsupported_content_encoding"
+
+
+async def test_a_small_body_that_decodes_past_the_limit_gets_a_413(
+    make_proxy: ProxyFactory,
+) -> None:
+    proxy = await make_proxy(max_body_bytes=1 << 20)
+    bomb = compressed(b" " * (8 << 20), "zstd")  # 8 MiB of JSON whitespace in a few KiB
+    status, _, answer = await post(proxy.url, bomb, **{"Content-Encoding": "zstd"})
+    assert status == 413 and answer["error"]["code"] == "request_too_large"
 
 
 # Codex sends its requests zstd-compressed; aiohttp's clients and curl can send br.

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.encodings import compressed
 
 
 class Capture:
@@ -59,6 +60,23 @@ async def test_embeddings_reach_the_upstream_and_come_back_byte_for_byte(
     result = raw.parse()
     assert [d.index for d in result.data] == [0, 1] and len(result.data[0].embedding) == 8
     assert passed("/v1/embeddings", "POST", "2xx") == before + 1
+
+
+async def test_a_compressed_body_relayed_unread_goes_on_compressed_with_its_coding(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """A body the proxy does not read (not JSON) is streamed as it came: the upstream gets the
+    client's bytes and the ``Content-Encoding`` that says how to read them."""
+    body = b'{"model": "text-embedding-3-small", "input": "compressed text"}'
+    headers = {"Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{proxy.url}/embeddings", data=compressed(body, "gzip"), headers=headers
+        ) as answer:
+            assert answer.status == 200
+    received = fake.endpoints.requests[-1]
+    assert received.headers["Content-Encoding"] == "gzip"
+    assert received.body == body  # the upstream (an aiohttp server) decoded it
 
 
 async def test_a_model_is_retrieved_and_a_missing_one_is_the_upstreams_404(
