@@ -4,6 +4,8 @@ frames, subprotocols and close codes a relay must carry both ways."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -120,62 +122,58 @@ async def test_an_unreachable_upstream_is_a_502_in_openais_shape(make_proxy: Pro
 HEARTBEAT = 0.5
 
 
+@asynccontextmanager
+async def session(
+    make_proxy: ProxyFactory, heartbeat: float, autoping: bool = True
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """A Realtime session through a proxy with this heartbeat, past ``session.created``; with
+    ``autoping`` off, the client answers no ping unless the test does."""
+    proxy = await make_proxy(websocket_heartbeat_seconds=heartbeat)
+    async with aiohttp.ClientSession() as http:
+        url = f"{proxy.url}/realtime?model=gpt-realtime"
+        async with http.ws_connect(url, autoping=autoping) as ws:
+            await ws.receive_json()
+            yield ws
+
+
 async def test_both_sides_of_an_idle_session_are_pinged(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
     """Pings keep an idle session open through load balancers and NAT, on both sides."""
-    proxy = await make_proxy(websocket_heartbeat_seconds=HEARTBEAT)
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(
-            f"{proxy.url}/realtime?model=gpt-realtime", autoping=False
-        ) as ws:
-            await ws.receive_json()  # session.created
-            ping = await asyncio.wait_for(ws.receive(), 5)
-            assert ping.type is aiohttp.WSMsgType.PING
-            await ws.pong(ping.data)
-            for _ in range(100):
-                if fake.endpoints.realtime_pings:
-                    break
-                await asyncio.sleep(0.02)
-            assert fake.endpoints.realtime_pings >= 1
-            await ws.send_json({"type": "still.here"})  # the session goes on
-            assert (await ws.receive_json())["type"] == "fake.echo"
+    async with session(make_proxy, HEARTBEAT, autoping=False) as ws:
+        ping = await asyncio.wait_for(ws.receive(), 5)
+        assert ping.type is aiohttp.WSMsgType.PING
+        await ws.pong(ping.data)
+        for _ in range(100):
+            if fake.endpoints.realtime_pings:
+                break
+            await asyncio.sleep(0.02)
+        assert fake.endpoints.realtime_pings >= 1
+        await ws.send_json({"type": "still.here"})  # the session goes on
+        assert (await ws.receive_json())["type"] == "fake.echo"
 
 
 async def test_a_client_that_stops_answering_pings_is_taken_for_gone_and_the_upstream_closed(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
-    proxy = await make_proxy(websocket_heartbeat_seconds=HEARTBEAT)
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(
-            f"{proxy.url}/realtime?model=gpt-realtime", autoping=False
-        ) as ws:
-            await ws.receive_json()
-            # Never answered: the proxy gives up on this client, and tells the provider.
-            assert await closes_recorded(fake, 1) == [1011]
+    async with session(make_proxy, HEARTBEAT, autoping=False):
+        # Never answered: the proxy gives up on this client, and tells the provider.
+        assert await closes_recorded(fake, 1) == [1011]
 
 
 async def test_a_provider_gone_silent_is_taken_for_gone_and_the_client_told_1011(
-    make_proxy: ProxyFactory, fake: FakeUpstream
+    make_proxy: ProxyFactory,
 ) -> None:
-    proxy = await make_proxy(websocket_heartbeat_seconds=HEARTBEAT)
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(f"{proxy.url}/realtime?model=gpt-realtime") as ws:
-            await ws.receive_json()
-            await ws.send_json({"type": "fake.mute"})
-            closing = await asyncio.wait_for(ws.receive(), 5)
-            assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 1011
+    async with session(make_proxy, HEARTBEAT) as ws:
+        await ws.send_json({"type": "fake.mute"})
+        closing = await asyncio.wait_for(ws.receive(), 5)
+        assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 1011
 
 
 async def test_no_pings_when_the_heartbeat_is_off(
     make_proxy: ProxyFactory, fake: FakeUpstream
 ) -> None:
-    proxy = await make_proxy(websocket_heartbeat_seconds=0)
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(
-            f"{proxy.url}/realtime?model=gpt-realtime", autoping=False
-        ) as ws:
-            await ws.receive_json()
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(ws.receive(), 0.6)
+    async with session(make_proxy, 0, autoping=False) as ws:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ws.receive(), 0.6)
     assert fake.endpoints.realtime_pings == 0
