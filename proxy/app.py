@@ -21,7 +21,6 @@ from proxy.config import ConfigError, Settings
 from proxy.credentials import ConfigProblem, credential_problems
 from proxy.errors import error_response
 from proxy.inspector import inspector_routes
-from proxy.intake import quiet_undecodable_bodies
 from proxy.keys import (
     BACKGROUND,
     CLIENT_KEYS,
@@ -193,7 +192,6 @@ def create_app(settings: Settings) -> web.Application:
         )
     if problems:
         raise ConfigError("\n".join(["refusing to start:", *(f"  {p}" for p in problems)]))
-    quiet_undecodable_bodies()
     # Room above the limit so that an oversized body is answered by the handler in
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(

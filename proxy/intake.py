@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -75,23 +74,3 @@ def check_headers(headers: Mapping[str, str]) -> None:
                 param=name,
                 code="invalid_header",
             ) from exc
-
-
-class UndecodableBodyFilter(logging.Filter):
-    """Keeps a client's unreadable body out of the server's error log.
-
-    Such a request is answered 400 (``invalid_body``); aiohttp then drains the rest of the
-    body to keep the connection usable, meets the same error again, and logs it as an
-    unhandled exception with its traceback: a client's fault, at the level of a bug. Any
-    client could fill an operator's error log with them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not isinstance(error, RequestPayloadError)
-
-
-def quiet_undecodable_bodies() -> None:
-    """Install the filter on aiohttp's server logger (once)."""
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, UndecodableBodyFilter) for f in server_log.filters):
-        server_log.addFilter(UndecodableBodyFilter())
