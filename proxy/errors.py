@@ -30,8 +30,8 @@ class BadRequest(Exception):
         self.param = param
         self.code = code
         self.error_type = error_type
-        # The body was not read to its end (too large, or not decodable): the connection
-        # closes after the answer rather than have the server drain what fails again.
+        # The body was not read to its end (too large, or its framing broken): the connection
+        # closes after the answer rather than be kept for a next request.
         self.close_connection = close_connection
 
 

@@ -38,9 +38,9 @@ def api_key_of(headers: Mapping[str, str]) -> str:
     if api_key:
         return api_key
     for protocol in headers.get("Sec-WebSocket-Protocol", "").split(","):
-        key = protocol.strip().removeprefix(KEY_PROTOCOL_PREFIX)
-        if key != protocol.strip() and key:
-            return key
+        offered = protocol.strip()
+        if offered.startswith(KEY_PROTOCOL_PREFIX) and len(offered) > len(KEY_PROTOCOL_PREFIX):
+            return offered[len(KEY_PROTOCOL_PREFIX) :]
     return ""
 
 

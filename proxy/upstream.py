@@ -29,8 +29,8 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# The server decompresses a gzip or deflate body before the proxy reads it, so the bytes sent up
-# are plain: their old length and encoding no longer describe them.
+# A body the proxy read is sent up decoded (``intake.read_body``): its old length and encoding
+# no longer describe it (a body relayed unread puts its encoding back, ``passthrough``).
 # An expectation (``Expect: 100-continue``) was met when the proxy read the body: sent on, it
 # would only hold the body back a round trip while the upstream says "continue".
 _NOT_FORWARDED_UP = _HOP_BY_HOP | {

@@ -169,8 +169,12 @@ class FakeUpstream:
         )
         return app
 
-    def _remember(self, received: Received) -> None:
+    def _remember(
+        self, request: web.Request, body: dict[str, Any] | None, prompt_tokens: int = 0
+    ) -> None:
         if self.keep_requests:
+            query = request.rel_url.raw_query_string
+            received = Received(request.path, dict(request.headers), body, prompt_tokens, query)
             self.received.append(received)
 
     def _headers(self) -> dict[str, str]:
@@ -183,11 +187,7 @@ class FakeUpstream:
         }
 
     async def _models(self, request: web.Request) -> web.Response:
-        self._remember(
-            Received(
-                request.path, dict(request.headers), None, query=request.rel_url.raw_query_string
-            )
-        )
+        self._remember(request, None)
         models = sorted({*self.windows, "fake-model"})
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in models]
         return web.json_response({"object": "list", "data": data}, headers=self._headers())
@@ -206,14 +206,7 @@ class FakeUpstream:
         try:
             body = jsonio.loads(raw)  # integers beyond 64 bits arrive as sent
         except ValueError:
-            self._remember(
-                Received(
-                    request.path,
-                    dict(request.headers),
-                    None,
-                    query=request.rel_url.raw_query_string,
-                )
-            )
+            self._remember(request, None)
             return web.json_response(
                 {
                     "error": {
@@ -228,28 +221,13 @@ class FakeUpstream:
         model = str(body.get("model", "fake-model"))
         invalid = pairing_error(body.get("messages"))
         if invalid is not None:
-            self._remember(
-                Received(
-                    request.path,
-                    dict(request.headers),
-                    body,
-                    query=request.rel_url.raw_query_string,
-                )
-            )
+            self._remember(request, body)
             self.rejected.append(invalid)
             refusal = {"message": invalid, "type": "invalid_request_error", "param": "messages"}
             return web.json_response({"error": {**refusal, "code": None}}, status=400)
         # Benchmarks turn counting off so the upstream answers as fast as it can.
         prompt_tokens = self.prompt_tokens(body) if self.count_tokens else len(raw) // 4
-        self._remember(
-            Received(
-                request.path,
-                dict(request.headers),
-                body,
-                prompt_tokens,
-                request.rel_url.raw_query_string,
-            )
-        )
+        self._remember(request, body, prompt_tokens)
         if self.response_delay:
             await asyncio.sleep(self.response_delay)
         if self.canned:

@@ -170,8 +170,9 @@ async def test_a_small_body_that_decodes_past_the_limit_gets_a_413(
 ) -> None:
     proxy = await make_proxy(max_body_bytes=1 << 20)
     bomb = compressed(b" " * (8 << 20), "zstd")  # 8 MiB of JSON whitespace in a few KiB
-    status, _, answer = await post(proxy.url, bomb, **{"Content-Encoding": "zstd"})
+    status, headers, answer = await post(proxy.url, bomb, **{"Content-Encoding": "zstd"})
     assert status == 413 and answer["error"]["code"] == "request_too_large"
+    assert headers["Connection"] == "close"
 
 
 # Codex sends its requests zstd-compressed; aiohttp's clients and curl can send br.
