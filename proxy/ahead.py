@@ -54,10 +54,13 @@ def pressure_limits(
 def maybe_precompact(
     background: BackgroundCompactions, job: CompactionJob, relief: Relief, limits: Budgets | None
 ) -> bool:
-    """Between the watermarks, prepare the next checkpoint in the background; this request
-    goes on at once. Whether a round was started."""
+    """Between the watermarks, or over them with the bridge's cuts, prepare the next
+    checkpoint in the background; this request goes on at once. Whether a round was started."""
     if limits is None or relief.compacted or relief.shortfall not in (None, triggers.AHEAD):
         return False
+    if relief.bridged_from is not None:
+        # The round summarizes the conversation as it is, not as the bridge cut it.
+        return background.start(job, relief.state, relief.bridged_from, limits)
     tokens = relief.measurement.tokens
     if not wants_precompaction(tokens, limits):
         return False

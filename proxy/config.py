@@ -59,11 +59,21 @@ class PrunerPolicy(_Strict):
     head_chars: int = Field(default=4096, ge=0)
     tail_chars: int = Field(default=1024, ge=0)
     user_messages: bool = True
+    # With precompaction on, a request that reaches must_compact while its checkpoint is
+    # still to come goes at once with older observations cut harder, to these sizes, for
+    # that request alone (proxy/compaction/bridge.py); false: it waits for the summary.
+    bridge: bool = True
+    bridge_head_chars: int = Field(default=1024, ge=0)
+    bridge_tail_chars: int = Field(default=256, ge=0)
 
     @model_validator(mode="after")
     def _head_and_tail_fit(self) -> Self:
         if self.head_chars + self.tail_chars >= self.threshold_chars:
             raise ValueError("head_chars + tail_chars must be below threshold_chars")
+        if self.bridge_head_chars + self.bridge_tail_chars >= self.head_chars + self.tail_chars:
+            raise ValueError(
+                "bridge_head_chars + bridge_tail_chars must be below head_chars + tail_chars"
+            )
         return self
 
 

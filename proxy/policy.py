@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy.compaction.prune import Pruner
-from proxy.config import ConfigError, Policy, PolicyOverrides, Route, Settings
+from proxy.config import ConfigError, Policy, PolicyOverrides, PrunerPolicy, Route, Settings
 from proxy.windows import mapped_window
 
 
@@ -121,6 +121,21 @@ def budgets(policy: Policy, window: int) -> Budgets:
     )
 
 
+def bridge_pruner(settings: PrunerPolicy) -> Pruner | None:
+    """The bridge's cut (``compaction/bridge.py``), or None when it is off. Only observations
+    at least twice the size it leaves are cut: a smaller one would give up its text for
+    little room."""
+    if not settings.bridge:
+        return None
+    kept = settings.bridge_head_chars + settings.bridge_tail_chars
+    return Pruner(
+        threshold_chars=max(1, 2 * kept),
+        head_chars=settings.bridge_head_chars,
+        tail_chars=settings.bridge_tail_chars,
+        user_messages=settings.user_messages,
+    )
+
+
 def validate_all_policies(settings: Settings) -> None:
     """Resolve every route's policy and every exact-model override once, at start-up."""
     for route in settings.routes:
@@ -138,6 +153,7 @@ class ModelPolicy:
     pruner: Pruner
     configured_window: int | None
     mapped_window: int | None
+    bridge: Pruner | None = None  # the harder cut of a request that must not wait (None: off)
 
 
 class PolicyBook:
@@ -161,7 +177,12 @@ class PolicyBook:
             user_messages=policy.pruner.user_messages,
         )
         resolved = ModelPolicy(
-            route, policy, pruner, configured_window(route, model), mapped_window(model)
+            route,
+            policy,
+            pruner,
+            configured_window(route, model),
+            mapped_window(model),
+            bridge_pruner(policy.pruner),
         )
         if len(self._cache) >= self._max:
             self._cache.clear()

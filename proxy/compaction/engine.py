@@ -76,6 +76,8 @@ class Relief:
     pruned: bool = False
     compacted: bool = False
     shortfall: str | None = None  # why the request is still at or above its threshold
+    # The tokens before the bridge (compaction/bridge.py) when the surface carries its cuts.
+    bridged_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,24 @@ class EngineSettings:
 
 def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
+
+
+def prune_records(job: CompactionJob, candidates: Sequence[PruneCandidate]) -> list[Prune]:
+    """The prune records of ``candidates``, addressed by ``job``'s chain and context."""
+    view = job.view
+    return [
+        Prune(
+            position=c.position,
+            hash=view.chain[c.position],
+            content=c.pruned.content,
+            chars_before=c.pruned.chars_before,
+            chars_after=c.pruned.chars_after,
+            head_end=c.pruned.head_end,
+            tail_start=c.pruned.tail_start,
+            context=view.context_fingerprint,
+        )
+        for c in candidates
+    ]
 
 
 @dataclass
@@ -285,20 +305,7 @@ class Engine:
         candidates: Sequence[PruneCandidate],
         trigger: str,
     ) -> Outcome:
-        view = job.view
-        records = [
-            Prune(
-                position=c.position,
-                hash=view.chain[c.position],
-                content=c.pruned.content,
-                chars_before=c.pruned.chars_before,
-                chars_after=c.pruned.chars_after,
-                head_end=c.pruned.head_end,
-                tail_start=c.pruned.tail_start,
-                context=view.context_fingerprint,
-            )
-            for c in candidates
-        ]
+        records = prune_records(job, candidates)
         began, attempt = await self._begin(job, state, trigger, "prune")
         if began is not BeginResult.BEGUN:
             return Outcome.BUSY

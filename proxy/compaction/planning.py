@@ -44,6 +44,7 @@ class CompactionJob:
     route: str = ""
     summary_window: int | None = None  # the summary model's window when it differs
     summary_route: str = ""  # names the summarizer for its breaker
+    bridge: Pruner | None = None  # the harder cut of a request that must not wait (bridge.py)
 
     @property
     def summarizer(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from proxy.compaction.bridge import bridge_cuts
 from proxy.compaction.engine import (
     FAILED_AT,
     FAILED_TOKENS,
@@ -16,11 +17,15 @@ from proxy.compaction.engine import (
     Outcome,
     Relief,
     Round,
+    prune_records,
 )
 from proxy.compaction.planning import CompactionJob
 from proxy.conversation import Checkpoint, Prune
+from proxy.meter import Measurement, counter_for
+from proxy.metrics import COMPACTIONS
 from proxy.policy import Budgets
 from proxy.store.base import ConversationState
+from proxy.surface import Surface
 
 MAX_WINDOW_SHRINKS = 3
 AHEAD = "ahead"  # over the threshold, under must_compact: forwarded, compacted in the background
@@ -91,8 +96,9 @@ async def relieve_pressure(
     if irreducible > limits.window:
         return Relief(state, surface, measurement, shortfall="live_turn")
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
-    # Under must_compact nothing waits: a round in the background may hold the lease.
-    must_wait = measurement.tokens >= limits.must_compact
+    # Under must_compact nothing waits: a round in the background may hold the lease. Over
+    # it, the bridge comes before any wait.
+    must_wait = measurement.tokens >= limits.must_compact and job.bridge is None
     read = state
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
     # Not our prune, yet a new generation: another request's round committed while this one
@@ -106,6 +112,12 @@ async def relieve_pressure(
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
         return Relief(state, surface, measurement, pruned=pruned, shortfall=AHEAD)
+    # A conversation on first contact (never answered through the proxy) waits for its
+    # summary: bridging all of an oversized history would cut nearly every observation.
+    if state.anchor is not None:
+        bridged = await _bridge(engine, job, state, surface, before, measurement, limits)
+        if bridged is not None:
+            return dataclasses.replace(bridged, compacted=meanwhile.compacted)
     rounds = Relief(state, surface, measurement, shortfall="cooldown")
     if not cooling_down(engine, state, measurement.tokens):
         rounds = await _summarize_rounds(engine, job, rounds, threshold, retain)
@@ -121,6 +133,49 @@ async def relieve_pressure(
         pruned=pruned or rounds.pruned,
         compacted=rounds.compacted or meanwhile.compacted,
         shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
+    )
+
+
+async def _bridge(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    before: int,
+    measurement: Measurement,
+    limits: Budgets,
+) -> Relief | None:
+    """This request under ``must_compact`` at once, with the bridge's cuts (not committed:
+    ``compaction/bridge.py``); None when the bridge is off or cannot get it there."""
+    pruner = job.bridge
+    if pruner is None:
+        return None
+    view, meter = job.view, engine.meter
+    count = counter_for(view.model)
+    limit = min(before, view.live_start)
+    need = measurement.tokens - limits.must_compact + 1
+    cuts = await engine.off_loop(
+        job,
+        lambda: bridge_cuts(
+            surface.nodes, view.body, limit, pruner, lambda m: meter.message(m, count), need
+        ),
+    )
+    outcome = "applied" if cuts is not None else "not_enough"
+    COMPACTIONS.labels(trigger="pressure", mechanism="bridge", outcome=outcome).inc()
+    if cuts is None:
+        return None
+    bridged = view.surface((*prune_records(job, cuts.cuts), *state.records))
+    remeasured = await engine.measure(job, state, bridged)
+    # The cuts' saving from where the request stood (anchored, most often): the cuts are in
+    # no anchor, so a measure of the bridged surface is a fresh estimate of all of it.
+    tokens = measurement.tokens - cuts.saved
+    return Relief(
+        state,
+        bridged,
+        dataclasses.replace(remeasured, tokens=tokens),
+        pruned=True,
+        shortfall=AHEAD,
+        bridged_from=measurement.tokens,
     )
 
 

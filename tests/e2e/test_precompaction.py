@@ -1,7 +1,9 @@
 """Compaction ahead of need: the request that reaches the threshold does not wait for a summary
-call, because the checkpoint was prepared in the background from an earlier request. A request
-waits only from ``must_compact`` on: the window less the room its answer needs (halfway from
-the threshold to the window while nothing is known of the answers)."""
+call, because the checkpoint was prepared in the background from an earlier request. From
+``must_compact`` on (the window less the room its answer needs; halfway from the threshold to
+the window while nothing is known of the answers) a request that outgrew the round goes at once
+with its older observations cut for it alone (the bridge); only one the bridge cannot fit, or
+a history on first contact, waits for a summary."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import orjson
 from prometheus_client import REGISTRY
 
 from proxy.compaction.summarize import framed_summary_text
+from proxy.conversation import Prune
 from proxy.keys import BACKGROUND
 from proxy.store.redis import RedisStore
 from proxy.testing.fake_upstream import FakeUpstream
@@ -236,17 +239,74 @@ async def test_a_turn_that_jumps_both_watermarks_is_compacted_behind_it(
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
 
 
-async def test_from_must_compact_on_a_request_waits_for_the_round_in_flight(
+def cut_by_the_proxy(message: dict[str, Any]) -> bool:
+    return (
+        isinstance(message.get("content"), str)
+        and "removed by compaction-proxy" in message["content"]
+    )
+
+
+async def test_from_must_compact_on_a_request_goes_at_once_with_older_observations_cut_for_it(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
+    """The bridge: too close to the window to go as it is, while the round is summarizing,
+    the request goes at once with its oldest observations cut harder, as few as it takes;
+    nothing is committed, and the request after the checkpoint carries no cut."""
     proxy, waits_before = await round_in_flight(
         make_proxy, upstream_url, fake, summary_seconds=1.5, rounds=26
     )
     status, latency = await send(proxy, tool_rounds(34))  # too close to the window
+    assert status == "pruned" and latency < 1.0 and lease_waits() == waits_before
+    bridged = fake.chat_requests[-1]
+    assert 0.8 * WINDOW <= bridged.prompt_tokens < WINDOW - WINDOW // 32
+    tools = [m for m in (bridged.body or {})["messages"] if m["role"] == "tool"]
+    cut = [cut_by_the_proxy(m) for m in tools]
+    assert cut[0] and not all(cut), "the oldest observations are cut, not every one"
+    assert cut == sorted(cut, reverse=True), "oldest first"
+    assert tools[-1]["content"] == tool_rounds(34)[-1]["content"], "the live turn is whole"
+    conversation = (await proxy.store.list_conversations())[0].conversation
+    records = (await proxy.store.load(conversation)).records
+    assert not any(isinstance(r, Prune) for r in records), "the cuts are not committed"
+    await proxy.app[BACKGROUND].idle()
+    assert (await send(proxy, tool_rounds(35)))[0] == "none"
+    after = (fake.chat_requests[-1].body or {})["messages"]
+    assert carries_a_checkpoint(fake) and not any(cut_by_the_proxy(m) for m in after)
+    assert len(fake.summary_requests) == 1, "it did not start a second round"
+
+
+async def test_from_must_compact_on_a_request_the_bridge_cannot_fit_waits_for_the_round(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Observations (2,700 characters) below what the bridge cuts (twice the 2,500 it
+    keeps): nothing to cut, so the request waits on the round in flight, not another."""
+    proxy, waits_before = await round_in_flight(
+        make_proxy,
+        upstream_url,
+        fake,
+        summary_seconds=1.5,
+        rounds=26,
+        pruner={"bridge_head_chars": 2_000, "bridge_tail_chars": 500},
+    )
+    status, latency = await send(proxy, tool_rounds(34))
     assert latency >= 1.0 and lease_waits() == waits_before + 1
     assert status == "compacted", "the client waited for a summary: the status says so"
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
     assert len(fake.summary_requests) == 1, "it waited for the round rather than start another"
+    samples = {"trigger": "pressure", "mechanism": "bridge", "outcome": "not_enough"}
+    assert REGISTRY.get_sample_value("compaction_proxy_compactions_total", samples)
+
+
+async def test_on_first_contact_a_history_past_must_compact_waits_for_its_summary(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """No answer yet in this conversation: the proxy has not kept it in its window, and
+    the bridge would cut an oversized history nearly whole. It is summarized first."""
+    fake.summary_delay = 1.0
+    proxy = await make_proxy(routes=route(upstream_url))
+    status, latency = await send(proxy, tool_rounds(34))
+    assert status == "compacted" and latency >= 1.0
+    assert carries_a_checkpoint(fake)
+    assert not any(cut_by_the_proxy(m) for m in (fake.chat_requests[-1].body or {})["messages"])
 
 
 async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_its_answer(
@@ -266,19 +326,20 @@ async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_
     assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
 
 
-async def test_a_request_whose_declared_answer_would_not_fit_waits_for_the_round(
+async def test_a_request_whose_declared_answer_would_not_fit_is_bridged_to_leave_it_room(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    """Over the threshold with ``max_tokens`` 3,000, the prompt leaves less than the answer
-    may take (the provider would refuse it): the request waits for the round in flight
-    instead of going at once."""
+    """Over the threshold with ``max_tokens`` 3,000, the prompt as sent leaves less than the
+    answer may take (the provider would refuse it): the bridge cuts it to leave that room,
+    and it goes at once instead of waiting for the round in flight."""
     proxy, waits_before = await round_in_flight(
         make_proxy, upstream_url, fake, summary_seconds=1.5, rounds=26
     )
     status, latency = await send(proxy, tool_rounds(29), max_tokens=3_000)
-    assert status == "compacted" and latency >= 1.0 and lease_waits() == waits_before + 1
-    assert carries_a_checkpoint(fake)
+    assert status == "pruned" and latency < 1.0 and lease_waits() == waits_before
     assert fake.chat_requests[-1].prompt_tokens + 3_000 <= WINDOW
+    assert not carries_a_checkpoint(fake)
+    await proxy.app[BACKGROUND].idle()
     assert len(fake.summary_requests) == 1
 
 

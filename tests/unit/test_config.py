@@ -45,6 +45,8 @@ def test_shipped_config_holds_the_design_defaults() -> None:
             "routes.0.bogus: unknown key",
         ),
         ("policy:\n  pruner:\n    head_chars: 9000\n", "head_chars + tail_chars"),
+        # The bridge cuts harder than the pruner, or it would not be worth a cut.
+        ("policy:\n  pruner:\n    bridge_head_chars: 5000\n", "bridge_head_chars"),
         ("store_url: mysql://h\n", "store_url"),
     ],
 )

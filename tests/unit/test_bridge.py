@@ -1,0 +1,111 @@
+"""The bridge's cuts: oldest observations first, the fewest that save what is needed, never
+at or past the retained tail, from the message as the client sent it; inputs untouched."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from proxy.compaction.bridge import bridge_cuts
+from proxy.compaction.prune import MARKER, Pruner
+from proxy.config import PrunerPolicy
+from proxy.conversation import Message
+from proxy.policy import bridge_pruner
+from proxy.surface import SurfaceNode
+from tests.builders import assistant, tool, user
+
+BRIDGE = Pruner(threshold_chars=40, head_chars=6, tail_chars=4)
+
+
+def chars(message: Message) -> int:
+    """A message's price: its content's length (any monotone price would do)."""
+    return len(message.get("content") or "")
+
+
+def body_nodes(body: list[Message]) -> list[SurfaceNode]:
+    return [SurfaceNode(m, "body", i, i) for i, m in enumerate(body)]
+
+
+def outputs(*lengths: int) -> list[Message]:
+    return [tool(f"call_{i}", chr(ord("a") + i) * n) for i, n in enumerate(lengths)]
+
+
+def positions(cuts: Any) -> list[int]:
+    assert cuts is not None
+    return [c.position for c in cuts.cuts]
+
+
+LONG = 400
+SAVED = LONG - (6 + 4 + len(MARKER.format(removed=LONG - 10)))  # by one cut of a LONG output
+
+
+@pytest.mark.parametrize(("need", "expected"), [(1, [0]), (SAVED + 1, [0, 1]), (2 * SAVED, [0, 1])])
+def test_the_fewest_cuts_oldest_first_that_save_what_is_needed(
+    need: int, expected: list[int]
+) -> None:
+    body = outputs(LONG, LONG, LONG, LONG)
+    cuts = bridge_cuts(body_nodes(body), body, 4, BRIDGE, chars, need)
+    assert positions(cuts) == expected
+    assert cuts is not None and cuts.saved == SAVED * len(expected)
+
+
+def test_no_cut_when_all_of_them_together_save_too_little() -> None:
+    body = outputs(LONG, LONG)
+    assert bridge_cuts(body_nodes(body), body, 2, BRIDGE, chars, 2 * SAVED + 1) is None
+
+
+def test_nothing_at_or_after_the_retained_tail_is_cut() -> None:
+    body = outputs(LONG, LONG, LONG)
+    assert positions(bridge_cuts(body_nodes(body), body, 1, BRIDGE, chars, 1)) == [0]
+    assert bridge_cuts(body_nodes(body), body, 0, BRIDGE, chars, 1) is None
+
+
+def test_only_observations_long_enough_are_cut() -> None:
+    body: list[Message] = [
+        assistant("x" * LONG),  # the model's own words: never an observation
+        tool("call_0", "short"),  # under the bridge's threshold
+        user("u" * LONG),  # an observation: agents without tool calls send them as user
+        tool("call_1", "t" * LONG),
+    ]
+    assert positions(bridge_cuts(body_nodes(body), body, 4, BRIDGE, chars, 1)) == [2]
+    no_users = Pruner(threshold_chars=40, head_chars=6, tail_chars=4, user_messages=False)
+    assert positions(bridge_cuts(body_nodes(body), body, 4, no_users, chars, 1)) == [3]
+
+
+def test_head_and_checkpoint_nodes_are_never_cut() -> None:
+    body = outputs(LONG, LONG, LONG)
+    nodes = [
+        SurfaceNode({"role": "system", "content": "s" * LONG}, "head"),
+        SurfaceNode({"role": "user", "content": "c" * LONG}, "checkpoint", 0, 1),
+        SurfaceNode(body[2], "body", 2, 2),
+    ]
+    assert positions(bridge_cuts(nodes, body, 3, BRIDGE, chars, 1)) == [2]
+
+
+def test_a_pruned_node_is_cut_again_from_the_message_as_sent() -> None:
+    """The saving counts from the pruned node; the cut is made on the client's message."""
+    body = outputs(2 * LONG)
+    pruned = SurfaceNode({**body[0], "content": "a" * LONG}, "pruned", 0, 0)
+    cuts = bridge_cuts([pruned], body, 1, BRIDGE, chars, 1)
+    assert cuts is not None and positions(cuts) == [0]
+    kept = cuts.cuts[0].pruned
+    assert kept.chars_before == 2 * LONG and kept.content.startswith("a" * 6)
+    assert cuts.saved == LONG - kept.chars_after
+
+
+def test_inputs_are_never_mutated() -> None:
+    body = outputs(LONG, LONG)
+    nodes = body_nodes(body)
+    before = copy.deepcopy((body, nodes))
+    bridge_cuts(nodes, body, 2, BRIDGE, chars, 1_000)
+    bridge_cuts(nodes, body, 2, BRIDGE, chars, 1)
+    assert (body, nodes) == before
+
+
+def test_the_bridge_cuts_twice_what_it_keeps_or_is_off() -> None:
+    pruner = bridge_pruner(PrunerPolicy(bridge_head_chars=1_000, bridge_tail_chars=200))
+    assert pruner is not None
+    assert (pruner.threshold_chars, pruner.head_chars, pruner.tail_chars) == (2_400, 1_000, 200)
+    assert bridge_pruner(PrunerPolicy(bridge=False)) is None
