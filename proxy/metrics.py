@@ -152,6 +152,13 @@ PRECOMPACTIONS_IN_FLIGHT = Gauge(
     "Background compaction rounds running in this process.",
     multiprocess_mode="livesum",
 )
+PRECOMPACTION_DURATION = Histogram(
+    "compaction_proxy_precompaction_duration_seconds",
+    "Duration of background compaction rounds (select, summarize, commit), by outcome "
+    "(committed, summary_failed, busy, ...; error for an unexpected exception).",
+    ["outcome"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
 GUARDS = ("tenant_ceiling", "route_ceiling", "recovery_cooldown", "miss_guard")
 GUARD_TRIPS = Counter(
     "compaction_proxy_guard_trips_total",

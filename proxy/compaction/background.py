@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from proxy.compaction import triggers
 from proxy.compaction.engine import Engine, Outcome
 from proxy.compaction.planning import CompactionJob
-from proxy.metrics import PRECOMPACTIONS_IN_FLIGHT
+from proxy.metrics import PRECOMPACTION_DURATION, PRECOMPACTIONS_IN_FLIGHT
 from proxy.policy import Budgets
 from proxy.store.base import ConversationState
 
@@ -89,15 +90,20 @@ class BackgroundCompactions:
         self, job: CompactionJob, state: ConversationState, tokens: int, retain: int
     ) -> None:
         engine = self._engine
+        started, outcome = time.perf_counter(), Outcome.ERROR.value
         try:
             surface = job.view.surface(state.records)
             result = await engine.summarize_round(job, state, surface, retain, TRIGGER)
+            outcome = result.outcome.value
             if result.outcome not in _NOT_FAILURES:
                 await triggers.remember_failure(engine, job, tokens)
         except asyncio.CancelledError:
+            outcome = "cancelled"
             raise  # shutting down: the engine closed the attempt and released the lease
         except Exception:
             log.exception("background compaction failed; the threshold request will compact")
+        finally:
+            PRECOMPACTION_DURATION.labels(outcome=outcome).observe(time.perf_counter() - started)
 
     async def idle(self) -> None:
         """Wait until no round is running (tests and benchmarks settle on it)."""

@@ -77,7 +77,8 @@ async def relieve_pressure(
 
     1. prune observations older than the retain budget; stop if below the threshold;
     2. with precompaction on, stop if below ``must_compact`` (shortfall ``ahead``: the caller
-       prepares the checkpoint in the background);
+       prepares the checkpoint in the background); over it, unless on first contact, stop if
+       the bridge's cuts, for this request alone, bring it below (``compaction/bridge.py``);
     3. summarize head spans while the surface stays at or above the threshold:
        ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
        short to fit the summary call;

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from helm_python import Chart
 
+from proxy.config import Policy, PrunerPolicy
+
 CHART = Path(__file__).parents[2] / "charts" / "compaction-proxy"
 KUBE_VERSION = "1.30.0"
 
@@ -134,3 +136,16 @@ def test_helm_lint_strict_finds_nothing(values: dict[str, Any] | None) -> None:
     report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []  # warnings, errors
+
+
+def test_every_policy_key_the_proxy_takes_passes_the_charts_schema() -> None:
+    """The schema closes ``policy`` and ``pruner``: a key the proxy accepts but the schema
+    lacks would make Helm refuse a valid configuration."""
+    policy = Policy().model_dump(mode="json")
+    policy["retain_tokens"] = None
+    report = helm_python.lint(
+        CHART, {"config": {"policy": policy}}, strict=True, kube_version=f"v{KUBE_VERSION}"
+    )
+    assert set(policy["pruner"]) == set(PrunerPolicy.model_fields)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []

@@ -56,6 +56,7 @@ def test_dashboard_is_well_formed() -> None:
         "overflow",
         "summary",
         "store",
+        "background",
     ):
         assert topic in titles
 

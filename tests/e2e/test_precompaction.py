@@ -43,6 +43,13 @@ def lease_waits() -> float:
     )
 
 
+def rounds_timed(outcome: str) -> tuple[float, float]:
+    """Background rounds that ended with ``outcome``, and their seconds, as exposed."""
+    name, labels = "compaction_proxy_precompaction_duration_seconds", {"outcome": outcome}
+    count = REGISTRY.get_sample_value(f"{name}_count", labels) or 0
+    return count, REGISTRY.get_sample_value(f"{name}_sum", labels) or 0
+
+
 def tool_rounds(turns: int) -> list[dict[str, Any]]:
     """A conversation of ``turns`` tool rounds of about 480 tokens each: 24 turns are over the
     precompaction watermark (11,200 tokens), 27 over the threshold (12,800), 31 over
@@ -95,10 +102,12 @@ async def test_the_threshold_request_finds_its_checkpoint_ready(
 ) -> None:
     fake.summary_delay = SUMMARY_SECONDS
     proxy = await make_proxy(routes=route(upstream_url))
-    waits_before = lease_waits()
+    waits_before, timed_before = lease_waits(), rounds_timed("committed")
     statuses, latencies = await grow(proxy, 32)
     await proxy.app[BACKGROUND].idle()
     assert "precompacting" in statuses and fake.summary_requests
+    count, seconds = (a - b for a, b in zip(rounds_timed("committed"), timed_before, strict=True))
+    assert count == len(fake.summary_requests) and seconds >= count * SUMMARY_SECONDS
     # No request waited on a summary call: none compacted synchronously, none waited on the
     # lease of a background round (and, loosely, none took as long as one summary call).
     assert "compacted" not in statuses and lease_waits() == waits_before
@@ -141,7 +150,9 @@ async def test_a_background_round_cut_short_by_shutdown_frees_its_lease(
     await asyncio.sleep(0.2)
     assert proxy.app[BACKGROUND].in_flight == 1
     assert (await proxy.store.load(conversation)).lease_owner is not None
+    cancelled_before, _ = rounds_timed("cancelled")
     await proxy.app[BACKGROUND].close()  # what the app's cleanup does on SIGTERM
+    assert rounds_timed("cancelled")[0] == cancelled_before + 1
     state = await proxy.store.load(conversation)
     assert state.lease_owner is None
     log = [e for _, e in (await proxy.store.read_log(conversation, limit=1000)).events]
