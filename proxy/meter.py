@@ -199,6 +199,7 @@ class Measurement:
     anchored: bool
     anchor_key: str | None = None
     tip: int = -1
+    tip_hash: str = ""  # the body chain hash at ``tip``
 
     def anchor_for(self, prompt_tokens: int) -> Anchor | None:
         """The anchor to store for this surface, or None if usage looks under-reported."""
@@ -209,6 +210,7 @@ class Measurement:
             tip=self.tip,
             prompt_tokens=prompt_tokens,
             estimated_tokens=self.estimated,
+            tip_hash=self.tip_hash,
         )
 
 
@@ -320,7 +322,7 @@ class TokenMeter:
                 request, surface, anchor.tip, count
             )
             anchored = True
-        return Measurement(tokens, estimated, anchored, key, tip)
+        return Measurement(tokens, estimated, anchored, key, tip, request.chain[tip] if key else "")
 
     def node_tokens(self, request: MeteredRequest, surface: Surface) -> list[int]:
         """The price of every surface node (for range selection; costs the whole surface)."""

@@ -113,9 +113,10 @@ async def relieve_pressure(
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
         return Relief(state, surface, measurement, pruned=pruned, shortfall=AHEAD)
-    # A conversation on first contact (never answered through the proxy) waits for its
-    # summary: bridging all of an oversized history would cut nearly every observation.
-    if state.anchor is not None:
+    # A history on first contact (no answered request of its own that it extends: a new
+    # conversation, a client rewriting an early message) waits for its summary: bridging
+    # an oversized history would cut nearly every observation.
+    if state.anchor is not None and state.anchor.answered(job.view.chain):
         bridged = await _bridge(engine, job, state, surface, before, measurement, limits)
         if bridged is not None:
             return dataclasses.replace(bridged, compacted=meanwhile.compacted)

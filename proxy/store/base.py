@@ -51,6 +51,13 @@ class Anchor:
     tip: int
     prompt_tokens: int
     estimated_tokens: int
+    tip_hash: str = ""  # the body chain hash at ``tip`` (empty in anchors stored before it)
+
+    def answered(self, chain: Sequence[str]) -> bool:
+        """Whether a body of ``chain`` extends (or is) the one the upstream answered."""
+        return (
+            bool(self.tip_hash) and 0 <= self.tip < len(chain) and chain[self.tip] == self.tip_hash
+        )
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ requests passed on as sent."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -13,7 +14,7 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from proxy.keys import PENDING_RECORDS
+from proxy.keys import BACKGROUND, PENDING_RECORDS
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.encodings import compressed
@@ -32,6 +33,7 @@ TOOLS: list[Any] = [
         },
     }
 ]
+CUT = "removed by compaction-proxy"  # the marker of a cut observation
 OPENING = "FACT-1: the release branch is release-7. Fix the flaky importer test."
 
 
@@ -299,3 +301,39 @@ async def test_a_zstd_compressed_request_as_codex_sends_it_is_read_and_forwarded
             assert (await answer.json())["output"][0]["type"] == "message"
             assert answer.headers["X-Compaction-Status"] == "none"
     assert fake.responses.received[-1] == body
+
+
+async def test_an_agent_loop_outgrowing_its_background_round_goes_on_through_the_bridge(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """With precompaction on and a slow summary, an agent whose calls come back faster than
+    the round: the requests past ``must_compact`` go at once with their oldest outputs cut
+    (pairs kept: the fake refuses a call without its output), none waits, and the request
+    after the checkpoint carries no cut."""
+    fake.windows[MODEL] = WINDOW
+    fake.responses.tool_rounds = 1_000
+    fake.summary_delay = 3.0
+    proxy = await make_proxy(
+        routes=[{"model": "resp-*", "base_url": upstream_url, "context_window": WINDOW}]
+    )
+    items: list[Any] = [{"role": "user", "content": OPENING}]
+    statuses, latencies = [], []
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        for _ in range(18):
+            started = time.perf_counter()
+            raw = await client.responses.with_raw_response.create(
+                **REQUEST, input=items, tools=TOOLS
+            )
+            latencies.append(time.perf_counter() - started)
+            statuses.append(raw.headers["x-compaction-status"])
+            items = next_request(items, raw.parse().output)
+        assert "precompacting" in statuses and "pruned" in statuses, statuses
+        assert "compacted" not in statuses and max(latencies) < fake.summary_delay / 2
+        bridged = forwarded_inputs(fake)[statuses.index("pruned")]
+        outputs = [i["output"] for i in bridged if i.get("type") == "function_call_output"]
+        assert CUT in outputs[0] and CUT not in outputs[-1], "oldest cut, the newest whole"
+        await proxy.app[BACKGROUND].idle()
+        await client.responses.create(**REQUEST, input=items, tools=TOOLS)
+    last = forwarded_inputs(fake)[-1]
+    assert "<compacted-summary>" in last[0]["content"]
+    assert not any(CUT in i.get("output", "") for i in last), "the cuts were never stored"

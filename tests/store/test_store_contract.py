@@ -202,7 +202,7 @@ async def test_recorded_request_replaces_the_anchor(store: Store, conversation: 
     await store.record_request(conversation, [{"type": "usage", "prompt_tokens": 1}], None)
     state = await store.load(conversation)
     assert state.anchor == first and state.attributes == {"p": "0.5"}
-    second = Anchor("hash-9", 9, 2000, 1990)
+    second = Anchor("hash-9", 9, 2000, 1990, tip_hash="chain-9")
     await store.record_request(conversation, [], second)
     assert (await store.load(conversation)).anchor == second
     assert [e["type"] for e in await log_of(store, conversation)] == ["request", "usage", "usage"]

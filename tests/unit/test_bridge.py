@@ -7,12 +7,15 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.compaction.bridge import bridge_cuts
-from proxy.compaction.prune import MARKER, Pruner
+from proxy.compaction.prune import MARKER, Pruner, prune_content
 from proxy.config import PrunerPolicy
 from proxy.conversation import Message
 from proxy.policy import bridge_pruner
+from proxy.store.base import Anchor
 from proxy.surface import SurfaceNode
 from tests.builders import assistant, tool, user
 
@@ -109,3 +112,46 @@ def test_the_bridge_cuts_twice_what_it_keeps_or_is_off() -> None:
     assert pruner is not None
     assert (pruner.threshold_chars, pruner.head_chars, pruner.tail_chars) == (2_400, 1_000, 200)
     assert bridge_pruner(PrunerPolicy(bridge=False)) is None
+
+
+@given(
+    lengths=st.lists(st.integers(0, 600), max_size=10),
+    before=st.integers(0, 10),
+    needs=st.tuples(st.integers(1, 3_000), st.integers(1, 3_000)).map(sorted),
+)
+def test_cuts_are_the_oldest_eligible_observations_and_no_more_than_needed(
+    lengths: list[int], before: int, needs: list[int]
+) -> None:
+    body = outputs(*lengths)
+    smaller, larger = (bridge_cuts(body_nodes(body), body, before, BRIDGE, chars, n) for n in needs)
+    if larger is not None:
+        assert smaller is not None, "what saves more also saves less"
+        assert larger.cuts[: len(smaller.cuts)] == smaller.cuts, "more need only cuts newer"
+    for cuts, need in ((smaller, needs[0]), (larger, needs[1])):
+        if cuts is None:
+            continue
+        saving = [lengths[c.position] - c.pruned.chars_after for c in cuts.cuts]
+        assert all(s > 0 for s in saving) and cuts.saved == sum(saving) >= need
+        assert cuts.saved - saving[-1] < need, "the last cut was needed"
+        cut = [c.position for c in cuts.cuts]
+        assert cut == sorted(cut) and cut[-1] < before
+        for skipped in set(range(cut[-1])) - set(cut):  # oldest first: only what saves nothing
+            kept = prune_content(body[skipped]["content"], BRIDGE)
+            assert kept is None or kept.chars_after >= lengths[skipped]
+
+
+@pytest.mark.parametrize(
+    ("chain", "answered"),
+    [
+        (["c0", "c1", "c2"], True),  # the body the upstream answered
+        (["c0", "c1", "c2", "c3"], True),  # one that extends it
+        (["c0", "x1", "y2", "c3"], False),  # an early message rewritten: a new history
+        (["c0", "c1"], False),  # shorter
+    ],
+)
+def test_an_anchor_tells_a_body_extending_the_answered_one(
+    chain: list[str], answered: bool
+) -> None:
+    anchor = Anchor("key", 2, 1_000, 990, tip_hash="c2")
+    assert anchor.answered(chain) is answered
+    assert not Anchor("key", 2, 1_000, 990).answered(chain), "stored before tips were kept"
