@@ -6,8 +6,10 @@ lease, ceilings and breaker. The request that later reaches the threshold finds 
 committed. If the round is still running (the conversation outgrew the summary call), or none
 could start before (one turn jumped both watermarks), a request under ``must_compact`` (the
 window less the room its answer needs, ``policy.answer_reserve``) is still forwarded at once,
-as it is, and the round runs or starts in the background; only from ``must_compact`` does a
-request wait on the lease or compact synchronously, as without precompaction.
+as it is, and the round runs or starts in the background. From ``must_compact`` a request of a
+conversation already answered goes at once with the bridge's cuts (``bridge.py``); only one the
+bridge cannot fit, or a history on first contact, waits on the lease or compacts
+synchronously, as without precompaction.
 
 **Which span.** The conversation keeps growing while the summary is written, and the checkpoint
 applies as soon as it is committed. It is selected with a retain budget smaller than the usual
