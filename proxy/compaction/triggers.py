@@ -97,9 +97,14 @@ async def relieve_pressure(
     if irreducible > limits.window:
         return Relief(state, surface, measurement, shortfall="live_turn")
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
+    # A history on first contact (no answered request of its own that it extends: a new
+    # conversation, a client rewriting an early message) is never bridged: cutting an
+    # oversized history would cut nearly every observation. It waits for its summary.
+    anchor = state.anchor
+    bridgeable = job.bridge is not None and anchor is not None and anchor.answered(job.view.chain)
     # Under must_compact nothing waits: a round in the background may hold the lease. Over
     # it, the bridge comes before any wait.
-    must_wait = measurement.tokens >= limits.must_compact and job.bridge is None
+    must_wait = measurement.tokens >= limits.must_compact and not bridgeable
     read = state
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
     # Not our prune, yet a new generation: another request's round committed while this one
@@ -113,10 +118,7 @@ async def relieve_pressure(
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
         return Relief(state, surface, measurement, pruned=pruned, shortfall=AHEAD)
-    # A history on first contact (no answered request of its own that it extends: a new
-    # conversation, a client rewriting an early message) waits for its summary: bridging
-    # an oversized history would cut nearly every observation.
-    if state.anchor is not None and state.anchor.answered(job.view.chain):
+    if bridgeable:
         bridged = await _bridge(engine, job, state, surface, before, measurement, limits)
         if bridged is not None:
             return dataclasses.replace(bridged, compacted=meanwhile.compacted)
