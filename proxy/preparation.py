@@ -327,7 +327,7 @@ def compaction_job(
         route=model_policy.route.model,
         summary_window=summary_window,
         summary_route=summary_policy.route.model,
-        bridge=model_policy.bridge if model_policy.policy.effective_precompact_ratio else None,
+        bridge=model_policy.bridge,
     )
 
 

@@ -20,6 +20,7 @@ from proxy.compaction.engine import (
     prune_records,
 )
 from proxy.compaction.planning import CompactionJob
+from proxy.compaction.prune import Pruner
 from proxy.conversation import Checkpoint, Prune
 from proxy.meter import Measurement, counter_for
 from proxy.metrics import COMPACTIONS
@@ -97,14 +98,10 @@ async def relieve_pressure(
     if irreducible > limits.window:
         return Relief(state, surface, measurement, shortfall="live_turn")
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
-    # A history on first contact (no answered request of its own that it extends: a new
-    # conversation, a client rewriting an early message) is never bridged: cutting an
-    # oversized history would cut nearly every observation. It waits for its summary.
-    anchor = state.anchor
-    bridgeable = job.bridge is not None and anchor is not None and anchor.answered(job.view.chain)
+    bridge = _bridge_for(job, state, limits)
     # Under must_compact nothing waits: a round in the background may hold the lease. Over
     # it, the bridge comes before any wait.
-    must_wait = measurement.tokens >= limits.must_compact and not bridgeable
+    must_wait = measurement.tokens >= limits.must_compact and bridge is None
     read = state
     state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
     # Not our prune, yet a new generation: another request's round committed while this one
@@ -118,8 +115,8 @@ async def relieve_pressure(
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
         return Relief(state, surface, measurement, pruned=pruned, shortfall=AHEAD)
-    if bridgeable:
-        bridged = await _bridge(engine, job, state, surface, before, measurement, limits)
+    if bridge is not None:
+        bridged = await _bridge(engine, job, bridge, state, surface, before, measurement, limits)
         if bridged is not None:
             return dataclasses.replace(bridged, compacted=meanwhile.compacted)
     rounds = Relief(state, surface, measurement, shortfall="cooldown")
@@ -140,9 +137,21 @@ async def relieve_pressure(
     )
 
 
+def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:
+    """The bridge's cut for this request, or None: it is off, precompaction is off (no
+    round is on its way), or the history is on first contact (no answered request of its own
+    that it extends: a new conversation, a client rewriting an early message). Cutting an
+    oversized history would cut nearly every observation: it waits for its summary."""
+    anchor = state.anchor
+    if not limits.precompact or anchor is None or not anchor.answered(job.view.chain):
+        return None
+    return job.bridge
+
+
 async def _bridge(
     engine: Engine,
     job: CompactionJob,
+    pruner: Pruner,
     state: ConversationState,
     surface: Surface,
     before: int,
@@ -150,10 +159,7 @@ async def _bridge(
     limits: Budgets,
 ) -> Relief | None:
     """This request under ``must_compact`` at once, with the bridge's cuts (not committed:
-    ``compaction/bridge.py``); None when the bridge is off or cannot get it there."""
-    pruner = job.bridge
-    if pruner is None:
-        return None
+    ``compaction/bridge.py``); None when they cannot get it there."""
     view, meter = job.view, engine.meter
     count = counter_for(view.model)
     limit = min(before, view.live_start)
