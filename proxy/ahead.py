@@ -7,7 +7,6 @@ its answer.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +15,7 @@ from proxy.compaction import triggers
 from proxy.compaction.background import BackgroundCompactions, wants_precompaction
 from proxy.compaction.engine import Relief
 from proxy.compaction.planning import CompactionJob
-from proxy.policy import Budgets, ModelPolicy, answer_reserve, budgets
+from proxy.policy import Budgets, ModelPolicy, answer_reserve
 from proxy.store.base import ConversationState
 
 LARGEST_ANSWER = "largest_answer_tokens"  # raised after each answer that beat it
@@ -48,7 +47,7 @@ def pressure_limits(
     if window is None or not model_policy.policy.auto:
         return None
     reserve = answer_reserve(window, client_request.answer_cap, largest_answer(state))
-    return dataclasses.replace(budgets(model_policy.policy, window), answer_reserve=reserve)
+    return model_policy.budgets(window).with_answer_reserve(reserve)
 
 
 def maybe_precompact(

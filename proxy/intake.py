@@ -16,20 +16,23 @@ from proxy.offload import is_big, off_loop_if
 _DECODED_PER_RAW_BYTE = 16
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body, its ``Content-Encoding`` undone; at most ``limit`` bytes either way."""
-    too_large = BadRequest(
+def _too_large(limit: int) -> BadRequest:
+    return BadRequest(
         f"Request body too large: the limit is {limit} bytes.",
         status=413,
         code="request_too_large",
         close_connection=True,
     )
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The body, its ``Content-Encoding`` undone; at most ``limit`` bytes either way."""
     if request.content_length is not None and request.content_length > limit:
-        raise too_large
+        raise _too_large(limit)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise too_large from exc
+        raise _too_large(limit) from exc
     except RequestPayloadError as exc:  # the chunked framing is broken
         raise BadRequest(
             "The request body could not be read: its transfer framing is invalid.",
@@ -37,7 +40,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             close_connection=True,
         ) from exc
     if len(raw) > limit:
-        raise too_large
+        raise _too_large(limit)
     coding = request.headers.get("Content-Encoding", "")
     if not coding:
         return raw
@@ -45,7 +48,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     try:
         return await off_loop_if(big, lambda: decoded(raw, coding, limit))
     except DecodedTooLarge as exc:
-        raise too_large from exc
+        raise _too_large(limit) from exc
     except UnknownCoding as exc:
         raise BadRequest(
             f"Unsupported Content-Encoding {str(exc)!r}: use gzip, deflate, br or zstd.",

@@ -220,12 +220,12 @@ class _LRU:
         self._size = size
 
     def get(self, key: tuple[str, str]) -> int | None:
-        value = self._data.get(key)
+        # Taken out and put back last: the most recently used. A big request is metered in a
+        # worker thread, and each OrderedDict call is atomic where a get and a move_to_end
+        # are not (another thread may evict the key in between).
+        value = self._data.pop(key, None)
         if value is not None:
-            # A big request is metered in a worker thread: another thread may have evicted
-            # the key in between (each OrderedDict call is atomic, the pair is not).
-            with contextlib.suppress(KeyError):
-                self._data.move_to_end(key)
+            self._data[key] = value
         return value
 
     def put(self, key: tuple[str, str], value: int) -> None:

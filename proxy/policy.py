@@ -9,7 +9,7 @@ A model's policy is the defaults, overlaid by its route's ``policy``, overlaid b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -93,6 +93,9 @@ class Budgets:
             reserve = (self.window - self.threshold) // 2
         return max(self.threshold, self.window - reserve)
 
+    def with_answer_reserve(self, reserve: int | None) -> Budgets:
+        return Budgets(self.window, self.threshold, self.retain, self.precompact, reserve)
+
 
 def answer_reserve(window: int, declared_cap: int | None, largest_answer: int | None) -> int | None:
     """Room to leave for a request's answer (pure): the cap the request declares (a provider
@@ -154,6 +157,15 @@ class ModelPolicy:
     configured_window: int | None
     mapped_window: int | None
     bridge: Pruner | None = None  # the harder cut of a request that must not wait (None: off)
+    _budgets: dict[int, Budgets] = field(default_factory=dict, compare=False, repr=False)
+
+    def budgets(self, window: int) -> Budgets:
+        """``budgets(self.policy, window)``, worked out once per window (a policy's budgets
+        are fixed; the windows a model is seen with are few)."""
+        found = self._budgets.get(window)
+        if found is None:
+            found = self._budgets[window] = budgets(self.policy, window)
+        return found
 
 
 class PolicyBook:

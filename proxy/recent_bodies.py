@@ -8,18 +8,21 @@ element ends. A body whose bytes start with a remembered body's bytes up to the 
 its elements takes those elements, their digests, and what the API's adapter made of them, as
 they are, and only the rest is parsed:
 
-* the new messages, each parsed alone, between offsets found by a string-aware scan of the tail
-  (strings are skipped whole by one regular expression, so a long tool output costs no Python
-  per character);
-* the rest of the object, parsed with the array's contents replaced by a per-process nonce, so a
-  second ``messages`` key (parsers keep the last) is noticed.
+* when the body ends with the bytes the remembered one ended with after its array, and that
+  one's other members are known (it was itself an extension): the new messages alone, in one
+  parse, and the other members taken as they were;
+* otherwise the new messages, each parsed alone, between offsets found by a string-aware scan
+  of the tail (``proxy.json_layout``), and the rest of the object, parsed with the array's
+  contents replaced by a per-process nonce, so a second ``messages`` key (parsers keep the
+  last) is noticed.
 
 Invariants:
 
 * ``extend`` returns the body a whole parse (``jsonio.loads_fast``) returns, or None, and then the
   caller parses the whole body, which also words any error.
-* Messages handed out are the same objects for every body sharing them: nothing may modify a
-  parsed message (nothing in the proxy does; the core works on copies).
+* Messages handed out are the same objects for every body sharing them, and so are the values
+  of the other members: nothing may modify a parsed body (nothing in the proxy does; the core
+  works on copies).
 * The bytes held are bounded (``max_bytes``, counting a body four times over for its parsed
   messages and its chain; least recently used first out).
 * A remembered body also keeps its body chain once a request view has hashed it
@@ -28,41 +31,18 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from proxy import jsonio
+from proxy.json_layout import Layout, elements_between, layout_of, scan_elements, top_level_array
 
-_STRUCTURE = re.compile(rb'["\[\]{}]')  # where a string or a bracket starts
-# A whole JSON string, escapes included (a backslash escapes any byte, as in string_end).
-JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_SPACE = re.compile(rb"[ \t\r\n]*")
-_OPEN = frozenset(b"[{")
-_QUOTE = ord('"')
-_BACKSLASH = ord("\\")
-_SHORT_RUN = 16  # backslashes counted one by one before a quote
-# A body met without a remembered one is scanned for its layout only up to this size (a bigger
-# one is laid out by matching each message's own serialization, or not at all).
-SCAN_LIMIT = 64 * 1024
 _PARSED_COST = 4  # a body's parsed messages, as a multiple of its bytes
 _PER_KEY = 4  # bodies remembered under one opening (forks, replays)
-_MAX_DEPTH = 512  # well inside orjson's nesting limit, counted from the top of the body
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a body's array (``messages``, ``input``) opens (just after ``[``) and each
-    element ends."""
-
-    opened: int
-    ends: tuple[int, ...]
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: a body is one remembered parse
@@ -72,6 +52,10 @@ class _Remembered:
     elements: tuple[Any, ...]  # the array's elements as parsed
     digests: tuple[str, ...]  # of the chat messages the elements stand for
     translation: Any  # what the API's adapter made of the elements (None for chat)
+    # The body as parsed, when its other members are known to be what a whole parse makes
+    # of them (its array the one a whole parse keeps): a body that repeats its bytes after
+    # the array shares them. None for a body parsed whole (its first extension checks).
+    rest: dict[str, Any] | None = None
     # The body chain of these messages, by tenant root, once a request view has hashed it.
     chains: dict[str, Sequence[str]] = field(default_factory=dict)
 
@@ -103,135 +87,6 @@ class Extension:
     layout: Layout
     base: _Remembered
     key: int  # the bucket both are filed under (the same first two messages)
-
-
-def _space(raw: bytes, pos: int) -> int:
-    match = _SPACE.match(raw, pos)
-    return match.end() if match else pos
-
-
-def string_end(raw: bytes, start: int) -> int | None:
-    """The offset just past the JSON string whose quote opens at ``start``; None if it never
-    closes. Its end is the first quote after an even run of backslashes, found at the speed of
-    a byte search; only a long run of backslashes is left to the escape-aware expression."""
-    close = raw.find(b'"', start + 1)
-    while close >= 0:
-        run = 0  # backslashes right before the quote (the opening quote stops the count)
-        while raw[close - 1 - run] == _BACKSLASH:
-            run += 1
-            if run > _SHORT_RUN:
-                match = JSON_STRING.match(raw, start)
-                return match.end() if match else None
-        if run % 2 == 0:
-            return close + 1
-        close = raw.find(b'"', close + 1)
-    return None
-
-
-def _tokens(raw: bytes, pos: int) -> Iterator[tuple[int, int]]:
-    """The (start, end) of each string and bracket from ``pos``, in order; ends early at a
-    string that never closes."""
-    search = _STRUCTURE.search
-    while (found := search(raw, pos)) is not None:
-        start = found.start()
-        if raw[start] == _QUOTE:
-            end = string_end(raw, start)
-            if end is None:
-                return
-        else:
-            end = start + 1
-        yield start, end
-        pos = end
-
-
-def top_level_array(raw: bytes, name: str) -> int | None:
-    """The offset just after the ``[`` of the top-level array ``name``, if there is one."""
-    quoted = f'"{name}"'.encode()
-    depth = 0
-    for start, end in _tokens(raw, 0):
-        first = raw[start]
-        if first == _QUOTE:
-            if depth == 1 and raw[start:end] == quoted:
-                colon = _space(raw, end)
-                if raw[colon : colon + 1] == b":":
-                    bracket = _space(raw, colon + 1)
-                    return bracket + 1 if raw[bracket : bracket + 1] == b"[" else None
-            continue
-        depth += 1 if first in _OPEN else -1
-    return None
-
-
-def _object_end(raw: bytes, start: int) -> int | None:
-    depth = 0
-    for token, end in _tokens(raw, start):
-        first = raw[token]
-        if first == _QUOTE:
-            continue
-        depth += 1 if first in _OPEN else -1
-        if depth == 0:
-            return end
-        if depth > _MAX_DEPTH:
-            return None  # what a whole parse may refuse is left to it
-    return None
-
-
-def scan_elements(
-    raw: bytes, pos: int, after_element: bool, limit: int | None = None
-) -> tuple[list[tuple[int, int]], int | None] | None:
-    """The (start, end) of each object element from ``pos`` (``after_element``: a ``,`` comes
-    first), and the offset of the array's ``]``; None where the bytes are not such an array
-    (a whole parse words the error). With ``limit``, stops after that many elements (no
-    ``]`` then)."""
-    spans: list[tuple[int, int]] = []
-    while limit is None or len(spans) < limit:
-        pos = _space(raw, pos)
-        if raw[pos : pos + 1] == b"]":
-            return spans, pos
-        if after_element:
-            if raw[pos : pos + 1] != b",":
-                return None
-            pos = _space(raw, pos + 1)
-        if raw[pos : pos + 1] != b"{":
-            return None
-        end = _object_end(raw, pos)
-        if end is None:
-            return None
-        spans.append((pos, end))
-        pos, after_element = end, True
-    return spans, None
-
-
-def layout_of(raw: bytes, elements: Sequence[Any], name: str = "messages") -> Layout | None:
-    """The layout of a body whose array ``name`` parsed whole into ``elements``: each
-    element's own serialization found in place (most clients write compact JSON as orjson
-    does), else, for a small body, a scan; None when neither works."""
-    opened = top_level_array(raw, name)
-    if opened is None or not elements:
-        return None
-    ends: list[int] = []
-    pos = opened
-    try:
-        for index, element in enumerate(elements):
-            pos = _space(raw, pos)
-            if index:
-                if raw[pos : pos + 1] != b",":
-                    break
-                pos = _space(raw, pos + 1)
-            written = orjson.dumps(element)
-            if not raw.startswith(written, pos):
-                break
-            pos += len(written)
-            ends.append(pos)
-        else:
-            return Layout(opened, tuple(ends))
-    except TypeError:  # orjson cannot write it (an integer beyond 64 bits)
-        pass
-    if len(raw) > SCAN_LIMIT:
-        return None
-    scanned = scan_elements(raw, opened, after_element=False)
-    if scanned is None or len(scanned[0]) != len(elements):
-        return None
-    return Layout(opened, tuple(end for _, end in scanned[0]))
 
 
 def _key(raw: bytes, layout_ends: Sequence[int]) -> int:
@@ -289,23 +144,33 @@ class RecentBodies:
     def _parse_rest(
         self, raw: bytes, base: _Remembered, known: int, key: int, name: str
     ) -> Extension | None:
-        ends = base.layout.ends[:known]
-        scanned = scan_elements(raw, ends[-1], after_element=True)
-        if scanned is None or scanned[1] is None:
+        start = base.layout.ends[known - 1]
+        parsed = _rest_by_suffix(raw, base, start) or self._rest_by_scan(raw, base, start, name)
+        if parsed is None:
+            return None
+        body, new, new_ends, closed = parsed
+        body[name] = [*base.elements[:known], *new]
+        layout = Layout(base.layout.opened, (*base.layout.ends[:known], *new_ends), closed)
+        return Extension(body, known, layout, base, key)
+
+    def _rest_by_scan(self, raw: bytes, base: _Remembered, start: int, name: str) -> _Rest | None:
+        """The elements after ``start`` found by a scan, each parsed alone, and the other
+        members parsed with the array's contents replaced by the nonce."""
+        scanned = scan_elements(raw, start, after_element=True)
+        if scanned is None:
             return None
         spans, closed = scanned
-        opened = base.layout.opened
+        if closed is None:
+            return None
         nonce = f'"{self._nonce}"'.encode()
         try:
-            new = [jsonio.loads_fast(raw[start:end]) for start, end in spans]
-            rest = jsonio.loads_fast(b"".join((raw[:opened], nonce, raw[closed:])))
+            new = [jsonio.loads_fast(raw[begin:end]) for begin, end in spans]
+            rest = jsonio.loads_fast(b"".join((raw[: base.layout.opened], nonce, raw[closed:])))
         except (ValueError, RecursionError):
             return None
         if not isinstance(rest, dict) or rest.get(name) != [self._nonce]:
             return None  # not an object, or a second key of that name wins
-        rest[name] = [*base.elements[:known], *new]
-        layout = Layout(opened, (*ends, *(end for _, end in spans)))
-        return Extension(rest, known, layout, base, key)
+        return rest, new, [end for _, end in spans], closed
 
     def remember(
         self,
@@ -336,7 +201,8 @@ class RecentBodies:
             return None
         if len(layout.ends) != len(elements):
             return KnownChains(earlier, shared, {})
-        entry = _Remembered(raw, layout, tuple(elements), tuple(digests), translation)
+        rest = replaces.body if replaces is not None else None
+        entry = _Remembered(raw, layout, tuple(elements), tuple(digests), translation, rest)
         key = replaces.key if replaces is not None else _key(raw, layout.ends)
         with self._lock:
             bucket = self._by_key.setdefault(key, [])
@@ -352,6 +218,29 @@ class RecentBodies:
                 _, evicted = self._by_key.popitem(last=False)
                 self._bytes -= sum(len(e.raw) for e in evicted) * _PARSED_COST
         return KnownChains(earlier, shared, entry.chains)
+
+
+# A body's other members (to take its array), its new elements, where they end, its ``]``.
+_Rest = tuple[dict[str, Any], list[Any], list[int], int]
+
+
+def _rest_by_suffix(raw: bytes, base: _Remembered, start: int) -> _Rest | None:
+    """The elements after ``start`` parsed in one call, and the base's other members as they
+    were: when ``raw`` ends with the base's bytes from its array's ``]`` on, and the base's
+    other members are known. The bytes before the array are shared too (the two share a
+    message), so every member but the array is the base's."""
+    closed = base.layout.closed
+    if base.rest is None or closed is None:
+        return None
+    suffix = memoryview(base.raw)[closed:]
+    close = len(raw) - len(suffix)
+    if close < start or not raw.endswith(suffix):
+        return None
+    between = elements_between(raw, start, close)
+    if between is None:
+        return None
+    new, ends = between
+    return dict(base.rest), new, ends, close
 
 
 def _shared_messages(raw: bytes, base: _Remembered) -> int:

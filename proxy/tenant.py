@@ -6,6 +6,7 @@ same key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
@@ -44,6 +45,9 @@ def api_key_of(headers: Mapping[str, str]) -> str:
     return ""
 
 
+# One HMAC per request cost tens of microseconds (OpenSSL sets up the digest each time) while
+# a process sees few keys: the last few thousand are kept (in memory only, as requests hold them).
+@functools.lru_cache(maxsize=4096)
 def tenant_of(secret: bytes, api_key: str) -> str:
     digest = hmac.new(secret, api_key.encode(), hashlib.sha256).hexdigest()
     return digest[:TENANT_HEX_LENGTH]

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from proxy.chat_request import parse_chat_request
 from proxy.errors import BadRequest
+from proxy.json_layout import JSON_STRING, layout_of, string_end
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import JSON_STRING, RecentBodies, layout_of, string_end
+from proxy.recent_bodies import RecentBodies
 from proxy.request_view import RequestView
 from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
 from tests.strategies import items as responses_junk
@@ -83,6 +84,24 @@ def test_an_appended_body_is_parsed_from_the_recent_one(style: str) -> None:
     raw = STYLES[style](body(plain(6)))
     extension = recent.extend(raw)
     assert extension is not None and extension.known == 3
+    assert outcome(raw, known, recent) == whole(raw)
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_a_body_ending_as_the_recent_one_did_takes_its_other_members_as_they_were(
+    style: str,
+) -> None:
+    """Not vacuous: past the first extension, the members after the array are not parsed
+    again (the same objects), and the body is still the one a whole parse makes."""
+    known, recent = KnownMessages(), RecentBodies()
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    requests = [
+        parse_chat_request(STYLES[style](body(plain(turns), tools=tools)), known, recent)
+        for turns in (3, 5, 7)
+    ]
+    assert requests[2].body["tools"] is requests[1].body["tools"]
+    assert requests[1].body["tools"] is not requests[0].body["tools"]
+    raw = STYLES[style](body(plain(7), tools=tools))
     assert outcome(raw, known, recent) == whole(raw)
 
 
@@ -175,12 +194,17 @@ def tricks() -> list[tuple[str, bytes]]:
     ]
 
 
+@pytest.mark.parametrize("earlier", [[5], [4, 5]], ids=["parsed whole", "itself extended"])
 @pytest.mark.parametrize(("trick", "raw"), tricks(), ids=[t for t, _ in tricks()])
 def test_a_body_that_plays_tricks_on_a_recent_one_parses_as_if_whole(
-    trick: str, raw: bytes
+    trick: str, raw: bytes, earlier: list[int]
 ) -> None:
+    """Against a remembered body parsed whole, and one itself parsed as an extension (whose
+    other members are taken as they were when the body ends as it did)."""
     known, recent = KnownMessages(), RecentBodies()
-    parse_chat_request(json.dumps(body(plain(5)), separators=(",", ":")).encode(), known, recent)
+    for turns in earlier:
+        compact = json.dumps(body(plain(turns)), separators=(",", ":")).encode()
+        parse_chat_request(compact, known, recent)
     assert outcome(raw, known, recent) == whole(raw)
 
 
