@@ -29,7 +29,6 @@ from proxy.keys import (
     IN_FLIGHT,
     KNOWN_MESSAGES,
     LEARNED_WINDOWS,
-    LOG_CURSORS,
     PENDING_RECORDS,
     POLICIES,
     RECENT_BODIES,
@@ -38,7 +37,6 @@ from proxy.keys import (
     TENANT_SECRET,
 )
 from proxy.known_messages import KnownMessages
-from proxy.log_cursor import LogCursors
 from proxy.loops import self_loop_problems
 from proxy.meter import TokenMeter
 from proxy.metrics import REQUESTS, initialize_label_sets, metrics_handler
@@ -207,7 +205,6 @@ def create_app(settings: Settings) -> web.Application:
     app[POLICIES] = PolicyBook(settings)
     app[LEARNED_WINDOWS] = LearnedWindows()
     app[IN_FLIGHT] = Counter()
-    app[LOG_CURSORS] = LogCursors()
     app[KNOWN_MESSAGES] = KnownMessages(settings.known_messages_bytes)
     app[RECENT_BODIES] = RecentBodies(settings.recent_bodies_bytes)
     app.cleanup_ctx.append(_store)

@@ -53,6 +53,7 @@ from proxy.passthrough import relay_as_sent
 from proxy.policy import ModelPolicy
 from proxy.preparation import Prepared, prepare
 from proxy.recovery import recover_overflow
+from proxy.request_log import record
 from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
 from proxy.store import StoreUnavailable
 from proxy.upstream import (
@@ -241,8 +242,9 @@ def _outcome(reply: Reply | None, status: str) -> str:
 
 
 async def _record(app: web.Application, prepared: Prepared, reply: Reply | None) -> None:
-    """The request's second round trip: what was forwarded, the upstream's usage, the anchor."""
-    assert prepared.conversation is not None
+    """The request's second round trip: its messages, what was forwarded, the upstream's
+    usage, the anchor (see ``proxy.request_log``)."""
+    assert prepared.conversation is not None and prepared.log is not None
     events = list(prepared.pending_events)
     attributes = dict(prepared.pending_attributes)
     anchor = None
@@ -258,7 +260,7 @@ async def _record(app: web.Application, prepared: Prepared, reply: Reply | None)
                 METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
     # A lost record is counted by the instrumented store; not worth failing a request.
     try:
-        await app[STORE].record_request(prepared.conversation, events, anchor, attributes)
+        await record(app[STORE], app[SETTINGS], prepared.log, events, anchor, attributes)
     except StoreUnavailable:
         pass
     except Exception:

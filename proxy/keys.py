@@ -12,7 +12,6 @@ from proxy.compaction.background import BackgroundCompactions
 from proxy.compaction.engine import Engine
 from proxy.config import Settings
 from proxy.known_messages import KnownMessages
-from proxy.log_cursor import LogCursors
 from proxy.policy import PolicyBook
 from proxy.recent_bodies import RecentBodies
 from proxy.store.base import Store
@@ -29,7 +28,6 @@ POLICIES = web.AppKey("policies", PolicyBook)
 LEARNED_WINDOWS = web.AppKey("learned_windows", LearnedWindows)
 # Requests being forwarded per conversation on this process (manual compaction waits for 0).
 IN_FLIGHT: web.AppKey[Counter[str]] = web.AppKey("in_flight")
-LOG_CURSORS = web.AppKey("log_cursors", LogCursors)
 CLIENT_KEYS = web.AppKey("client_keys", ClientKeys)
 BACKGROUND = web.AppKey("background", BackgroundCompactions)
 KNOWN_MESSAGES = web.AppKey("known_messages", KnownMessages)

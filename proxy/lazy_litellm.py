@@ -14,6 +14,7 @@ Invariant: ``available()`` never waits for an import another thread is running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib
 import threading
@@ -52,9 +53,27 @@ def _claim() -> bool:
 
 
 async def import_in_background() -> None:
-    """Import litellm in a worker thread (the app awaits this as a background task)."""
-    if _claim():
-        await asyncio.to_thread(_import)
+    """Import litellm in a thread of its own (the app awaits this as a background task). A
+    daemon thread: a process told to stop exits without waiting for an import still running
+    (it takes seconds, more on a busy host; an executor's thread would be joined at exit)."""
+    if not _claim():
+        return
+    loop = asyncio.get_running_loop()
+    over: asyncio.Future[None] = loop.create_future()
+
+    def finished() -> None:
+        if not over.done():  # not cancelled meanwhile (the app shutting down)
+            over.set_result(None)
+
+    def run() -> None:
+        try:
+            _import()
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(finished)
+
+    threading.Thread(target=run, name="litellm-import", daemon=True).start()
+    await over
 
 
 async def loaded() -> None:

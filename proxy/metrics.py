@@ -191,7 +191,6 @@ LEASE_WAIT_DURATION = Histogram(
 STORE_OPERATIONS = (
     "ping",
     "load",
-    "open",
     "append",
     "record_request",
     "begin_compaction",

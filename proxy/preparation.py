@@ -26,12 +26,7 @@ from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.config import Route
 from proxy.conversation import Message
 from proxy.credentials import summary_call_headers, summary_call_query
-from proxy.events import (
-    context_event,
-    first_unlogged,
-    message_events,
-    request_event,
-)
+from proxy.events import request_event
 from proxy.guards import trip
 from proxy.keys import (
     BACKGROUND,
@@ -39,14 +34,12 @@ from proxy.keys import (
     ENGINE,
     HTTP_CLIENT,
     LEARNED_WINDOWS,
-    LOG_CURSORS,
     PENDING_RECORDS,
     POLICIES,
     SETTINGS,
     STORE,
     TENANT_SECRET,
 )
-from proxy.log_cursor import Cursor, log_is_contiguous
 from proxy.meter import Measurement, TokenMeter
 from proxy.metrics import (
     CHECKPOINT_MISSES,
@@ -59,9 +52,10 @@ from proxy.metrics import (
 from proxy.offload import is_big, off_loop_if
 from proxy.payload import payload_for
 from proxy.policy import Budgets, ModelPolicy
+from proxy.request_log import PendingLog, pending_log
 from proxy.request_view import RequestView
 from proxy.shortfall import OVER_THRESHOLD_REASON, report_shortfall
-from proxy.store.base import ConversationState, Event, StoreUnavailable, body_tip
+from proxy.store.base import ConversationState, Event, StoreUnavailable
 from proxy.surface import Surface, missed_checkpoints
 from proxy.tasks import shielded
 from proxy.tenant import api_key_of, tenant_of
@@ -87,6 +81,7 @@ class Prepared:
     # Logged after the answer, with its usage, in the request's second round trip.
     pending_events: list[Event] = field(default_factory=list)
     pending_attributes: dict[str, str] = field(default_factory=dict)
+    log: PendingLog | None = None  # what else it logs then (None: the request is not logged)
 
 
 def summary_call(
@@ -191,78 +186,6 @@ async def _relieve(
         return dataclasses.replace(as_it_is, shortfall="error")
 
 
-LOG_BATCH = 1_000  # messages logged per store call
-
-
-async def _open(
-    app: web.Application, view: RequestView, model: str, tenant: str, session_id: str | None
-) -> tuple[ConversationState, str, bool]:
-    """One round trip: log what may be new of this request and read the conversation's state.
-
-    Returns the state, the digest of the request's context (head and tools), and whether the
-    body was logged by content (the request rewrote what this conversation last logged)."""
-    settings, store, cursors = app[SETTINGS], app[STORE], app[LOG_CURSORS]
-    cursor = cursors.get(view.conversation)
-    start = first_unlogged(view.chain, cursor.tip)
-    # Known conversation, yet the request does not extend its last logged body: an early
-    # message was rewritten (or the client forked). Log only contents the log lacks, so a
-    # client that rewrites every turn grows its log by what is new, not by its whole body.
-    by_content = cursor.tip is not None and start == 0 and bool(view.body)
-    now = time.time()
-    messages = await off_loop_if(
-        view.big,
-        lambda: message_events(
-            view.body,
-            view.chain,
-            view.root,
-            start,
-            log_content=settings.log_content,
-            content_limit=settings.log_content_max_chars,
-            now=now,
-            digests=view.body_digests,
-            by_content=by_content,
-        ),
-    )
-    context = view.context_digest
-    if context != cursor.context:
-        messages.insert(
-            0,
-            context_event(
-                view.head, view.tools, context, log_content=settings.log_content, now=now
-            ),
-        )
-    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": model, "context": context}
-    if session_id is not None:
-        attributes["session"] = session_id  # the client's name for it, for operators
-    # A store logs one call's messages in one atomic step; on Redis that step blocks every
-    # other client of the server while it runs, so a huge first request is logged in batches.
-    # The in-process store never waits, so between its batches the loop serves other clients.
-    opened = await store.open(view.conversation, messages[:LOG_BATCH], attributes)
-    for start_of_batch in range(LOG_BATCH, len(messages), LOG_BATCH):
-        await asyncio.sleep(0)
-        batch = messages[start_of_batch : start_of_batch + LOG_BATCH]
-        await store.append(view.conversation, batch)
-    logged_tip = body_tip(messages) or opened.state.logged_tip
-    if not log_is_contiguous(view.chain, opened.previous_tip, start):
-        # The hint was wrong (another branch, or the store lost the log): log the rest too.
-        earlier = await off_loop_if(
-            view.big,
-            lambda: message_events(
-                view.body[:start],
-                view.chain,
-                view.root,
-                0,
-                log_content=settings.log_content,
-                content_limit=settings.log_content_max_chars,
-                now=now,
-                digests=view.body_digests,
-            ),
-        )
-        await store.append(view.conversation, earlier)
-    cursors.set(view.conversation, Cursor(logged_tip, context))
-    return opened.state, context, by_content
-
-
 async def _view_of(
     meter: TokenMeter, tenant: str, client_request: ClientRequest, session_id: str | None
 ) -> RequestView:
@@ -342,9 +265,10 @@ async def prepare(
     route = model_policy.route
     tenant = tenant_of(await app[TENANT_SECRET].get(), api_key_of(request.headers))
     view = await _view_of(engine.meter, tenant, client_request, session_id)
-    # The previous request's writes (its anchor, its miss count) come first.
+    # The previous request's writes (its anchor, its miss count, its log) come first.
     await app[PENDING_RECORDS].settled(view.conversation)
-    state, context, by_content = await _open(app, view, client_request.model, tenant, session_id)
+    state = await app[STORE].load(view.conversation)
+    log = pending_log(view, state, client_request.model, tenant, session_id, time.time())
     window = model_window(app, model_policy, client_request.model)
     if window is None:
         app[LEARNED_WINDOWS].warn_unknown_once(route.model, client_request.model)
@@ -369,8 +293,8 @@ async def prepare(
         anchored=measurement.anchored,
         status=status,
         tip=view.chain[-1] if view.chain else None,
-        context=context,
-        digests=view.body_digests if by_content else None,
+        context=view.context_digest,
+        digests=view.body_digests if log.by_content else None,
     )
     attributes = {MISSES: str(misses)}
     if window is not None:
@@ -404,4 +328,5 @@ async def prepare(
         forwarded=surface.messages,
         pending_events=[forwarded],
         pending_attributes=attributes,
+        log=log,
     )

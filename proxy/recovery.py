@@ -148,4 +148,5 @@ async def recover_overflow(
         forwarded=surface.messages,
         pending_events=[*prepared.pending_events, event],
         pending_attributes=prepared.pending_attributes,
+        log=prepared.log,
     )

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 from proxy import lazy_litellm
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
-from proxy.keys import STORE
+from proxy.keys import PENDING_RECORDS, STORE
 from proxy.store import MemoryStore, Store
 from proxy.store.redis import RedisStore
 from proxy.testing.fake_upstream import FakeUpstream
@@ -145,6 +145,13 @@ class RunningProxy:
     @property
     def store(self) -> Store:
         return self.app[STORE]
+
+    async def read_log(self, conversation: str, limit: int = 10_000) -> list[dict[str, Any]]:
+        """The conversation's log events as the admin API reads them: once every answered
+        request's record is written (a request logs its messages after its answer)."""
+        await self.app[PENDING_RECORDS].settled_all()
+        page = await self.store.read_log(conversation, limit=limit)
+        return [event for _, event in page.events]
 
 
 ProxyFactory = Callable[..., Awaitable[RunningProxy]]

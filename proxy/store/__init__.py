@@ -10,7 +10,6 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
-    Opened,
     Store,
     StoreUnavailable,
 )
@@ -53,7 +52,6 @@ __all__ = [
     "LogPage",
     "MemoryStore",
     "MessageEvent",
-    "Opened",
     "Store",
     "StoreUnavailable",
     "open_store",

@@ -106,12 +106,6 @@ class ConversationSummary:
 
 
 @dataclass(frozen=True)
-class Opened:
-    state: ConversationState
-    previous_tip: tuple[int, str] | None
-
-
-@dataclass(frozen=True)
 class LogPage:
     events: list[tuple[str, Event]]
     next_cursor: str | None
@@ -134,25 +128,17 @@ class Store(Protocol):
         """Log the messages not logged yet (by chain hash), then ``events``; set
         ``attributes`` on the conversation. Returns how many messages were new."""
 
-    async def open(
-        self,
-        conversation: str,
-        messages: Sequence[MessageEvent],
-        attributes: dict[str, str] | None = None,
-    ) -> Opened:
-        """A request's one round trip before forwarding: log its messages not logged yet, set
-        ``attributes``, and return the conversation's state (after the append) together with
-        the logged tip as it was before it."""
-
     async def record_request(
         self,
         conversation: str,
         events: Sequence[Event],
         anchor: Anchor | None = None,
         attributes: dict[str, str] | None = None,
+        messages: Sequence[MessageEvent] = (),
     ) -> None:
-        """A request's round trip after its answer: its ``request``/``usage`` events, the new
-        meter anchor (when given) and its attributes."""
+        """A request's round trip after its answer (its one before forwarding is ``load``):
+        log its ``messages`` not logged yet, then its ``request``/``usage`` ``events``; set
+        the new meter anchor (when given) and its attributes."""
 
     async def begin_compaction(
         self,

@@ -19,7 +19,6 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
-    Opened,
     Store,
     StoreUnavailable,
 )
@@ -72,24 +71,16 @@ class InstrumentedStore:
         with _Observed("append"):
             return await self.inner.append(conversation, messages, events, attributes)
 
-    async def open(
-        self,
-        conversation: str,
-        messages: Sequence[MessageEvent],
-        attributes: dict[str, str] | None = None,
-    ) -> Opened:
-        with _Observed("open"):
-            return await self.inner.open(conversation, messages, attributes)
-
     async def record_request(
         self,
         conversation: str,
         events: Sequence[Event],
         anchor: Anchor | None = None,
         attributes: dict[str, str] | None = None,
+        messages: Sequence[MessageEvent] = (),
     ) -> None:
         with _Observed("record_request"):
-            await self.inner.record_request(conversation, events, anchor, attributes)
+            await self.inner.record_request(conversation, events, anchor, attributes, messages)
 
     async def begin_compaction(
         self,

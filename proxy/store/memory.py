@@ -25,7 +25,6 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
-    Opened,
     body_tip,
 )
 
@@ -194,34 +193,19 @@ class MemoryStore:
         self._grew(conversation, entry, before)
         return added
 
-    async def open(
-        self,
-        conversation: str,
-        messages: Sequence[MessageEvent],
-        attributes: dict[str, str] | None = None,
-    ) -> Opened:
-        entry = self._conversations.get(conversation)
-        previous = entry.logged_tip if entry is not None else None
-        await self.append(conversation, messages, (), attributes)
-        return Opened(await self.load(conversation), previous)
-
     async def record_request(
         self,
         conversation: str,
         events: Sequence[Event],
         anchor: Anchor | None = None,
         attributes: dict[str, str] | None = None,
+        messages: Sequence[MessageEvent] = (),
     ) -> None:
-        entry = self._get(conversation, create=True)
-        assert entry is not None
-        before = entry.size
-        for event in events:
-            entry.add(event)
+        await self.append(conversation, messages, events, attributes)
         if anchor is not None:
+            entry = self._conversations.get(conversation)
+            assert entry is not None
             entry.anchor = anchor
-        if attributes:
-            entry.attributes.update(attributes)
-        self._grew(conversation, entry, before)
 
     async def begin_compaction(
         self,

@@ -33,7 +33,6 @@ from proxy.store.base import (
     Event,
     LogPage,
     MessageEvent,
-    Opened,
     StoreUnavailable,
     body_tip,
 )
@@ -135,7 +134,6 @@ class RedisStore:
         self._commit = register(_script("commit"))
         self._end = register(_script("end"))
         self._renew = register(_script("renew"))
-        self._usage = register(_script("usage"))
         self._quota = register(_script("quota"))
 
     @staticmethod
@@ -160,7 +158,10 @@ class RedisStore:
         messages: Sequence[MessageEvent],
         events: Sequence[Event],
         attributes: dict[str, str] | None,
-    ) -> tuple[int, tuple[int, str] | None, ConversationState]:
+        anchor: Anchor | None = None,
+    ) -> int:
+        """Log, set, and write the activity index when due, in one round trip; how many
+        messages were new."""
         fields = dict(attributes or {})
         tip = body_tip(messages)
         if tip is not None:
@@ -174,8 +175,9 @@ class RedisStore:
         args.append(len(fields))
         for name, value in fields.items():
             args += [name, value]
+        args.append(_json(anchor.__dict__) if anchor is not None else "")
         args.append(self._record_ttl_ms)
-        keys = self._keys(conversation, "log", "seen", "state", "records", "lease")
+        keys = self._keys(conversation, "log", "seen", "state", "records")
         now = time.time()
         index = self._index_due(conversation, now)
         async with _unavailable_on_error(operation):
@@ -191,8 +193,7 @@ class RedisStore:
                     )
             else:
                 appended = await self._append_and_index(keys, args, conversation, now)
-        added, previous, state_flat, raw_records, lease = appended
-        return int(added), _tip(previous), _state(state_flat, raw_records, lease)
+        return int(appended)
 
     async def _append_and_index(
         self, keys: list[str], args: list[_Arg], conversation: str, now: float
@@ -239,17 +240,7 @@ class RedisStore:
         events: Sequence[Event] = (),
         attributes: dict[str, str] | None = None,
     ) -> int:
-        added, _, _ = await self._append("append", conversation, messages, events, attributes)
-        return added
-
-    async def open(
-        self,
-        conversation: str,
-        messages: Sequence[MessageEvent],
-        attributes: dict[str, str] | None = None,
-    ) -> Opened:
-        _, previous, state = await self._append("open", conversation, messages, (), attributes)
-        return Opened(state, previous)
+        return await self._append("append", conversation, messages, events, attributes)
 
     async def record_request(
         self,
@@ -257,17 +248,9 @@ class RedisStore:
         events: Sequence[Event],
         anchor: Anchor | None = None,
         attributes: dict[str, str] | None = None,
+        messages: Sequence[MessageEvent] = (),
     ) -> None:
-        anchor_json = _json(anchor.__dict__) if anchor is not None else ""
-        fields = attributes or {}
-        args: list[_Arg] = [self._ttl_ms, self._max_log_events, anchor_json, len(fields)]
-        for name, value in fields.items():
-            args += [name, value]
-        args += [_json(event) for event in events]
-        args.append(self._record_ttl_ms)
-        keys = self._keys(conversation, "log", "seen", "state", "records")
-        async with _unavailable_on_error("record_request"):
-            await self._usage(keys=keys, args=args)
+        await self._append("record_request", conversation, messages, events, attributes, anchor)
 
     def _compaction_keys(self, conversation: str) -> list[str]:
         return self._keys(conversation, "lease", "log", "seen", "state", "records")

@@ -78,8 +78,9 @@ async def test_a_request_costs_two_script_calls_and_no_other_command(
     assert commands.sent == ["EVALSHA"] * 6
     async with Commands(private_redis.url) as commands:
         await ask(proxy, "another", 1)
-    # A new conversation is also indexed: in the same pipeline, still one round trip.
-    assert commands.sent == ["EVALSHA", "ZADD", "ZREMRANGEBYSCORE", "EVALSHA"]
+    # A new conversation is also indexed, in the same pipeline as its record: still one round
+    # trip after the answer.
+    assert commands.sent == ["EVALSHA", "EVALSHA", "ZADD", "ZREMRANGEBYSCORE"]
 
 
 async def test_a_redis_that_lost_its_scripts_gets_them_again(
@@ -110,19 +111,19 @@ async def test_the_answer_does_not_wait_for_the_requests_log_write(
     store = proxy.store
     written = asyncio.Event()
     order: list[str] = []
-    record_request, open_conversation = store.record_request, store.open
+    record_request, load = store.record_request, store.load
 
     async def slow_record(*args: Any, **kwargs: Any) -> None:
         await written.wait()
         await record_request(*args, **kwargs)
         order.append("record")
 
-    async def traced_open(*args: Any, **kwargs: Any) -> Any:
-        order.append("open")
-        return await open_conversation(*args, **kwargs)
+    async def traced_load(*args: Any, **kwargs: Any) -> Any:
+        order.append("load")
+        return await load(*args, **kwargs)
 
     store.record_request = slow_record  # type: ignore[method-assign]
-    store.open = traced_open  # type: ignore[method-assign]
+    store.load = traced_load  # type: ignore[method-assign]
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-path", max_retries=0) as client:
         # Answered while the write is held back (it would never be, were the write first).
         await asyncio.wait_for(
@@ -143,4 +144,4 @@ async def test_the_answer_does_not_wait_for_the_requests_log_write(
         written.set()
         await asyncio.wait_for(following, timeout=20)
     await proxy.app[PENDING_RECORDS].settled_all()
-    assert order == ["open", "record", "open", "record"]
+    assert order == ["load", "record", "load", "record"]

@@ -9,7 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.store import BeginResult, Store
+from proxy.keys import PENDING_RECORDS
+from proxy.store import BeginResult
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.redis_server import RedisServer
@@ -19,8 +20,8 @@ START = {"type": "compaction/start"}
 MODEL = "fake-model"
 
 
-async def log_of(store: Store, conversation: str) -> list[dict[str, Any]]:
-    return [event for _, event in (await store.read_log(conversation, limit=10_000)).events]
+async def log_of(proxy: RunningProxy, conversation: str) -> list[dict[str, Any]]:
+    return await proxy.read_log(conversation)
 
 
 async def send(
@@ -55,7 +56,7 @@ async def test_replayed_history_logs_each_message_once(
     conversation = ""
     for end in range(2, len(history) + 1, 2):
         conversation, _ = await send(client, history[:end])
-    events = await log_of(proxy.store, conversation)
+    events = await log_of(proxy, conversation)
     messages = [e for e in events if e["type"] == "message"]
     assert [e["position"] for e in messages] == list(range(len(history) - 1))
     assert [e["message"] for e in messages] == history[1:]
@@ -80,7 +81,7 @@ async def test_streamed_usage_chunk_is_logged(
     conversation = raw.headers["x-compaction-conversation"]
     async for _ in raw.parse():
         pass
-    usages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "usage"]
+    usages = [e for e in await log_of(proxy, conversation) if e["type"] == "usage"]
     assert len(usages) == (1 if include_usage else 0)
 
 
@@ -88,7 +89,7 @@ async def test_log_content_off_keeps_hashes_not_content(make_proxy: ProxyFactory
     proxy = await make_proxy(log_content=False)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
         conversation, _ = await send(client, [user("secret plans"), *agent_turns(1)])
-    messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
+    messages = [e for e in await log_of(proxy, conversation) if e["type"] == "message"]
     assert len(messages) == 3
     assert all("message" not in e and e["hash"] and e["role"] for e in messages)
 
@@ -100,7 +101,7 @@ async def test_a_message_over_the_content_limit_is_logged_without_its_content(
     huge = user("x" * 5_000)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
         conversation, _ = await send(client, [user("small"), *agent_turns(1), huge])
-    messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
+    messages = [e for e in await log_of(proxy, conversation) if e["type"] == "message"]
     assert [("message" in e) for e in messages] == [True, True, True, False]
     assert messages[-1]["digest"] and messages[-1]["hash"] and messages[-1]["role"] == "user"
 
@@ -116,7 +117,7 @@ async def test_two_api_keys_with_one_session_id_never_share_a_log(proxy: Running
         await send(alice, [*history, user("alice again")], extra_headers=session)
         conv_b, _ = await send(bob, history, extra_headers=session)
     assert conv_a != conv_b
-    log_a, log_b = await log_of(proxy.store, conv_a), await log_of(proxy.store, conv_b)
+    log_a, log_b = await log_of(proxy, conv_a), await log_of(proxy, conv_b)
     assert sum(e["type"] == "request" for e in log_a) == 2
     assert sum(e["type"] == "request" for e in log_b) == 1
     assert {e["hash"] for e in log_a if e["type"] == "message"}.isdisjoint(
@@ -186,7 +187,7 @@ async def test_a_rewriting_clients_log_grows_linearly_and_still_reads_back(
     proxy = await make_proxy()
     turns = 30
     conversation, messages = await rewrite_every_turn(proxy, "rewriting-client", turns)
-    events = [e for _, e in (await proxy.store.read_log(conversation, limit=10_000)).events]
+    events = await proxy.read_log(conversation)
     logged = [e for e in events if e["type"] == "message"]
     assert len(logged) <= 3 * turns  # linear: about three new contents a turn
     rebuilt = latest_request(events)
@@ -197,7 +198,7 @@ async def test_a_rewriting_clients_log_stays_within_its_cap(make_proxy: Any) -> 
     # And whatever a client does, the log is capped.
     proxy = await make_proxy(log_max_events=100)
     conversation, _ = await rewrite_every_turn(proxy, "capped-client", 30)
-    log = (await proxy.store.read_log(conversation, limit=10_000)).events
+    log = [(None, event) for event in await proxy.read_log(conversation)]
     assert len(log) <= 100
     assert log[-1][1]["type"] == "usage"  # the newest events are the ones kept
 
@@ -213,7 +214,7 @@ async def test_a_huge_first_request_is_logged_whole_in_batches(
     must not hold the server for a whole huge body), and other clients are served between
     them (the in-process store never waits on I/O, so nothing else would let them); it still
     reads back whole and in order, and the next turn logs only what is new."""
-    from proxy.preparation import LOG_BATCH
+    from proxy.request_log import LOG_BATCH
 
     store_url = private_redis.url if backend == "redis" else "memory://"
     proxy = await make_proxy(store_url=store_url)
@@ -237,15 +238,16 @@ async def test_a_huge_first_request_is_logged_whole_in_batches(
     ticker = asyncio.create_task(another_client())
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
         conversation, _ = await send(client, history)
+        await proxy.app[PENDING_RECORDS].settled_all()  # logged with the request's record
         first_batches = list(ticks_at_batches)
         again, _ = await send(
             client, [*history, {"role": "assistant", "content": "ok"}, user("more")]
         )
     ticker.cancel()
-    assert len(first_batches) == 2  # after the one ``open`` writes
+    assert len(first_batches) == 2  # before the record, which writes the last batch
     assert first_batches[0] < first_batches[1]
     assert again == conversation
-    messages = [e for e in await log_of(proxy.store, conversation) if e["type"] == "message"]
+    messages = [e for e in await log_of(proxy, conversation) if e["type"] == "message"]
     assert [e["position"] for e in messages] == list(range(len(history) + 1))
     assert messages[-1]["message"] == user("more")
     state = await proxy.store.load(conversation)

@@ -196,7 +196,7 @@ async def replay(
             assert received.body["tool_choice"] == "none"
 
     await proxy.app[BACKGROUND].idle()
-    log = [e for _, e in (await proxy.store.read_log(conversation, limit=100_000)).events]
+    log = await proxy.read_log(conversation, limit=100_000)
     committed = [
         e
         for e in log

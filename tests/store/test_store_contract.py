@@ -208,18 +208,28 @@ async def test_recorded_request_replaces_the_anchor(store: Store, conversation: 
     assert [e["type"] for e in await log_of(store, conversation)] == ["request", "usage", "usage"]
 
 
-async def test_open_logs_and_reads_in_one_step(store: Store, conversation: str) -> None:
-    first = await store.open(conversation, messages(3), {"tenant": "t"})
-    assert first.previous_tip is None
-    assert first.state.logged_tip == (2, "hash-2")
-    assert first.state.attributes == {"tenant": "t"}
+async def test_a_recorded_request_logs_its_new_messages_before_its_events(
+    store: Store, conversation: str
+) -> None:
+    """One step after the answer: the messages not logged yet, then the request's events, its
+    attributes and anchor; the logged tip moves to its last message."""
+    anchor = Anchor("hash-2", 2, 900, 880)
+    request = {"type": "request"}
+    await store.record_request(conversation, [request], anchor, {"tenant": "t"}, messages(3))
+    state = await store.load(conversation)
+    assert state.logged_tip == (2, "hash-2")
+    assert state.attributes == {"tenant": "t"} and state.anchor == anchor
     assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
-    again = await store.open(conversation, messages(5))
-    assert again.previous_tip == (2, "hash-2")
-    assert again.state.logged_tip == (4, "hash-4")
-    assert again.state.lease_owner == "me"
-    logged = [e["position"] for e in await log_of(store, conversation) if e["type"] == "message"]
-    assert logged == [0, 1, 2, 3, 4]
+    await store.record_request(conversation, [request], messages=messages(5))
+    state = await store.load(conversation)
+    assert state.logged_tip == (4, "hash-4") and state.anchor == anchor
+    assert state.lease_owner == "me"
+    logged = [
+        e["position"] if e["type"] == "message" else e["type"]
+        for e in await log_of(store, conversation)
+        if e["type"] in ("message", "request")
+    ]
+    assert logged == [0, 1, 2, "request", 3, 4, "request"]
 
 
 async def test_logged_events_read_back_byte_for_byte_in_any_script_and_size(

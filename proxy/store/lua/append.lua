@@ -1,17 +1,16 @@
--- KEYS: log, seen, state, records, lease
+-- KEYS: log, seen, state, records
 -- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*,
---       records_ttl_ms
+--       anchor_json ('' to keep the anchor), records_ttl_ms
 --   messages: JSON array of [hash, content_key, by_content (0/1), event length in bytes];
 --   blob: those events' JSON, back to back. Two arguments however many messages: a request
 --   logging 20,000 of them would otherwise spend far longer packing 80,000 arguments than
 --   Redis spends running this script.
 -- Logs each message whose chain hash is new (and, by_content, whose content is new too),
--- marking both keys seen; then the plain events, sets the
--- attributes, keeps the log to about max_log_events, and returns what a request needs in the
--- same round trip: {added, tip before this call, state hash, records, lease owner}.
+-- marking both keys seen; then the plain events; sets the attributes and the meter anchor,
+-- keeps the log to about max_log_events, and returns how many messages were new.
+-- A request's record after its answer is one call; so is a plain append.
 local ttl = ARGV[1]
 local max_events = tonumber(ARGV[2])
-local previous_tip = redis.call('HGET', KEYS[3], 'tip') or false
 local added = 0
 local blob, offset = ARGV[4], 1
 for _, m in ipairs(cjson.decode(ARGV[3])) do
@@ -34,13 +33,19 @@ for _ = 1, n do
   redis.call('XADD', KEYS[1], '*', 'e', ARGV[i])
   i = i + 1
 end
+local logged = added + n
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-if added > 0 then
+if ARGV[i] ~= '' then
+  redis.call('HSET', KEYS[3], 'anchor', ARGV[i])
+end
+if logged > 0 then
   redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', max_events)
+end
+if added > 0 then
   -- The seen set only deduplicates logging: past twice the log it is started afresh.
   if redis.call('SCARD', KEYS[2]) > 2 * max_events then
     redis.call('DEL', KEYS[2])
@@ -48,10 +53,4 @@ if added > 0 then
 end
 for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ttl) end
 redis.call('PEXPIRE', KEYS[4], ARGV[#ARGV])
-return {
-  added,
-  previous_tip,
-  redis.call('HGETALL', KEYS[3]),
-  redis.call('LRANGE', KEYS[4], 0, -1),
-  redis.call('GET', KEYS[5]) or false,
-}
+return added

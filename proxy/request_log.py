@@ -1,0 +1,113 @@
+"""What a request writes to its conversation's session log, and when: after its answer.
+
+Nothing in the log gates forwarding (it is read by operators, never by the request path), so a
+request's one round trip before forwarding only reads the conversation's state, and everything
+it logs goes with its record after the answer, in one round trip: its new messages (and its
+context, when that changed), its ``request`` and ``usage`` events, the meter's anchor, its
+attributes. What is new is known from the state read before forwarding: the store's logged tip
+says which of the body's messages it holds already.
+
+A request that compacts before it is forwarded logs its compaction events before its messages:
+in the log they stand, as before, between the previous request and this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from proxy.config import Settings
+from proxy.events import context_event, first_unlogged, message_events
+from proxy.offload import off_loop_if
+from proxy.request_view import RequestView
+from proxy.store.base import Anchor, ConversationState, Event, MessageEvent, Store
+
+LOG_BATCH = 1_000  # messages logged per store call
+
+
+@dataclass(frozen=True)
+class PendingLog:
+    """What a request will log: its body messages from ``start`` (``by_content``: deduplicated
+    by content, for a body that rewrote what the log holds), its context when ``new_context``,
+    and the conversation's attributes as of the request (``now``)."""
+
+    view: RequestView
+    start: int
+    by_content: bool
+    new_context: bool
+    attributes: dict[str, str]
+    now: float
+
+
+def pending_log(
+    view: RequestView,
+    state: ConversationState,
+    model: str,
+    tenant: str,
+    session_id: str | None,
+    now: float,
+) -> PendingLog:
+    """What ``view`` has to log, given the conversation's state read before forwarding (pure).
+
+    A known conversation whose logged tip is not on this body's chain had an early message
+    rewritten (or the client forked): only contents the log lacks are logged then, so a client
+    that rewrites every turn grows its log by what is new, not by its whole body."""
+    start = first_unlogged(view.chain, state.logged_tip)
+    by_content = state.logged_tip is not None and start == 0 and bool(view.body)
+    context = view.context_digest
+    attributes = {"tenant": tenant, "last_seen": f"{now:.3f}", "model": model, "context": context}
+    if session_id is not None:
+        attributes["session"] = session_id  # the client's name for it, for operators
+    new_context = state.attributes.get("context") != context
+    return PendingLog(view, start, by_content, new_context, attributes, now)
+
+
+def _messages(pending: PendingLog, settings: Settings) -> list[MessageEvent]:
+    view = pending.view
+    messages = message_events(
+        view.body,
+        view.chain,
+        view.root,
+        pending.start,
+        log_content=settings.log_content,
+        content_limit=settings.log_content_max_chars,
+        now=pending.now,
+        digests=view.body_digests,
+        by_content=pending.by_content,
+    )
+    if pending.new_context:
+        context = context_event(
+            view.head,
+            view.tools,
+            view.context_digest,
+            log_content=settings.log_content,
+            now=pending.now,
+        )
+        messages.insert(0, context)
+    return messages
+
+
+async def record(
+    store: Store,
+    settings: Settings,
+    pending: PendingLog,
+    events: list[Event],
+    anchor: Anchor | None,
+    attributes: dict[str, str],
+) -> None:
+    """The request's round trip after its answer: its messages, ``events``, ``anchor`` and
+    attributes (``attributes`` over the pending ones).
+
+    A store logs one call's messages in one atomic step; on Redis that step blocks every other
+    client of the server while it runs, so a huge body is logged in batches first (the
+    in-process store never waits, so between its batches the loop serves other clients)."""
+    view = pending.view
+    messages = await off_loop_if(view.big, lambda: _messages(pending, settings))
+    conversation = view.conversation
+    last = (len(messages) - 1) // LOG_BATCH * LOG_BATCH if messages else 0  # the last batch's
+    for start_of_batch in range(0, last, LOG_BATCH):
+        await store.append(conversation, messages[start_of_batch : start_of_batch + LOG_BATCH])
+        await asyncio.sleep(0)
+    await store.record_request(
+        conversation, events, anchor, {**pending.attributes, **attributes}, messages[last:]
+    )
