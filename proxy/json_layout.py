@@ -131,14 +131,23 @@ def _array_by_tokens(raw: bytes, quoted: bytes) -> int | None:
 
 
 def _object_end(raw: bytes, start: int) -> int | None:
-    depth = 0
-    for token, end in _tokens(raw, start):
-        first = raw[token]
+    # ``_tokens``, inlined: this runs for every message a body is scanned for (a generator's
+    # resumption per token cost a third of it).
+    search = _STRUCTURE.search
+    depth, pos = 0, start
+    while (found := search(raw, pos)) is not None:
+        at = found.start()
+        first = raw[at]
         if first == _QUOTE:
+            end = string_end(raw, at)
+            if end is None:
+                return None
+            pos = end
             continue
+        pos = at + 1
         depth += 1 if first in _OPEN else -1
         if depth == 0:
-            return end
+            return pos
         if depth > _MAX_DEPTH:
             return None  # what a whole parse may refuse is left to it
     return None

@@ -58,11 +58,10 @@ def upstream_headers(
     """The client's headers, minus hop-by-hop ones, plus the hop marker; a route key replaces
     the client's. With ``proxy_keys`` the client's credential is a key for this proxy, never
     sent on."""
-    dropped = _NOT_FORWARDED_UP | CREDENTIAL_HEADERS if proxy_keys else _NOT_FORWARDED_UP
-    dropped |= _named_by_connection(client_headers)
-    headers: CIMultiDict[str] = CIMultiDict(
-        (name, value) for name, value in client_headers.items() if name.lower() not in dropped
-    )
+    headers = _without(client_headers, _NOT_FORWARDED_UP)
+    if proxy_keys:
+        for name in CREDENTIAL_HEADERS:
+            headers.popall(name, None)
     if api_key_env:
         route_key = os.environ.get(api_key_env)
         if route_key:
@@ -98,11 +97,18 @@ def _named_by_connection(headers: Mapping[str, str]) -> frozenset[str]:
     return frozenset(token.strip().lower() for token in listed.split(","))
 
 
+def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
+    """A copy of ``headers`` (order and repeats kept) less ``dropped`` and those the
+    ``Connection`` header names. Copied whole, then pruned: a few lookups in C instead of a
+    comparison in Python per header."""
+    copy: CIMultiDict[str] = CIMultiDict(headers)
+    for name in dropped | _named_by_connection(headers):
+        copy.popall(name, None)
+    return copy
+
+
 def client_headers(upstream: ClientResponse) -> CIMultiDict[str]:
-    dropped = _NOT_FORWARDED_DOWN | _named_by_connection(upstream.headers)
-    return CIMultiDict(
-        (name, value) for name, value in upstream.headers.items() if name.lower() not in dropped
-    )
+    return _without(upstream.headers, _NOT_FORWARDED_DOWN)
 
 
 def is_event_stream(upstream: ClientResponse) -> bool:
