@@ -252,14 +252,20 @@ class TokenMeter:
             self._messages.put(key, cached)
         return cached
 
-    def tools_tokens(self, tools: Any, count: TextCounter) -> int:
+    def tools_tokens(self, tools: Any, count: TextCounter, digest: str | None = None) -> int:
+        """Tokens of the tool definitions, cached by their digest (``digest``, when the caller
+        has it: ``RequestView.tools_digest`` hashes the same bytes; serializing an agent's
+        tools, tens of KiB, is then done once a request, not once a measurement)."""
         if not tools:
             return 0
-        raw = jsonio.dumps(tools)
-        key = (count.name, "tools:" + hashlib.blake2b(raw, digest_size=16).hexdigest())
+        raw = None
+        if digest is None:
+            raw = jsonio.dumps(tools)
+            digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+        key = (count.name, "tools:" + digest)
         cached = self._messages.get(key)
         if cached is None:
-            cached = count(raw.decode())
+            cached = count((raw if raw is not None else jsonio.dumps(tools)).decode())
             self._messages.put(key, cached)
         return cached
 
@@ -312,7 +318,8 @@ class TokenMeter:
             self.message(m, count, d)
             for m, d in zip(request.head, request.head_digests, strict=True)
         )
-        fixed = REPLY_PRIMING_TOKENS + self.tools_tokens(request.tools, count) + head
+        tools = self.tools_tokens(request.tools, count, request.tools_digest)
+        fixed = REPLY_PRIMING_TOKENS + tools + head
         estimated = fixed + self._body_tokens_after(request, surface, -1, count)
         tip = len(request.body) - 1
         key = prefix_key(request, surface, tip)

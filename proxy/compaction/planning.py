@@ -81,7 +81,7 @@ class Planner:
         nodes = priced_nodes(surface.nodes, prices)
         live = first_node_at(nodes, view.live_start)
         head = sum(n.tokens for n in nodes if n.kind == "head")
-        tools = self.meter.tools_tokens(view.tools, counter_for(view.model))
+        tools = self.meter.tools_tokens(view.tools, counter_for(view.model), view.tools_digest)
         return REPLY_PRIMING_TOKENS + tools + head + sum(n.tokens for n in nodes[live:])
 
     def retained_from(self, job: CompactionJob, surface: Surface, retain: int) -> int:
@@ -97,7 +97,7 @@ class Planner:
         count = counter_for(job.summary_model)
         fixed = (
             sum(p for n, p in zip(surface.nodes, prices, strict=True) if n.kind == "head")
-            + self.meter.tools_tokens(job.view.tools, count)
+            + self.meter.tools_tokens(job.view.tools, count, job.view.tools_digest)
             + self.meter.message({"role": "user", "content": INSTRUCTION}, count)
             + 3
         )

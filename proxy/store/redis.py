@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Any, cast
@@ -71,11 +71,39 @@ def _tip(raw: str | None) -> tuple[int, str] | None:
     return int(position), tip_hash
 
 
-def _state(state_flat: list[str], raw_records: list[str], lease: str | None) -> ConversationState:
+class _ParsedRecords:
+    """Records as parsed, by their stored JSON: a compacted conversation loads the same few
+    records (summaries of several KiB) on every request, and they are parsed once. Bounded by
+    the characters held, least recently used first out. Records are immutable, and the
+    in-process store hands the same objects to every request too."""
+
+    def __init__(self, max_chars: int = 16 * 1024 * 1024) -> None:
+        self._parsed: OrderedDict[str, ReplacementRecord] = OrderedDict()
+        self._chars = 0
+        self._max_chars = max_chars
+
+    def __call__(self, raw: str) -> ReplacementRecord:
+        found = self._parsed.pop(raw, None)  # and put back last: the most recently used
+        if found is None:
+            found = record_from_dict(jsonio.loads(raw))
+            self._chars += len(raw)
+        self._parsed[raw] = found
+        while self._chars > self._max_chars and self._parsed:
+            evicted, _ = self._parsed.popitem(last=False)
+            self._chars -= len(evicted)
+        return found
+
+
+def _state(
+    state_flat: list[str],
+    raw_records: list[str],
+    lease: str | None,
+    parse_record: Callable[[str], ReplacementRecord],
+) -> ConversationState:
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
     anchor = Anchor(**jsonio.loads(state["anchor"])) if "anchor" in state else None
     return ConversationState(
-        records=tuple(record_from_dict(jsonio.loads(r)) for r in raw_records),
+        records=tuple(parse_record(r) for r in raw_records),
         generation=int(state.get("generation", 0)),
         anchor=anchor,
         lease_owner=lease or None,
@@ -127,6 +155,7 @@ class RedisStore:
         self._max_log_events = max_log_events
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
+        self._parsed_records = _ParsedRecords()
         register = self._client.register_script
         self._load = register(_script("load"))
         self._append_script = register(_script("append"))
@@ -149,7 +178,7 @@ class RedisStore:
         keys = self._keys(conversation, "state", "records", "lease")
         async with _unavailable_on_error("load"):
             state_flat, raw_records, lease = await self._load(keys=keys)
-        return _state(state_flat, raw_records, lease)
+        return _state(state_flat, raw_records, lease, self._parsed_records)
 
     async def _append(
         self,

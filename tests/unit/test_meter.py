@@ -227,3 +227,14 @@ def test_surface_with_replacements_is_priced_as_its_messages() -> None:
         0, 8, view.root, view.chain[8], user("<compacted-summary>t</compacted-summary>"), tokens=12
     )
     assert not meter.measure(later, later.surface([*records, deeper]), anchor).anchored
+
+
+def test_the_tools_are_priced_alike_with_or_without_the_requests_digest_of_them() -> None:
+    """A request view's ``tools_digest`` hashes the bytes the meter would: the price it gives
+    is the one cached for the tools, serialized or not."""
+    view = RequestView.of("tenant", "fake-model", [user("hi")], None, TOOLS)
+    count = counter_for("fake-model")
+    fresh = TokenMeter().tools_tokens(TOOLS, count)
+    given = TokenMeter()
+    assert given.tools_tokens(TOOLS, count, view.tools_digest) == fresh > 0
+    assert given._messages.get((count.name, "tools:" + view.tools_digest)) == fresh
