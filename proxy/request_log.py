@@ -104,7 +104,8 @@ async def record(
     view = pending.view
     messages = await off_loop_if(view.big, lambda: _messages(pending, settings))
     conversation = view.conversation
-    last = (len(messages) - 1) // LOG_BATCH * LOG_BATCH if messages else 0  # the last batch's
+    # Where the last batch starts: it goes with the record, the batches before it first.
+    last = (len(messages) - 1) // LOG_BATCH * LOG_BATCH if messages else 0
     for start_of_batch in range(0, last, LOG_BATCH):
         await store.append(conversation, messages[start_of_batch : start_of_batch + LOG_BATCH])
         await asyncio.sleep(0)
