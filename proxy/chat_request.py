@@ -80,17 +80,21 @@ def _validate(message: Any, index: int) -> None:
 
 
 def parse_chat_request(
-    raw: bytes, known: KnownMessages | None = None, recent: RecentBodies | None = None
+    raw: bytes,
+    known: KnownMessages | None = None,
+    recent: RecentBodies | None = None,
+    hint: str | None = None,
 ) -> ClientRequest:
     """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one.
 
     With ``known``, messages are validated and hashed in the same walk, and a message this
     process already validated is neither validated nor canonicalized again. With ``recent`` as
-    well, a body extending one parsed a moment ago is parsed from where it differs."""
+    well, a body extending one parsed a moment ago is parsed from where it differs (``hint``:
+    the client's name for the conversation, which says where to look first)."""
     if known is not None and recent is not None:
-        extension = recent.extend(raw)
+        extension = recent.extend(raw, hint=hint)
         if extension is not None:
-            return _extended(raw, extension, known, recent)
+            return _extended(raw, extension, known, recent, hint)
     body = parse_object_with_model(raw)
     if "messages" not in body:
         raise BadRequest(
@@ -108,12 +112,16 @@ def parse_chat_request(
     else:
         digests = known.digests(messages, _validate)
         if recent is not None:
-            chains = recent.remember(raw, messages, digests)
+            chains = recent.remember(raw, messages, digests, hint=hint)
     return _request(raw, body, messages, digests, chains)
 
 
 def _extended(
-    raw: bytes, extension: Extension, known: KnownMessages, recent: RecentBodies
+    raw: bytes,
+    extension: Extension,
+    known: KnownMessages,
+    recent: RecentBodies,
+    hint: str | None,
 ) -> ClientRequest:
     """The rest of a body a remembered one begins: only its new messages are validated and
     hashed (the others passed both when the remembered body was parsed)."""
@@ -123,7 +131,7 @@ def _extended(
     digests = list(extension.base.digests[:first]) + known.digests(
         messages[first:], lambda message, index: _validate(message, first + index)
     )
-    chains = recent.remember(raw, messages, digests, replaces=extension)
+    chains = recent.remember(raw, messages, digests, replaces=extension, hint=hint)
     return _request(raw, body, messages, digests, chains)
 
 

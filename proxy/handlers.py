@@ -88,11 +88,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         check_headers(request.headers)
         raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
+        session_id = _session_id(request.headers)
         known, recent = request.app[KNOWN_MESSAGES], request.app[RECENT_BODIES]
         client_request = await off_loop_if(
-            is_big(len(raw)), lambda: parse_chat_request(raw, known, recent)
+            is_big(len(raw)), lambda: parse_chat_request(raw, known, recent, session_id)
         )
-        session_id = _session_id(request.headers)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
@@ -106,18 +106,18 @@ async def responses(request: web.Request) -> web.StreamResponse:
     try:
         check_headers(request.headers)
         raw = await read_body(request, request.app[SETTINGS].max_body_bytes)
+        session_id = _session_id(request.headers)
         known, recent = request.app[KNOWN_MESSAGES], request.app[RECENT_BODIES]
         body, extension = await off_loop_if(
-            is_big(len(raw)), lambda: parse_responses_body(raw, recent)
+            is_big(len(raw)), lambda: parse_responses_body(raw, recent, session_id)
         )
-        session_id = _session_id(request.headers)
         if stateful(body):
             route = request.app[POLICIES].for_model(body["model"]).route
             REQUESTS.labels(route=route.model, outcome="stateful").inc()
             return await relay_as_sent(request, route, raw)
         client_request = await off_loop_if(
             is_big(len(raw)),
-            lambda: parse_responses_request(body, raw, known, recent, extension),
+            lambda: parse_responses_request(body, raw, known, recent, extension, session_id),
         )
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()

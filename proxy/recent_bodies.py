@@ -27,6 +27,13 @@ Invariants:
   messages and its chain; least recently used first out).
 * A remembered body also keeps its body chain once a request view has hashed it
   (``KnownChains``), so the next body's chain is hashed from where the two differ.
+
+A client that names its conversation (``X-Session-Id``) names the body it extends too: the
+name leads to the bucket of its conversation's last body, and a body that repeats that one's
+first two messages belongs in that bucket, so neither the array nor the opening messages are
+looked for. A name only says where to look first: the bytes decide, and a body that does not
+extend what its name leads to is looked up as any other (a client that sends one name for
+every conversation costs a wasted comparison, never a wrong parse).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from proxy.json_layout import Layout, elements_between, layout_of, scan_elements
 
 _PARSED_COST = 4  # a body's parsed messages, as a multiple of its bytes
 _PER_KEY = 4  # bodies remembered under one opening (forks, replays)
+_MAX_HINTS = 16_384  # conversation names remembered (each leads to a bucket)
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: a body is one remembered parse
@@ -107,6 +115,8 @@ class RecentBodies:
             raise ValueError("max_bytes must not be negative")
         self.max_bytes = max_bytes
         self._by_key: OrderedDict[int, list[_Remembered]] = OrderedDict()
+        # (array name, the client's conversation name) -> the bucket of its last body
+        self._by_hint: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self._nonce = secrets.token_hex(16)
@@ -119,11 +129,17 @@ class RecentBodies:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def extend(self, raw: bytes, name: str = "messages") -> Extension | None:
+    def extend(
+        self, raw: bytes, name: str = "messages", hint: str | None = None
+    ) -> Extension | None:
         """The body parsed from a remembered body its array ``name`` extends, or None (parse
-        it whole)."""
+        it whole). ``hint``: the client's name for the conversation, when it gave one."""
         if not self.enabled:
             return None
+        if hint is not None:
+            hinted = self._extend_hinted(raw, name, hint)
+            if hinted is not None:
+                return hinted
         opened = top_level_array(raw, name)
         if opened is None:
             return None
@@ -138,6 +154,24 @@ class RecentBodies:
         for base in candidates:
             known = _shared_messages(raw, base)
             if known:
+                return self._parse_rest(raw, base, known, key, name)
+        return None
+
+    def _extend_hinted(self, raw: bytes, name: str, hint: str) -> Extension | None:
+        """The body extended from the bucket its conversation's name leads to. A base whose
+        first two messages (all, if it has fewer) the body repeats is filed under the key the
+        body's own opening gives: the bucket is the one a lookup by opening finds. Its array
+        opens where the base's does (the bytes before it are the same)."""
+        with self._lock:
+            key = self._by_hint.get((name, hint))
+            if key is None:
+                return None
+            candidates = list(self._by_key.get(key, ()))
+            if candidates:
+                self._by_key.move_to_end(key)
+        for base in candidates:
+            known = _shared_messages(raw, base)
+            if known >= min(2, len(base.layout.ends)):
                 return self._parse_rest(raw, base, known, key, name)
         return None
 
@@ -181,13 +215,15 @@ class RecentBodies:
         replaces: Extension | None = None,
         translation: Any = None,
         shared: int | None = None,
+        hint: str | None = None,
     ) -> KnownChains | None:
         """Remember a body whose array ``name`` was parsed into ``elements`` (``replaces``: the
         extension it was parsed as, whose base it supersedes; ``translation``: what the API's
         adapter made of the elements). Returns where the body's chains go, and any it can
         start from: those of the ``shared`` leading messages it has in common with the base
         (by default, its known elements); None when disabled or when a body parsed whole
-        cannot be laid out."""
+        cannot be laid out. ``hint``: the client's name for the conversation (the next body
+        under that name is looked for here first)."""
         if not self.enabled:
             return None
         earlier = {} if replaces is None else replaces.base.chains
@@ -217,6 +253,11 @@ class RecentBodies:
             while self._bytes > self.max_bytes and self._by_key:
                 _, evicted = self._by_key.popitem(last=False)
                 self._bytes -= sum(len(e.raw) for e in evicted) * _PARSED_COST
+            if hint is not None:
+                self._by_hint[(name, hint)] = key
+                self._by_hint.move_to_end((name, hint))
+                if len(self._by_hint) > _MAX_HINTS:
+                    self._by_hint.popitem(last=False)
         return KnownChains(earlier, shared, entry.chains)
 
 

@@ -226,11 +226,12 @@ def stateful(body: dict[str, Any]) -> bool:
 
 
 def parse_responses_body(
-    raw: bytes, recent: RecentBodies | None = None
+    raw: bytes, recent: RecentBodies | None = None, hint: str | None = None
 ) -> tuple[dict[str, Any], Extension | None]:
     """The body as an object naming its model: from where it differs when its ``input``
-    extends a body parsed a moment ago (then with that extension), else parsed whole."""
-    extension = recent.extend(raw, "input") if recent is not None else None
+    extends a body parsed a moment ago (then with that extension), else parsed whole
+    (``hint``: the client's name for the conversation)."""
+    extension = recent.extend(raw, "input", hint) if recent is not None else None
     if extension is not None:
         return check_object_with_model(extension.body), extension
     return parse_object_with_model(raw), None
@@ -260,6 +261,7 @@ def parse_responses_request(
     known: KnownMessages,
     recent: RecentBodies | None = None,
     extension: Extension | None = None,
+    hint: str | None = None,
 ) -> ClientRequest:
     """A stateless Responses body (see ``stateful``) as a request for the shared core; with
     the ``extension`` it was parsed as, translated and hashed from where the remembered body's
@@ -272,7 +274,9 @@ def parse_responses_request(
     chains: KnownChains | None = None
     items = body.get("input")
     if recent is not None and isinstance(items, list):
-        chains = recent.remember(raw, items, digests, "input", extension, translated, reused)
+        chains = recent.remember(
+            raw, items, digests, "input", extension, translated, reused, hint=hint
+        )
     return ClientRequest(
         body=body,
         model=body["model"],

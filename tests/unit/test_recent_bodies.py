@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy import recent_bodies
 from proxy.chat_request import parse_chat_request
 from proxy.errors import BadRequest
 from proxy.json_layout import JSON_STRING, layout_of, string_end
@@ -31,9 +32,11 @@ STYLES: dict[str, Style] = {
 }
 
 
-def outcome(raw: bytes, known: KnownMessages, recent: RecentBodies | None) -> tuple[Any, ...]:
+def outcome(
+    raw: bytes, known: KnownMessages, recent: RecentBodies | None, hint: str | None = None
+) -> tuple[Any, ...]:
     try:
-        request = parse_chat_request(raw, known, recent)
+        request = parse_chat_request(raw, known, recent, hint)
     except BadRequest as error:
         return ("refused", error.message, error.param)
     return ("parsed", request.body, request.digests, request.model, request.stream)
@@ -66,6 +69,37 @@ def test_a_growing_conversation_parses_as_if_each_body_were_parsed_whole(
             value = {"messages": value["messages"], **fields, "model": "m"}
         raw = STYLES[style](value)
         assert outcome(raw, known, recent) == whole(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tasks=st.lists(st.sampled_from(["Fix it.", "Fix it!", "Test it."]), min_size=2, max_size=3),
+    steps=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 8), st.sampled_from(["own", "shared", None])),
+        min_size=1,
+        max_size=8,
+    ),
+    history=st.lists(messages, min_size=1, max_size=7),
+    style=st.sampled_from(sorted(STYLES)),
+)
+def test_conversations_parse_as_if_whole_whatever_names_their_clients_give_them(
+    tasks: list[str],
+    steps: list[tuple[int, int, str | None]],
+    history: list[Any],
+    style: str,
+) -> None:
+    """Interleaved conversations sharing a system prompt, each body named after its own
+    conversation, after one name all of them share, or not at all."""
+    known, recent = KnownMessages(), RecentBodies()
+    for index, cut, naming in steps:
+        conversation = index % len(tasks)
+        opening = [
+            {"role": "system", "content": "You fix bugs."},
+            {"role": "user", "content": tasks[conversation]},
+        ]
+        hint = {"own": f"c{conversation}", "shared": "everyone", None: None}[naming]
+        raw = STYLES[style](body([*opening, *history][:cut]))
+        assert outcome(raw, known, recent, hint) == whole(raw)
 
 
 def plain(n: int) -> list[dict[str, Any]]:
@@ -103,6 +137,47 @@ def test_a_body_ending_as_the_recent_one_did_takes_its_other_members_as_they_wer
     assert requests[1].body["tools"] is not requests[0].body["tools"]
     raw = STYLES[style](body(plain(7), tools=tools))
     assert outcome(raw, known, recent) == whole(raw)
+
+
+def test_a_named_conversations_body_is_found_by_its_name_without_looking_for_its_opening(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not vacuous: under a name, neither the array nor the opening messages are looked
+    for (only what follows the remembered messages is scanned), and the body is still the
+    one a whole parse makes."""
+    known, recent = KnownMessages(), RecentBodies()
+    compact = STYLES["compact"]
+    parse_chat_request(compact(body(plain(3))), known, recent, "conversation-1")
+    scan = recent_bodies.scan_elements
+
+    def no_array(raw: bytes, name: str) -> None:
+        raise AssertionError("looked for the array")
+
+    def no_opening(raw: bytes, pos: int, after_element: bool, limit: int | None = None) -> Any:
+        assert after_element, "scanned the opening messages"
+        return scan(raw, pos, after_element, limit)
+
+    monkeypatch.setattr(recent_bodies, "top_level_array", no_array)
+    monkeypatch.setattr(recent_bodies, "scan_elements", no_opening)
+    raw = compact(body(plain(6)))
+    extension = recent.extend(raw, hint="conversation-1")
+    assert extension is not None and extension.known == 3
+    assert outcome(raw, known, recent, "conversation-1") == whole(raw)
+
+
+def test_a_name_that_leads_to_another_conversation_falls_back_to_the_opening() -> None:
+    """Two conversations of one agent under one name: the name leads to the other one's
+    body, which shares only the system prompt; the body's own is still found."""
+    known, recent = KnownMessages(), RecentBodies()
+    compact = STYLES["compact"]
+    first = plain(3)
+    other = [first[0], {"role": "user", "content": "Another task."}, *first[2:]]
+    parse_chat_request(compact(body(first)), known, recent, "one-name")
+    parse_chat_request(compact(body(other)), known, recent, "one-name")
+    raw = compact(body(plain(6)))
+    extension = recent.extend(raw, hint="one-name")
+    assert extension is not None and extension.known == 3
+    assert outcome(raw, known, recent, "one-name") == whole(raw)
 
 
 def chain_of(tenant: str, raw: bytes, known: KnownMessages, recent: RecentBodies) -> list[str]:
@@ -194,18 +269,20 @@ def tricks() -> list[tuple[str, bytes]]:
     ]
 
 
+@pytest.mark.parametrize("hint", [None, "named"], ids=["unnamed", "named"])
 @pytest.mark.parametrize("earlier", [[5], [4, 5]], ids=["parsed whole", "itself extended"])
 @pytest.mark.parametrize(("trick", "raw"), tricks(), ids=[t for t, _ in tricks()])
 def test_a_body_that_plays_tricks_on_a_recent_one_parses_as_if_whole(
-    trick: str, raw: bytes, earlier: list[int]
+    trick: str, raw: bytes, earlier: list[int], hint: str | None
 ) -> None:
     """Against a remembered body parsed whole, and one itself parsed as an extension (whose
-    other members are taken as they were when the body ends as it did)."""
+    other members are taken as they were when the body ends as it did), found by its
+    opening or by the conversation's name."""
     known, recent = KnownMessages(), RecentBodies()
     for turns in earlier:
         compact = json.dumps(body(plain(turns)), separators=(",", ":")).encode()
-        parse_chat_request(compact, known, recent)
-    assert outcome(raw, known, recent) == whole(raw)
+        parse_chat_request(compact, known, recent, hint)
+    assert outcome(raw, known, recent, hint) == whole(raw)
 
 
 def test_a_big_body_met_first_is_laid_out_by_its_messages_own_serialization() -> None:
@@ -251,13 +328,13 @@ response_items = (
 
 
 def responses_outcome(
-    raw: bytes, known: KnownMessages, recent: RecentBodies | None
+    raw: bytes, known: KnownMessages, recent: RecentBodies | None, hint: str | None = None
 ) -> tuple[Any, ...]:
     try:
-        parsed, extension = parse_responses_body(raw, recent)
+        parsed, extension = parse_responses_body(raw, recent, hint)
         if stateful(parsed):
             return ("stateful", parsed)
-        request = parse_responses_request(parsed, raw, known, recent, extension)
+        request = parse_responses_request(parsed, raw, known, recent, extension, hint)
     except BadRequest as error:
         return ("refused", error.message, error.param)
     view = RequestView.of(
@@ -281,19 +358,23 @@ def responses_outcome(
         min_size=1,
         max_size=6,
     ),
+    hint=st.sampled_from([None, "conversation"]),
 )
 def test_a_growing_responses_conversation_parses_as_if_each_body_were_parsed_whole(
-    shared: list[Any], forks: list[list[Any]], steps: list[tuple[int, int, str | None, str]]
+    shared: list[Any],
+    forks: list[list[Any]],
+    steps: list[tuple[int, int, str | None, str]],
+    hint: str | None,
 ) -> None:
     """Translation, digests and chain included, whatever the order of bodies and however
-    their instructions change."""
+    their instructions change, named by the client or not."""
     known, recent = KnownMessages(), RecentBodies()
     for fork, cut, instructions, style in steps:
         value: dict[str, Any] = {"model": "m", "input": [*shared, *forks[fork % len(forks)]][:cut]}
         if instructions is not None:
             value["instructions"] = instructions
         raw = STYLES[style](value)
-        assert responses_outcome(raw, known, recent) == responses_outcome(
+        assert responses_outcome(raw, known, recent, hint) == responses_outcome(
             raw, KnownMessages(), None
         )
 
