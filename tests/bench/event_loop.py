@@ -22,7 +22,7 @@ import uuid
 import aiohttp
 import orjson
 
-from tests.bench.overhead import process
+from tests.bench.overhead import at_rest, process
 from tests.processes import free_port, proxy_process, wait_until_ready
 
 MODEL = "bench-model"
@@ -171,7 +171,7 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
         process(*fake(small_port)),
         process(*fake(big_port)),
         process(*relay),
-        proxy_process(env) as (_, proxy_base),
+        proxy_process(env) as (proxy, proxy_base),
     ):
         relay_base = f"http://127.0.0.1:{relay_port}"
         targets = {
@@ -182,9 +182,7 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
         for base, _ in targets.values():
             await wait_until_ready(f"{base}/v1/models")
         await wait_until_ready(f"{big_upstream}/models")
-        # The proxy listens before litellm has loaded (a worker thread imports it for a few
-        # seconds): let that finish, so the baseline is the proxy at rest.
-        await asyncio.sleep(8)
+        await at_rest([proxy.pid])  # litellm loaded, so the baseline is the proxy at rest
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             results = {

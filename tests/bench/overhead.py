@@ -131,6 +131,20 @@ def cpu_seconds(root: int) -> float:
     return total
 
 
+async def at_rest(pids: list[int], timeout: float = 120.0) -> None:
+    """Wait until the processes (and their descendants) spend under 5 % of a core for a whole
+    second. A proxy listens before litellm has loaded (a thread imports it for seconds, longer
+    while several proxies start at once on a small host); measured meanwhile, the import's CPU
+    time would count as the proxy's and its work would slow the first rounds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = sum(map(cpu_seconds, pids))
+        await asyncio.sleep(1.0)
+        if sum(map(cpu_seconds, pids)) - before < 0.05:
+            return
+    raise TimeoutError("the targets did not come to rest")
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -239,8 +253,7 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
         f"{size / 1024:.0f} KiB, {rounds} rounds, a fresh conversation per replay"
     )
     async with targets(free_port(), control_us) as (bases, pids, control):
-        # Let every proxy finish loading litellm (a background import after listening).
-        await asyncio.sleep(8)
+        await at_rest(list(pids.values()))
         connector = aiohttp.TCPConnector(limit=64)
         async with aiohttp.ClientSession(connector=connector) as http:
             for base in bases.values():
