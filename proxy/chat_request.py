@@ -22,7 +22,7 @@ from proxy.client_request import (
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, KnownChains, RecentBodies
+from proxy.recent_bodies import Extension, KnownChains, RecentBodies, first_of
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
@@ -128,9 +128,8 @@ def _extended(
     body = check_object_with_model(extension.body)
     messages = body["messages"]
     first = extension.known
-    digests = list(extension.base.digests[:first]) + known.digests(
-        messages[first:], lambda message, index: _validate(message, first + index)
-    )
+    new = known.digests(messages[first:], lambda message, index: _validate(message, first + index))
+    digests = first_of(extension.base.digests, first, new)
     chains = recent.remember(raw, messages, digests, replaces=extension, hint=hint)
     return _request(raw, body, messages, digests, chains)
 

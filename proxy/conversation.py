@@ -117,7 +117,8 @@ def split_head(messages: Sequence[Message]) -> tuple[list[Message], list[Message
     cut = 0
     while cut < len(messages) and messages[cut].get("role") in HEAD_ROLES:
         cut += 1
-    return list(messages[:cut]), list(messages[cut:])
+    body = messages[cut:]  # a list's slice is a copy already: the history is copied once
+    return list(messages[:cut]), body if isinstance(body, list) else list(body)
 
 
 def live_turn_start(body: Sequence[Message]) -> int:

@@ -44,7 +44,7 @@ class Layout:
     element ends, and where it closes (the offset of its ``]``; None when not known)."""
 
     opened: int
-    ends: tuple[int, ...]
+    ends: Sequence[int]
     closed: int | None = None
 
 

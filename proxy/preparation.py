@@ -24,7 +24,6 @@ from proxy.compaction.engine import Engine, Relief
 from proxy.compaction.planning import CompactionJob, SummaryCall
 from proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from proxy.config import Route
-from proxy.conversation import Message
 from proxy.credentials import summary_call_headers, summary_call_query
 from proxy.events import request_event
 from proxy.guards import trip
@@ -77,7 +76,7 @@ class Prepared:
     tokens_before: int | None = None
     job: CompactionJob | None = None
     state: ConversationState | None = None
-    forwarded: list[Message] | None = None  # the messages the payload carries
+    surface: Surface | None = None  # what the payload carries
     # Logged after the answer, with its usage, in the request's second round trip.
     pending_events: list[Event] = field(default_factory=list)
     pending_attributes: dict[str, str] = field(default_factory=dict)
@@ -325,7 +324,7 @@ async def prepare(
         tokens_before=tokens_before,
         job=job,
         state=state,
-        forwarded=surface.messages,
+        surface=surface,
         pending_events=[forwarded],
         pending_attributes=attributes,
         log=log,

@@ -41,12 +41,15 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import islice
+from typing import Any, TypeVar
 
 from proxy import jsonio
 from proxy.json_layout import Layout, elements_between, layout_of, scan_elements, top_level_array
+
+T = TypeVar("T")
 
 _PARSED_COST = 4  # a body's parsed messages, as a multiple of its bytes
 _PER_KEY = 4  # bodies remembered under one opening (forks, replays)
@@ -57,8 +60,10 @@ _MAX_HINTS = 16_384  # conversation names remembered (each leads to a bucket)
 class _Remembered:
     raw: bytes
     layout: Layout
-    elements: tuple[Any, ...]  # the array's elements as parsed
-    digests: tuple[str, ...]  # of the chat messages the elements stand for
+    # The array's elements as parsed, and the digests of the chat messages they stand for:
+    # the very lists the request was given (nothing modifies a parsed body).
+    elements: Sequence[Any]
+    digests: Sequence[str]
     translation: Any  # what the API's adapter made of the elements (None for chat)
     # The body as parsed, when its other members are known to be what a whole parse makes
     # of them (its array the one a whole parse keeps): a body that repeats its bytes after
@@ -82,7 +87,9 @@ class KnownChains:
         """The chain of the shared body positions, for a head of ``head`` messages. Messages
         past the head are shared only if the remembered body split its head at the same
         place (the same bytes up to there), so its positions are ours."""
-        return self.earlier.get(root, ())[: max(0, self.shared - head)]
+        earlier = self.earlier.get(root, ())
+        count = max(0, self.shared - head)
+        return earlier if count >= len(earlier) else earlier[:count]
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,17 @@ class Extension:
     layout: Layout
     base: _Remembered
     key: int  # the bucket both are filed under (the same first two messages)
+
+
+def first_of(items: Sequence[T], count: int, *more: Iterable[T]) -> list[T]:
+    """``[*items[:count], *more...]`` in one copy of the shared items. Every request copies
+    its history's messages, digests and message ends from the body it extends; a slice first
+    would touch each of them twice (their reference counts: objects a request ago, often out
+    of the core's caches by now)."""
+    out = list(items) if count >= len(items) else list(islice(items, count))
+    for extra in more:
+        out.extend(extra)
+    return out
 
 
 def _key(raw: bytes, layout_ends: Sequence[int]) -> int:
@@ -183,8 +201,8 @@ class RecentBodies:
         if parsed is None:
             return None
         body, new, new_ends, closed = parsed
-        body[name] = [*base.elements[:known], *new]
-        layout = Layout(base.layout.opened, (*base.layout.ends[:known], *new_ends), closed)
+        body[name] = first_of(base.elements, known, new)
+        layout = Layout(base.layout.opened, first_of(base.layout.ends, known, new_ends), closed)
         return Extension(body, known, layout, base, key)
 
     def _rest_by_scan(self, raw: bytes, base: _Remembered, start: int, name: str) -> _Rest | None:
@@ -238,7 +256,7 @@ class RecentBodies:
         if len(layout.ends) != len(elements):
             return KnownChains(earlier, shared, {})
         rest = replaces.body if replaces is not None else None
-        entry = _Remembered(raw, layout, tuple(elements), tuple(digests), translation, rest)
+        entry = _Remembered(raw, layout, elements, digests, translation, rest)
         key = replaces.key if replaces is not None else _key(raw, layout.ends)
         with self._lock:
             bucket = self._by_key.setdefault(key, [])

@@ -92,7 +92,7 @@ async def recover_overflow(
 ) -> Prepared | None:
     """Compact after an overflow; the request to retry with, or None to pass the error on."""
     job, state = prepared.job, prepared.state
-    if job is None or state is None or prepared.forwarded is None:
+    if job is None or state is None or prepared.surface is None:
         return None
     app = request.app
     route = model_policy.route
@@ -118,7 +118,8 @@ async def recover_overflow(
     except StoreUnavailable:
         return None
     surface = job.view.surface(fresh.records)
-    if not should_retry(state.generation, prepared.forwarded, fresh.generation, surface.messages):
+    sent = prepared.surface.messages
+    if not should_retry(state.generation, sent, fresh.generation, surface.messages):
         return None
     measurement = job.view.measure(engine.meter, surface, fresh.anchor)
     tokens_before = job.view.measure(engine.meter, job.view.surface(())).tokens
@@ -145,7 +146,7 @@ async def recover_overflow(
         tokens_before=tokens_before,
         job=job,
         state=fresh,
-        forwarded=surface.messages,
+        surface=surface,
         pending_events=[*prepared.pending_events, event],
         pending_attributes=prepared.pending_attributes,
         log=prepared.log,

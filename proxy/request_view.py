@@ -67,7 +67,10 @@ class RequestView:
         head, body = split_head(messages)
         if digests is None:
             digests = [message_digest(m) for m in messages]
-        head_digests, body_digests = list(digests[: len(head)]), list(digests[len(head) :])
+        cut = len(head)
+        head_digests = list(digests[:cut])
+        # A list's slice is a copy already (each copy touches every digest of the history).
+        body_digests = digests[cut:] if isinstance(digests, list) else list(digests[cut:])
         root = chain_root(tenant)
         if chains is None:
             chain = chain_hashes(root, body, body_digests)

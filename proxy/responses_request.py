@@ -38,7 +38,7 @@ from proxy.content import text_of
 from proxy.conversation import Message
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, KnownChains, RecentBodies
+from proxy.recent_bodies import Extension, KnownChains, RecentBodies, first_of
 from proxy.surface import Surface, written_back
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -269,7 +269,7 @@ def parse_responses_request(
     prefix = _reusable(extension, body) if extension is not None else None
     translated = translate(body, prefix)
     reused = 0 if prefix is None else len(prefix.messages)
-    digests = [] if extension is None else list(extension.base.digests[:reused])
+    digests = [] if extension is None else first_of(extension.base.digests, reused)
     digests += known.digests(translated.messages[reused:], _no_check)
     chains: KnownChains | None = None
     items = body.get("input")
