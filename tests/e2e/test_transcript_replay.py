@@ -4,7 +4,8 @@ Before every assistant message the client (the real openai SDK) posts the whole 
 as the agent did. Every conversation is replayed as sent and in two variants real clients
 produce: observation style (no tool calling: commands in the assistant's text, output back as
 user messages) and reused ids (``call_0`` on every call). The upstream enforces an 8k, 16k or
-32k window and rejects broken tool pairing as OpenAI does. For every replay:
+32k window (the variants: 8k or 16k) and rejects broken tool pairing as OpenAI does. For every
+replay:
 
 * the client never sees an error;
 * no forwarded request (summary calls included) goes over the window;
@@ -85,15 +86,18 @@ def _largest_observation(name: str) -> int:
 
 
 def replays() -> list[Any]:
-    """Every transcript, variant and window, except windows too small for a single message
-    of the transcript (a client could not send that turn directly either)."""
+    """Every transcript in every window, except windows too small for a single message of the
+    transcript (a client could not send that turn directly either); its variants in the two
+    smaller windows, where they are compacted most (in the largest, a variant compacts about
+    as the transcript as sent does, and a replay costs the suite as much as any other)."""
     params = []
     for transcript in transcripts():
         for window in WINDOWS:
             if _largest_observation(transcript.name) > 0.75 * window:
                 continue
             calls = any(m.get("tool_calls") for m in transcript.messages)
-            for variant in VARIANTS if calls else ["as-sent"]:  # the variants change calls only
+            varied = calls and window < max(WINDOWS)  # the variants change calls only
+            for variant in VARIANTS if varied else ["as-sent"]:
                 params.append(
                     pytest.param(
                         transcript,
