@@ -177,9 +177,10 @@ class RecentBodies:
 
     def _extend_hinted(self, raw: bytes, name: str, hint: str) -> Extension | None:
         """The body extended from the bucket its conversation's name leads to. A base whose
-        first two messages (all, if it has fewer) the body repeats is filed under the key the
-        body's own opening gives: the bucket is the one a lookup by opening finds. Its array
-        opens where the base's does (the bytes before it are the same)."""
+        first two messages the body repeats is filed under the key the body's own opening
+        gives: the bucket is the one a lookup by opening finds, so a name never changes where
+        a body is filed. Its array opens where the base's does (the bytes before it are the
+        same)."""
         with self._lock:
             key = self._by_hint.get((name, hint))
             if key is None:
@@ -189,7 +190,7 @@ class RecentBodies:
                 self._by_key.move_to_end(key)
         for base in candidates:
             known = _shared_messages(raw, base)
-            if known >= min(2, len(base.layout.ends)):
+            if known >= 2:  # a one-message base's key covers less than the body's
                 return self._parse_rest(raw, base, known, key, name)
         return None
 

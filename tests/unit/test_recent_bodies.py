@@ -180,6 +180,22 @@ def test_a_name_that_leads_to_another_conversation_falls_back_to_the_opening() -
     assert outcome(raw, known, recent, "one-name") == whole(raw)
 
 
+def test_a_name_never_changes_where_a_body_is_filed() -> None:
+    """A first body of one message is filed under that message; the next, of three, under its
+    first two. Named, the second is not taken from the first (its key would say one message),
+    so the third, unnamed, still finds it by its opening."""
+    known, recent = KnownMessages(), RecentBodies()
+    compact = STYLES["compact"]
+    parse_chat_request(compact(body(plain(1))), known, recent, "named")
+    second = compact(body(plain(3)))
+    assert recent.extend(second, hint="named") is None
+    assert outcome(second, known, recent, "named") == whole(second)
+    third = compact(body(plain(5)))
+    extension = recent.extend(third)
+    assert extension is not None and extension.known == 3
+    assert outcome(third, known, recent) == whole(third)
+
+
 def chain_of(tenant: str, raw: bytes, known: KnownMessages, recent: RecentBodies) -> list[str]:
     """The body chain of ``raw`` as the proxy derives it (from a recent body's chain when it
     has one), after checking it against the chain hashed from nothing."""
