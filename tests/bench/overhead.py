@@ -10,12 +10,18 @@ agent, never a history it already logged.
 Printed, for concurrency 1 and 4: req/s, p50 and p99 per target and as ratios to the relay;
 the CPU time each proxy set-up spent per request (its processes, and Redis's apart), which is
 what sizing follows from; then the cost per request against history length: the proxy's
-median extra latency over the relay in the last tenth of the transcript, divided by the same
-in the first tenth, from replays run in step (request by request across the targets, so that
-the two latencies compared were measured moments apart). The same ratio is printed for a
-control: the relay plus a fixed amount of Python work per request. Work that does not grow
-with the body still runs slower after a big body is read and before it is written (the body
-passes through the CPU's caches), so the control's ratio is the floor this host sets.
+median extra over the relay in the last tenth of the transcript, divided by the same in the
+first tenth, from replays run in step (request by request across the targets, so that the two
+requests compared were served moments apart), in latency and in CPU time. The same ratios are
+printed for a control: the relay plus a fixed amount of Python work per request.
+
+The latency ratio is the user's view but a poor instrument on a small host: a difference of a
+few hundred microseconds between two latencies, each shaped by how three processes on two
+cores happen to overlap with a bigger body, and the control (whose work cannot grow) has
+measured anything from x0.9 to x2.5 on one host in one hour. The CPU ratio counts what each
+set-up's processes ran (Linux schedstat, nanoseconds) from one request to its next, its work
+after the answer included, with Redis's own for a Redis set-up: the control stays near x1 on
+it, so growth there is the proxy's.
 """
 
 from __future__ import annotations
@@ -86,23 +92,66 @@ async def replay(
     return replays, time.perf_counter() - started
 
 
+@dataclass
+class Stepped:
+    """One target's replays in step: per round, the latency and the CPU time (ns, its own
+    processes plus Redis's for a Redis set-up) of each request by index."""
+
+    latencies: list[list[float]] = field(default_factory=list)
+    cpu_ns: list[list[int]] = field(default_factory=list)
+
+
 async def lockstep(
-    http: aiohttp.ClientSession, bases: dict[str, str], bodies: list[bytes], rounds: int
-) -> dict[str, list[list[float]]]:
+    http: aiohttp.ClientSession,
+    bases: dict[str, str],
+    pids: dict[str, list[int]],
+    bodies: list[bytes],
+    rounds: int,
+) -> dict[str, Stepped]:
     """Every target replays the transcript in step, one request each in turn (a fresh
     conversation per target and round), so the latencies compared at one request index were
     measured moments apart: noise from the rest of the machine, which comes and goes over
-    seconds, then hits the targets alike instead of one replay."""
-    replays: dict[str, list[list[float]]] = {name: [] for name in bases}
+    seconds, then hits the targets alike instead of one replay.
+
+    A request's CPU time is what the target's processes (``pids``) ran from just before it
+    was sent to just before the target's next request: work a proxy does after its answer
+    (the log record) is counted with the request that caused it, and the other targets'
+    requests in between cost it nothing."""
+    stepped = {name: Stepped() for name in bases}
     for _ in range(rounds):
         sessions = {name: f"bench-{next(_fresh)}" for name in bases}
         latencies: dict[str, list[float]] = {name: [] for name in bases}
+        marks: dict[str, list[int]] = {name: [] for name in bases}
         for body in bodies:
             for name, base in bases.items():
+                marks[name].append(run_ns(pids[name]))
                 latencies[name].append(await post(http, base, body, sessions[name]))
-        for name, one in latencies.items():
-            replays[name].append(one)
-    return replays
+        await asyncio.sleep(0.05)  # the last records
+        for name in bases:
+            marks[name].append(run_ns(pids[name]))
+            ticks = marks[name]
+            stepped[name].cpu_ns.append([b - a for a, b in itertools.pairwise(ticks)])
+            stepped[name].latencies.append(latencies[name])
+    return stepped
+
+
+def run_ns(pids: list[int]) -> int:
+    """Nanoseconds every thread of the processes ``pids`` has run (Linux schedstat: exact
+    where ``cpu_seconds`` counts in clock ticks, which a request of a millisecond falls
+    between)."""
+    total = 0
+    for pid in pids:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/schedstat", "rb") as stat:
+                    total += int(stat.read().split(maxsplit=1)[0])
+            except OSError:
+                continue  # a thread gone meanwhile
+    return total
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -150,17 +199,20 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def growth_ratio(proxy: list[list[float]], relay: list[list[float]]) -> tuple[float, float, float]:
-    """Median extra latency over the relay (ms) in the first and last tenth of the transcript,
-    and last over first. Per request index, the median over rounds of each side."""
+def growth_ratio(
+    proxy: list[list[float]], relay: list[list[float]], scale: float = 1000.0
+) -> tuple[float, float, float]:
+    """Median extra over the relay in the first and last tenth of the transcript (latencies
+    in seconds or CPU times in ns, printed in ms: ``scale`` converts), and last over first.
+    Per request index, the median over rounds of each side."""
     count = len(proxy[0])
     extra = [
         statistics.median(r[i] for r in proxy) - statistics.median(r[i] for r in relay)
         for i in range(count)
     ]
     tenth = max(1, count // 10)
-    first = statistics.median(extra[:tenth]) * 1000
-    last = statistics.median(extra[-tenth:]) * 1000
+    first = statistics.median(extra[:tenth]) * scale
+    last = statistics.median(extra[-tenth:]) * scale
     return first, last, last / first if first > 0 else float("inf")
 
 
@@ -169,8 +221,9 @@ async def targets(
     upstream_port: int, control_us: float
 ) -> AsyncIterator[tuple[dict[str, str], dict[str, int], str]]:
     """Every target's base URL, the upstream included, and the process ids whose CPU time is
-    a proxy set-up's ("redis" for the Redis server); then the control's base URL (a relay that
-    runs ``control_us`` of fixed work per request). All stopped on exit."""
+    a set-up's ("redis-server" for the Redis server, "control" for the control); then the
+    control's base URL (a relay that runs ``control_us`` of fixed work per request). All
+    stopped on exit."""
     upstream = f"http://127.0.0.1:{upstream_port}"
     relay_port, control_port = free_port(), free_port()
     async with AsyncExitStack() as stack:
@@ -182,7 +235,7 @@ async def targets(
                 "-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", f"{upstream}/v1"
             )
         )
-        await stack.enter_async_context(
+        control_process = await stack.enter_async_context(
             process(
                 "-m",
                 "tests.bench.relay",
@@ -199,7 +252,11 @@ async def targets(
         await redis_server.start()
         stack.push_async_callback(redis_server.stop)
         assert redis_server.process is not None
-        pids = {"redis-server": redis_server.process.pid, "relay": relay.pid}
+        pids = {
+            "redis-server": redis_server.process.pid,
+            "relay": relay.pid,
+            "control": control_process.pid,
+        }
         # A window so large that nothing is compacted, yet every request is metered against
         # it, as with a configured route.
         route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
@@ -278,17 +335,25 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
             )
             stepped_bases = {name: bases[name] for name in ("relay", "memory", "redis")}
             stepped_bases["control"] = control
-            stepped = await lockstep(http, stepped_bases, bodies, step_rounds)
+            stepped_pids = {name: [pids[name]] for name in stepped_bases}
+            stepped_pids["redis"].append(pids["redis-server"])
+            stepped = await lockstep(http, stepped_bases, stepped_pids, bodies, step_rounds)
+            relay = stepped["relay"]
             for name in ("memory", "redis", "control"):
-                first, last, ratio = growth_ratio(stepped[name], stepped["relay"])
+                first, last, ratio = growth_ratio(stepped[name].latencies, relay.latencies)
+                cpu_first, cpu_last, cpu_ratio = growth_ratio(
+                    stepped[name].cpu_ns, relay.cpu_ns, scale=1e-6
+                )
                 print(
-                    f"{name:<8} extra over relay, first tenth {first:.2f} ms, last tenth "
-                    f"{last:.2f} ms: x{ratio:.2f}"
+                    f"{name:<8} extra over relay, first tenth / last tenth: latency "
+                    f"{first:.2f} / {last:.2f} ms x{ratio:.2f}; CPU {cpu_first:.2f} / "
+                    f"{cpu_last:.2f} ms x{cpu_ratio:.2f}"
                 )
             print(
                 f"(control: the relay plus {control_us:.0f} us of fixed Python work per "
                 "request; its growth is what work that does not grow with the body shows on "
-                "this host)"
+                "this host. CPU: the set-up's processes, Redis's included, from one request "
+                "to its next, so what a proxy does after its answer counts)"
             )
 
 
