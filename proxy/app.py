@@ -143,11 +143,11 @@ async def _pending_records(app: web.Application) -> AsyncIterator[None]:
     await app[PENDING_RECORDS].drain()
 
 
-@web.middleware
-async def refuse_looped_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A request that carries our hop marker was sent by a proxy: forwarding it again could
-    go on forever (see ``proxy.loops``)."""
-    if HOP_HEADER in request.headers and request.path.startswith("/v1/"):
+def refusal(request: web.Request) -> web.StreamResponse | None:
+    """Why a ``/v1/`` request is refused before its handler runs, if it is: it carries our hop
+    marker, so a proxy sent it and forwarding it again could go on forever (see
+    ``proxy.loops``); or the proxy holds upstream keys and the request holds no client key."""
+    if HOP_HEADER in request.headers:
         REQUESTS.labels(route="", outcome="loop_detected").inc()
         return error_response(
             508,
@@ -155,22 +155,31 @@ async def refuse_looped_requests(request: web.Request, handler: Handler) -> web.
             "to one again: check that the proxy's upstream is not the proxy itself.",
             code="loop_detected",
         )
-    return await handler(request)
-
-
-@web.middleware
-async def authenticate_clients(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """When the proxy holds upstream keys, only holders of a client key may use ``/v1/``."""
     keys = request.app[CLIENT_KEYS]
-    guarded = keys.required and request.path.startswith("/v1/")
-    if guarded and not keys.allows(api_key_of(request.headers)):
+    if keys.required and not keys.allows(api_key_of(request.headers)):
         REQUESTS.labels(route="", outcome="unauthorized").inc()
         return error_response(
             401,
             "Incorrect API key provided: use a client key issued for this proxy.",
             code="invalid_api_key",
         )
-    return await handler(request)
+    return None
+
+
+def guarded(handler: Handler) -> Handler:
+    """``handler`` behind ``refusal``: every ``/v1/`` route is built with it.
+
+    A wrapper per route rather than an application middleware: with any middleware at all,
+    aiohttp runs every request through its middleware chain, current-app bookkeeping
+    included, which cost more than the checks themselves."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        return await handler(request)
+
+    return checked
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -194,7 +203,6 @@ def create_app(settings: Settings) -> web.Application:
     # OpenAI's error shape rather than by aiohttp's plain-text 413.
     app = web.Application(
         client_max_size=settings.max_body_bytes + 1,
-        middlewares=[refuse_looped_requests, authenticate_clients],
         # Bodies as they came, whatever serves the app: ``intake.read_body`` decodes them
         # (see ``proxy.content_coding`` for why not aiohttp's parser).
         handler_args={"auto_decompress": False},
@@ -215,16 +223,16 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_pending_records)
     app.add_routes(
         [
-            web.post("/v1/chat/completions", handlers.chat_completions),
-            web.post("/v1/responses", handlers.responses),
-            web.get("/v1/models", handlers.list_models),
+            web.post("/v1/chat/completions", guarded(handlers.chat_completions)),
+            web.post("/v1/responses", guarded(handlers.responses)),
+            web.get("/v1/models", guarded(handlers.list_models)),
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),
             web.get("/metrics", metrics_handler),
             *admin_routes(),
             *inspector_routes(),
             # Last: every other /v1/ path and method (chat's own paths are matched first).
-            web.route("*", "/v1/{tail:.*}", passthrough),
+            web.route("*", "/v1/{tail:.*}", guarded(passthrough)),
         ]
     )
     return app

@@ -38,14 +38,25 @@ def _observe(route: Route, started: float) -> None:
 
 @dataclass(frozen=True)
 class Reply:
-    """The client's response, the upstream status (0: unreachable), the usage it reported,
-    and its raw error body when it answered with an error (not yet sent to the client)."""
+    """The client's response, the upstream status (0: unreachable), the usage a stream
+    reported or the answer it is to be read from (``usage_of``), and its raw error body when
+    it answered with an error (not yet sent to the client)."""
 
     response: web.StreamResponse
     status: int
     usage: dict[str, Any] | None = None
     error_body: bytes | None = None
     client_gone: bool = False
+    answer: bytes | None = None  # a successful answer sent whole
+
+
+async def usage_of(reply: Reply) -> dict[str, Any] | None:
+    """The usage the upstream reported: a stream's as it was relayed, a whole answer's read
+    from it. Asked after the client has its answer, so reading it costs the client nothing."""
+    if reply.answer is None:
+        return reply.usage
+    answer = reply.answer
+    return await off_loop_if(is_big(len(answer)), lambda: usage_of_body(answer))
 
 
 async def forward(
@@ -90,7 +101,6 @@ async def forward(
             response = buffered_response(upstream.status, reply_headers, body)
             if upstream.status >= 400:
                 return Reply(response, upstream.status, error_body=body)
-            usage = await off_loop_if(is_big(len(body)), lambda: usage_of_body(body))
-            return Reply(response, upstream.status, usage)
+            return Reply(response, upstream.status, answer=body)
     except (TimeoutError, aiohttp.ClientError) as exc:
         return Reply(upstream_failed(route.base, exc), 0)

@@ -22,7 +22,7 @@ from proxy.config import Route
 from proxy.conversation import is_valid_session_id
 from proxy.errors import BadRequest, bad_request_response, upstream_failed
 from proxy.events import overflow_event, usage_event
-from proxy.forwarding import Reply, forward
+from proxy.forwarding import Reply, forward, usage_of
 from proxy.intake import check_headers, read_body
 from proxy.keys import (
     CLIENT_KEYS,
@@ -248,7 +248,7 @@ async def _record(app: web.Application, prepared: Prepared, reply: Reply | None)
     events = list(prepared.pending_events)
     attributes = dict(prepared.pending_attributes)
     anchor = None
-    usage = reply.usage if reply is not None else None
+    usage = await usage_of(reply) if reply is not None else None
     if reply is not None and usage is not None:
         events.append(usage_event(now=time.time(), usage=usage, status=reply.status))
         attributes.update(answer_attributes(prepared.state, usage))

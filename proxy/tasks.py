@@ -31,6 +31,11 @@ async def shielded(work: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(task)
 
 
+async def _after(previous: asyncio.Task[None], work: Coroutine[Any, Any, None]) -> None:
+    await asyncio.wait([previous])
+    await work
+
+
 class PendingRecords:
     """What a request writes after its answer (its log events, usage and anchor), run after
     the client has the answer instead of before.
@@ -48,19 +53,13 @@ class PendingRecords:
 
     def spawn(self, conversation: str, work: Coroutine[Any, Any, None]) -> None:
         previous = self._tails.get(conversation)
-
-        async def in_order() -> None:
-            if previous is not None:
-                await asyncio.wait([previous])
-            await work
-
-        task = asyncio.ensure_future(in_order())
+        task = asyncio.ensure_future(work if previous is None else _after(previous, work))
         self._tails[conversation] = task
         _running.add(task)
-        task.add_done_callback(_forget)
         task.add_done_callback(lambda done: self._release(conversation, done))
 
     def _release(self, conversation: str, task: asyncio.Task[None]) -> None:
+        _forget(task)
         if self._tails.get(conversation) is task:
             del self._tails[conversation]
 

@@ -1,12 +1,14 @@
-"""The SSE usage scanner sees the usage chunk however the bytes are split."""
+"""Usage, from an SSE stream however its bytes are split, or from a whole answer."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.forwarding import Reply, usage_of
 from proxy.upstream import UsageScanner, usage_of_body
 
 STREAM = (
@@ -43,6 +45,24 @@ def test_stream_without_usage_leaves_none() -> None:
 )
 def test_usage_of_body(body: bytes, usage: dict[str, int] | None) -> None:
     assert usage_of_body(body) == usage
+
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("reply", "usage"),
+    [
+        (Reply(web.Response(), 200, answer=orjson.dumps({"usage": USAGE})), USAGE),
+        (Reply(web.Response(), 200, answer=b"<html>not json</html>"), None),
+        (Reply(web.Response(), 200, usage=USAGE), USAGE),  # a stream's, as relayed
+        (Reply(web.Response(), 0), None),  # nothing answered
+    ],
+)
+async def test_usage_of_a_reply_is_read_from_its_answer_or_its_stream(
+    reply: Reply, usage: dict[str, int] | None
+) -> None:
+    assert await usage_of(reply) == usage
 
 
 usages = st.none() | st.fixed_dictionaries(
