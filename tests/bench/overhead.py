@@ -22,7 +22,7 @@ x0.94 to x2.55 on one host in one hour). The CPU ratio counts what each set-up's
 (Linux schedstat, nanoseconds) from one request to its next, its work after the answer
 included, with Redis's own for a Redis set-up: free of the overlaps, not of the caches. Fixed
 work still costs more after a big body has passed through the CPU's caches, and the control's
-CPU ratio (x0.85 to x1.58 on that host) is the floor it sets in that run: a proxy at or under
+CPU ratio (x0.74 to x1.58 on that host) is the floor it sets in that run: a proxy at or under
 the control's ratio grows no more than fixed work does.
 """
 
