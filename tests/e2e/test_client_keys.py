@@ -18,6 +18,13 @@ from tests.builders import system, user
 from tests.conftest import ProxyFactory, RunningProxy
 
 ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"
+# One of each kind of /v1/ route: chat, Responses, the model list, one relayed unread.
+V1_ROUTES = (
+    ("/chat/completions", "POST"),
+    ("/responses", "POST"),
+    ("/models", "GET"),
+    ("/embeddings", "POST"),
+)
 
 
 def route(upstream_url: str) -> list[dict[str, Any]]:
@@ -58,7 +65,7 @@ async def test_clients_without_an_issued_key_get_401(
 ) -> None:
     body = {"model": "m", "messages": [user("spend your key")]}
     async with aiohttp.ClientSession() as http:
-        for path, method in (("/chat/completions", "POST"), ("/models", "GET")):
+        for path, method in V1_ROUTES:
             async with http.request(
                 method, f"{keyed_proxy.url}{path}", json=body, headers=headers
             ) as response:

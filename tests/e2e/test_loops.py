@@ -30,13 +30,22 @@ async def test_every_forwarded_request_carries_the_hop_marker(
     assert forwarded.headers[HOP_HEADER] == "1"
 
 
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [
+        ("/chat/completions", "POST"),
+        ("/responses", "POST"),
+        ("/models", "GET"),
+        ("/embeddings", "POST"),  # relayed unread
+    ],
+)
 async def test_a_request_that_already_passed_a_proxy_is_answered_508(
-    make_proxy: ProxyFactory, fake: FakeUpstream
+    make_proxy: ProxyFactory, fake: FakeUpstream, path: str, method: str
 ) -> None:
     proxy = await make_proxy()
     async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{proxy.url}/chat/completions", json=BODY, headers={HOP_HEADER: "1"}
+        async with http.request(
+            method, f"{proxy.url}{path}", json=BODY, headers={HOP_HEADER: "1"}
         ) as response:
             assert response.status == 508
             error = (await response.json())["error"]
