@@ -38,7 +38,7 @@ def _backend(settings: Settings) -> Store:
         ttl_seconds=settings.store_ttl_seconds,
         max_log_events=settings.log_max_events,
         pool_size=settings.store_pool_size,
-        socket_timeout=settings.store_socket_timeout,
+        operation_timeout=settings.store_socket_timeout,
         connect_timeout=settings.store_connect_timeout,
         record_ttl_seconds=settings.record_ttl_seconds,
     )

@@ -11,9 +11,9 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from importlib.resources import files
+from types import TracebackType
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -112,12 +112,38 @@ def _state(
     )
 
 
-@asynccontextmanager
-async def _unavailable_on_error(operation: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except (TimeoutError, RedisError, OSError) as exc:
-        raise StoreUnavailable(operation, type(exc).__name__) from exc
+class _Bounded:
+    """One store operation: it takes at most ``seconds`` in all, and a Redis error, an OS
+    error or running out of time is raised as StoreUnavailable.
+
+    The bound is the proxy's, not redis-py's ``socket_timeout``. With one, redis-py runs every
+    command's send in ``asyncio.wait_for``, which on Python 3.11 makes a task per command (a
+    ``load`` cost about a fifth more CPU), and its one retry after a read timed out doubled the
+    wait on a Redis that stopped answering. A command cut off here is cancelled inside
+    redis-py, which then drops that connection: it never goes back to the pool half-read
+    (tests/store/test_redis_timeouts.py). A plain class: it runs twice a request."""
+
+    __slots__ = ("_operation", "_timeout")
+
+    def __init__(self, operation: str, seconds: float) -> None:
+        self._operation = operation
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            await self._timeout.__aexit__(kind, error, traceback)
+        except TimeoutError as exc:  # the bound ran out: the operation was cancelled
+            raise StoreUnavailable(self._operation, "TimeoutError") from exc
+        if error is not None and isinstance(error, TimeoutError | RedisError | OSError):
+            raise StoreUnavailable(self._operation, type(error).__name__) from error
 
 
 class RedisStore:
@@ -128,13 +154,14 @@ class RedisStore:
         ttl_seconds: float = 7 * 86400,
         max_log_events: int = 10_000,
         pool_size: int = 50,
-        socket_timeout: float = 2.0,
+        operation_timeout: float = 2.0,
         connect_timeout: float = 1.0,
         record_ttl_seconds: float | None = None,
     ) -> None:
         options: dict[str, Any] = {
             "decode_responses": True,
-            "socket_timeout": socket_timeout,
+            # Bounded per operation instead (``_Bounded``); connecting stays redis-py's.
+            "socket_timeout": None,
             "socket_connect_timeout": connect_timeout,
             # One quick retry: with Redis down a request must bypass fast, not back off.
             "retry": Retry(NoBackoff(), 1),
@@ -148,6 +175,7 @@ class RedisStore:
             )
         else:
             self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
+        self._operation_timeout = operation_timeout
         self._ttl_ms = int(ttl_seconds * 1000)
         # The records key (checkpoint summaries, kept in clear) may expire sooner than the rest;
         # every script takes it as its last argument.
@@ -165,18 +193,21 @@ class RedisStore:
         self._renew = register(_script("renew"))
         self._quota = register(_script("quota"))
 
+    def _bounded(self, operation: str) -> _Bounded:
+        return _Bounded(operation, self._operation_timeout)
+
     @staticmethod
     def _keys(conversation: str, *names: str) -> list[str]:
         keys = conversation_keys(conversation)
         return [keys[name] for name in names]
 
     async def ping(self) -> None:
-        async with _unavailable_on_error("ping"):
+        async with self._bounded("ping"):
             await self._client.ping()
 
     async def load(self, conversation: str) -> ConversationState:
         keys = self._keys(conversation, "state", "records", "lease")
-        async with _unavailable_on_error("load"):
+        async with self._bounded("load"):
             state_flat, raw_records, lease = await self._load(keys=keys)
         return _state(state_flat, raw_records, lease, self._parsed_records)
 
@@ -209,7 +240,7 @@ class RedisStore:
         keys = self._keys(conversation, "log", "seen", "state", "records")
         now = time.time()
         index = self._index_due(conversation, now)
-        async with _unavailable_on_error(operation):
+        async with self._bounded(operation):
             # The index spans every conversation, so it cannot join the per-conversation script
             # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
             # Redis Cluster refuses scripts in pipelines, so there it is a second command.
@@ -295,7 +326,7 @@ class RedisStore:
         args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
         args += [_json(start_event), -1 if expected_generation is None else expected_generation]
         args.append(self._record_ttl_ms)
-        async with _unavailable_on_error("begin_compaction"):
+        async with self._bounded("begin_compaction"):
             result = await self._begin(keys=self._compaction_keys(conversation), args=args)
         return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
 
@@ -311,18 +342,18 @@ class RedisStore:
         args += [len(records), *(_json(record_to_dict(r)) for r in records)]
         args += [len(superseded), *(_json(record_to_dict(r)) for r in superseded)]
         args.append(self._record_ttl_ms)
-        async with _unavailable_on_error("commit_compaction"):
+        async with self._bounded("commit_compaction"):
             generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
         return None if int(generation) < 0 else int(generation)
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
         args: list[_Arg] = [owner, self._ttl_ms, _json(end_event), self._record_ttl_ms]
-        async with _unavailable_on_error("end_compaction"):
+        async with self._bounded("end_compaction"):
             await self._end(keys=self._compaction_keys(conversation), args=args)
 
     async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
         lease = self._keys(conversation, "lease")
-        async with _unavailable_on_error("renew_lease"):
+        async with self._bounded("renew_lease"):
             renewed = await self._renew(keys=lease, args=[owner, int(ttl_seconds * 1000)])
         return int(renewed) == 1
 
@@ -331,7 +362,7 @@ class RedisStore:
     ) -> LogPage:
         (log,) = self._keys(conversation, "log")
         start = f"({after}" if after else "-"
-        async with _unavailable_on_error("read_log"):
+        async with self._bounded("read_log"):
             raw = await self._client.xrange(log, min=start, max="+", count=limit + 1)
         entries = cast(list[tuple[str, dict[str, str]]], raw)
         page = [(entry_id, jsonio.loads(fields["e"])) for entry_id, fields in entries[:limit]]
@@ -342,7 +373,7 @@ class RedisStore:
         self, limit: int = 50, offset: int = 0
     ) -> list[ConversationSummary]:
         index = conversations_key()
-        async with _unavailable_on_error("list_conversations"):
+        async with self._bounded("list_conversations"):
             await self._client.zremrangebyscore(index, "-inf", time.time() - self._ttl_ms / 1000)
             raw = await self._client.zrevrange(index, offset, offset + limit - 1, withscores=True)
             entries = cast(list[tuple[str, float]], raw)
@@ -361,7 +392,7 @@ class RedisStore:
         (lease,) = self._keys(conversation, "lease")
         deadline = time.monotonic() + max_wait
         while True:
-            async with _unavailable_on_error("wait_for_lease"):
+            async with self._bounded("wait_for_lease"):
                 held = await self._client.exists(lease)
             if not held:
                 return True
@@ -375,13 +406,13 @@ class RedisStore:
         keys = [quota_key(name) for name, _ in quotas]
         member = uuid.uuid4().hex
         args: list[_Arg] = [window_seconds * 1000, member, *(limit for _, limit in quotas)]
-        async with _unavailable_on_error("take_quota"):
+        async with self._bounded("take_quota"):
             refused = int(await self._quota(keys=keys, args=args))
         return quotas[refused - 1][0] if refused else None
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         key = secret_key(name)
-        async with _unavailable_on_error("shared_secret"):
+        async with self._bounded("shared_secret"):
             await self._client.set(key, candidate.hex(), nx=True)
             stored = cast(str | None, await self._client.get(key))
         if stored is None:
@@ -391,7 +422,7 @@ class RedisStore:
     async def ttl_of(self, conversation: str) -> dict[str, int]:
         """Remaining TTL (ms) of each of the conversation's keys; for tests and operators."""
         keys = conversation_keys(conversation)
-        async with _unavailable_on_error("ttl_of"):
+        async with self._bounded("ttl_of"):
             return {name: await self._client.pttl(key) for name, key in keys.items()}
 
     async def close(self) -> None:
