@@ -32,10 +32,63 @@ _LEASE_POLL_SECONDS = 0.02
 
 
 @dataclass
+class _Log:
+    """A conversation's events, each as its JSON, back to back in one growing buffer.
+
+    One buffer, not a bytes object per event: those were small blocks kept for days among the
+    big buffers every request allocates and frees (its body, its answer), each pinning a hole
+    such a buffer left, so the heap kept growing into fresh pages (on an agent's replayed
+    traffic, nine page faults a request where the proxy without its log has almost none; one
+    with the buffer). Neither is walked by the cyclic garbage collector (a log of dicts made
+    every full collection slower the more the store held).
+
+    Event ids are consecutive: the oldest held is ``first_id``; event ``first_id + i`` ends at
+    offset ``ends[i]`` of everything ever appended, of which the first ``base`` bytes are no
+    longer in ``data`` and the first ``start`` belong to dropped events."""
+
+    data: bytearray = field(default_factory=bytearray)
+    ends: list[int] = field(default_factory=list)
+    first_id: int = 1
+    base: int = 0
+    start: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the events held."""
+        return self.base + len(self.data) - self.start
+
+    def append(self, event: bytes) -> None:
+        self.data += event
+        self.ends.append(self.base + len(self.data))
+
+    def drop_oldest(self, count: int) -> None:
+        if count <= 0:
+            return
+        self.start = self.ends[count - 1]
+        del self.ends[:count]
+        self.first_id += count
+        dead = self.start - self.base
+        if dead > len(self.data) // 2:  # each byte is moved at most once on average
+            del self.data[:dead]
+            self.base = self.start
+
+    def index_after(self, event_id: int) -> int:
+        """Where the first event after ``event_id`` is held (``len`` when none is)."""
+        return min(len(self.ends), max(0, event_id - self.first_id + 1))
+
+    def event(self, index: int) -> tuple[str, bytes]:
+        """The id and JSON of the event held at ``index``."""
+        begin = self.ends[index - 1] if index else self.start
+        data = bytes(self.data[begin - self.base : self.ends[index] - self.base])
+        return f"{self.first_id + index}-0", data
+
+
+@dataclass
 class _Conversation:
-    # Events are kept as their JSON: bytes are not walked by the cyclic garbage collector, and
-    # a log of dicts made every full collection slower the more the store held.
-    log: list[tuple[str, bytes]] = field(default_factory=list)
+    log: _Log = field(default_factory=_Log)
     seen: set[str] = field(default_factory=set)
     records: list[ReplacementRecord] = field(default_factory=list)
     generation: int = 0
@@ -44,17 +97,16 @@ class _Conversation:
     attributes: dict[str, str] = field(default_factory=dict)
     lease_owner: str | None = None
     lease_expires: float = 0.0
-    next_id: int = 0
     touched: float = 0.0
-    size: int = 0  # bytes of the logged events' JSON
+
+    @property
+    def size(self) -> int:
+        """Bytes of the logged events' JSON."""
+        return self.log.size
 
     def trim(self, max_events: int) -> None:
         """Drop the oldest events beyond ``max_events``."""
-        excess = len(self.log) - max_events
-        if excess <= 0:
-            return
-        self.size -= sum(len(event) for _, event in self.log[:excess])
-        del self.log[:excess]
+        self.log.drop_oldest(len(self.log) - max_events)
         if len(self.seen) > 2 * max_events:
             self.seen.clear()  # only deduplicates logging; a few messages may be logged again
 
@@ -62,10 +114,7 @@ class _Conversation:
         return self.lease_owner if self.lease_owner and self.lease_expires > now else None
 
     def add(self, event: Event) -> None:
-        self.next_id += 1
-        data = jsonio.dumps(event)
-        self.log.append((f"{self.next_id}-0", data))
-        self.size += len(data)
+        self.log.append(jsonio.dumps(event))
 
 
 def _is_new(message: MessageEvent, seen: set[str]) -> bool:
@@ -267,15 +316,10 @@ class MemoryStore:
         entry = self._conversations.get(conversation)
         if entry is None:
             return LogPage([], None)
-        start = 0
-        if after is not None:
-            sequence = int(after.split("-")[0])
-            start = next(
-                (i for i, (eid, _) in enumerate(entry.log) if int(eid.split("-")[0]) > sequence),
-                len(entry.log),
-            )
-        page = entry.log[start : start + limit]
-        more = start + limit < len(entry.log)
+        log = entry.log
+        start = 0 if after is None else log.index_after(int(after.split("-")[0]))
+        page = [log.event(index) for index in range(start, min(len(log), start + limit))]
+        more = start + limit < len(log)
         events = [(event_id, jsonio.loads(data)) for event_id, data in page]
         return LogPage(events, page[-1][0] if page and more else None)
 

@@ -6,13 +6,15 @@ record after the answer; without preparing (nothing loaded, metered or recorded:
 on as sent); and without parsing either (``tests.bench.stage_proxy``). Every round replays the
 transcript as a fresh conversation, at concurrency 1 and 4, the targets taking turns.
 
-Printed: req/s and its ratio to the relay, and the CPU time each proxy process spent per
-request, with the difference each stage makes (the CPU of the variant with it less the one
+Printed: req/s and its ratio to the relay, the CPU time each process spent per request, with
+the difference each stage makes (the CPU of the variant with it less the one
 without it). That difference is the stage's cost as served: a step timed in a warm loop costs
 a fraction of what it costs between the socket reads and writes of a request, with the client
 and the upstream taking turns on the same cores (the meter's measurement of a replayed
 request: about 6 us in a loop on a 2-core virtual machine, 80 us and more in place), so this is
-where to look before optimizing a step, and after.
+where to look before optimizing a step, and after. Also printed: the page faults a process
+took per request (touching memory it never had: a few microseconds each on a virtual machine),
+which a process whose heap keeps growing pays on every request.
 """
 
 from __future__ import annotations
@@ -101,27 +103,44 @@ async def run(rounds: int, transcript: str | None) -> None:
             for concurrency in (1, 4):
                 rps: dict[str, list[float]] = defaultdict(list)
                 cpu: dict[str, float] = defaultdict(float)
+                faults: dict[str, int] = defaultdict(int)
                 requests: dict[str, int] = defaultdict(int)
                 for turn in range(rounds):
                     for name, base in rotated(bases, turn):
-                        before = cpu_seconds(pids[name])
+                        before = cpu_seconds(pids[name]), page_faults(pids[name])
                         done, wall = await replay(http, base, bodies, concurrency)
-                        cpu[name] += cpu_seconds(pids[name]) - before
+                        cpu[name] += cpu_seconds(pids[name]) - before[0]
+                        faults[name] += page_faults(pids[name]) - before[1]
                         requests[name] += sum(map(len, done))
                         rps[name].append(sum(map(len, done)) / wall)
-                report(concurrency, rps, {n: cpu[n] / requests[n] for n in bases})
+                per_request = {n: cpu[n] / requests[n] for n in bases}
+                report(concurrency, rps, per_request, {n: faults[n] / requests[n] for n in bases})
 
 
-def report(concurrency: int, rps: dict[str, list[float]], cpu: dict[str, float]) -> None:
+def page_faults(pid: int) -> int:
+    """Minor page faults process ``pid`` has taken (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return int(stat.read().rsplit(b")", 1)[1].split()[7])
+
+
+def report(
+    concurrency: int, rps: dict[str, list[float]], cpu: dict[str, float], faults: dict[str, float]
+) -> None:
     """A line per target; a variant's line says what the stage it leaves out (beyond the
     variant before it) cost: that variant's CPU per request less its own."""
     print(f"\nconcurrency {concurrency}")
-    print(f"{'target':<12}{'req/s':>9}{'/ relay':>9}{'CPU ms/req':>12}   stage: CPU ms/req")
+    print(
+        f"{'target':<12}{'req/s':>9}{'/ relay':>9}{'CPU ms/req':>12}{'faults/req':>12}"
+        "   stage: CPU ms/req"
+    )
     relay_rps = statistics.median(rps["relay"])
     variants = list(VARIANTS)
     for name in ("relay", *variants):
         median = statistics.median(rps[name])
-        line = f"{name:<12}{median:>9.1f}{median / relay_rps:>8.2f}x{cpu[name] * 1000:>12.2f}"
+        line = (
+            f"{name:<12}{median:>9.1f}{median / relay_rps:>8.2f}x{cpu[name] * 1000:>12.2f}"
+            f"{faults[name]:>12.1f}"
+        )
         if name in STAGE_LEFT_OUT:
             before = variants[variants.index(name) - 1]
             line += f"   {STAGE_LEFT_OUT[name]}: {(cpu[before] - cpu[name]) * 1000:.2f}"
