@@ -199,12 +199,14 @@ class Engine:
         return result, attempt
 
     async def _fail(self, attempt: Attempt, outcome: Outcome, detail: str = "") -> None:
-        """Close the attempt with its error class; the surface stays as it was."""
+        """Close the attempt with its error class; the surface stays as it was. Closed only
+        once the store has it: a close cut off (the round cancelled at shutdown while it was
+        being written) is made again, shielded, by ``_held``, so the lease is not left held."""
         end = attempt.event(
             "compaction/end", outcome=outcome.value, error=outcome.value, detail=detail
         )
-        attempt.closed = True
         await self.store.end_compaction(attempt.job.view.conversation, attempt.owner, end)
+        attempt.closed = True
 
     @asynccontextmanager
     async def _held(self, attempt: Attempt) -> AsyncIterator[None]:

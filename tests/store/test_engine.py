@@ -257,6 +257,39 @@ async def test_an_unexpected_exception_still_ends_the_attempt_and_frees_the_leas
     assert (end["type"], end["error"], end["detail"]) == ("compaction/end", "error", "RuntimeError")
 
 
+async def test_a_round_cancelled_while_its_failure_is_written_still_frees_the_lease(
+    store: Store, conversation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At shutdown a round whose summary just failed is cancelled while its end is being
+    written: the end is written again, shielded, so the lease is not left held."""
+    engine, summarizer = engine_on(store), Summarizer()
+    summarizer.failure = "unreachable"
+    job = job_for(conversation, long_conversation(), summarizer)
+    writing, end = asyncio.Event(), store.end_compaction
+    calls = 0
+
+    async def cut_off_once(*args: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            writing.set()
+            await asyncio.sleep(60)  # the write in flight when the round is cancelled
+        await end(*args)
+
+    monkeypatch.setattr(store, "end_compaction", cut_off_once)
+    state = await store.load(conversation)
+    round_ = asyncio.create_task(
+        engine.summarize_round(job, state, job.view.surface(()), 640, "precompact")
+    )
+    await writing.wait()
+    round_.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await round_
+    assert (await store.load(conversation)).lease_owner is None
+    last = (await log_of(store, conversation))[-1]
+    assert (last["type"], last["detail"]) == ("compaction/end", "CancelledError")
+
+
 async def test_a_failed_commit_ends_the_attempt_and_frees_the_lease(
     store: Store, conversation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
