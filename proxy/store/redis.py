@@ -142,7 +142,7 @@ class _Bounded:
             await self._timeout.__aexit__(kind, error, traceback)
         except TimeoutError as exc:  # the bound ran out: the operation was cancelled
             raise StoreUnavailable(self._operation, "TimeoutError") from exc
-        if error is not None and isinstance(error, TimeoutError | RedisError | OSError):
+        if isinstance(error, TimeoutError | RedisError | OSError):
             raise StoreUnavailable(self._operation, type(error).__name__) from error
 
 

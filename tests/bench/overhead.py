@@ -227,6 +227,18 @@ def growth_ratio(
     return first, last, last / first if first > 0 else float("inf")
 
 
+def metered_env(upstream: str) -> dict[str, str]:
+    """A proxy's environment for ``upstream``: a window so large that nothing is compacted,
+    yet every request is metered against it, as with a configured route."""
+    route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
+    return {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
+        "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
+        "COMPACTION_PROXY_TENANT_SECRET": "bench",
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+    }
+
+
 @asynccontextmanager
 async def targets(
     upstream_port: int, control_us: float
@@ -268,15 +280,7 @@ async def targets(
             "relay": relay.pid,
             "control": control_process.pid,
         }
-        # A window so large that nothing is compacted, yet every request is metered against
-        # it, as with a configured route.
-        route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
-        env = {
-            "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
-            "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
-            "COMPACTION_PROXY_TENANT_SECRET": "bench",
-            "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
-        }
+        env = metered_env(upstream)
         bases = {"direct": upstream, "relay": f"http://127.0.0.1:{relay_port}"}
         for name, store, args in (
             ("memory", "memory://", ()),

@@ -29,7 +29,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import aiohttp
 import orjson
 
-from tests.bench.overhead import at_rest, cpu_seconds, process, replay, rotated
+from tests.bench.overhead import at_rest, cpu_seconds, metered_env, process, replay, rotated
 from tests.processes import free_port, proxy_process, wait_until_ready
 from tests.transcripts import replay_requests, transcripts
 
@@ -62,14 +62,9 @@ async def targets(upstream_port: int) -> AsyncIterator[tuple[dict[str, str], dic
         )
         bases = {"relay": f"http://127.0.0.1:{relay_port}"}
         pids = {"relay": relay.pid}
-        # As in the overhead benchmark: metered against a window nothing reaches.
-        route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
         for name, without in VARIANTS.items():
             env = {
-                "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
-                "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
-                "COMPACTION_PROXY_TENANT_SECRET": "bench",
-                "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+                **metered_env(upstream),
                 "COMPACTION_PROXY_STORE_URL": "memory://",
                 "BENCH_WITHOUT": without,
                 "BENCH_MODEL": MODEL,
