@@ -13,7 +13,12 @@ what sizing follows from; then the cost per request against history length: the 
 median extra over the relay in the last tenth of the transcript, divided by the same in the
 first tenth, from replays run in step (request by request across the targets, so that the two
 requests compared were served moments apart), in latency and in CPU time. The same ratios are
-printed for a control: the relay plus a fixed amount of Python work per request.
+printed for a control: the relay plus a fixed amount of Python work per request. In that phase
+the memory set-up times its own work as well (``tests.bench.stage_proxy``): the thread CPU of
+each request's parse, preparation and record, by position, with nothing subtracted, which says
+directly whether the work per request grows with the history. Each phase also prints the share
+of the host's CPU time the hypervisor took (steal): a run whose phases lost much of it measured
+the neighbours as well.
 
 The latency ratio is the user's view but a coarse instrument on a small host: a difference of
 a few hundred microseconds between two latencies, each shaped by how three processes on two
@@ -34,6 +39,7 @@ import itertools
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -43,6 +49,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from tests.bench.stage_proxy import STAGE_NAMES
 from tests.processes import free_port, proxy_process, wait_until_ready
 from tests.redis_server import RedisServer
 from tests.transcripts import replay_requests, transcripts
@@ -165,6 +172,21 @@ def run_ns(pids: list[int]) -> int:
     return total
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """The host's CPU time stolen by the hypervisor, and its CPU time in all, so far (Linux
+    /proc/stat, in clock ticks)."""
+    with open("/proc/stat", "rb") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:9]]
+    return fields[7], sum(fields)
+
+
+def stolen_since(before: tuple[int, int]) -> str:
+    """The share of CPU time stolen since ``before`` (``cpu_jiffies()``), for a report line."""
+    steal, total = cpu_jiffies()
+    share = (steal - before[0]) / max(1, total - before[1])
+    return f"host CPU time stolen by the hypervisor meanwhile: {share:.0%}"
+
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -227,6 +249,27 @@ def growth_ratio(
     return first, last, last / first if first > 0 else float("inf")
 
 
+def own_work_growth(path: str, count: int) -> dict[str, tuple[float, float, float]]:
+    """From a timed proxy's lines (``tests.bench.stage_proxy``), per stage and in all: the
+    median CPU time (ms) of a request in the first and the last tenth of the transcript
+    (``count`` requests, a request's position being its body's length), and last over first.
+    Per position, the median over rounds."""
+    by_length: dict[int, list[list[int]]] = defaultdict(list)
+    with open(path) as lines:
+        for line in lines:
+            length, *spent = map(int, line.split())
+            by_length[length].append([*spent, sum(spent)])
+    positions = sorted(by_length)[-count:]  # the replays' requests (a warm-up may add more)
+    tenth = max(1, len(positions) // 10)
+    growth = {}
+    for column, name in enumerate((*STAGE_NAMES, "all")):
+        medians = [statistics.median(row[column] for row in by_length[p]) for p in positions]
+        first = statistics.median(medians[:tenth]) / 1e6
+        last = statistics.median(medians[-tenth:]) / 1e6
+        growth[name] = (first, last, last / first if first > 0 else float("inf"))
+    return growth
+
+
 def metered_env(upstream: str) -> dict[str, str]:
     """A proxy's environment for ``upstream``: a window so large that nothing is compacted,
     yet every request is metered against it, as with a configured route."""
@@ -239,14 +282,25 @@ def metered_env(upstream: str) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class StepTargets:
+    """The targets only the phase in step uses: the control (a relay that runs fixed work per
+    request) and a memory proxy timing its own work into the file ``timings``."""
+
+    control: str
+    timed: str
+    timed_pid: int
+    timings: str
+
+
 @asynccontextmanager
 async def targets(
-    upstream_port: int, control_us: float
-) -> AsyncIterator[tuple[dict[str, str], dict[str, int], str]]:
+    upstream_port: int, control_us: float, timings: str
+) -> AsyncIterator[tuple[dict[str, str], dict[str, int], StepTargets]]:
     """Every target's base URL, the upstream included, and the process ids whose CPU time is
     a set-up's ("redis-server" for the Redis server, "control" for the control); then the
-    control's base URL (a relay that runs ``control_us`` of fixed work per request). All
-    stopped on exit."""
+    targets of the phase in step (the control runs ``control_us`` of fixed work per request;
+    the timed proxy writes to ``timings``). All stopped on exit."""
     upstream = f"http://127.0.0.1:{upstream_port}"
     relay_port, control_port = free_port(), free_port()
     async with AsyncExitStack() as stack:
@@ -292,9 +346,14 @@ async def targets(
             )
             bases[name] = base
             pids[name] = proxy.pid
-        for base in (*bases.values(), control):
+        timed_env = {**env, "COMPACTION_PROXY_STORE_URL": "memory://", "BENCH_TIMINGS": timings}
+        timed, timed_base = await stack.enter_async_context(
+            proxy_process(timed_env, module="tests.bench.stage_proxy")
+        )
+        pids["memory (timed)"] = timed.pid
+        for base in (*bases.values(), control, timed_base):
             await wait_until_ready(f"{base}/v1/models")
-        yield bases, pids, control
+        yield bases, pids, StepTargets(control, timed_base, timed.pid, timings)
 
 
 @dataclass
@@ -324,7 +383,18 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
         f"transcript {chosen.name}: {len(bodies)} requests per replay, mean body "
         f"{size / 1024:.0f} KiB, {rounds} rounds, a fresh conversation per replay"
     )
-    async with targets(free_port(), control_us) as (bases, pids, control):
+    timings = tempfile.NamedTemporaryFile(prefix="bench-timings-", delete=False)  # noqa: SIM115
+    timings.close()
+    try:
+        await measure(bodies, rounds, step_rounds, control_us, timings.name)
+    finally:
+        os.unlink(timings.name)
+
+
+async def measure(
+    bodies: list[bytes], rounds: int, step_rounds: int, control_us: float, timings: str
+) -> None:
+    async with targets(free_port(), control_us, timings) as (bases, pids, step):
         await at_rest(list(pids.values()))
         connector = aiohttp.TCPConnector(limit=64)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -332,6 +402,7 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
                 await replay(http, base, bodies, 1)  # warm-up
             for concurrency in CONCURRENCIES:
                 tallies: dict[str, Tally] = defaultdict(Tally)
+                jiffies = cpu_jiffies()
                 for turn in range(rounds):
                     for name, base in rotated(bases, turn):
                         tally = tallies[name]
@@ -344,14 +415,19 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
                         tally.requests += sum(map(len, done))
                         tally.rps.append(sum(map(len, done)) / wall)
                 report(concurrency, tallies)
+                print(stolen_since(jiffies))
             print(
                 f"\ncost against history length (the targets in step, concurrency 1, "
                 f"{step_rounds} rounds)"
             )
-            stepped_bases = {name: bases[name] for name in ("relay", "memory", "redis")}
-            stepped_bases["control"] = control
-            stepped_pids = {name: [pids[name]] for name in stepped_bases}
+            await replay(http, step.timed, bodies, 1)  # warm-up
+            os.truncate(step.timings, 0)  # not counted (the proxy appends after the end)
+            stepped_bases = {name: bases[name] for name in ("relay", "redis")}
+            stepped_bases.update(memory=step.timed, control=step.control)
+            stepped_pids = {name: [pids[name]] for name in ("relay", "redis", "control")}
+            stepped_pids["memory"] = [step.timed_pid]
             stepped_pids["redis"].append(pids["redis-server"])
+            jiffies = cpu_jiffies()
             stepped = await lockstep(http, stepped_bases, stepped_pids, bodies, step_rounds)
             relay = stepped["relay"]
             for name in ("memory", "redis", "control"):
@@ -370,6 +446,10 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
                 "this host. CPU: the set-up's processes, Redis's included, from one request "
                 "to its next, so what a proxy does after its answer counts)"
             )
+            print("memory's own work per request (thread CPU, in place), first / last tenth:")
+            for name, (first, last, ratio) in own_work_growth(step.timings, len(bodies)).items():
+                print(f"  {name:<8} {first:.3f} / {last:.3f} ms x{ratio:.2f}")
+            print(stolen_since(jiffies))
 
 
 def report(concurrency: int, tallies: dict[str, Tally]) -> None:
