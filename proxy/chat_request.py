@@ -22,7 +22,7 @@ from proxy.client_request import (
 from proxy.conversation import MESSAGE_ROLES
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, KnownChains, RecentBodies, first_of
+from proxy.recent_bodies import Extension, Lineage, RecentBodies, first_of
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
 
@@ -105,15 +105,15 @@ def parse_chat_request(
     messages = body["messages"]
     if not isinstance(messages, list):
         raise invalid("messages", "an array", messages)
-    digests, chains = None, None
+    digests, lineage = None, None
     if known is None:
         for index, message in enumerate(messages):
             _validate(message, index)
     else:
         digests = known.digests(messages, _validate)
         if recent is not None:
-            chains = recent.remember(raw, messages, digests, hint=hint)
-    return _request(raw, body, messages, digests, chains)
+            lineage = recent.remember(raw, messages, digests, hint=hint)
+    return _request(raw, body, messages, digests, lineage)
 
 
 def _extended(
@@ -130,8 +130,8 @@ def _extended(
     first = extension.known
     new = known.digests(messages[first:], lambda message, index: _validate(message, first + index))
     digests = first_of(extension.base.digests, first, new)
-    chains = recent.remember(raw, messages, digests, replaces=extension, hint=hint)
-    return _request(raw, body, messages, digests, chains)
+    lineage = recent.remember(raw, messages, digests, replaces=extension, hint=hint)
+    return _request(raw, body, messages, digests, lineage)
 
 
 def _request(
@@ -139,7 +139,7 @@ def _request(
     body: dict[str, Any],
     messages: list[Any],
     digests: list[str] | None,
-    chains: KnownChains | None,
+    lineage: Lineage | None,
 ) -> ClientRequest:
     return ClientRequest(
         body=body,
@@ -148,5 +148,5 @@ def _request(
         stream=check_stream(body),
         digests=digests,
         raw=raw,
-        chains=chains,
+        lineage=lineage,
     )

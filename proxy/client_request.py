@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from proxy import jsonio
 from proxy.errors import BadRequest
-from proxy.recent_bodies import KnownChains
+from proxy.recent_bodies import Lineage
 
 
 def invalid(param: str, expected: str, got: Any) -> BadRequest:
@@ -54,11 +54,22 @@ class ClientRequest:
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
     api: Literal["chat", "responses"] = "chat"
     groups: list[tuple[int, ...]] | None = None
-    chains: KnownChains | None = None  # where its body chain starts from and is left
+    lineage: Lineage | None = None  # what it takes from a body it extends, leaves for the next
 
     @property
     def upstream_path(self) -> str:
         return "/responses" if self.api == "responses" else "/chat/completions"
+
+    def may_hold_a_big_integer(self) -> bool:
+        """Whether the body may hold an integer beyond 64 bits, which its orjson reading
+        changed (see ``proxy.jsonio``). Scanned from where it differs from a remembered body
+        found clean, and remembered as clean when it is (see ``Lineage``)."""
+        lineage = self.lineage
+        if jsonio.may_hold_a_big_integer(self.raw, 0 if lineage is None else lineage.clean_bytes):
+            return True
+        if lineage is not None and lineage.scanned is not None:
+            lineage.scanned.clean = True
+        return False
 
     @property
     def answer_cap(self) -> int | None:

@@ -11,6 +11,7 @@ losslessly (``proxy.payload.payload_for``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,11 +27,12 @@ _RUN = b"d" * 19
 _WINDOW = 1024 * 1024
 
 
-def may_hold_a_big_integer(raw: bytes) -> bool:
+def may_hold_a_big_integer(raw: bytes, start: int = 0) -> bool:
+    """Whether ``raw[start:]`` holds 19 digits in a row (about 1 ms a MiB)."""
     overlap = len(_RUN) - 1
     return any(
-        raw[start : start + _WINDOW + overlap].translate(_DIGITS).find(_RUN) >= 0
-        for start in range(0, len(raw), _WINDOW)
+        raw[begin : begin + _WINDOW + overlap].translate(_DIGITS).find(_RUN) >= 0
+        for begin in range(start, len(raw), _WINDOW)
     )
 
 
@@ -63,20 +65,33 @@ def loads_fast(raw: bytes | str) -> Any:
     A lone surrogate escape (``"\\ud83d"``: a JavaScript client's string cut in the middle of an
     emoji) is valid JSON that orjson refuses; some providers take it, so a document orjson
     refuses is read again by the standard library when it holds an escape (if that fails too,
-    orjson's error stands)."""
+    orjson's error stands), its integers beyond 64 bits as floats all the same."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as refused:
         if b"\\u" not in (raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw):
             raise
         try:
-            return _standard_loads(raw)
+            # Integers as orjson reads them, so that a document reads the same whichever
+            # parser reads it: a body parsed from a remembered one parses its new messages
+            # alone, which orjson may take while it refuses the whole body.
+            return _standard_loads(raw, parse_int=_int_as_orjson_reads_it)
         except (ValueError, RecursionError):
             raise refused from None
 
 
-def _standard_loads(raw: bytes | str) -> Any:
-    return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+def _standard_loads(raw: bytes | str, parse_int: Callable[[str], Any] = int) -> Any:
+    return json.loads(
+        raw, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=parse_int
+    )
+
+
+def _int_as_orjson_reads_it(text: str) -> int | float:
+    """An integer within 64 bits (signed, or unsigned), else the float orjson makes of it."""
+    value = int(text)
+    if -(2**63) <= value < 2**64:
+        return value
+    return _finite_float(text)
 
 
 def dumps(value: Any, *, sort_keys: bool = False) -> bytes:

@@ -13,11 +13,9 @@ same head and replacements, same body chain up to the anchored tip) is measured 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -25,6 +23,7 @@ from typing import Any, Protocol
 
 from proxy import jsonio, lazy_litellm
 from proxy.conversation import Message, message_digest, pruned_message
+from proxy.lru import LRU
 from proxy.store.base import Anchor
 from proxy.surface import Surface
 from proxy.tokenizers import encoding
@@ -214,35 +213,14 @@ class Measurement:
         )
 
 
-class _LRU:
-    def __init__(self, size: int) -> None:
-        self._data: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._size = size
-
-    def get(self, key: tuple[str, str]) -> int | None:
-        # Taken out and put back last: the most recently used. A big request is metered in a
-        # worker thread, and each OrderedDict call is atomic where a get and a move_to_end
-        # are not (another thread may evict the key in between).
-        value = self._data.pop(key, None)
-        if value is not None:
-            self._data[key] = value
-        return value
-
-    def put(self, key: tuple[str, str], value: int) -> None:
-        self._data[key] = value
-        if len(self._data) > self._size:
-            with contextlib.suppress(KeyError):
-                self._data.popitem(last=False)
-
-
 class TokenMeter:
     """Counts prompt tokens with bounded LRUs: per message (by content digest) and per body
     prefix (by chain hash, cumulative). Measuring a request costs its head, its replacements
     and its new messages; the history already seen is two cache lookups."""
 
     def __init__(self, cache_size: int = 100_000) -> None:
-        self._messages = _LRU(cache_size)
-        self._prefixes = _LRU(cache_size)
+        self._messages: LRU[tuple[str, str], int] = LRU(cache_size)
+        self._prefixes: LRU[tuple[str, str], int] = LRU(cache_size)
 
     def message(self, message: Message, count: TextCounter, digest: str | None = None) -> int:
         key = (count.name, digest or message_digest(message))

@@ -19,7 +19,7 @@ def payload_for(client_request: ClientRequest, surface: Surface) -> bytes:
     that reading's messages."""
     if client_request.api == "responses":
         return responses_payload(client_request, surface)
-    if not jsonio.may_hold_a_big_integer(client_request.raw):
+    if not client_request.may_hold_a_big_integer():
         return jsonio.dumps({**client_request.body, "messages": surface.messages})
     exact = jsonio.loads(client_request.raw)
     sent: list[Message] = exact["messages"]

@@ -201,7 +201,7 @@ async def _view_of(
             tools,
             size=len(client_request.raw),
             digests=client_request.digests,
-            chains=client_request.chains,
+            lineage=client_request.lineage,
         )
 
     if not is_big(len(client_request.raw), len(client_request.messages)):

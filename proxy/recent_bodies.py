@@ -26,7 +26,7 @@ Invariants:
 * The bytes held are bounded (``max_bytes``, counting a body four times over for its parsed
   messages and its chain; least recently used first out).
 * A remembered body also keeps its body chain once a request view has hashed it
-  (``KnownChains``), so the next body's chain is hashed from where the two differ.
+  (``Lineage``), so the next body's chain is hashed from where the two differ.
 
 A client that names its conversation (``X-Session-Id``) names the body it extends too: the
 name leads to the bucket of its conversation's last body, and a body that repeats that one's
@@ -56,6 +56,16 @@ _PER_KEY = 4  # bodies remembered under one opening (forks, replays)
 _MAX_HINTS = 16_384  # conversation names remembered (each leads to a bucket)
 
 
+@dataclass
+class Scanned:
+    """What a scan of a remembered body for integers beyond 64 bits found
+    (``jsonio.may_hold_a_big_integer``): ``clean`` once a request scanned the whole body and
+    found none. Only a request that rewrites its body scans it, every such request of a
+    compacted conversation, and the body is the client's whole history."""
+
+    clean: bool = False
+
+
 @dataclass(frozen=True, eq=False)  # compared by identity: a body is one remembered parse
 class _Remembered:
     raw: bytes
@@ -71,17 +81,25 @@ class _Remembered:
     rest: dict[str, Any] | None = None
     # The body chain of these messages, by tenant root, once a request view has hashed it.
     chains: dict[str, Sequence[str]] = field(default_factory=dict)
+    scanned: Scanned = field(default_factory=Scanned)
 
 
 @dataclass(frozen=True)
-class KnownChains:
-    """What a body's chain can start from: the chains of the remembered body it extends (by
-    tenant root) for the ``shared`` messages, head included, the two have in common; and where
-    this body's own chains are left for the body that extends it next."""
+class Lineage:
+    """What a body takes from the remembered body it extends, and leaves for the next one.
+
+    Its chain can start from the remembered body's chains (by tenant root) for the ``shared``
+    messages, head included, the two have in common; ``own`` is where this body's chains are
+    left. Its first ``clean_bytes`` bytes are those it shares with a remembered body a scan
+    found clean, so its own scan starts there (the shared bytes end with a message's closing
+    brace: no run of digits crosses that point); ``scanned`` is where its own scan is left
+    (None for a body not remembered)."""
 
     earlier: Mapping[str, Sequence[str]]
     shared: int
     own: dict[str, Sequence[str]]
+    clean_bytes: int = 0
+    scanned: Scanned | None = None
 
     def known(self, root: str, head: int) -> Sequence[str]:
         """The chain of the shared body positions, for a head of ``head`` messages. Messages
@@ -235,7 +253,7 @@ class RecentBodies:
         translation: Any = None,
         shared: int | None = None,
         hint: str | None = None,
-    ) -> KnownChains | None:
+    ) -> Lineage | None:
         """Remember a body whose array ``name`` was parsed into ``elements`` (``replaces``: the
         extension it was parsed as, whose base it supersedes; ``translation``: what the API's
         adapter made of the elements). Returns where the body's chains go, and any it can
@@ -248,14 +266,15 @@ class RecentBodies:
         earlier = {} if replaces is None else replaces.base.chains
         if shared is None:
             shared = 0 if replaces is None else replaces.known
+        clean = _clean_bytes(raw, replaces)
         cost = len(raw) * _PARSED_COST
         if cost * 10 > self.max_bytes:
-            return KnownChains(earlier, shared, {})  # too big to keep: spare the layout
+            return Lineage(earlier, shared, {}, clean)  # too big to keep: spare the layout
         layout = replaces.layout if replaces is not None else layout_of(raw, elements, name)
         if layout is None:
             return None
         if len(layout.ends) != len(elements):
-            return KnownChains(earlier, shared, {})
+            return Lineage(earlier, shared, {}, clean)
         rest = replaces.body if replaces is not None else None
         entry = _Remembered(raw, layout, elements, digests, translation, rest)
         key = replaces.key if replaces is not None else _key(raw, layout.ends)
@@ -277,7 +296,7 @@ class RecentBodies:
                 self._by_hint.move_to_end((name, hint))
                 if len(self._by_hint) > _MAX_HINTS:
                     self._by_hint.popitem(last=False)
-        return KnownChains(earlier, shared, entry.chains)
+        return Lineage(earlier, shared, entry.chains, clean, entry.scanned)
 
 
 # A body's other members (to take its array), its new elements, where they end, its ``]``.
@@ -301,6 +320,15 @@ def _rest_by_suffix(raw: bytes, base: _Remembered, start: int) -> _Rest | None:
         return None
     new, ends = between
     return dict(base.rest), new, ends, close
+
+
+def _clean_bytes(raw: bytes, extension: Extension | None) -> int:
+    """How many of ``raw``'s first bytes are known to hold no run of digits: those it shares
+    with the remembered body it extends, if a scan found that one clean."""
+    if extension is None or not extension.base.scanned.clean:
+        return 0
+    shared = extension.base.layout.ends[extension.known - 1]
+    return shared if raw[shared - 1 : shared] == b"}" else 0
 
 
 def _shared_messages(raw: bytes, base: _Remembered) -> int:

@@ -23,11 +23,15 @@ from proxy.conversation import (
     message_digest,
     split_head,
 )
+from proxy.lru import LRU
 from proxy.meter import Measurement, TokenMeter
 from proxy.offload import is_big
-from proxy.recent_bodies import KnownChains
+from proxy.recent_bodies import Lineage
 from proxy.store.base import Anchor
 from proxy.surface import Surface, derive_surface
+
+# A context's digest (see ``RequestView.context_fingerprint``) -> its fingerprint, per process
+_FINGERPRINTS: LRU[str, str] = LRU(1024)
 
 
 @dataclass(frozen=True)
@@ -58,11 +62,11 @@ class RequestView:
         conversation: str | None = None,
         size: int = 0,
         digests: Sequence[str] | None = None,
-        chains: KnownChains | None = None,
+        lineage: Lineage | None = None,
     ) -> RequestView:
         """``conversation`` overrides the derived id (when it is already known, e.g. from the
         admin API for a conversation named by a session header); ``digests`` are the
-        messages' ``message_digest``s when the parse already computed them; ``chains``, the
+        messages' ``message_digest``s when the parse already computed them; ``lineage``, the
         chain of a body this one extends (the chain is left there for the next one)."""
         head, body = split_head(messages)
         if digests is None:
@@ -72,11 +76,11 @@ class RequestView:
         # A list's slice is a copy already (each copy touches every digest of the history).
         body_digests = digests[cut:] if isinstance(digests, list) else list(digests[cut:])
         root = chain_root(tenant)
-        if chains is None:
+        if lineage is None:
             chain = chain_hashes(root, body, body_digests)
         else:
-            chain = chain_hashes(root, body, body_digests, chains.known(root, len(head)))
-            chains.own[root] = chain
+            chain = chain_hashes(root, body, body_digests, lineage.known(root, len(head)))
+            lineage.own[root] = chain
         return cls(
             tenant=tenant,
             conversation=conversation or conversation_id(tenant, root, chain, session_id),
@@ -115,8 +119,20 @@ class RequestView:
 
     @cached_property
     def context_fingerprint(self) -> str:
-        """The request's instructions up to volatile details (see ``proxy.context``)."""
-        return context_fingerprint(self.head, self.tools)
+        """The request's instructions up to volatile details (see ``proxy.context``): asked on
+        every request of a compacted conversation, and normalizing an agent's instructions
+        (tens of KiB of system prompt and tools) takes milliseconds, so it is done once per
+        process for each distinct head and tools (``context_digest`` names them exactly)."""
+        # ``context_digest`` names the head and tools up to what canonical messages drop; of
+        # that, the fingerprint tells only a null content from an empty one, so the key does.
+        key = self.context_digest + "".join(
+            "0" if message.get("content") is None else "1" for message in self.head
+        )
+        known = _FINGERPRINTS.get(key)
+        if known is None:
+            known = context_fingerprint(self.head, self.tools)
+            _FINGERPRINTS.put(key, known)
+        return known
 
     def applicable(self, records: Sequence[ReplacementRecord]) -> list[ReplacementRecord]:
         """The records made under this request's instructions (or before those were kept)."""

@@ -38,7 +38,7 @@ from proxy.content import text_of
 from proxy.conversation import Message
 from proxy.errors import BadRequest
 from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import Extension, KnownChains, RecentBodies, first_of
+from proxy.recent_bodies import Extension, Lineage, RecentBodies, first_of
 from proxy.surface import Surface, written_back
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -271,10 +271,10 @@ def parse_responses_request(
     reused = 0 if prefix is None else len(prefix.messages)
     digests = [] if extension is None else first_of(extension.base.digests, reused)
     digests += known.digests(translated.messages[reused:], _no_check)
-    chains: KnownChains | None = None
+    lineage: Lineage | None = None
     items = body.get("input")
     if recent is not None and isinstance(items, list):
-        chains = recent.remember(
+        lineage = recent.remember(
             raw, items, digests, "input", extension, translated, reused, hint=hint
         )
     return ClientRequest(
@@ -286,7 +286,7 @@ def parse_responses_request(
         raw=raw,
         api="responses",
         groups=translated.groups,
-        chains=chains,
+        lineage=lineage,
     )
 
 
@@ -296,7 +296,7 @@ def responses_payload(request: ClientRequest, surface: Surface) -> bytes:
     integers beyond 64 bits)."""
     assert request.groups is not None
     body = request.body
-    if jsonio.may_hold_a_big_integer(request.raw):
+    if request.may_hold_a_big_integer():
         body = jsonio.loads(request.raw)
     raw_input = body.get("input")
     sent = raw_input if isinstance(raw_input, list) else [{"role": "user", "content": raw_input}]

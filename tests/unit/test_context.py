@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.context import context_fingerprint
+from proxy import request_view
+from proxy.context import context_fingerprint, normalized_instructions
+from proxy.request_view import RequestView
 from tests.builders import system
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
@@ -54,3 +59,48 @@ def test_another_instruction_or_tool_set_is_another_context(text: str, tools: An
 def test_a_developer_message_is_not_the_same_instruction_as_a_system_one() -> None:
     as_developer = context_fingerprint([{"role": "developer", "content": BASE}], TOOLS)
     assert as_developer != fingerprint(BASE)
+
+
+@given(st.text(alphabet=st.sampled_from("ab \t\n\r\x0b\x0c\x1c\x1f\x85\xa0\u2028\u3000")))
+def test_whitespace_is_normalized_as_the_regular_expression_did(text: str) -> None:
+    """Stored records carry fingerprints: the normalization may get faster, never different."""
+    assert normalized_instructions(text) == re.sub(r"\s+", " ", text).strip()
+
+
+def view_of(head: list[dict[str, Any]], tools: Any = TOOLS) -> RequestView:
+    return RequestView.of(
+        "tenant", "model", [*head, {"role": "user", "content": "go"}], None, tools
+    )
+
+
+def test_a_context_is_normalized_once_per_process_however_many_requests_carry_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def counted(head: Any, tools: Any) -> str:
+        calls.append(1)
+        return context_fingerprint(head, tools)
+
+    monkeypatch.setattr(request_view, "context_fingerprint", counted)
+    head = [system(BASE + " (once per process)")]
+    first, second = view_of(head), view_of([dict(head[0])])
+    assert (
+        first.context_fingerprint == second.context_fingerprint == fingerprint(head[0]["content"])
+    )
+    assert len(calls) == 1
+    assert view_of(head, tools=None).context_fingerprint == fingerprint(
+        BASE + " (once per process)", None
+    )
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("empty", ["", [], [{"type": "text", "text": ""}]])
+def test_a_remembered_fingerprint_tells_a_null_instruction_from_an_empty_one(empty: Any) -> None:
+    """Canonical messages drop null and empty content alike; the fingerprint does not."""
+    null_head = [{"role": "system", "content": None}]
+    empty_head = [{"role": "system", "content": empty}]
+    assert view_of(null_head).context_digest == view_of(empty_head).context_digest
+    assert view_of(null_head).context_fingerprint == context_fingerprint(null_head, TOOLS)
+    assert view_of(empty_head).context_fingerprint == context_fingerprint(empty_head, TOOLS)
+    assert view_of(null_head).context_fingerprint != view_of(empty_head).context_fingerprint

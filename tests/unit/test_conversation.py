@@ -6,6 +6,7 @@ import copy
 import dataclasses
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.conversation import (
@@ -471,6 +472,20 @@ def test_a_big_integer_is_kept_wherever_it_falls_in_a_large_body(offset: int) ->
     prefix = b'{"pad":"' + b"x" * offset + b'","n":'
     raw = prefix + b"12345678901234567890123}"
     assert jsonio.loads(raw)["n"] == 12345678901234567890123
+
+
+@pytest.mark.parametrize(
+    "number",
+    [b"-9223372036854775809", b"-9223372036854775808", b"18446744073709551615", b"1" + b"0" * 20],
+)
+def test_a_document_orjson_refuses_reads_its_integers_as_orjson_reads_them(number: bytes) -> None:
+    """A lone surrogate escape sends a document to the standard library: its integers still
+    read as orjson's, so a body reads the same whole or a message at a time."""
+    from proxy import jsonio
+
+    read = jsonio.loads_fast(b'{"cut":"\\ud83d","n":' + number + b"}")["n"]
+    expected = orjson.loads(number)
+    assert (type(read), read) == (type(expected), expected)
 
 
 @pytest.mark.parametrize(

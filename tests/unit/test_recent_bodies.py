@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import recent_bodies
+from proxy import jsonio, recent_bodies
 from proxy.chat_request import parse_chat_request
 from proxy.errors import BadRequest
 from proxy.json_layout import JSON_STRING, layout_of, string_end
@@ -19,6 +19,7 @@ from proxy.known_messages import KnownMessages
 from proxy.recent_bodies import RecentBodies
 from proxy.request_view import RequestView
 from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
+from tests.builders import assistant, system, tool, user
 from tests.strategies import items as responses_junk
 from tests.strategies import messages
 
@@ -81,6 +82,15 @@ def test_a_growing_conversation_parses_as_if_each_body_were_parsed_whole(
     ),
     history=st.lists(messages, min_size=1, max_size=7),
     style=st.sampled_from(sorted(STYLES)),
+)
+@example(  # an integer beyond 64 bits, in a body whose earlier surrogate orjson refuses
+    tasks=["Fix it.", "Fix it."],
+    steps=[(0, 2, "own"), (0, 4, "own")],
+    history=[
+        {"role": [-9_223_372_036_854_775_809]},
+        {"role": "system", "content": "\ud83d\ude00", "name": "\x1f"},
+    ],
+    style="compact",
 )
 def test_conversations_parse_as_if_whole_whatever_names_their_clients_give_them(
     tasks: list[str],
@@ -201,7 +211,7 @@ def chain_of(tenant: str, raw: bytes, known: KnownMessages, recent: RecentBodies
     has one), after checking it against the chain hashed from nothing."""
     request = parse_chat_request(raw, known, recent)
     view = RequestView.of(
-        tenant, "m", request.messages, None, digests=request.digests, chains=request.chains
+        tenant, "m", request.messages, None, digests=request.digests, lineage=request.lineage
     )
     assert view.chain == RequestView.of(tenant, "m", request.messages, None).chain
     return view.chain
@@ -240,10 +250,10 @@ def test_an_appended_bodys_chain_is_hashed_from_where_the_recent_one_ends() -> N
     known, recent = KnownMessages(), RecentBodies()
     first = chain_of("t", STYLES["compact"](body(plain(3))), known, recent)
     request = parse_chat_request(STYLES["compact"](body(plain(6))), known, recent)
-    assert request.chains is not None
+    assert request.lineage is not None
     root = RequestView.of("t", "m", request.messages, None).root
-    assert list(request.chains.known(root, 1)) == first  # a system message, two shared
-    assert request.chains.known("another tenant's root", 1) == ()
+    assert list(request.lineage.known(root, 1)) == first  # a system message, two shared
+    assert request.lineage.known("another tenant's root", 1) == ()
 
 
 @settings(max_examples=500, deadline=None)
@@ -354,7 +364,7 @@ def responses_outcome(
     except BadRequest as error:
         return ("refused", error.message, error.param)
     view = RequestView.of(
-        "t", "m", request.messages, None, digests=request.digests, chains=request.chains
+        "t", "m", request.messages, None, digests=request.digests, lineage=request.lineage
     )
     assert view.chain == RequestView.of("t", "m", request.messages, None).chain
     return ("parsed", request.body, request.messages, request.groups, request.digests)
@@ -417,4 +427,64 @@ def test_an_appended_responses_body_is_translated_from_the_recent_one() -> None:
     # shared messages, is translated again.
     assert all(a is b for a, b in zip(second.messages[:3], first.messages[:3], strict=True))
     assert second.messages[3] is not first.messages[3]
-    assert second.chains is not None and second.chains.shared == 3
+    assert second.lineage is not None and second.lineage.shared == 3
+
+
+BIG = 12345678901234567890123  # beyond 64 bits: orjson reads it as a float
+
+
+valid_messages = st.one_of(
+    st.builds(user, st.text(max_size=20)),
+    st.builds(assistant, st.text(max_size=20)),
+    st.builds(lambda text: tool("call_0", text), st.text(max_size=20)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    history=st.lists(valid_messages | messages, min_size=1, max_size=8),
+    big_at=st.sets(st.integers(0, 7), max_size=2),
+    scanned=st.lists(st.booleans(), min_size=8, max_size=8),
+    style=st.sampled_from(sorted(STYLES)),
+)
+def test_a_body_scanned_from_where_it_extends_a_clean_one_finds_what_a_whole_scan_finds(
+    history: list[Any], big_at: set[int], scanned: list[bool], style: str
+) -> None:
+    """Whichever earlier bodies of the conversation were scanned, and wherever an integer
+    beyond 64 bits stands, the scan of a body says what a scan of all its bytes says."""
+    history = [{**m, "seq": BIG} if i in big_at else m for i, m in enumerate(history)]
+    known, recent = KnownMessages(), RecentBodies()
+    for cut in range(1, len(history) + 1):
+        raw = STYLES[style](body(history[:cut]))
+        try:
+            request = parse_chat_request(raw, known, recent)
+        except BadRequest:
+            continue
+        if scanned[cut - 1]:
+            assert request.may_hold_a_big_integer() == jsonio.may_hold_a_big_integer(raw)
+
+
+def test_a_body_is_scanned_only_where_it_differs_from_a_remembered_one_found_clean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    starts: list[int] = []
+    scan = jsonio.may_hold_a_big_integer
+
+    def recorded(raw: bytes, start: int = 0) -> bool:
+        starts.append(start)
+        return scan(raw, start)
+
+    monkeypatch.setattr(jsonio, "may_hold_a_big_integer", recorded)
+    known, recent = KnownMessages(), RecentBodies()
+    history = [system(), user("task " * 40), assistant("reading")]
+    first = STYLES["compact"](body(history))
+    assert not parse_chat_request(first, known, recent).may_hold_a_big_integer()
+    history.append({**user("output"), "seq": BIG})
+    second = STYLES["compact"](body(history))
+    assert parse_chat_request(second, known, recent).may_hold_a_big_integer()
+    history.append(assistant("next"))
+    third = STYLES["compact"](body(history))
+    assert parse_chat_request(third, known, recent).may_hold_a_big_integer()
+    # The first from its start; the second from its new message on (the shared bytes end
+    # with the first body's last message); the third whole, since the second was not clean.
+    assert starts == [0, first.rindex(b"]"), 0]
