@@ -257,7 +257,7 @@ def own_work_growth(path: str, count: int) -> dict[str, tuple[float, float, floa
     by_length: dict[int, list[list[int]]] = defaultdict(list)
     with open(path) as lines:
         for line in lines:
-            length, *spent = map(int, line.split())
+            length, _generation, *spent = map(int, line.split())
             by_length[length].append([*spent, sum(spent)])
     positions = sorted(by_length)[-count:]  # the replays' requests (a warm-up may add more)
     tenth = max(1, len(positions) // 10)
