@@ -32,6 +32,10 @@ from proxy.surface import Surface, derive_surface
 
 # A context's digest (see ``RequestView.context_fingerprint``) -> its fingerprint, per process
 _FINGERPRINTS: LRU[str, str] = LRU(1024)
+# id(tools) -> the tools and their digest. The tools are held, so no other object can have
+# their id while they are here (parsed bodies are never modified; most of these objects are
+# held by remembered bodies anyway).
+_TOOLS_DIGESTS: LRU[int, tuple[Any, str]] = LRU(256)
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,16 @@ class RequestView:
 
     @cached_property
     def tools_digest(self) -> str:
-        return hashlib.blake2b(jsonio.dumps(self.tools or None), digest_size=16).hexdigest()
+        """Names the request's tools. An agent sends the same tens of KiB of them every time,
+        and a body parsed from a remembered one shares them with it, as the same object
+        (``proxy.recent_bodies``): so they are hashed once per object, not per request."""
+        tools = self.tools
+        known = _TOOLS_DIGESTS.get(id(tools))
+        if known is not None:
+            return known[1]
+        digest = hashlib.blake2b(jsonio.dumps(tools or None), digest_size=16).hexdigest()
+        _TOOLS_DIGESTS.put(id(tools), (tools, digest))
+        return digest
 
     @cached_property
     def context_digest(self) -> str:

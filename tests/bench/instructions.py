@@ -7,12 +7,12 @@ every request asks which instructions it carries. Coding agents send tens of KiB
 every request.
 
 The synthetic agent conversation (``tests/synthetic.py``) is replayed with a system prompt of
-each size (prose with dates, ids and numbers in it, as agents write theirs), a fresh
-conversation per round, through one proxy (``memory://``, a window small enough that the
-conversation is compacted early; the fake upstream answers at once, summaries too) that times
-its own work (``tests.bench.stage_proxy``). Printed per size: the median thread CPU of a
-request's preparation and of its whole work (parse, preparation, record), for the requests
-before the conversation's first checkpoint and for those after it.
+each size (prose with dates, ids and numbers in it, as agents write theirs) and twelve tool
+definitions (10 KiB), a fresh conversation per round, through one proxy (``memory://``, a
+window small enough that the conversation is compacted early; the fake upstream answers at
+once, summaries too) that times its own work (``tests.bench.stage_proxy``). Printed per size:
+the median thread CPU of a request's preparation and of its whole work (parse, preparation,
+record), for the requests before the conversation's first checkpoint and for those after it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import statistics
 import tempfile
 from collections import defaultdict
+from typing import Any
 
 import aiohttp
 import orjson
@@ -50,12 +51,37 @@ def instructions(kib: float) -> str:
     return "\n".join(lines)
 
 
+def tool_set(count: int = 12) -> list[dict[str, Any]]:
+    """An agent's tool definitions, not quite 1 KiB each."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"{WORDS[index % len(WORDS)]}_{index}",
+                "description": " ".join(WORDS[(index + k) % len(WORDS)] for k in range(60)),
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        WORDS[k]: {"type": "string", "description": f"the {WORDS[k]} to use"}
+                        for k in range(6)
+                    },
+                    "required": [WORDS[0]],
+                },
+            },
+        }
+        for index in range(count)
+    ]
+
+
 def bodies_with(system_prompt: str) -> list[bytes]:
-    """The synthetic conversation's requests, with ``system_prompt`` as its instructions."""
+    """The synthetic conversation's requests, with ``system_prompt`` and the tool set as its
+    instructions."""
     messages = synthetic_transcripts()["synthetic-tools"]
     messages = [{"role": "system", "content": system_prompt}, *messages[1:]]
+    tools = tool_set()
     return [
-        orjson.dumps({"model": MODEL, "messages": history}) for history in replay_requests(messages)
+        orjson.dumps({"model": MODEL, "messages": history, "tools": tools})
+        for history in replay_requests(messages)
     ]
 
 

@@ -104,3 +104,24 @@ def test_a_remembered_fingerprint_tells_a_null_instruction_from_an_empty_one(emp
     assert view_of(null_head).context_fingerprint == context_fingerprint(null_head, TOOLS)
     assert view_of(empty_head).context_fingerprint == context_fingerprint(empty_head, TOOLS)
     assert view_of(null_head).context_fingerprint != view_of(empty_head).context_fingerprint
+
+
+def test_tools_are_hashed_once_per_parsed_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body parsed from a remembered one shares its tools object: the digest is reused for
+    that object, and an equal object parsed anew gets the same digest."""
+    serialized: list[Any] = []
+    dumps = request_view.jsonio.dumps
+
+    def counted(value: Any, **options: Any) -> bytes:
+        if value == tools:  # messages are serialized too (their digests)
+            serialized.append(value)
+        return dumps(value, **options)
+
+    tools = [{"type": "function", "function": {"name": "once", "parameters": {}}}]
+    monkeypatch.setattr(request_view.jsonio, "dumps", counted)
+    first, second = view_of([system()], tools), view_of([system()], tools)
+    assert first.tools_digest == second.tools_digest
+    assert serialized == [tools]
+    copy = [dict(tools[0])]
+    assert view_of([system()], copy).tools_digest == first.tools_digest
+    assert len(serialized) == 2
