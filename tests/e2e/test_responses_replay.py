@@ -13,6 +13,7 @@ from proxy.conversation import live_turn_start, split_head
 from proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 from tests.e2e.test_transcript_replay import BASH_TOOL, FACTS, plant_facts
+from tests.sdk import unwalked
 from tests.transcripts import Transcript, replay_requests, transcripts
 
 MODEL = "replay-responses"
@@ -80,7 +81,7 @@ async def test_a_transcript_in_the_responses_format_stays_inside_the_window(
             items = as_items(body)
             seen = len(fake.responses.received)
             await client.responses.create(
-                model=MODEL, instructions=instructions, input=items, tools=BASH
+                model=MODEL, instructions=instructions, tools=BASH, **unwalked("input", items)
             )
             for forwarded in fake.responses.received[seen:]:
                 live = as_items(body[live_turn_start(body) :])

@@ -1,11 +1,11 @@
 """Replay agent conversations through the proxy against a fake upstream with a small window.
 
 Before every assistant message the client (the real openai SDK) posts the whole history so far,
-as the agent did. Every conversation is replayed as sent and in two variants real clients
-produce: observation style (no tool calling: commands in the assistant's text, output back as
-user messages) and reused ids (``call_0`` on every call). The upstream enforces an 8k, 16k or
-32k window (the variants: 8k or 16k) and rejects broken tool pairing as OpenAI does. For every
-replay:
+as the agent did (handed to it unwalked: ``tests.sdk``). Every conversation is replayed as sent
+and in two variants real clients produce: observation style (no tool calling: commands in the
+assistant's text, output back as user messages) and reused ids (``call_0`` on every call). The
+upstream enforces an 8k, 16k or 32k window (the variants: 8k or 16k) and rejects broken tool
+pairing as OpenAI does. For every replay:
 
 * the client never sees an error;
 * no forwarded request (summary calls included) goes over the window;
@@ -32,6 +32,7 @@ from proxy.testing.fake_answers import pairing_error
 from proxy.testing.fake_upstream import FakeUpstream, Received
 from proxy.tokenizers import encoding
 from tests.conftest import ProxyFactory
+from tests.sdk import unwalked
 from tests.transcripts import VARIANTS, Transcript, replay_requests, transcript_named, transcripts
 
 MODEL = "replay-model"
@@ -173,8 +174,8 @@ async def replay(
             seen = len(fake.chat_requests)
             reply = await c.chat.completions.with_raw_response.create(
                 model=MODEL,
-                messages=history,
-                **extra,  # type: ignore[arg-type]
+                **unwalked("messages", history),
+                **extra,
             )
             assert reply.parse().choices[0].message.content == "ok"
             statuses.append(reply.headers["x-compaction-status"])
