@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.chat_request import parse_chat_request
 from proxy.conversation import (
     Checkpoint,
     Prune,
@@ -26,6 +27,8 @@ from proxy.conversation import (
     record_to_dict,
     split_head,
 )
+from proxy.known_messages import KnownMessages
+from proxy.recent_bodies import RecentBodies
 from proxy.surface import Surface, SurfaceNode, derive_surface, missed_checkpoints
 from tests.builders import Message, agent_turns, assistant, system, tool, user
 
@@ -129,6 +132,51 @@ def test_reserialized_message_has_the_same_canonical_bytes(first: Message, secon
 )
 def test_semantically_different_messages_differ(first: Message, second: Message) -> None:
     assert canonical_message(first) != canonical_message(second)
+
+
+# Messages in the shapes the canonical rules treat apart, with the digests and the chain the
+# proxy has always given them: stored records and logs of existing conversations are found by
+# these, so a change here strands every conversation already compacted.
+STORED_SHAPES: list[Message] = [
+    system("You are a coding agent."),
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "Fix it", "cache_control": {"type": "ephemeral"}}],
+    },
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "bash", "arguments": '{"n": 123456789012345678901234}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_0", "content": "caf\u00e9 \U0001f600 ok"},
+    {"role": "user", "content": "", "cache_control": {"type": "ephemeral"}},
+    {"role": "assistant", "content": "done", "refusal": None, "name": "agent"},
+]
+STORED_DIGESTS = [
+    "7a8e1e3ceaaaa8f9cd7efdc2b2f9feb6",
+    "58d8a55d758ba7f04483b359bf6d114a",
+    "706c25419bffb770dce6d9a1d0553baa",
+    "4f8e5bc4aa40e65b9e3674247a6e4aab",
+    "8f6efef5cbcad54993ecf276a209f480",
+    "7288c6b44937b435323cd56a902afe07",
+]
+STORED_CHAIN_TIP = "761727ee3ea0ab6066fbd1ac290dbed8"
+
+
+def test_digests_and_chains_are_those_existing_conversations_were_stored_under() -> None:
+    assert [message_digest(m) for m in STORED_SHAPES] == STORED_DIGESTS
+    assert chain_hashes(ROOT, STORED_SHAPES)[-1] == STORED_CHAIN_TIP
+    # The request path's own digests: whole, then extending a body it remembers.
+    known, recent = KnownMessages(), RecentBodies()
+    for end in (3, len(STORED_SHAPES)):
+        raw = orjson.dumps({"model": "m", "messages": STORED_SHAPES[:end]})
+        assert parse_chat_request(raw, known, recent).digests == STORED_DIGESTS[:end]
 
 
 def test_chain_hash_names_the_whole_prefix() -> None:
