@@ -4,9 +4,9 @@ Before sending, the SDK walks each parameter against its typed-dict unions (to r
 keys and format dates). For a replayed agent history of hundreds of messages that walk was two
 thirds of a replay test's time, and for chat messages and Responses items it changes nothing.
 Handed over as ``extra_body``, the history goes out through the same client (its HTTP layer,
-headers, retries, response parsing) in the same body;
+headers, retries, response parsing) in the same body:
 ``test_a_history_handed_over_unwalked_is_the_body_the_sdk_sends`` holds the two to the same
-bytes."""
+JSON, key order included."""
 
 from __future__ import annotations
 

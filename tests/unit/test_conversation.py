@@ -174,9 +174,13 @@ def test_digests_and_chains_are_those_existing_conversations_were_stored_under()
     assert chain_hashes(ROOT, STORED_SHAPES)[-1] == STORED_CHAIN_TIP
     # The request path's own digests: whole, then extending a body it remembers.
     known, recent = KnownMessages(), RecentBodies()
+    shared = None
     for end in (3, len(STORED_SHAPES)):
         raw = orjson.dumps({"model": "m", "messages": STORED_SHAPES[:end]})
-        assert parse_chat_request(raw, known, recent).digests == STORED_DIGESTS[:end]
+        request = parse_chat_request(raw, known, recent)
+        assert request.digests == STORED_DIGESTS[:end]
+        shared = request.lineage and request.lineage.shared
+    assert shared == 3  # the second body was parsed as extending the first
 
 
 def test_chain_hash_names_the_whole_prefix() -> None:
