@@ -8,10 +8,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md ./
-COPY proxy ./proxy
+COPY compaction_proxy ./compaction_proxy
 # The tokenizer files ship inside litellm; loading them here makes a broken install fail the
 # build instead of a request (the image never reaches the network for them).
-RUN pip install . && python -m proxy.tokenizers
+RUN pip install . && python -m compaction_proxy.metering.tokenizers
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin proxy
@@ -27,6 +27,6 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001
 EXPOSE 8080 9090
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "proxy.healthcheck"]
+    CMD ["python", "-m", "compaction_proxy.ops.healthcheck"]
 ENTRYPOINT ["compaction-proxy"]
 CMD ["serve"]

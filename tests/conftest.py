@@ -17,13 +17,13 @@ import redis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy import lazy_litellm
-from proxy.app import create_app
-from proxy.config import Settings, load_settings
-from proxy.keys import PENDING_RECORDS, STORE
-from proxy.store import MemoryStore, Store
-from proxy.store.redis import RedisStore
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.config.settings import Settings, load_settings
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.metering import lazy_litellm
+from compaction_proxy.ops.app import create_app
+from compaction_proxy.store import MemoryStore, Store
+from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.processes import free_port
 from tests.redis_server import RedisServer
 
@@ -64,6 +64,35 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if _session_redis is not None:
         _session_redis.kill()
         _session_redis.wait()
+
+
+# Tiers, by where a test lives; ``slow`` on top for whole files that replay transcripts, run
+# processes, a browser, Prometheus or the deploy tools (``pytest -m "not slow"``: a quick local
+# loop). A test may also carry ``@pytest.mark.slow`` itself.
+TIERS = {"unit": "unit", "store": "store", "e2e": "e2e", "deploy": "deploy"}
+SLOW_FILES = frozenset(
+    {
+        "test_crashes.py",
+        "test_dashboard.py",
+        "test_fuzz.py",
+        "test_inspector.py",
+        "test_process.py",
+        "test_redis_resilience.py",
+        "test_replicas.py",
+        "test_responses_replay.py",
+        "test_transcript_replay.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path
+        tier = TIERS.get(path.parent.name)
+        if tier is not None:
+            item.add_marker(tier)
+        if tier == "deploy" or path.name in SLOW_FILES:
+            item.add_marker("slow")
 
 
 _ENV_PREFIXES = ("COMPACTION_PROXY_",)
@@ -144,12 +173,12 @@ class RunningProxy:
 
     @property
     def store(self) -> Store:
-        return self.app[STORE]
+        return self.app[SERVICES].store
 
     async def read_log(self, conversation: str, limit: int = 10_000) -> list[dict[str, Any]]:
         """The conversation's log events as the admin API reads them: once every answered
         request's record is written (a request logs its messages after its answer)."""
-        await self.app[PENDING_RECORDS].settled_all()
+        await self.app[SERVICES].pending_records.settled_all()
         page = await self.store.read_log(conversation, limit=limit)
         return [event for _, event in page.events]
 

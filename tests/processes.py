@@ -37,10 +37,13 @@ async def wait_until_ready(url: str, timeout: float = 30.0) -> None:
 
 @asynccontextmanager
 async def proxy_process(
-    env: Mapping[str, str], *args: str, capture_stderr: bool = False, module: str = "proxy"
+    env: Mapping[str, str],
+    *args: str,
+    capture_stderr: bool = False,
+    module: str = "compaction_proxy",
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """``python -m proxy serve`` (or ``module``'s) on a free port; yields the process and its
-    base URL (with ``capture_stderr``, read its log from ``process.stderr`` once it has
+    """``python -m compaction_proxy serve`` (or ``module``'s) on a free port; yields the process
+    and its base URL (with ``capture_stderr``, read its log from ``process.stderr`` once it has
     stopped)."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(

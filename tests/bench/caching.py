@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from proxy.testing.fake_answers import fake_summary, is_summary_request
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 
 CACHE_READ = 0.1
 CACHE_WRITE = 1.25

@@ -19,7 +19,7 @@ import uuid
 import aiohttp
 import orjson
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.caching import Bill, PrefixCache, bills_by_conversation
 from tests.bench.precompaction import serve
 from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts

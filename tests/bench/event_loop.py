@@ -157,7 +157,7 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
         # The instant fake estimates tokens from bytes, so it gets a window it never enforces;
         # the proxy compacts against the route's 128k.
         instant = ("--instant", "--window", "100000000")
-        return ("-m", "proxy.testing.fake_upstream", "--port", str(port), *instant)
+        return ("-m", "compaction_proxy.testing.fake_upstream", "--port", str(port), *instant)
 
     relay = ("-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", small_upstream)
     relay += ("--big-upstream", big_upstream)

@@ -1,10 +1,10 @@
 """What a compacted conversation's request costs against the size of its agent's instructions.
 
 Run: ``python -m tests.bench.instructions [--rounds N] [--sizes 1 8 32]``. Not collected by
-pytest. A checkpoint is bound to the instructions it was made under (``proxy.context``: the
-system prompt and tools, up to dates, ids and numbers), so once a conversation is compacted
-every request asks which instructions it carries. Coding agents send tens of KiB of them on
-every request.
+pytest. A checkpoint is bound to the instructions it was made under
+(``conversation.fingerprint``: the system prompt and tools, up to dates, ids and numbers), so
+once a conversation is compacted every request asks which instructions it carries. Coding
+agents send tens of KiB of them on every request.
 
 The synthetic agent conversation (``tests/synthetic.py``) is replayed with a system prompt of
 each size (prose with dates, ids and numbers in it, as agents write theirs) and twelve tool
@@ -126,7 +126,13 @@ async def run(rounds: int, sizes: list[float], window: int) -> None:
     print(f"{'':>13}  {'prepare':>10}{'all':>10}{'n':>10}  {'prepare':>10}{'all':>10}{'n':>10}")
     try:
         async with (
-            process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant"),
+            process(
+                "-m",
+                "compaction_proxy.testing.fake_upstream",
+                "--port",
+                str(upstream_port),
+                "--instant",
+            ),
             proxy_process(env, module="tests.bench.stage_proxy") as (proxy, base),
             aiohttp.ClientSession() as http,
         ):

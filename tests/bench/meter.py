@@ -13,9 +13,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from proxy.meter import TokenMeter
-from proxy.request_view import RequestView
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.metering.meter import TokenMeter
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.transcripts import replay_requests, transcripts
 
 

@@ -305,7 +305,13 @@ async def targets(
     relay_port, control_port = free_port(), free_port()
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(
-            process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant")
+            process(
+                "-m",
+                "compaction_proxy.testing.fake_upstream",
+                "--port",
+                str(upstream_port),
+                "--instant",
+            )
         )
         relay = await stack.enter_async_context(
             process(

@@ -36,7 +36,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.caching import bills_by_conversation
 from tests.bench.overhead import percentile
 from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts

@@ -27,10 +27,10 @@ import sys
 import time
 from typing import IO, Any
 
-from proxy import handlers
-from proxy.cli import main
-from proxy.client_request import ClientRequest
-from proxy.preparation import Prepared, prepare
+from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.http import handlers
+from compaction_proxy.ops.cli import main
+from compaction_proxy.service.prepare import Prepared, prepare
 
 STAGE_NAMES = ("parse", "prepare", "record")  # in a request's order: a timings line's columns
 STAGES = frozenset(STAGE_NAMES)

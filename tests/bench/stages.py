@@ -52,7 +52,13 @@ async def targets(upstream_port: int) -> AsyncIterator[tuple[dict[str, str], dic
     relay_port = free_port()
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(
-            process("-m", "proxy.testing.fake_upstream", "--port", str(upstream_port), "--instant")
+            process(
+                "-m",
+                "compaction_proxy.testing.fake_upstream",
+                "--port",
+                str(upstream_port),
+                "--instant",
+            )
         )
         await wait_until_ready(f"{upstream}/v1/models")
         relay = await stack.enter_async_context(

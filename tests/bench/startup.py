@@ -61,7 +61,9 @@ async def one_start(upstream: str) -> tuple[float, float]:
 async def run(runs: int) -> None:
     port = free_port()
     upstream = f"http://127.0.0.1:{port}/v1"
-    async with process("-m", "proxy.testing.fake_upstream", "--port", str(port), "--instant"):
+    async with process(
+        "-m", "compaction_proxy.testing.fake_upstream", "--port", str(port), "--instant"
+    ):
         await wait_until_ready(f"{upstream}/models")
         results = [await one_start(upstream) for _ in range(runs)]
     started = time.perf_counter()

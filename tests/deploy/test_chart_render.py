@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helm_python import Chart
 
-from proxy.config import Policy, PrunerPolicy
+from compaction_proxy.config.settings import Policy, PrunerPolicy
 
 CHART = Path(__file__).parents[2] / "charts" / "compaction-proxy"
 KUBE_VERSION = "1.30.0"

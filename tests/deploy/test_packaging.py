@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from proxy.config import load_settings
+from compaction_proxy.config.settings import load_settings
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "charts" / "compaction-proxy"
@@ -65,7 +65,7 @@ def test_dockerfile_build_steps_work_in_a_fresh_venv(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     check = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "proxy.tokenizers"],
+        [str(venv / "bin" / "python"), "-m", "compaction_proxy.metering.tokenizers"],
         capture_output=True,
         text=True,
         env=env,
@@ -80,7 +80,7 @@ def test_dockerfile_runtime_image_is_non_root_with_a_healthcheck() -> None:
     assert len(stages) == 3 and "slim" in stages[-1].splitlines()[0]
     runtime = stages[-1]
     assert re.search(r"^USER 10001$", runtime, re.MULTILINE)
-    assert "HEALTHCHECK" in runtime and "proxy.healthcheck" in runtime
+    assert "HEALTHCHECK" in runtime and "compaction_proxy.ops.healthcheck" in runtime
     assert "EXPOSE 8080 9090" in runtime
     assert "COMPACTION_PROXY_CONFIG=/etc/compaction-proxy/proxy.yaml" in runtime
     assert "pip install" not in runtime  # runtime dependencies come built from the first stage

@@ -10,9 +10,10 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+from tests.helpers import route
 
 TOKEN = "admin-secret-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -60,7 +61,7 @@ async def admin(
 
 
 def routes(upstream_url: str) -> list[dict[str, Any]]:
-    return [{"model": "fake-*", "base_url": upstream_url, "context_window": 64_000}]
+    return [route(upstream_url, "fake-*", 64_000)]
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from proxy.cli import main
-from proxy.store.base import StoreUnavailable
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.ops.cli import main
+from compaction_proxy.store.base import StoreUnavailable
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.e2e.test_admin import MODEL, TOKEN, chat, history, routes
 

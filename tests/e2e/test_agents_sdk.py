@@ -9,7 +9,7 @@ from typing import Any
 import openai
 from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 
 MODEL = "agent-small"

@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 from tests.encodings import ENCODINGS, compressed
+from tests.helpers import counter
 
 MODEL = "any-model"
 
@@ -207,7 +207,7 @@ async def test_admin_parameters_are_validated(make_proxy: ProxyFactory, query: s
 
 def bypasses(cause: str) -> float:
     labels = {"route": "*", "cause": cause}
-    return REGISTRY.get_sample_value("compaction_proxy_bypassed_requests_total", labels) or 0.0
+    return counter("compaction_proxy_bypassed_requests_total", **labels)
 
 
 async def test_a_fault_in_the_proxy_forwards_the_clients_bytes_unchanged(
@@ -216,12 +216,12 @@ async def test_a_fault_in_the_proxy_forwards_the_clients_bytes_unchanged(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    import proxy.preparation
+    import compaction_proxy.service.prepare
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in the proxy")
 
-    monkeypatch.setattr(proxy.preparation.RequestView, "of", broken)
+    monkeypatch.setattr(compaction_proxy.service.prepare.RequestView, "of", broken)
     proxy_ = await make_proxy()
     before = bypasses("error")
     raw = b'{"model": "any-model",   "messages": [{"role": "user", "content": "hi"}]}'

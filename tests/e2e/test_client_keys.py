@@ -10,12 +10,13 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.cli import main
-from proxy.client_keys import digest_of
-from proxy.config import ConfigError
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.config.settings import ConfigError
+from compaction_proxy.ops.cli import main
+from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import system, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import route
 
 ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"
 # One of each kind of /v1/ route: chat, Responses, the model list, one relayed unread.
@@ -27,8 +28,8 @@ V1_ROUTES = (
 )
 
 
-def route(upstream_url: str) -> list[dict[str, Any]]:
-    return [{"model": "*", "base_url": upstream_url, "api_key_env": "UPSTREAM_KEY"}]
+def routes(upstream_url: str) -> list[dict[str, Any]]:
+    return [route(upstream_url, "*", api_key_env="UPSTREAM_KEY")]
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ async def keyed_proxy(
 ) -> RunningProxy:
     monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
     return await make_proxy(
-        routes=route(upstream_url), client_key_digests=[digest_of(ALICE), digest_of(BOB)]
+        routes=routes(upstream_url), client_key_digests=[digest_of(ALICE), digest_of(BOB)]
     )
 
 
@@ -46,7 +47,7 @@ async def test_a_proxy_holding_an_upstream_key_refuses_to_start_without_client_k
 ) -> None:
     monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
     with pytest.raises(ConfigError, match="client-key new"):
-        await make_proxy(routes=route(upstream_url))
+        await make_proxy(routes=routes(upstream_url))
 
 
 @pytest.mark.parametrize(
@@ -97,9 +98,9 @@ async def test_an_issued_key_is_its_own_tenant_and_never_leaves_the_proxy(
 def test_a_key_issued_by_the_cli_is_accepted_through_a_digest_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from proxy.app import create_app
-    from proxy.client_keys import load_client_key_digests
-    from proxy.config import load_settings
+    from compaction_proxy.config.settings import load_settings
+    from compaction_proxy.ops.app import create_app
+    from compaction_proxy.security.client_keys import load_client_key_digests
 
     assert main(["client-key", "new", "--name", "carol"]) == 0
     out = capsys.readouterr().out

@@ -11,12 +11,12 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 
-from proxy.client_keys import digest_of
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory
+from tests.helpers import counter, route
 from tests.processes import proxy_process
 
 MODEL = "small-model"
@@ -26,9 +26,7 @@ WINDOW = 16_000
 def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
     """Precompaction off: these tests are about the request that compacts (compaction ahead of
     need has tests/e2e/test_precompaction.py)."""
-    route: dict[str, Any] = {"model": "small-*", "base_url": upstream_url, "context_window": WINDOW}
-    route["policy"] = {"precompact_ratio": 0, **policy}
-    return [route]
+    return [route(upstream_url, "small-*", WINDOW, **{"precompact_ratio": 0, **policy})]
 
 
 def history(tool_rounds: int = 30) -> list[dict[str, Any]]:
@@ -39,10 +37,6 @@ def history(tool_rounds: int = 30) -> list[dict[str, Any]]:
         *agent_turns(tool_rounds, output="importer log line " * 150),
         user("Where are we?"),
     ]
-
-
-def counter(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def ask(url: str, messages: list[dict[str, Any]], key: str = "sk-a") -> Any:

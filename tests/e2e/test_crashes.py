@@ -12,8 +12,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.config import Settings
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.config.settings import Settings
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
 from tests.processes import proxy_process

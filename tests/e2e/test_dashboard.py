@@ -19,7 +19,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.processes import free_port, proxy_process, wait_until_ready
 

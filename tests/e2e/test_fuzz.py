@@ -20,10 +20,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.config.settings import load_settings
+from compaction_proxy.ops.app import create_app
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.encodings import ENCODINGS, compressed
 from tests.strategies import items, junk, messages, texts, words
 

@@ -22,8 +22,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.inspector import SECURITY_HEADERS
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.http.inspector import SECURITY_HEADERS
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.processes import proxy_process
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests

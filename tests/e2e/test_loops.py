@@ -8,10 +8,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.upstream import HOP_HEADER
+from compaction_proxy.config.settings import load_settings
+from compaction_proxy.ops.app import create_app
+from compaction_proxy.security.outbound import HOP_HEADER
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import user
 from tests.conftest import ProxyFactory
 from tests.processes import free_port
@@ -97,7 +97,7 @@ async def test_two_proxies_pointed_at_each_other_stop_after_one_hop(
 def test_start_up_refuses_an_upstream_at_the_proxys_own_address(
     host: str, upstream: str, refused: bool
 ) -> None:
-    from proxy.loops import self_loop_problems
+    from compaction_proxy.security.self_forwarding import self_loop_problems
 
     settings = load_settings(None, host=host, port=8080, upstream_base_url=upstream)
     assert bool(self_loop_problems(settings)) is refused

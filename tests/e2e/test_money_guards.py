@@ -7,11 +7,11 @@ import uuid
 from typing import Any
 
 import openai
-from prometheus_client import REGISTRY
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
+from tests.helpers import counter, route
 from tests.redis_server import RedisServer
 
 MODEL = "small-model"
@@ -19,7 +19,7 @@ WINDOW = 16_000
 
 
 def routes(upstream_url: str) -> list[dict[str, Any]]:
-    return [{"model": "small-*", "base_url": upstream_url, "context_window": WINDOW}]
+    return [route(upstream_url, "small-*", WINDOW)]
 
 
 def history(opening: str) -> list[dict[str, Any]]:
@@ -33,7 +33,7 @@ def history(opening: str) -> list[dict[str, Any]]:
 
 
 def trips(guard: str) -> float:
-    return REGISTRY.get_sample_value("compaction_proxy_guard_trips_total", {"guard": guard}) or 0
+    return counter("compaction_proxy_guard_trips_total", guard=guard)
 
 
 async def send(

@@ -14,9 +14,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.encodings import compressed
+from tests.helpers import counter
 
 
 class Capture:
@@ -45,7 +46,7 @@ async def sdk(proxy: RunningProxy, capture: Capture) -> AsyncIterator[openai.Asy
 
 def passed(path: str, method: str, outcome: str) -> float:
     labels = {"path": path, "method": method, "outcome": outcome}
-    return REGISTRY.get_sample_value("compaction_proxy_passthrough_requests_total", labels) or 0
+    return counter("compaction_proxy_passthrough_requests_total", **labels)
 
 
 async def test_embeddings_reach_the_upstream_and_come_back_byte_for_byte(

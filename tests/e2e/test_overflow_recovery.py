@@ -11,21 +11,19 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from proxy.compaction.engine import Outcome, Round
-from proxy.keys import ENGINE
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.compaction.engine import Outcome, Round
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import counter
 
 MODEL = "tight-model"
 REAL_WINDOW = 16_000
 
 
 def recoveries(result: str) -> float:
-    return (
-        REGISTRY.get_sample_value("compaction_proxy_overflow_recoveries_total", {"result": result})
-        or 0.0
-    )
+    return counter("compaction_proxy_overflow_recoveries_total", result=result)
 
 
 @pytest.fixture
@@ -215,7 +213,7 @@ async def test_engine_claiming_success_without_a_commit_never_causes_a_retry(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
     calls = 0
-    engine = proxy.app[ENGINE]
+    engine = proxy.app[SERVICES].engine
 
     async def pruned_nothing_but_says_so(job: Any, state: Any, surface: Any, trigger: str) -> Any:
         nonlocal calls

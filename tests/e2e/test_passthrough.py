@@ -11,9 +11,10 @@ import orjson
 import pytest
 from yarl import URL
 
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
+from tests.helpers import counter
 
 MODEL = "fake-model"
 
@@ -257,11 +258,10 @@ async def test_the_clients_query_string_reaches_the_upstream_as_it_encoded_it(
 async def test_client_disconnect_mid_stream_cancels_the_upstream_request(
     client: openai.AsyncOpenAI, fake: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from prometheus_client import REGISTRY
 
     def disconnects() -> float:
         name = "compaction_proxy_client_disconnects_total"
-        return REGISTRY.get_sample_value(name, {"route": "*"}) or 0.0
+        return counter(name, route="*")
 
     before = disconnects()
     fake.stream_pieces = 50

@@ -16,13 +16,14 @@ import openai
 import orjson
 from prometheus_client import REGISTRY
 
-from proxy.compaction.summarize import framed_summary_text
-from proxy.conversation import Prune
-from proxy.keys import BACKGROUND
-from proxy.store.redis import RedisStore
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.compaction.summarize import framed_summary_text
+from compaction_proxy.conversation.replacements import Prune
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import counter, route
 from tests.processes import proxy_process
 from tests.redis_server import RedisServer
 
@@ -32,13 +33,13 @@ SUMMARY_SECONDS = 1.0
 THINK_SECONDS = 0.6  # an agent's time between requests (the model answering, tools running)
 
 
-def route(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
-    return [{"model": MODEL, "base_url": upstream_url, "context_window": WINDOW, "policy": policy}]
+def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
+    return [route(upstream_url, MODEL, WINDOW, **policy)]
 
 
 def lease_waits() -> float:
     return sum(
-        REGISTRY.get_sample_value("compaction_proxy_lease_waits_total", {"result": result}) or 0
+        counter("compaction_proxy_lease_waits_total", result=result)
         for result in ("released", "timed_out")
     )
 
@@ -46,8 +47,8 @@ def lease_waits() -> float:
 def rounds_timed(outcome: str) -> tuple[float, float]:
     """Background rounds that ended with ``outcome``, and their seconds, as exposed."""
     name, labels = "compaction_proxy_precompaction_duration_seconds", {"outcome": outcome}
-    count = REGISTRY.get_sample_value(f"{name}_count", labels) or 0
-    return count, REGISTRY.get_sample_value(f"{name}_sum", labels) or 0
+    count = counter(f"{name}_count", **labels)
+    return count, counter(f"{name}_sum", **labels)
 
 
 def tool_rounds(turns: int) -> list[dict[str, Any]]:
@@ -101,10 +102,10 @@ async def test_the_threshold_request_finds_its_checkpoint_ready(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     fake.summary_delay = SUMMARY_SECONDS
-    proxy = await make_proxy(routes=route(upstream_url))
+    proxy = await make_proxy(routes=routes(upstream_url))
     waits_before, timed_before = lease_waits(), rounds_timed("committed")
     statuses, latencies = await grow(proxy, 32)
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     assert "precompacting" in statuses and fake.summary_requests
     count, seconds = (a - b for a, b in zip(rounds_timed("committed"), timed_before, strict=True))
     assert count == len(fake.summary_requests) and seconds >= count * SUMMARY_SECONDS
@@ -127,7 +128,7 @@ async def test_without_precompaction_the_threshold_request_waits(
 ) -> None:
     """The same conversation with precompaction off: the baseline the first test beats."""
     fake.summary_delay = SUMMARY_SECONDS
-    proxy = await make_proxy(routes=route(upstream_url, precompact_ratio=0))
+    proxy = await make_proxy(routes=routes(upstream_url, precompact_ratio=0))
     statuses, latencies = await grow(proxy, 32)
     assert "compacted" in statuses and "precompacting" not in statuses
     assert max(latencies) >= SUMMARY_SECONDS
@@ -137,7 +138,7 @@ async def test_a_background_round_cut_short_by_shutdown_frees_its_lease(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     fake.summary_delay = 30  # still summarizing when the proxy stops
-    proxy = await make_proxy(routes=route(upstream_url))
+    proxy = await make_proxy(routes=routes(upstream_url))
     log_lines = "importer log line " * 150
     messages = [system(), user("Make it idempotent."), *agent_turns(26, output=log_lines)]
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
@@ -148,10 +149,10 @@ async def test_a_background_round_cut_short_by_shutdown_frees_its_lease(
     assert raw.headers["x-compaction-status"] == "precompacting"
     conversation = raw.headers["x-compaction-conversation"]
     await asyncio.sleep(0.2)
-    assert proxy.app[BACKGROUND].in_flight == 1
+    assert proxy.app[SERVICES].background.in_flight == 1
     assert (await proxy.store.load(conversation)).lease_owner is not None
     cancelled_before, _ = rounds_timed("cancelled")
-    await proxy.app[BACKGROUND].close()  # what the app's cleanup does on SIGTERM
+    await proxy.app[SERVICES].background.close()  # what the app's cleanup does on SIGTERM
     assert rounds_timed("cancelled")[0] == cancelled_before + 1
     state = await proxy.store.load(conversation)
     assert state.lease_owner is None
@@ -164,7 +165,7 @@ async def test_two_replicas_prepare_one_checkpoint_per_span(
 ) -> None:
     fake.summary_delay = 1.0
     replicas = [
-        await make_proxy(routes=route(upstream_url), store_url=private_redis.url) for _ in range(2)
+        await make_proxy(routes=routes(upstream_url), store_url=private_redis.url) for _ in range(2)
     ]
     log_lines = "importer log line " * 150
     messages = [system(), user("Make it idempotent."), *agent_turns(26, output=log_lines)]
@@ -180,7 +181,7 @@ async def test_two_replicas_prepare_one_checkpoint_per_span(
     statuses = await asyncio.gather(*(send(proxy) for proxy in replicas))
     assert "precompacting" in statuses
     for proxy in replicas:
-        await proxy.app[BACKGROUND].idle()
+        await proxy.app[SERVICES].background.idle()
     assert len(fake.summary_requests) == 1
 
 
@@ -196,7 +197,7 @@ async def round_in_flight(
     """A proxy whose conversation (``rounds`` tool rounds) has just started a background round
     that summarizes for ``summary_seconds``; and the lease waits counted before it."""
     fake.summary_delay = summary_seconds
-    proxy = await make_proxy(routes=route(upstream_url, **policy))
+    proxy = await make_proxy(routes=routes(upstream_url, **policy))
     waits_before = lease_waits()
     assert (await send(proxy, tool_rounds(rounds)))[0] == "precompacting"
     return proxy, waits_before
@@ -212,7 +213,7 @@ async def test_a_request_that_outgrew_the_round_in_flight_goes_at_once_over_the_
     assert status == "none" and latency < fake.summary_delay
     assert 0.8 * WINDOW <= fake.chat_requests[-1].prompt_tokens < 0.9 * WINDOW
     assert not carries_a_checkpoint(fake) and lease_waits() == waits_before
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     assert (await send(proxy, tool_rounds(30)))[0] == "none"
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
     assert len(fake.summary_requests) == 1
@@ -242,10 +243,10 @@ async def test_a_turn_that_jumps_both_watermarks_is_compacted_behind_it(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     fake.summary_delay = 2.0
-    proxy = await make_proxy(routes=route(upstream_url))
+    proxy = await make_proxy(routes=routes(upstream_url))
     status, latency = await send(proxy, tool_rounds(29))  # first contact, over the threshold
     assert status == "precompacting" and latency < fake.summary_delay
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     await send(proxy, tool_rounds(30))
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
 
@@ -278,7 +279,7 @@ async def test_from_must_compact_on_a_request_goes_at_once_with_older_observatio
     conversation = (await proxy.store.list_conversations())[0].conversation
     records = (await proxy.store.load(conversation)).records
     assert not any(isinstance(r, Prune) for r in records), "the cuts are not committed"
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     assert (await send(proxy, tool_rounds(35)))[0] == "none"
     after = (fake.chat_requests[-1].body or {})["messages"]
     assert carries_a_checkpoint(fake) and not any(cut_by_the_proxy(m) for m in after)
@@ -313,7 +314,7 @@ async def test_on_first_contact_a_history_past_must_compact_waits_for_its_summar
     """No answer yet in this conversation: the proxy has not kept it in its window, and
     the bridge would cut an oversized history nearly whole. It is summarized first."""
     fake.summary_delay = 1.0
-    proxy = await make_proxy(routes=route(upstream_url))
+    proxy = await make_proxy(routes=routes(upstream_url))
     status, latency = await send(proxy, tool_rounds(34))
     assert status == "compacted" and latency >= 1.0
     assert carries_a_checkpoint(fake)
@@ -332,7 +333,7 @@ async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_
     assert status == "none" and latency < fake.summary_delay
     assert 0.9 * WINDOW <= fake.chat_requests[-1].prompt_tokens < WINDOW - WINDOW // 32
     assert not carries_a_checkpoint(fake) and lease_waits() == waits_before
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     assert (await send(proxy, tool_rounds(33)))[0] == "none"
     assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
 
@@ -350,7 +351,7 @@ async def test_a_request_whose_declared_answer_would_not_fit_is_bridged_to_leave
     assert status == "pruned" and latency < 1.0 and lease_waits() == waits_before
     assert fake.chat_requests[-1].prompt_tokens + 3_000 <= WINDOW
     assert not carries_a_checkpoint(fake)
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     assert len(fake.summary_requests) == 1
 
 
@@ -365,7 +366,7 @@ async def test_sigterm_during_a_background_summary_frees_the_lease_and_exits(
     env = {
         "REDIS_URL": private_redis.url,
         "COMPACTION_PROXY_TENANT_SECRET": "sigterm-secret",
-        "COMPACTION_PROXY_ROUTES": orjson.dumps(route(upstream_url)).decode(),
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes(upstream_url)).decode(),
         "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
     }
     async with proxy_process(env) as (process, base):

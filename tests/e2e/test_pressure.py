@@ -8,10 +8,11 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.store import Store
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.store import Store
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+from tests.helpers import route
 
 SMALL_WINDOW = 8_000
 
@@ -35,12 +36,7 @@ def heavy_history() -> list[dict[str, Any]]:
 
 
 def routes(upstream_url: str, window: int | None = SMALL_WINDOW, **policy: Any) -> list[Any]:
-    route: dict[str, Any] = {"model": "small-*", "base_url": upstream_url}
-    if window is not None:
-        route["context_window"] = window
-    if policy:
-        route["policy"] = policy
-    return [route]
+    return [route(upstream_url, "small-*", window, **policy)]
 
 
 async def post(proxy: RunningProxy, messages: list[dict[str, Any]], model: str = "small-model"):  # type: ignore[no-untyped-def]

@@ -17,8 +17,8 @@ import openai
 import orjson
 import pytest
 
-from proxy import __version__
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy import __version__
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import user
 from tests.processes import free_port, proxy_process
 from tests.redis_server import RedisServer
@@ -85,11 +85,12 @@ async def test_metrics_combine_worker_processes(upstream_url: str, tmp_path: Any
 
 
 async def run_serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """``python -m proxy serve`` that is expected to exit: its status and standard error."""
+    """``python -m compaction_proxy serve`` that is expected to exit: its status and its
+    standard error."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "proxy",
+        "compaction_proxy",
         "serve",
         *args,
         env={**os.environ, **(env or {})},

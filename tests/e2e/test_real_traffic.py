@@ -12,13 +12,13 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from prometheus_client import REGISTRY
 
-from proxy.compaction.summarize import framed_summary_text
-from proxy.testing.fake_answers import pairing_error
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.compaction.summarize import framed_summary_text
+from compaction_proxy.testing.fake_answers import pairing_error
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+from tests.helpers import counter, route
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
 
@@ -27,11 +27,11 @@ Message = dict[str, Any]
 MARKER = "characters removed by compaction-proxy"
 
 
-def route(upstream_url: str, window: int, model: str = MODEL, **policy: Any) -> dict[str, Any]:
+def synchronous(
+    upstream_url: str, window: int, model: str = MODEL, **policy: Any
+) -> dict[str, Any]:
     """Precompaction off: these tests look at the request that compacts."""
-    entry: dict[str, Any] = {"model": model, "base_url": upstream_url, "context_window": window}
-    entry["policy"] = {"precompact_ratio": 0, **policy}
-    return entry
+    return route(upstream_url, model, window, **{"precompact_ratio": 0, **policy})
 
 
 async def post(proxy: RunningProxy, messages: list[Message], **extra: Any) -> Any:
@@ -66,14 +66,10 @@ def assert_provider_accepted_everything(fake: FakeUpstream, window: int) -> None
         assert pairing_error(received.body["messages"]) is None
 
 
-def counter(name: str, labels: dict[str, str] | None = None) -> float:
-    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
-
-
 async def test_a_big_file_read_under_pressure_reaches_the_model_whole(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    proxy = await make_proxy(routes=[route(upstream_url, 16_000)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, 16_000)])
     fake.windows[MODEL] = 16_000
     file = "\n".join(f"{n:5}\tdef handler_{n}(request, cache, index):" for n in range(500))
     assert len(file) > 20_000
@@ -104,7 +100,7 @@ async def test_a_message_too_big_for_the_summary_call_is_cut_inside_it_only(
     window = 16_000
     fake.windows[MODEL] = window
     policy = {"pruner": {"user_messages": False}}
-    proxy = await make_proxy(routes=[route(upstream_url, window, **policy)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, window, **policy)])
     messages = agent_conversation(
         7, turns=30, observation_style=True, parallel_every=0, big_reads={8: 40_000}
     )
@@ -133,8 +129,8 @@ async def test_summary_calls_fit_a_summary_model_with_a_smaller_window(
     fake.windows["small-summarizer"] = 8_000
     proxy = await make_proxy(
         routes=[
-            route(upstream_url, 32_000, summary_model="small-summarizer"),
-            route(upstream_url, 8_000, model="small-summarizer"),
+            synchronous(upstream_url, 32_000, summary_model="small-summarizer"),
+            synchronous(upstream_url, 8_000, model="small-summarizer"),
         ]
     )
     statuses = await replay(proxy, agent_conversation(3, turns=45))
@@ -168,7 +164,7 @@ async def test_a_moving_cache_breakpoint_keeps_checkpoints_applying(
     # short to fit the call): spans end at a message that still carried a breakpoint when it
     # was summarized, and has lost it by the next request.
     policy = {"retain_tokens": 0, "max_tokens": 1024}
-    proxy = await make_proxy(routes=[route(upstream_url, window, **policy)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, window, **policy)])
     misses = counter("compaction_proxy_checkpoint_misses_total")
     messages = agent_conversation(4, turns=40, observation_style=True, parallel_every=0)
     await replay(proxy, messages, caching_client)
@@ -195,7 +191,7 @@ async def test_conversations_sharing_their_first_message_never_stop_each_other(
     # without a session id share one conversation id.
     window = 16_000
     fake.windows[MODEL] = window
-    proxy = await make_proxy(routes=[route(upstream_url, window)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, window)])
     stopped = counter("compaction_proxy_proactive_compaction_stopped_total")
     first_run = agent_conversation(5, turns=35)
     second_run = [*first_run[:2], *agent_conversation(6, turns=35)[2:]]
@@ -208,8 +204,7 @@ async def test_conversations_sharing_their_first_message_never_stop_each_other(
 
 
 def over_threshold(reason: str) -> float:
-    labels = {"route": MODEL, "reason": reason}
-    return counter("compaction_proxy_over_threshold_requests_total", labels)
+    return counter("compaction_proxy_over_threshold_requests_total", route=MODEL, reason=reason)
 
 
 async def test_a_request_left_over_its_threshold_is_counted_and_logged_once_per_reason(
@@ -219,7 +214,7 @@ async def test_a_request_left_over_its_threshold_is_counted_and_logged_once_per_
     caplog: Any,
 ) -> None:
     fake.summary_failures = 10
-    proxy = await make_proxy(routes=[route(upstream_url, 16_000)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, 16_000)])
     before = {r: over_threshold(r) for r in ("summary_failed", "cooldown")}
     history = [system(), user("Port the scheduler."), *agent_turns(35, output="trace " * 400)]
     for extra in range(3):
@@ -237,7 +232,7 @@ async def test_a_request_left_over_its_threshold_is_counted_and_logged_once_per_
 async def test_a_live_turn_that_cannot_fit_is_forwarded_as_sent_without_a_summary(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    proxy = await make_proxy(routes=[route(upstream_url, 8_000)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, 8_000)])
     before = over_threshold("live_turn")
     history = [
         system(),
@@ -255,7 +250,7 @@ async def test_a_live_turn_that_cannot_fit_is_forwarded_as_sent_without_a_summar
 async def test_integers_beyond_64_bits_survive_a_compacted_request(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    proxy = await make_proxy(routes=[route(upstream_url, 16_000)])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, 16_000)])
     big = 123456789012345678901234567890
     history = [system(), user("Port the scheduler."), *agent_turns(35, output="trace " * 400)]
     history.append({**user("Go on."), "x_sequence": big})  # a field of a message kept as sent
@@ -275,7 +270,7 @@ async def test_a_lone_surrogate_goes_on_as_sent_and_its_conversation_compacts(
     surrogate escape: valid JSON, which some providers take. The proxy reads it, compacts
     around it and sends it on as it came."""
     stores = {"memory": {}, "redis": {"store_url": REDIS_URL}}
-    proxy = await make_proxy(routes=[route(upstream_url, 16_000)], **stores[store])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, 16_000)], **stores[store])
     cut = "deploy log \U0001f680 " * 3 + "\ud83d"  # ends on half an emoji
     history = [
         system(),

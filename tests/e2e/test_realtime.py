@@ -12,18 +12,18 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.upstream import HOP_HEADER
-from proxy.websocket_relay import offered_protocols
+from compaction_proxy.http.websocket_relay import offered_protocols
+from compaction_proxy.security.outbound import HOP_HEADER
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import counter
 from tests.processes import free_port
 
 
 def sessions_counted() -> float:
     labels = {"path": "/v1/realtime", "method": "GET", "outcome": "websocket"}
-    return REGISTRY.get_sample_value("compaction_proxy_passthrough_requests_total", labels) or 0
+    return counter("compaction_proxy_passthrough_requests_total", **labels)
 
 
 async def closes_recorded(fake: FakeUpstream, count: int) -> list[int | None]:

@@ -10,12 +10,13 @@ import openai
 import redis.asyncio
 from prometheus_client import REGISTRY
 
-from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
-from proxy.keys import TENANT_SECRET
-from proxy.store import BeginResult
-from proxy.store.redis import RedisStore
-from proxy.tenant import tenant_of
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.conversation.messages import chain_hashes, chain_root, split_head
+from compaction_proxy.conversation.replacements import Checkpoint
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.security.tenant import tenant_of
+from compaction_proxy.store import BeginResult
+from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
 from tests.redis_server import RedisServer
@@ -41,7 +42,10 @@ async def ask(proxy: RunningProxy, messages: list[dict[str, Any]]) -> tuple[str,
 
 
 async def ready(proxy: RunningProxy) -> int:
-    async with aiohttp.ClientSession() as http, http.get(f"{proxy.root}/readyz") as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.root}/readyz") as response,
+    ):
         return response.status
 
 
@@ -97,7 +101,7 @@ async def test_records_and_log_survive_a_proxy_restart(
     assert conversation is not None
 
     # A compaction committed by the first instance (the engine comes later; the record is real).
-    root = chain_root(tenant_of(await first.app[TENANT_SECRET].get(), "k"))
+    root = chain_root(tenant_of(await first.app[SERVICES].tenant_secret.get(), "k"))
     chain = chain_hashes(root, split_head(history)[1])
     summary = user("<compacted-summary>the story so far</compacted-summary>")
     record = Checkpoint(0, 4, root, chain[4], summary, tokens=9)  # ends at a tool result
@@ -151,7 +155,7 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
     assert fake.summary_requests
     assert all(r.prompt_tokens <= 16_000 for r in fake.chat_requests)
     # The restarted Redis holds the whole body again, though this process remembered a tip.
-    from proxy.log_view import latest_request
+    from compaction_proxy.conversation.log_view import latest_request
 
     conversation = raw.headers["x-compaction-conversation"]
     store = RedisStore(private_redis.url)
@@ -172,7 +176,7 @@ async def test_replicas_agree_on_the_generated_tenant_secret_after_redis_loses_i
 
     async def replica() -> RunningProxy:
         proxy = await make_proxy(store_url=private_redis.url, tenant_secret=None)
-        proxy.app[TENANT_SECRET].refresh_seconds = 0  # look at the store on every request
+        proxy.app[SERVICES].tenant_secret.refresh_seconds = 0  # look at the store on every request
         return proxy
 
     async def flush() -> None:

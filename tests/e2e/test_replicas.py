@@ -11,17 +11,17 @@ from typing import Any
 import openai
 import orjson
 
-from proxy.compaction.prune import prune_content
-from proxy.compaction.summarize import frame
-from proxy.config import PrunerPolicy
-from proxy.conversation import Checkpoint, Prune, ReplacementRecord
-from proxy.log_view import latest_request
-from proxy.policy import bridge_pruner
-from proxy.request_view import RequestView
-from proxy.store.redis import RedisStore
-from proxy.surface import Surface
-from proxy.tenant import TenantSecret, tenant_of
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.compaction.model_policy import bridge_pruner
+from compaction_proxy.compaction.prune import prune_content
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.compaction.summarize import frame
+from compaction_proxy.config.settings import PrunerPolicy
+from compaction_proxy.conversation.log_view import latest_request
+from compaction_proxy.conversation.replacements import Checkpoint, Prune, ReplacementRecord
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.security.tenant import TenantSecret, tenant_of
+from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import REDIS_URL
 from tests.processes import proxy_process
 from tests.transcripts import replay_requests, transcript_named

@@ -9,16 +9,17 @@ from typing import Any
 import openai
 import redis.asyncio as aioredis
 
-from proxy.keys import PENDING_RECORDS
+from compaction_proxy.http.app_keys import SERVICES
 from tests.builders import system, user
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import route
 from tests.redis_server import RedisServer
 
 MODEL = "path-model"
 
 
 def routes(upstream_url: str) -> list[dict[str, Any]]:
-    return [{"model": "path-*", "base_url": upstream_url, "context_window": 64_000}]
+    return [route(upstream_url, "path-*", 64_000)]
 
 
 async def ask(proxy: RunningProxy, session: str, turns: int) -> None:
@@ -31,7 +32,7 @@ async def ask(proxy: RunningProxy, session: str, turns: int) -> None:
         await client.chat.completions.create(
             model=MODEL, messages=messages, extra_headers={"X-Session-Id": session}
         )
-    await proxy.app[PENDING_RECORDS].settled_all()
+    await proxy.app[SERVICES].pending_records.settled_all()
 
 
 class Commands:
@@ -96,7 +97,7 @@ async def test_a_redis_that_lost_its_scripts_gets_them_again(
     # A new conversation: its first request writes the index in the same pipeline.
     await ask(proxy, "after-flush", 1)
     await ask(proxy, "before-flush", 2)
-    listed = {c.attributes.get("session"): c for c in await proxy.store.list_conversations()}
+    listed = {c.attributes.session: c for c in await proxy.store.list_conversations()}
     assert {"before-flush", "after-flush"} <= set(listed)
     # The pipelined script really ran once loaded again: the new conversation is logged.
     page = await proxy.store.read_log(listed["after-flush"].conversation, None, 100)
@@ -143,5 +144,5 @@ async def test_the_answer_does_not_wait_for_the_requests_log_write(
         await asyncio.sleep(0.3)
         written.set()
         await asyncio.wait_for(following, timeout=20)
-    await proxy.app[PENDING_RECORDS].settled_all()
+    await proxy.app[SERVICES].pending_records.settled_all()
     assert order == ["load", "record", "load", "record"]

@@ -14,10 +14,11 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from proxy.keys import BACKGROUND, PENDING_RECORDS
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.encodings import compressed
+from tests.helpers import counter, route
 
 MODEL = "resp-small"
 WINDOW = 16_000
@@ -39,8 +40,7 @@ OPENING = "FACT-1: the release branch is release-7. Fix the flaky importer test.
 
 def routes(upstream_url: str, window: int | None = WINDOW) -> list[dict[str, Any]]:
     # Synchronous compaction: the tests read what the request that crossed was sent.
-    route = {"model": "resp-*", "base_url": upstream_url, "policy": {"precompact_ratio": 0}}
-    return [{**route, "context_window": window} if window else route]
+    return [route(upstream_url, "resp-*", window or None, precompact_ratio=0)]
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ async def test_a_streamed_response_is_relayed_and_its_usage_anchors_the_meter(
                 usage = event.response.usage
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert text == "Done (1 items read)." and usage is not None
-    await proxy.app[PENDING_RECORDS].settled_all()
+    await proxy.app[SERVICES].pending_records.settled_all()
     state = await proxy.store.load(conversation)
     assert state.anchor is not None and state.anchor.prompt_tokens == usage.input_tokens
 
@@ -230,12 +230,7 @@ async def test_an_overflow_in_the_responses_shape_is_recovered_streamed(
             {"type": "function_call_output", "call_id": f"c{step}", "output": observation(step)},
         ]
     items.append({"role": "user", "content": "Where are we?"})
-    before = (
-        REGISTRY.get_sample_value(
-            "compaction_proxy_overflow_recoveries_total", {"result": "retried"}
-        )
-        or 0
-    )
+    before = counter("compaction_proxy_overflow_recoveries_total", result="retried")
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
         stream = await client.responses.create(model=MODEL, input=items, stream=True)
         kinds = [event.type async for event in stream]
@@ -252,7 +247,7 @@ async def test_a_stateful_request_is_forwarded_as_sent_and_counted(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
     labels = {"route": "resp-*", "outcome": "stateful"}
-    before = REGISTRY.get_sample_value("compaction_proxy_requests_total", labels) or 0
+    before = counter("compaction_proxy_requests_total", **labels)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
         response = await client.responses.create(
             model=MODEL, previous_response_id="resp_earlier", input="And then?"
@@ -332,7 +327,7 @@ async def test_an_agent_loop_outgrowing_its_background_round_goes_on_through_the
         bridged = forwarded_inputs(fake)[statuses.index("pruned")]
         outputs = [i["output"] for i in bridged if i.get("type") == "function_call_output"]
         assert CUT in outputs[0] and CUT not in outputs[-1], "oldest cut, the newest whole"
-        await proxy.app[BACKGROUND].idle()
+        await proxy.app[SERVICES].background.idle()
         await client.responses.create(**REQUEST, input=items, tools=TOOLS)
     last = forwarded_inputs(fake)[-1]
     assert "<compacted-summary>" in last[0]["content"]

@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.conversation import live_turn_start, split_head
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.conversation.messages import live_turn_start, split_head
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 from tests.e2e.test_transcript_replay import BASH_TOOL, FACTS, plant_facts
 from tests.sdk import unwalked

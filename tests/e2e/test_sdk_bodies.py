@@ -7,8 +7,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.conversation import split_head
-from proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.conversation.messages import split_head
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.e2e.test_responses_replay import BASH, as_items
 from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
 from tests.sdk import unwalked

@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.keys import PENDING_RECORDS
-from proxy.store import BeginResult
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.store import BeginResult
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.redis_server import RedisServer
@@ -126,13 +126,14 @@ async def test_two_api_keys_with_one_session_id_never_share_a_log(proxy: Running
 
 
 async def test_checkpoint_reaches_only_its_own_tenant(proxy: RunningProxy, fake: Any) -> None:
-    from proxy.conversation import Checkpoint, chain_hashes, chain_root, split_head
-    from proxy.keys import TENANT_SECRET
-    from proxy.tenant import tenant_of
+    from compaction_proxy.conversation.messages import chain_hashes, chain_root, split_head
+    from compaction_proxy.conversation.replacements import Checkpoint
+    from compaction_proxy.http.app_keys import SERVICES
+    from compaction_proxy.security.tenant import tenant_of
 
     history = [system(), user("same opening"), *agent_turns(3)]
     session = {"X-Session-Id": "shared-run"}
-    secret = await proxy.app[TENANT_SECRET].get()
+    secret = await proxy.app[SERVICES].tenant_secret.get()
     root = chain_root(tenant_of(secret, "sk-alice"))
     chain = chain_hashes(root, split_head(history)[1])
     summary = user("<compacted-summary>A</compacted-summary>")
@@ -182,7 +183,7 @@ async def test_a_rewriting_clients_log_grows_linearly_and_still_reads_back(
     # A client that rewrites its first message every turn shares no chain hash with its own
     # previous request. Its log grows by what is new each turn (the rewritten message and the
     # new turn), not by its whole body, and its latest request still reads back whole.
-    from proxy.log_view import latest_request
+    from compaction_proxy.conversation.log_view import latest_request
 
     proxy = await make_proxy()
     turns = 30
@@ -214,7 +215,7 @@ async def test_a_huge_first_request_is_logged_whole_in_batches(
     must not hold the server for a whole huge body), and other clients are served between
     them (the in-process store never waits on I/O, so nothing else would let them); it still
     reads back whole and in order, and the next turn logs only what is new."""
-    from proxy.request_log import LOG_BATCH
+    from compaction_proxy.service.record import LOG_BATCH
 
     store_url = private_redis.url if backend == "redis" else "memory://"
     proxy = await make_proxy(store_url=store_url)
@@ -238,7 +239,7 @@ async def test_a_huge_first_request_is_logged_whole_in_batches(
     ticker = asyncio.create_task(another_client())
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
         conversation, _ = await send(client, history)
-        await proxy.app[PENDING_RECORDS].settled_all()  # logged with the request's record
+        await proxy.app[SERVICES].pending_records.settled_all()  # logged with the request's record
         first_batches = list(ticks_at_batches)
         again, _ = await send(
             client, [*history, {"role": "assistant", "content": "ok"}, user("more")]

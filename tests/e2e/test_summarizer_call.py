@@ -9,7 +9,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.compaction.summarize import SummaryFailed, call_summarizer, frame, framed_summary_text
+from compaction_proxy.compaction.summarize import (
+    SummaryFailed,
+    call_summarizer,
+    frame,
+    framed_summary_text,
+)
 
 
 def completion(content: Any, finish: str = "stop", **message: Any) -> dict[str, Any]:

@@ -25,12 +25,12 @@ import openai
 import orjson
 import pytest
 
-from proxy.compaction.summarize import framed_summary_text
-from proxy.conversation import live_turn_start, split_head
-from proxy.keys import BACKGROUND
-from proxy.testing.fake_answers import pairing_error
-from proxy.testing.fake_upstream import FakeUpstream, Received
-from proxy.tokenizers import encoding
+from compaction_proxy.compaction.summarize import framed_summary_text
+from compaction_proxy.conversation.messages import live_turn_start, split_head
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.metering.tokenizers import encoding
+from compaction_proxy.testing.fake_answers import pairing_error
+from compaction_proxy.testing.fake_upstream import FakeUpstream, Received
 from tests.conftest import ProxyFactory
 from tests.sdk import unwalked
 from tests.transcripts import VARIANTS, Transcript, replay_requests, transcript_named, transcripts
@@ -200,7 +200,7 @@ async def replay(
         if uses_tools:
             assert received.body["tool_choice"] == "none"
 
-    await proxy.app[BACKGROUND].idle()
+    await proxy.app[SERVICES].background.idle()
     log = await proxy.read_log(conversation, limit=100_000)
     committed = [
         e

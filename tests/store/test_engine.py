@@ -9,22 +9,17 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction import triggers
-from proxy.compaction.engine import (
-    FAILED_AT,
-    Engine,
-    EngineSettings,
-    Outcome,
-)
-from proxy.compaction.planning import CompactionJob
-from proxy.compaction.prune import Pruner
-from proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFailed
-from proxy.config import Policy
-from proxy.conversation import Checkpoint
-from proxy.meter import TokenMeter
-from proxy.policy import Budgets
-from proxy.request_view import RequestView
-from proxy.store import BeginResult, Store, StoreUnavailable
+from compaction_proxy.compaction import triggers
+from compaction_proxy.compaction.engine import Engine, EngineSettings, Outcome
+from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFailed
+from compaction_proxy.config.settings import Policy
+from compaction_proxy.conversation.replacements import Checkpoint
+from compaction_proxy.metering.meter import TokenMeter
+from compaction_proxy.store import BeginResult, Store, StoreUnavailable
 from tests.builders import agent_turns, system, user
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
@@ -140,7 +135,7 @@ async def test_failed_summary_leaves_the_surface_untouched_and_cools_down(
     assert relief.surface.messages == job.view.head + job.view.body
     state = await store.load(conversation)
     assert state.records == () and state.generation == 0 and state.lease_owner is None
-    assert FAILED_AT in state.attributes
+    assert state.attributes.compaction_failed_at is not None
     end = (await log_of(store, conversation))[-1]
     assert (end["type"], end["error"], end["detail"]) == (
         "compaction/end",

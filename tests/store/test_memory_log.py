@@ -8,8 +8,8 @@ import asyncio
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio
-from proxy.store import MemoryStore
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.store import MemoryStore
 
 MAX_EVENTS = 100  # the smallest bound the store takes
 

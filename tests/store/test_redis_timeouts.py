@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.store import StoreUnavailable
-from proxy.store.redis import RedisStore
+from compaction_proxy.store import StoreUnavailable
+from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.redis import RedisStore
 from tests.redis_server import RedisServer
 
 BOUND = 0.5  # seconds a store operation may take (twice it, 1 s, is what the test tells apart)
@@ -32,7 +33,7 @@ def pause(server: RedisServer, paused: bool) -> None:
 async def test_an_operation_on_a_paused_redis_gives_up_within_its_bound(
     store: RedisStore, private_redis: RedisServer
 ) -> None:
-    await store.append("c", [], attributes={"name": "c"})
+    await store.append("c", [], attributes=ConversationAttributes(session="c"))
     pause(private_redis, True)
     try:
         started = time.monotonic()
@@ -44,7 +45,7 @@ async def test_an_operation_on_a_paused_redis_gives_up_within_its_bound(
     assert raised.value.operation == "load"
     # The bound holds for the whole operation: redis-py's one retry does not double it.
     assert BOUND * 0.9 <= elapsed < BOUND * 1.8
-    assert (await store.load("c")).attributes == {"name": "c"}
+    assert (await store.load("c")).attributes == ConversationAttributes(session="c")
 
 
 async def test_connections_cut_off_mid_command_never_answer_the_next_caller(
@@ -52,7 +53,7 @@ async def test_connections_cut_off_mid_command_never_answer_the_next_caller(
 ) -> None:
     names = [f"conversation-{i}" for i in range(8)]
     for name in names:
-        await store.append(name, [], attributes={"name": name})
+        await store.append(name, [], attributes=ConversationAttributes(session=name))
     pause(private_redis, True)
     try:
         # Eight commands in flight on eight connections, each cut off while its answer is
@@ -67,7 +68,7 @@ async def test_connections_cut_off_mid_command_never_answer_the_next_caller(
         # A connection that went back to the pool half-read would answer with another
         # conversation's state.
         states = await asyncio.gather(*(store.load(name) for name in reversed(names)))
-        assert [state.attributes["name"] for state in states] == list(reversed(names))
+        assert [state.attributes.session for state in states] == list(reversed(names))
 
 
 async def test_a_write_cut_off_by_the_bound_leaves_the_store_usable(
@@ -76,9 +77,13 @@ async def test_a_write_cut_off_by_the_bound_leaves_the_store_usable(
     pause(private_redis, True)
     try:
         with pytest.raises(StoreUnavailable) as raised:
-            await store.record_request("w", [{"type": "request"}], attributes={"name": "w"})
+            await store.record_request(
+                "w", [{"type": "request"}], attributes=ConversationAttributes(session="w")
+            )
     finally:
         pause(private_redis, False)
     assert raised.value.operation == "record_request"
-    await store.record_request("w", [{"type": "request"}], attributes={"name": "w2"})
-    assert (await store.load("w")).attributes["name"] == "w2"
+    await store.record_request(
+        "w", [{"type": "request"}], attributes=ConversationAttributes(session="w2")
+    )
+    assert (await store.load("w")).attributes.session == "w2"

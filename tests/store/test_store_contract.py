@@ -7,9 +7,12 @@ import uuid
 
 import pytest
 
-from proxy.conversation import Checkpoint, Prune
-from proxy.store import Anchor, BeginResult, MemoryStore, MessageEvent, Store
-from proxy.store.redis import RedisStore
+from compaction_proxy.conversation.log_events import MessageEvent
+from compaction_proxy.conversation.replacements import Checkpoint, Prune
+from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.store import BeginResult, MemoryStore, Store
+from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.redis import RedisStore
 from tests.conftest import REDIS_URL
 
 START = {"type": "compaction/start"}
@@ -65,9 +68,13 @@ async def test_append_logs_new_messages_then_plain_events(store: Store, conversa
 
 
 async def test_attributes_are_kept(store: Store, conversation: str) -> None:
-    await store.append(conversation, [], attributes={"tenant": "t1", "last_seen": "12.5"})
-    await store.append(conversation, [], attributes={"last_seen": "13.0"})
-    assert (await store.load(conversation)).attributes == {"tenant": "t1", "last_seen": "13.0"}
+    await store.append(
+        conversation, [], attributes=ConversationAttributes(tenant="t1", last_seen=12.5)
+    )
+    await store.append(conversation, [], attributes=ConversationAttributes(last_seen=13.0))
+    assert (await store.load(conversation)).attributes == ConversationAttributes(
+        tenant="t1", last_seen=13.0
+    )
 
 
 async def test_only_one_of_ten_racers_takes_the_lease(store: Store, conversation: str) -> None:
@@ -198,10 +205,12 @@ async def test_wait_for_lease_is_bounded(store: Store, conversation: str) -> Non
 async def test_recorded_request_replaces_the_anchor(store: Store, conversation: str) -> None:
     first = Anchor("hash-3", 5, 1200, 1180)
     usage = {"type": "usage", "prompt_tokens": 1200}
-    await store.record_request(conversation, [{"type": "request"}, usage], first, {"p": "0.5"})
+    await store.record_request(
+        conversation, [{"type": "request"}, usage], first, ConversationAttributes(last_pressure=0.5)
+    )
     await store.record_request(conversation, [{"type": "usage", "prompt_tokens": 1}], None)
     state = await store.load(conversation)
-    assert state.anchor == first and state.attributes == {"p": "0.5"}
+    assert state.anchor == first and state.attributes == ConversationAttributes(last_pressure=0.5)
     second = Anchor("hash-9", 9, 2000, 1990, tip_hash="chain-9")
     await store.record_request(conversation, [], second)
     assert (await store.load(conversation)).anchor == second
@@ -215,10 +224,12 @@ async def test_a_recorded_request_logs_its_new_messages_before_its_events(
     attributes and anchor; the logged tip moves to its last message."""
     anchor = Anchor("hash-2", 2, 900, 880)
     request = {"type": "request"}
-    await store.record_request(conversation, [request], anchor, {"tenant": "t"}, messages(3))
+    await store.record_request(
+        conversation, [request], anchor, ConversationAttributes(tenant="t"), messages(3)
+    )
     state = await store.load(conversation)
     assert state.logged_tip == (2, "hash-2")
-    assert state.attributes == {"tenant": "t"} and state.anchor == anchor
+    assert state.attributes == ConversationAttributes(tenant="t") and state.anchor == anchor
     assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
     await store.record_request(conversation, [request], messages=messages(5))
     state = await store.load(conversation)
@@ -307,12 +318,14 @@ async def test_begin_is_stale_when_the_generation_moved_on(store: Store, convers
 async def test_recently_active_conversations_are_listed_newest_first(store: Store) -> None:
     names = [f"test-list-{uuid.uuid4().hex}" for _ in range(3)]
     for name in names:
-        await store.append(name, messages(1), attributes={"tenant": "t", "last_pressure": "0.5"})
+        await store.append(
+            name, messages(1), attributes=ConversationAttributes(tenant="t", last_pressure=0.5)
+        )
         await asyncio.sleep(0.01)
     listed = await store.list_conversations(limit=1000)
     ours = [s for s in listed if s.conversation in names]
     assert [s.conversation for s in ours] == names[::-1]
-    assert all(s.attributes["tenant"] == "t" and s.generation == 0 for s in ours)
+    assert all(s.attributes.tenant == "t" and s.generation == 0 for s in ours)
     assert len(await store.list_conversations(limit=2)) == 2
     page = await store.list_conversations(limit=2, offset=1)
     assert [s.conversation for s in page] == [s.conversation for s in listed[1:3]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.tenant import api_key_of
+from compaction_proxy.security.tenant import api_key_of
 
 BROWSER = "realtime, openai-insecure-api-key.sk-browser"
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from proxy.compaction.background import precompaction_retain, wants_precompaction
-from proxy.config import ConfigError, Policy, load_settings
-from proxy.policy import Budgets, answer_reserve, budgets
+from compaction_proxy.compaction.background import precompaction_retain, wants_precompaction
+from compaction_proxy.compaction.model_policy import Budgets, answer_reserve, budgets
+from compaction_proxy.config.settings import ConfigError, Policy, load_settings
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.compaction.breaker import SummaryBreaker, means_unavailable
+from compaction_proxy.compaction.guards.breaker import SummaryBreaker, means_unavailable
 from tests.builders import Clock
 
 

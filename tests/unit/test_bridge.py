@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.compaction.bridge import bridge_cuts
-from proxy.compaction.prune import MARKER, Pruner, prune_content
-from proxy.config import PrunerPolicy
-from proxy.conversation import Message
-from proxy.policy import bridge_pruner
-from proxy.store.base import Anchor
-from proxy.surface import SurfaceNode
+from compaction_proxy.compaction.bridge import bridge_cuts
+from compaction_proxy.compaction.model_policy import bridge_pruner
+from compaction_proxy.compaction.prune import MARKER, Pruner, prune_content
+from compaction_proxy.config.settings import PrunerPolicy
+from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.surface import SurfaceNode
+from compaction_proxy.metering.anchor import Anchor
 from tests.builders import assistant, tool, user
 
 BRIDGE = Pruner(threshold_chars=40, head_chars=6, tail_chars=4)

@@ -6,9 +6,13 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.ceiling import ROUTE_CEILING, TENANT_CEILING, SummaryCeilings
-from proxy.sliding import SlidingWindows
-from proxy.store.base import StoreUnavailable
+from compaction_proxy.compaction.guards.ceilings import (
+    ROUTE_CEILING,
+    TENANT_CEILING,
+    SummaryCeilings,
+)
+from compaction_proxy.store.base import StoreUnavailable
+from compaction_proxy.store.sliding_windows import SlidingWindows
 from tests.builders import Clock
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.chat_request import parse_chat_request
-from proxy.errors import BadRequest
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.chat import parse_chat_request
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.app import create_app
-from proxy.cli import main, resolved_routes
-from proxy.config import ConfigError, load_settings, redacted_url
-from proxy.policy import budgets, configured_window, resolve_policy, route_for
+from compaction_proxy.compaction.model_policy import budgets
+from compaction_proxy.config.policy import configured_window, resolve_policy, route_for
+from compaction_proxy.config.settings import ConfigError, load_settings, redacted_url
+from compaction_proxy.ops.app import create_app
+from compaction_proxy.ops.cli import main, resolved_routes
 
 REPO_CONFIG = Path(__file__).parents[2] / "config" / "proxy.yaml"
 
@@ -136,7 +137,7 @@ def test_policy_layers_defaults_route_then_exact_model(tmp_path: Path) -> None:
 def test_budgets_are_floored_shares_of_the_window(
     ratios: tuple[float, float | None, int | None], window: int, expected: tuple[int, int]
 ) -> None:
-    from proxy.config import Policy
+    from compaction_proxy.config.settings import Policy
 
     threshold, retain_ratio, retain_tokens = ratios
     policy = Policy(
@@ -219,7 +220,7 @@ def test_check_config_rejects_a_bad_file(
 def test_an_unknown_setting_variable_is_named_by_check_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.config import unknown_environment
+    from compaction_proxy.config.settings import unknown_environment
 
     monkeypatch.setenv("COMPACTION_PROXY_TRESHOLD_RATIO", "0.5")  # misspelled
     monkeypatch.setenv("COMPACTION_PROXY_POLICY__THRESHOLD_RATIO", "0.5")  # nested: known
@@ -243,7 +244,10 @@ def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
     ("text", "named"),
     [
         ("port: 8080\nhost: h\nstore_url: mysql://h\n", "proxy.yaml:3)"),
-        ("routes:\n  - model: x\n    base_url: http://h/v1\n    bogus: 1\n", "proxy.yaml:4)"),
+        (
+            "routes:\n  - model: x\n    base_url: http://h/v1\n    bogus: 1\n",
+            "proxy.yaml:4)",
+        ),
         ("policy:\n  pruner:\n\n    head_chars: x\n", "proxy.yaml:4)"),
     ],
 )

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.content_coding import (
+from compaction_proxy.http.body_encoding import (
     DecodedTooLarge,
     UndecodableBody,
     UnknownCoding,

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import request_view
-from proxy.context import context_fingerprint, normalized_instructions
-from proxy.request_view import RequestView
+from compaction_proxy.compaction import request_view
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.conversation.fingerprint import context_fingerprint, normalized_instructions
 from tests.builders import system
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

@@ -9,11 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.chat_request import parse_chat_request
-from proxy.conversation import (
-    Checkpoint,
-    Prune,
-    ReplacementRecord,
+from compaction_proxy.conversation.messages import (
     branch_fingerprint,
     canonical_message,
     chain_hashes,
@@ -22,14 +18,25 @@ from proxy.conversation import (
     is_valid_session_id,
     live_turn_start,
     message_digest,
+    split_head,
+)
+from compaction_proxy.conversation.replacements import (
+    Checkpoint,
+    Prune,
+    ReplacementRecord,
     pruned_message,
     record_from_dict,
     record_to_dict,
-    split_head,
 )
-from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import RecentBodies
-from proxy.surface import Surface, SurfaceNode, derive_surface, missed_checkpoints
+from compaction_proxy.conversation.surface import (
+    Surface,
+    SurfaceNode,
+    derive_surface,
+    missed_checkpoints,
+)
+from compaction_proxy.formats.chat import parse_chat_request
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.parsing.recent_bodies import RecentBodies
 from tests.builders import Message, agent_turns, assistant, system, tool, user
 
 ROOT = chain_root("tenant-a")
@@ -504,7 +511,7 @@ def test_a_prune_without_offsets_applies_its_stored_content() -> None:
 
 
 def test_integers_beyond_64_bits_hash_and_serialize_unchanged() -> None:
-    from proxy import jsonio
+    from compaction_proxy.parsing import jsonio
 
     big = 123456789012345678901234567890
     raw = b'{"a":123456789012345678901234567890,"b":[1.5,"x"]}'
@@ -519,7 +526,7 @@ def test_integers_beyond_64_bits_hash_and_serialize_unchanged() -> None:
 def test_a_big_integer_is_kept_wherever_it_falls_in_a_large_body(offset: int) -> None:
     """The scan for integers orjson cannot hold runs in windows; a run across a window's edge
     is still found."""
-    from proxy import jsonio
+    from compaction_proxy.parsing import jsonio
 
     prefix = b'{"pad":"' + b"x" * offset + b'","n":'
     raw = prefix + b"12345678901234567890123}"
@@ -533,7 +540,7 @@ def test_a_big_integer_is_kept_wherever_it_falls_in_a_large_body(offset: int) ->
 def test_a_document_orjson_refuses_reads_its_integers_as_orjson_reads_them(number: bytes) -> None:
     """A lone surrogate escape sends a document to the standard library: its integers still
     read as orjson's, so a body reads the same whole or a message at a time."""
-    from proxy import jsonio
+    from compaction_proxy.parsing import jsonio
 
     read = jsonio.loads_fast(b'{"cut":"\\ud83d","n":' + number + b"}")["n"]
     expected = orjson.loads(number)
@@ -551,7 +558,7 @@ def test_a_document_orjson_refuses_reads_its_integers_as_orjson_reads_them(numbe
 def test_a_lone_surrogate_escape_is_read_as_json_allows_and_written_back_escaped(
     raw: bytes, read: dict[str, str]
 ) -> None:
-    from proxy import jsonio
+    from compaction_proxy.parsing import jsonio
 
     assert jsonio.loads_fast(raw) == jsonio.loads(raw) == read
     assert jsonio.loads(jsonio.dumps(read)) == read
@@ -561,14 +568,14 @@ def test_a_lone_surrogate_escape_is_read_as_json_allows_and_written_back_escaped
 def test_what_no_parser_reads_is_refused_in_orjsons_words(raw: bytes) -> None:
     import orjson
 
-    from proxy import jsonio
+    from compaction_proxy.parsing import jsonio
 
     with pytest.raises(orjson.JSONDecodeError):
         jsonio.loads_fast(raw)
 
 
 def test_records_inside_a_new_checkpoint_on_its_branch_are_superseded() -> None:
-    from proxy.conversation import superseded_by
+    from compaction_proxy.conversation.replacements import superseded_by
 
     body = conversation()
     chain = chain_hashes(ROOT, body)

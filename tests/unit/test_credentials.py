@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import Route
-from proxy.credentials import operator_query, summary_call_headers, summary_call_query
+from compaction_proxy.config.settings import Route
+from compaction_proxy.security.credentials import (
+    operator_query,
+    summary_call_headers,
+    summary_call_query,
+)
 
 OPENAI = Route(model="gpt-*", base_url="https://api.openai.com/v1")  # type: ignore[arg-type]
 ALSO_OPENAI = Route(model="o*", base_url="https://api.openai.com/v1")  # type: ignore[arg-type]

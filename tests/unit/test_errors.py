@@ -6,7 +6,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.errors import upstream_failed
+from compaction_proxy.http.errors import upstream_failed
 
 
 @pytest.mark.parametrize(

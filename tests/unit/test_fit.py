@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.fit import clip_for_call, clipped_span, summary_budget
-from proxy.content import text_of
+from compaction_proxy.compaction.fit import clip_for_call, clipped_span, summary_budget
+from compaction_proxy.conversation.text import text_of
 from tests.builders import tool, user
 
 FIXED = 1_500  # head, tools and instruction

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import json_layout, jsonio
-from proxy.json_layout import elements_between, layout_of, top_level_array
+from compaction_proxy.parsing import json_layout, jsonio
+from compaction_proxy.parsing.json_layout import elements_between, layout_of, top_level_array
 from tests.strategies import junk, messages, texts
 
 STYLES = {

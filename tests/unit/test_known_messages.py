@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio
-from proxy.chat_request import parse_chat_request
-from proxy.conversation import message_digest
-from proxy.errors import BadRequest
-from proxy.known_messages import KnownMessages
+from compaction_proxy.conversation.messages import message_digest
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.chat import parse_chat_request
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.parsing import jsonio
 from tests.strategies import messages
 
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from proxy import lazy_litellm
-from proxy.meter import counter_for
+from compaction_proxy.metering import lazy_litellm
+from compaction_proxy.metering.meter import counter_for
 
 
 @pytest.fixture

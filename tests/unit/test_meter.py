@@ -6,11 +6,16 @@ from typing import Any
 
 import pytest
 
-from proxy.meter import UNDER_REPORT_MARGIN, Measurement, TokenMeter, counter_for
-from proxy.request_view import RequestView
-from proxy.store.base import Anchor
-from proxy.testing.fake_upstream import FakeUpstream
-from proxy.windows import LearnedWindows, mapped_window, resolve_window
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.metering.meter import (
+    UNDER_REPORT_MARGIN,
+    Measurement,
+    TokenMeter,
+    counter_for,
+)
+from compaction_proxy.metering.windows import LearnedWindows, mapped_window, resolve_window
+from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.transcripts import replay_requests, transcripts
 
@@ -106,7 +111,7 @@ def test_history_is_counted_once_per_message() -> None:
             calls += 1
             return counter(text)
 
-    import proxy.meter as meter_module
+    import compaction_proxy.metering.meter as meter_module
 
     original = meter_module.counter_for
     meter_module.counter_for = lambda model: Counting()  # type: ignore[assignment]
@@ -140,7 +145,7 @@ def test_tokenizer_choice_is_offline_and_model_aware(model: str, tokenizer: str)
 def test_a_long_text_counts_the_same_tokens_as_tiktoken_encode(model: str) -> None:
     """Long texts are counted through tiktoken's buffer (no list of ints built while holding
     the interpreter); the count is the one ``encode`` gives, special tokens included as text."""
-    from proxy.tokenizers import encoding
+    from compaction_proxy.metering.tokenizers import encoding
 
     text = "def f(x):\n    return x  # <|endoftext|> naïve 数据 \U0001f600\n" * 4000
     count = counter_for(model)
@@ -188,7 +193,7 @@ def test_learned_window_keeps_the_smallest_stated_limit() -> None:
 
 
 def test_surface_with_replacements_is_priced_as_its_messages() -> None:
-    from proxy.conversation import Checkpoint, Prune
+    from compaction_proxy.conversation.replacements import Checkpoint, Prune
 
     meter = TokenMeter()
     messages = [system(), user("Fix the bug"), *agent_turns(6, output="long output " * 50)]

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.overflow import classify_overflow, stated_limit
+from compaction_proxy.metering.overflow import classify_overflow, stated_limit
 
 RECORDED = orjson.loads((Path(__file__).parents[1] / "data" / "upstream_errors.json").read_bytes())
 

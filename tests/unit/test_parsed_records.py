@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy import jsonio
-from proxy.conversation import Checkpoint, Prune, record_to_dict
-from proxy.store.redis import _ParsedRecords
+from compaction_proxy.conversation.replacements import Checkpoint, Prune, record_to_dict
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.store.redis import _ParsedRecords
 
 
 def stored(record: Checkpoint | Prune) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.passthrough import path_template
+from compaction_proxy.http.passthrough import path_template
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.tasks import PendingRecords
+from compaction_proxy.service.pending_records import PendingRecords
 
 
 async def write(log: list[str], name: str, delay: float, gate: asyncio.Event | None = None) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.prune import MARKER, Pruner, prune_candidates, prune_content
+from compaction_proxy.compaction.prune import MARKER, Pruner, prune_candidates, prune_content
 from tests.builders import tool, user
 
 SMALL = Pruner(threshold_chars=20, head_chars=6, tail_chars=4)
@@ -111,7 +111,7 @@ def test_a_checkpoint_is_never_pruned() -> None:
 
 
 def test_the_cut_offsets_reproduce_the_pruned_content() -> None:
-    from proxy.content import cut
+    from compaction_proxy.conversation.text import cut
 
     text = "0123456789" * 5
     pruned = prune_content(text, SMALL)

@@ -11,14 +11,18 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio, recent_bodies
-from proxy.chat_request import parse_chat_request
-from proxy.errors import BadRequest
-from proxy.json_layout import JSON_STRING, layout_of, string_end
-from proxy.known_messages import KnownMessages
-from proxy.recent_bodies import RecentBodies
-from proxy.request_view import RequestView
-from proxy.responses_request import parse_responses_body, parse_responses_request, stateful
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.chat import parse_chat_request
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.responses import (
+    parse_responses_body,
+    parse_responses_request,
+    stateful,
+)
+from compaction_proxy.parsing import jsonio, recent_bodies
+from compaction_proxy.parsing.json_layout import JSON_STRING, layout_of, string_end
+from compaction_proxy.parsing.recent_bodies import RecentBodies
 from tests.builders import assistant, system, tool, user
 from tests.strategies import items as responses_junk
 from tests.strategies import messages

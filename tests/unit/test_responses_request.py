@@ -8,11 +8,17 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.conversation import Checkpoint, Prune, split_head
-from proxy.errors import BadRequest
-from proxy.known_messages import KnownMessages
-from proxy.responses_request import items_for, parse_responses_request, stateful, translate
-from proxy.surface import Surface, SurfaceNode
+from compaction_proxy.conversation.messages import split_head
+from compaction_proxy.conversation.replacements import Checkpoint, Prune
+from compaction_proxy.conversation.surface import Surface, SurfaceNode
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.responses import (
+    items_for,
+    parse_responses_request,
+    stateful,
+    translate,
+)
 
 
 def call(call_id: str, name: str = "bash") -> dict[str, Any]:

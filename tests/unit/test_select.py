@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction.select import (
+from compaction_proxy.compaction.select import (
     PricedNode,
     Span,
     balanced_cuts,

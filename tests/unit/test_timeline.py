@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.timeline import compactions, overflows, request_points, timeline
+from compaction_proxy.conversation.timeline import compactions, overflows, request_points, timeline
 
 
 def request(ts: float, forwarded: int, sent: int | None = None, status: str = "none") -> Any:

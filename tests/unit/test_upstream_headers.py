@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from proxy.upstream import HOP_HEADER, upstream_headers
+from compaction_proxy.security.outbound import HOP_HEADER, upstream_headers
 
 KEPT = {"Authorization": "Bearer sk-client", "OpenAI-Beta": "assistants=v2", "X-Trace": "t-1"}
 

@@ -8,8 +8,8 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.forwarding import Reply, usage_of
-from proxy.upstream import UsageScanner, usage_of_body
+from compaction_proxy.http.forwarding import Reply, usage_of
+from compaction_proxy.http.upstream import UsageScanner, usage_of_body
 
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.websocket_relay import close_code_for, offered_protocols, protocols_to_offer
+from compaction_proxy.http.websocket_relay import (
+    close_code_for,
+    offered_protocols,
+    protocols_to_offer,
+)
 
 
 @pytest.mark.parametrize(

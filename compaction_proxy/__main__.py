@@ -1,0 +1,3 @@
+from compaction_proxy.ops.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Checkpoints prepared ahead of need, so that no request waits for a summary call.
+
+When a request's pressure crosses ``precompact`` (below the threshold), it is forwarded at once
+and one summary round starts in the background: select, summarize, commit, under the usual
+lease, ceilings and breaker. The request that later reaches the threshold finds the checkpoint
+committed. If the round is still running (the conversation outgrew the summary call), or none
+could start before (one turn jumped both watermarks), a request under ``must_compact`` (the
+window less the room its answer needs, ``policy.answer_reserve``) is still forwarded at once,
+as it is, and the round runs or starts in the background. From ``must_compact`` a request of a
+conversation already answered goes at once with the bridge's cuts (``bridge.py``); only one the
+bridge cannot fit, or a history on first contact, waits on the lease or compacts
+synchronously, as without precompaction.
+
+**Which span.** The conversation keeps growing while the summary is written, and the checkpoint
+applies as soon as it is committed. It is selected with a retain budget smaller than the usual
+one by the growth still expected before the threshold (``threshold - tokens now``). Committed at
+``precompact``, the surface then drops to that smaller tail; it regrows to the threshold
+over the same distance as after a synchronous compaction (``precompact - retain'`` equals
+``threshold - retain``), so a conversation pays for as many summaries either way, and its
+provider prefix cache misses once per checkpoint either way, only earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from compaction_proxy.compaction import triggers
+from compaction_proxy.compaction.engine import Engine, Outcome
+from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.metrics import PRECOMPACTION_DURATION, PRECOMPACTIONS_IN_FLIGHT
+from compaction_proxy.store.base import ConversationState
+
+log = logging.getLogger(__name__)
+
+TRIGGER = "precompact"
+
+
+def wants_precompaction(tokens: int, limits: Budgets) -> bool:
+    """Pressure from the precompaction watermark up to where a request must be compacted
+    before it goes (pure)."""
+    return 0 < limits.precompact <= tokens < limits.must_compact
+
+
+def precompaction_retain(tokens: int, limits: Budgets) -> int:
+    """The retain budget for a span prepared at ``tokens``: the usual one, less the growth
+    still expected before the threshold (pure; see the module docstring)."""
+    return max(0, limits.retain - max(0, limits.threshold - tokens))
+
+
+class BackgroundCompactions:
+    """At most ``concurrency`` rounds at once in this process, one per conversation; a request
+    that finds no free slot is forwarded all the same (the threshold request then compacts
+    synchronously, as without precompaction)."""
+
+    def __init__(self, engine: Engine, concurrency: int) -> None:
+        self._engine = engine
+        self._concurrency = concurrency
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def start(
+        self, job: CompactionJob, state: ConversationState, tokens: int, limits: Budgets
+    ) -> bool:
+        conversation = job.view.conversation
+        if conversation in self._running or len(self._running) >= self._concurrency:
+            return False
+        if state.lease_owner is not None or triggers.cooling_down(self._engine, state, tokens):
+            return False
+        retain = precompaction_retain(tokens, limits)
+        task = asyncio.create_task(self._round(job, state, tokens, retain))
+        self._running[conversation] = task
+        PRECOMPACTIONS_IN_FLIGHT.inc()
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self._running.pop(conversation, None)
+            PRECOMPACTIONS_IN_FLIGHT.dec()
+
+        task.add_done_callback(finished)
+        return True
+
+    async def _round(
+        self, job: CompactionJob, state: ConversationState, tokens: int, retain: int
+    ) -> None:
+        engine = self._engine
+        started, outcome = time.perf_counter(), Outcome.ERROR.value
+        try:
+            surface = job.view.surface(state.records)
+            result = await engine.summarize_round(job, state, surface, retain, TRIGGER)
+            outcome = result.outcome.value
+            if result.outcome.is_failure:
+                await triggers.remember_failure(engine, job, tokens)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise  # shutting down: the engine closed the attempt and released the lease
+        except Exception:
+            log.exception("background compaction failed; the threshold request will compact")
+        finally:
+            PRECOMPACTION_DURATION.labels(outcome=outcome).observe(time.perf_counter() - started)
+
+    async def idle(self) -> None:
+        """Wait until no round is running (tests and benchmarks settle on it)."""
+        while self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel what is running (on shutdown); each attempt is closed and its lease freed."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,453 @@
+"""The compaction transaction and its triggers.
+
+Every compaction is one transaction against the store: take the conversation's lease and log
+``compaction/start`` (only if the generation is still the one the surface was derived at) →
+compute replacements with no store lock held (the summary call) → commit events and records,
+generation + 1 and lease release in one step, only if the lease is still ours → or log
+``compaction/end`` with an error class and leave the surface untouched. A crash leaves an
+unmatched start whose lease expires: stale, never blocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from compaction_proxy.compaction.guards.breaker import SummaryBreaker, means_unavailable
+from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
+from compaction_proxy.compaction.guards.trips import trip
+from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner
+from compaction_proxy.compaction.prune import PruneCandidate, prune_candidates
+from compaction_proxy.compaction.select import Span
+from compaction_proxy.compaction.summarize import SummaryFailed, frame, summary_body
+from compaction_proxy.conversation.log_events import Event
+from compaction_proxy.conversation.messages import branch_fingerprint
+from compaction_proxy.conversation.replacements import (
+    Checkpoint,
+    Prune,
+    ReplacementRecord,
+    superseded_by,
+)
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.metering.meter import Measurement, TokenMeter, counter_for
+from compaction_proxy.metrics import COMPACTIONS, SUMMARY_DURATION
+from compaction_proxy.offload import off_loop_if
+from compaction_proxy.store.attributes import ShortfallReason
+from compaction_proxy.store.base import BeginResult, ConversationState, Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Outcome(StrEnum):
+    COMMITTED = "committed"
+    BUSY = "busy"
+    CHANGED = "changed"
+    NO_RANGE = "no_range"
+    NOT_SMALLER = "not_smaller"
+    SUMMARY_FAILED = "summary_failed"
+    COMMIT_FAILED = "commit_failed"
+    CEILING = "ceiling"  # the tenant reached its summary calls per minute
+    BREAKER = "breaker"  # the summary route failed recently: nobody waits for it now
+    ERROR = "error"  # an unexpected exception; the attempt was closed on the way out
+
+    @property
+    def is_failure(self) -> bool:
+        """A failure of the summarizer or the commit, after which the conversation cools
+        down before paying for another summary (triggers.cooling_down). No span to summarize,
+        a guard that refused the call, and another round holding the lease are not."""
+        return self not in _NOT_FAILURES
+
+
+_NOT_FAILURES = frozenset(
+    {Outcome.COMMITTED, Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER, Outcome.BUSY}
+)
+
+
+@dataclass(frozen=True)
+class Relief:
+    """Where a trigger left the request: state, surface and measurement to forward with."""
+
+    state: ConversationState
+    surface: Surface
+    measurement: Measurement
+    pruned: bool = False
+    compacted: bool = False
+    shortfall: ShortfallReason | None = None  # why the request is still at or above its threshold
+    # The tokens before the bridge (compaction/bridge.py) when the surface carries its cuts.
+    bridged_from: int | None = None
+
+
+@dataclass(frozen=True)
+class Round:
+    outcome: Outcome
+    span: Span | None = None
+    state: ConversationState | None = None
+    shadowed_tokens: int = 0
+    failure: SummaryFailed | None = None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    # Short, and renewed while a compaction runs: a crashed proxy blocks a conversation for
+    # seconds. Waiting for another's compaction is bounded by the summary call instead.
+    lease_ttl_seconds: float = 15.0
+    lease_wait_seconds: float = 105.0
+    breaker_cooldown_seconds: float = 60.0
+    max_rounds: int = 8
+    failure_cooldown_seconds: float = 300.0
+    failure_growth_ratio: float = 0.1
+    max_busy_waits: int = 3
+    summaries_per_minute_per_tenant: int = 60
+    summaries_per_minute_per_route: int = 600
+    log_content: bool = True  # False: the summary text is kept only in its record
+
+
+def _event(event_type: str, **fields: object) -> Event:
+    return {"type": event_type, "ts": time.time(), **fields}
+
+
+def prune_records(job: CompactionJob, candidates: Sequence[PruneCandidate]) -> list[Prune]:
+    """The prune records of ``candidates``, addressed by ``job``'s chain and context."""
+    view = job.view
+    return [
+        Prune(
+            position=c.position,
+            hash=view.chain[c.position],
+            content=c.pruned.content,
+            chars_before=c.pruned.chars_before,
+            chars_after=c.pruned.chars_after,
+            head_end=c.pruned.head_end,
+            tail_start=c.pruned.tail_start,
+            context=view.context_fingerprint,
+        )
+        for c in candidates
+    ]
+
+
+@dataclass
+class Attempt:
+    """One compaction attempt: its job, lease owner token, trigger and kind; ``closed`` once
+    its ``compaction/end`` is written (by a commit or a failure)."""
+
+    job: CompactionJob
+    owner: str
+    trigger: str
+    kind: str
+    closed: bool = False
+
+    def event(self, event_type: str, **fields: object) -> Event:
+        return _event(event_type, trigger=self.trigger, kind=self.kind, owner=self.owner, **fields)
+
+
+@dataclass
+class Engine:
+    store: Store
+    meter: TokenMeter
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    ceilings: SummaryCeilings = field(init=False)
+    breaker: SummaryBreaker = field(init=False)
+    planner: Planner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.planner = Planner(self.meter)
+        self.ceilings = SummaryCeilings(
+            self.settings.summaries_per_minute_per_tenant,
+            self.settings.summaries_per_minute_per_route,
+        )
+        self.breaker = SummaryBreaker(self.settings.breaker_cooldown_seconds)
+
+    # -- shared steps ----------------------------------------------------------------------
+
+    async def off_loop(self, job: CompactionJob, work: Callable[[], T]) -> T:
+        """Run pure ``work`` on ``job``'s request: in a worker thread when the request is big
+        (pricing tens of thousands of nodes must not stall other clients), inline otherwise."""
+        return await off_loop_if(job.view.big, work)
+
+    async def measure(
+        self, job: CompactionJob, state: ConversationState, surface: Surface
+    ) -> Measurement:
+        """Cache hits once the request was metered; off the loop for a big request all the
+        same, since a miss there means tokenizing megabytes."""
+        return await self.off_loop(job, lambda: job.view.measure(self.meter, surface, state.anchor))
+
+    async def reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
+        fresh = await self.store.load(job.view.conversation)
+        return fresh, job.view.surface(fresh.records)
+
+    async def wait_and_reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
+        """Wait (bounded) for another compaction of this conversation, then read what it
+        committed."""
+        await self.store.wait_for_lease(job.view.conversation, self.settings.lease_wait_seconds)
+        return await self.reload(job)
+
+    async def _begin(
+        self, job: CompactionJob, state: ConversationState, trigger: str, kind: str, **extra: Any
+    ) -> tuple[BeginResult, Attempt]:
+        """Take the lease and log ``compaction/start``, unless busy or the surface is stale."""
+        attempt = Attempt(job, uuid.uuid4().hex, trigger, kind)
+        start = attempt.event("compaction/start", generation=state.generation, **extra)
+        result = await self.store.begin_compaction(
+            job.view.conversation,
+            attempt.owner,
+            self.settings.lease_ttl_seconds,
+            start,
+            state.generation,
+        )
+        return result, attempt
+
+    async def _fail(self, attempt: Attempt, outcome: Outcome, detail: str = "") -> None:
+        """Close the attempt with its error class; the surface stays as it was. Closed only
+        once the store has it: a close cut off (the round cancelled at shutdown while it was
+        being written) is made again, shielded, by ``_held``, so the lease is not left held."""
+        end = attempt.event(
+            "compaction/end", outcome=outcome.value, error=outcome.value, detail=detail
+        )
+        await self.store.end_compaction(attempt.job.view.conversation, attempt.owner, end)
+        attempt.closed = True
+
+    @asynccontextmanager
+    async def _held(self, attempt: Attempt) -> AsyncIterator[None]:
+        """The lease is renewed while the body runs. However the body exits, the attempt is
+        closed: an exception (or a path that forgot to) logs ``compaction/end`` with ``error``
+        and releases the lease, so no conversation stays locked past a crash of our own."""
+        renewal = asyncio.create_task(self._keep_renewed(attempt))
+        try:
+            yield
+        except BaseException as exc:
+            # Logged by whoever handles it; here the attempt is only closed.
+            await self._close_quietly(attempt, type(exc).__name__)
+            raise
+        else:
+            await self._close_quietly(attempt, "left open")
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+
+    async def _close_quietly(self, attempt: Attempt, detail: str) -> None:
+        if attempt.closed:
+            return
+        with contextlib.suppress(Exception):
+            # Shielded: a cancelled request must still release what it holds.
+            await asyncio.shield(self._fail(attempt, Outcome.ERROR, detail))
+
+    async def _keep_renewed(self, attempt: Attempt) -> None:
+        ttl = self.settings.lease_ttl_seconds
+        conversation = attempt.job.view.conversation
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                if not await self.store.renew_lease(conversation, attempt.owner, ttl):
+                    return  # lost: the commit will be refused
+            except StoreUnavailable:
+                continue
+
+    async def _commit(
+        self,
+        attempt: Attempt,
+        records: Sequence[ReplacementRecord],
+        events: Sequence[Event],
+        superseded: Sequence[ReplacementRecord] = (),
+    ) -> ConversationState | None:
+        """Commit everything at once while the lease is ours; the fresh state, or None."""
+        end = attempt.event("compaction/end", outcome="committed")
+        conversation = attempt.job.view.conversation
+        generation = await self.store.commit_compaction(
+            conversation, attempt.owner, [*events, end], records, superseded
+        )
+        if generation is None:
+            return None
+        attempt.closed = True
+        fresh, _ = await self.reload(attempt.job)
+        return fresh
+
+    # -- pruning ---------------------------------------------------------------------------
+
+    async def prune(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        surface: Surface,
+        trigger: str,
+        before: int | None = None,
+        wait_if_busy: bool = True,
+    ) -> tuple[ConversationState, Surface, bool]:
+        """Prune the surface's oversized observations before body position ``before`` (the
+        live turn at the latest: it is never pruned). Returns the state and surface to go on
+        with and whether a prune committed; a busy conversation is waited for (bounded) if
+        ``wait_if_busy``, else left as it is."""
+        limit = job.view.live_start if before is None else min(before, job.view.live_start)
+        body = [n for n in surface.nodes if n.kind == "body" and n.start is not None]
+        body = [n for n in body if n.start is not None and n.start < limit]
+        candidates = prune_candidates(
+            [n.start for n in body if n.start is not None], [n.message for n in body], job.pruner
+        )
+        if not candidates:
+            return state, surface, False
+        outcome = await self._commit_prunes(job, state, candidates, trigger)
+        COMPACTIONS.labels(trigger=trigger, mechanism="prune", outcome=outcome.value).inc()
+        if outcome is Outcome.BUSY and not wait_if_busy:
+            return state, surface, False
+        if outcome is Outcome.BUSY:
+            fresh, fresh_surface = await self.wait_and_reload(job)
+        else:
+            fresh, fresh_surface = await self.reload(job)
+        if outcome is Outcome.COMMITTED:
+            saved = sum(c.pruned.chars_before - c.pruned.chars_after for c in candidates)
+            log.debug("pruned %d observations (%d characters)", len(candidates), saved)
+        return fresh, fresh_surface, outcome is Outcome.COMMITTED
+
+    async def _commit_prunes(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        candidates: Sequence[PruneCandidate],
+        trigger: str,
+    ) -> Outcome:
+        records = prune_records(job, candidates)
+        began, attempt = await self._begin(job, state, trigger, "prune")
+        if began is not BeginResult.BEGUN:
+            return Outcome.BUSY
+        async with self._held(attempt):
+            return await self._commit_pruned(attempt, records)
+
+    async def _commit_pruned(self, attempt: Attempt, records: Sequence[Prune]) -> Outcome:
+        events = [
+            _event(
+                "prune",
+                position=r.position,
+                hash=r.hash,
+                chars_before=r.chars_before,
+                chars_after=r.chars_after,
+                head_end=r.head_end,
+                tail_start=r.tail_start,
+            )
+            for r in records
+        ]
+        if await self._commit(attempt, records, events) is None:
+            await self._fail(attempt, Outcome.COMMIT_FAILED)
+            return Outcome.COMMIT_FAILED
+        return Outcome.COMMITTED
+
+    # -- summarizing -----------------------------------------------------------------------
+
+    async def summarize_round(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        surface: Surface,
+        retain: int,
+        trigger: str,
+    ) -> Round:
+        """Select, summarize and commit one head span."""
+        plan = await self.off_loop(job, lambda: self.planner.plan(job, surface, retain))
+        if plan is None:
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="no_range").inc()
+            return Round(Outcome.NO_RANGE)
+        return await self.compact_span(job, state, plan, trigger)
+
+    async def compact_span(
+        self, job: CompactionJob, state: ConversationState, plan: Plan, trigger: str
+    ) -> Round:
+        """Summarize the plan's span and commit it as one checkpoint."""
+        span = plan.span
+        refused = await self.ceilings.take(self.store, job.view.tenant, job.route)
+        if refused is not None:
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
+            scope = job.view.tenant if refused == TENANT_CEILING else job.route
+            trip(refused, scope, "summary calls a minute at their ceiling; not summarizing")
+            return Round(Outcome.CEILING, span)
+        summarizer = job.summarizer
+        if not self.breaker.allow(summarizer):
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="breaker").inc()
+            return Round(Outcome.BREAKER, span)
+        began, attempt = await self._begin(
+            job, state, trigger, "summary", span={"start": span.start, "end": span.end}
+        )
+        if began is not BeginResult.BEGUN:
+            self.breaker.abandoned(summarizer)
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="busy").inc()
+            return Round(Outcome.BUSY, span)
+        try:
+            async with self._held(attempt):
+                result = await self._summarize_and_commit(attempt, plan, state.records)
+        except Exception:
+            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="error").inc()
+            raise
+        finally:
+            self.breaker.abandoned(summarizer)  # a probe that never reported frees its slot
+        COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome=result.outcome.value).inc()
+        return result
+
+    async def _summarize_and_commit(
+        self, attempt: Attempt, plan: Plan, existing: Sequence[ReplacementRecord]
+    ) -> Round:
+        job = attempt.job
+        view = job.view
+        span = plan.span
+        body = summary_body(job.summary_model, view.head, plan.messages, view.tools, plan.cap)
+        started = time.perf_counter()
+        summarizer = job.summarizer
+        try:
+            summary = await job.summarize(body)
+        except SummaryFailed as failure:
+            SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
+            log.warning("summary call failed: %s", failure.reason)
+            if means_unavailable(failure.reason):
+                self.breaker.failed(summarizer)
+            else:
+                self.breaker.succeeded(summarizer)  # it answered: alive
+            await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
+            return Round(Outcome.SUMMARY_FAILED, span, failure=failure)
+        self.breaker.succeeded(summarizer)
+        SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
+
+        message = frame(summary.text)
+        tokens = self.meter.message(message, counter_for(view.model))
+        if tokens >= span.tokens:
+            await self._fail(attempt, Outcome.NOT_SMALLER, f"{tokens} >= {span.tokens}")
+            return Round(Outcome.NOT_SMALLER, span)
+        start_prev = view.root if span.start == 0 else view.chain[span.start - 1]
+        record = Checkpoint(
+            start=span.start,
+            end=span.end,
+            start_prev_hash=start_prev,
+            end_hash=view.chain[span.end],
+            message=message,
+            tokens=tokens,
+            shadowed_tokens=span.tokens,
+            end_fingerprint=branch_fingerprint(view.body_digests, span.end),
+            context=view.context_fingerprint,
+        )
+        summary_event = _event(
+            "compaction/summary",
+            summary=summary.text if self.settings.log_content else None,
+            start=span.start,
+            end=span.end,
+            start_prev_hash=start_prev,
+            end_hash=view.chain[span.end],
+            shadowed_tokens=span.tokens,
+            checkpoint_tokens=tokens,
+            route=job.route,
+            model=job.summary_model,
+            usage=summary.usage,
+        )
+        superseded = superseded_by(record, existing, view.chain)
+        fresh = await self._commit(attempt, [record], [summary_event], superseded)
+        if fresh is None:
+            _, reloaded_surface = await self.reload(job)
+            deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)
+            outcome = Outcome.CHANGED if deeper else Outcome.COMMIT_FAILED
+            await self._fail(attempt, outcome)
+            return Round(outcome, span)
+        return Round(Outcome.COMMITTED, span, fresh, span.tokens)

@@ -1,0 +1,143 @@
+"""A model's policy in force: its route, its resolved policy, its pruners and its token
+budgets (pure, cached per model name by ``PolicyBook``).
+
+Absolute budgets follow from the context window: ``threshold = floor(window *
+threshold_ratio)``, ``retain = floor(window * retain_ratio)`` or ``retain_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.config.policy import configured_window, resolve_policy, route_for
+from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
+from compaction_proxy.metering.windows import mapped_window
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Absolute token budgets for one model with a known context window."""
+
+    window: int
+    threshold: int
+    retain: int
+    precompact: int = 0  # tokens from which a checkpoint is prepared in the background (0: off)
+    # Tokens kept free for the answer of a request forwarded while its checkpoint is still
+    # being written (None: nothing known of the answer; see answer_reserve).
+    answer_reserve: int | None = None
+
+    @property
+    def must_compact(self) -> int:
+        """Tokens from which a request is not forwarded before it is compacted: the threshold;
+        with precompaction on, the window less the answer's reserve (never below the
+        threshold). Between the two a checkpoint is on its way in the background, and waiting
+        for it would cost the client the summary call's time to save a few tokens. Knowing
+        nothing of the answer, half the margin above the threshold is kept for it."""
+        if not self.precompact:
+            return self.threshold
+        reserve = self.answer_reserve
+        if reserve is None:
+            reserve = (self.window - self.threshold) // 2
+        return max(self.threshold, self.window - reserve)
+
+    def with_answer_reserve(self, reserve: int | None) -> Budgets:
+        return Budgets(self.window, self.threshold, self.retain, self.precompact, reserve)
+
+
+def answer_reserve(window: int, declared_cap: int | None, largest_answer: int | None) -> int | None:
+    """Room to leave for a request's answer (pure): the cap the request declares (a provider
+    refuses a prompt that leaves less), else a quarter more than the largest answer the
+    conversation has had, at least a 32nd of the window (for the meter's error on the new
+    messages); None when neither is known."""
+    if declared_cap is not None:
+        return declared_cap
+    if largest_answer is None:
+        return None
+    return max(window // 32, largest_answer + largest_answer // 4)
+
+
+def budgets(policy: Policy, window: int) -> Budgets:
+    threshold = math.floor(window * policy.threshold_ratio)
+    if policy.retain_tokens is not None:
+        retain = policy.retain_tokens
+    else:
+        retain = math.floor(window * (policy.retain_ratio or 0.0))
+    precompact = math.floor(window * policy.effective_precompact_ratio)
+    return Budgets(
+        window=window,
+        threshold=threshold,
+        retain=min(retain, threshold),
+        precompact=min(precompact, threshold),
+    )
+
+
+def bridge_pruner(settings: PrunerPolicy) -> Pruner | None:
+    """The bridge's cut (``compaction/bridge.py``), or None when it is off. Only observations
+    at least twice the size it leaves are cut: a smaller one would give up its text for
+    little room."""
+    if not settings.bridge:
+        return None
+    kept = settings.bridge_head_chars + settings.bridge_tail_chars
+    return Pruner(
+        threshold_chars=max(1, 2 * kept),
+        head_chars=settings.bridge_head_chars,
+        tail_chars=settings.bridge_tail_chars,
+        user_messages=settings.user_messages,
+    )
+
+
+@dataclass(frozen=True)
+class ModelPolicy:
+    """Everything static the proxy needs to know about one model name."""
+
+    route: Route
+    policy: Policy
+    pruner: Pruner
+    configured_window: int | None
+    mapped_window: int | None
+    bridge: Pruner | None = None  # the harder cut of a request that must not wait (None: off)
+    _budgets: dict[int, Budgets] = field(default_factory=dict, compare=False, repr=False)
+
+    def budgets(self, window: int) -> Budgets:
+        """``budgets(self.policy, window)``, worked out once per window (a policy's budgets
+        are fixed; the windows a model is seen with are few)."""
+        found = self._budgets.get(window)
+        if found is None:
+            found = self._budgets[window] = budgets(self.policy, window)
+        return found
+
+
+class PolicyBook:
+    """Resolves and caches ``ModelPolicy`` per model name (bounded)."""
+
+    def __init__(self, settings: Settings, max_models: int = 4096) -> None:
+        self._settings = settings
+        self._cache: dict[str, ModelPolicy] = {}
+        self._max = max_models
+
+    def for_model(self, model: str) -> ModelPolicy:
+        cached = self._cache.get(model)
+        if cached is not None:
+            return cached
+        route = route_for(self._settings, model)
+        policy = resolve_policy(self._settings, route, model)
+        pruner = Pruner(
+            threshold_chars=policy.pruner.threshold_chars,
+            head_chars=policy.pruner.head_chars,
+            tail_chars=policy.pruner.tail_chars,
+            user_messages=policy.pruner.user_messages,
+        )
+        resolved = ModelPolicy(
+            route,
+            policy,
+            pruner,
+            configured_window(route, model),
+            mapped_window(model),
+            bridge_pruner(policy.pruner),
+        )
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        self._cache[model] = resolved
+        return resolved

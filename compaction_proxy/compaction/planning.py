@@ -1,0 +1,156 @@
+"""Planning a compaction (pure given the meter): what one summary call can carry, which span to
+summarize, what no compaction can remove.
+
+Nothing here touches the store or the network; the engine runs these steps inside its
+transactions, off the event loop for huge requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction_proxy.compaction.fit import SummaryBudget, clipped_span, summary_budget
+from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.compaction.select import (
+    Span,
+    first_node_at,
+    priced_nodes,
+    region_span,
+    retained_node,
+    select_span,
+)
+from compaction_proxy.compaction.summarize import INSTRUCTION, Summary
+from compaction_proxy.config.settings import Policy
+from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.metering.meter import REPLY_PRIMING_TOKENS, TokenMeter, counter_for
+
+SummaryCall = Callable[[dict[str, Any]], Awaitable[Summary]]
+
+
+@dataclass(frozen=True)
+class CompactionJob:
+    """One request's compaction inputs: its view, policy, window and summary route."""
+
+    view: RequestView
+    policy: Policy
+    pruner: Pruner
+    window: int | None
+    summary_model: str
+    summarize: SummaryCall
+    route: str = ""
+    summary_window: int | None = None  # the summary model's window when it differs
+    summary_route: str = ""  # names the summarizer for its breaker
+    bridge: Pruner | None = None  # the harder cut of a request that must not wait (bridge.py)
+
+    @property
+    def summarizer(self) -> str:
+        """Names the summarizer for its breaker: the summary route, else the summary model."""
+        return self.summary_route or self.summary_model
+
+    @property
+    def call_window(self) -> int | None:
+        """The window the summary call must fit."""
+        return self.summary_window if self.summary_window is not None else self.window
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A span to summarize, the summary's cap, and the span as the summary call carries it
+    (oversized messages cut there)."""
+
+    span: Span
+    cap: int
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class Planner:
+    """Prices a request's surface with the meter (cached per message) and decides from the
+    prices alone; never mutates what it is given."""
+
+    meter: TokenMeter
+
+    def irreducible_tokens(self, job: CompactionJob, surface: Surface) -> int:
+        """What no compaction can remove from the request: head, tools and the live turn."""
+        view = job.view
+        prices = self.meter.node_tokens(view, surface)
+        nodes = priced_nodes(surface.nodes, prices)
+        live = first_node_at(nodes, view.live_start)
+        head = sum(n.tokens for n in nodes if n.kind == "head")
+        tools = self.meter.tools_tokens(view.tools, counter_for(view.model), view.tools_digest)
+        return REPLY_PRIMING_TOKENS + tools + head + sum(n.tokens for n in nodes[live:])
+
+    def retained_from(self, job: CompactionJob, surface: Surface, retain: int) -> int:
+        """The body position from which the retain budget keeps messages as they are."""
+        prices = self.meter.node_tokens(job.view, surface)
+        nodes = priced_nodes(surface.nodes, prices)
+        kept = retained_node(nodes, retain, first_node_at(nodes, job.view.live_start))
+        start = nodes[kept].start if kept < len(nodes) else None
+        return len(job.view.body) if start is None else start
+
+    def budget(self, job: CompactionJob, surface: Surface, prices: Sequence[int]) -> SummaryBudget:
+        """The summary's cap, the span one summary call can carry, and per message."""
+        count = counter_for(job.summary_model)
+        fixed = (
+            sum(p for n, p in zip(surface.nodes, prices, strict=True) if n.kind == "head")
+            + self.meter.tools_tokens(job.view.tools, count, job.view.tools_digest)
+            + self.meter.message({"role": "user", "content": INSTRUCTION}, count)
+            + 3
+        )
+        return summary_budget(job.policy.max_tokens, fixed, job.call_window, job.window)
+
+    def call_view(
+        self, job: CompactionJob, surface: Surface, prices: Sequence[int], budget: SummaryBudget
+    ) -> tuple[list[Message], list[int]]:
+        """Every node as the summary call would carry it, and its price there: observations
+        and other messages too big for the call are cut to head and tail (checkpoints never)."""
+        count = counter_for(job.view.model)
+        return clipped_span(
+            [n.message for n in surface.nodes],
+            prices,
+            [n.kind in ("body", "pruned") for n in surface.nodes],
+            budget.per_message,
+            lambda message: self.meter.message(message, count),
+        )
+
+    def plan(self, job: CompactionJob, surface: Surface, retain: int) -> Plan | None:
+        """The head span to summarize (keeping ``retain`` tokens and the live turn)."""
+        prices = self.meter.node_tokens(job.view, surface)
+        budget = self.budget(job, surface, prices)
+        if budget.span is not None and budget.span <= 0:
+            return None
+        nodes = priced_nodes(surface.nodes, prices)
+        carried, carried_prices = self.call_view(job, surface, prices, budget)
+        span = select_span(
+            nodes,
+            retain,
+            budget.span,
+            live_from=first_node_at(nodes, job.view.live_start),
+            call_tokens=carried_prices,
+        )
+        if span is None:
+            return None
+        cap = max(1, min(budget.cap, span.tokens))
+        return Plan(span, cap, carried[span.first : span.last + 1])
+
+    def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:
+        """The plan for body positions ``start..end``, or the reason there cannot be one."""
+        prices = self.meter.node_tokens(job.view, surface)
+        budget = self.budget(job, surface, prices)
+        nodes = priced_nodes(surface.nodes, prices)
+        span = region_span(nodes, len(job.view.body), start, end, job.view.live_start)
+        if isinstance(span, str):
+            return span
+        carried, carried_prices = self.call_view(job, surface, prices, budget)
+        in_call = sum(carried_prices[span.first : span.last + 1])
+        if budget.span is not None and in_call > budget.span:
+            return (
+                f"the region holds {in_call} tokens, more than one summary call can "
+                f"carry ({budget.span})"
+            )
+        cap = max(1, min(budget.cap, span.tokens))
+        return Plan(span, cap, carried[span.first : span.last + 1])

@@ -1,0 +1,113 @@
+"""Token pressure on one request: the budgets it is measured against (with the room its answer
+needs), whether a checkpoint is prepared ahead in the background, and why a request went at or
+above its threshold.
+
+The pressure trigger itself (prune, then summarize) is ``triggers.relieve_pressure``; the
+request path runs it only from the threshold up (``service.prepare``). The largest answer so far
+is a conversation attribute, written with the request's record after its answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from compaction_proxy.compaction.background import BackgroundCompactions, wants_precompaction
+from compaction_proxy.compaction.engine import Relief
+from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy, answer_reserve
+from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.metrics import OVER_THRESHOLD
+from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
+from compaction_proxy.store.base import ConversationState
+
+log = logging.getLogger(__name__)
+
+
+def answer_attributes(
+    state: ConversationState | None, usage: Mapping[str, Any]
+) -> ConversationAttributes:
+    """The conversation's largest answer, raised by this one when it is larger."""
+    answer = usage.get("completion_tokens")
+    if state is None or not isinstance(answer, int) or isinstance(answer, bool) or answer <= 0:
+        return ConversationAttributes()
+    largest = state.attributes.largest_answer_tokens
+    if largest is None or answer > largest:
+        return ConversationAttributes(largest_answer_tokens=answer)
+    return ConversationAttributes()
+
+
+def pressure_limits(
+    model_policy: ModelPolicy,
+    window: int | None,
+    client_request: ClientRequest,
+    state: ConversationState,
+) -> Budgets | None:
+    """The budgets pressure is measured against, the answer's reserve included; None when
+    the proxy does not compact this request by pressure (unknown window, ``auto`` off)."""
+    if window is None or not model_policy.policy.auto:
+        return None
+    largest = state.attributes.largest_answer_tokens
+    reserve = answer_reserve(window, client_request.answer_cap, largest)
+    return model_policy.budgets(window).with_answer_reserve(reserve)
+
+
+def maybe_precompact(
+    background: BackgroundCompactions, job: CompactionJob, relief: Relief, limits: Budgets | None
+) -> bool:
+    """Between the watermarks, or over them with the bridge's cuts, prepare the next
+    checkpoint in the background; this request goes on at once. Whether a round was started."""
+    if limits is None or relief.compacted or relief.shortfall not in (None, ShortfallReason.AHEAD):
+        return False
+    if relief.bridged_from is not None:
+        # The round summarizes the conversation as it is, not as the bridge cut it.
+        return background.start(job, relief.state, relief.bridged_from, limits)
+    tokens = relief.measurement.tokens
+    if not wants_precompaction(tokens, limits):
+        return False
+    return background.start(job, relief.state, tokens, limits)
+
+
+def report_shortfall(
+    view: RequestView, state: ConversationState, route: str, relief: Relief, threshold: int
+) -> ShortfallReason:
+    """Count a request left at or above its threshold, and log it once per conversation and
+    reason. Returns the reason to remember (``BELOW_THRESHOLD`` when it is below)."""
+    if relief.measurement.tokens < threshold:
+        return ShortfallReason.BELOW_THRESHOLD
+    reason = relief.shortfall or ShortfallReason.ROUNDS
+    OVER_THRESHOLD.labels(route=route, reason=reason.value).inc()
+    # Over the threshold by design: the checkpoint is on its way, nothing to warn about.
+    if reason is not ShortfallReason.AHEAD and state.attributes.over_threshold is not reason:
+        log.warning(
+            "conversation %s is forwarded at %d tokens, at or above its threshold of %d: %s",
+            view.conversation,
+            relief.measurement.tokens,
+            threshold,
+            SHORTFALL_REASONS[reason],
+        )
+    return reason
+
+
+SHORTFALL_REASONS = {
+    ShortfallReason.BELOW_THRESHOLD: "below its threshold",
+    ShortfallReason.AHEAD: "a checkpoint is being prepared in the background",
+    ShortfallReason.LIVE_TURN: "the live turn alone (with head and tools) does not fit the window",
+    ShortfallReason.NO_RANGE: "no span of the history can be summarized",
+    ShortfallReason.SUMMARY_FAILED: "the summary call failed",
+    ShortfallReason.NOT_SMALLER: "the summary was not smaller than what it would replace",
+    ShortfallReason.CEILING: "the tenant reached its summary ceiling",
+    ShortfallReason.BREAKER: "the summary route failed recently (its breaker is open)",
+    ShortfallReason.COOLDOWN: "a recent summary failure is cooling down",
+    ShortfallReason.STOPPED: (
+        "proactive compaction stopped (the client keeps missing its checkpoints)"
+    ),
+    ShortfallReason.BUSY: "another compaction held the conversation too long",
+    ShortfallReason.CHANGED: "a deeper checkpoint was committed meanwhile",
+    ShortfallReason.COMMIT_FAILED: "the commit failed",
+    ShortfallReason.ROUNDS: "the compaction rounds ran out",
+    ShortfallReason.ERROR: "compaction raised an unexpected error (logged above)",
+    ShortfallReason.STORE: "the store became unreachable during compaction",
+}

@@ -1,0 +1,290 @@
+"""The compaction triggers (docs/design.md §6): pressure, context overflow, manual, region.
+
+Each is a policy over the engine's transactional steps (prune, summarize a span); none of them
+decides whether a request may be retried: that takes evidence from the store (see recovery).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from compaction_proxy.compaction.bridge import bridge_cuts
+from compaction_proxy.compaction.engine import (
+    Engine,
+    Outcome,
+    Relief,
+    Round,
+    prune_records,
+)
+from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.conversation.replacements import Checkpoint, Prune
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.metering.meter import Measurement, counter_for
+from compaction_proxy.metrics import COMPACTIONS
+from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
+from compaction_proxy.store.base import ConversationState
+
+MAX_WINDOW_SHRINKS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Meanwhile:
+    """What other requests committed between two reads of a conversation's state: the request
+    that waited for them forwards their work, and says so (``X-Compaction-Status``)."""
+
+    compacted: bool = False  # a checkpoint
+    pruned: bool = False  # a pruned observation
+
+    @classmethod
+    def between(cls, before: ConversationState, after: ConversationState) -> Meanwhile:
+        if after.generation == before.generation:
+            return cls()
+        new = [record for record in after.records if record not in before.records]
+        return cls(
+            compacted=any(isinstance(record, Checkpoint) for record in new),
+            pruned=any(isinstance(record, Prune) for record in new),
+        )
+
+
+def cooling_down(engine: Engine, state: ConversationState, tokens: int) -> bool:
+    """After a failed summary, wait for growth or a cooldown before paying for another."""
+    failed_at = state.attributes.compaction_failed_at
+    if failed_at is None:
+        return False
+    recent = time.time() - failed_at < engine.settings.failure_cooldown_seconds
+    grown_from = state.attributes.compaction_failed_tokens or 0
+    grew = tokens >= grown_from * (1 + engine.settings.failure_growth_ratio)
+    return recent and not grew
+
+
+async def remember_failure(engine: Engine, job: CompactionJob, tokens: int) -> None:
+    await engine.store.append(
+        job.view.conversation,
+        [],
+        [],
+        attributes=ConversationAttributes(
+            compaction_failed_at=time.time(), compaction_failed_tokens=tokens
+        ),
+    )
+
+
+async def relieve_pressure(
+    engine: Engine, job: CompactionJob, state: ConversationState, limits: Budgets
+) -> Relief:
+    """The ``pressure`` trigger, cheapest first, the newest messages last:
+
+    1. prune observations older than the retain budget; stop if below the threshold;
+    2. with precompaction on, stop if below ``must_compact`` (shortfall ``ahead``: the caller
+       prepares the checkpoint in the background); over it, unless on first contact, stop if
+       the bridge's cuts, for this request alone, bring it below (``compaction/bridge.py``);
+    3. summarize head spans while the surface stays at or above the threshold:
+       ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
+       short to fit the summary call;
+    4. only if the request would still not fit its window, prune inside the retain budget.
+
+    The live turn is never touched, and when it alone (with head and tools) cannot fit the
+    window nothing is done: the request goes as sent and the upstream answers. A request left
+    at or above the threshold carries the reason (``Relief.shortfall``)."""
+    threshold, retain = limits.threshold, limits.retain
+    surface = job.view.surface(state.records)
+    measurement = await engine.measure(job, state, surface)
+    if measurement.tokens < threshold:
+        return Relief(state, surface, measurement)
+    planner = engine.planner
+    irreducible = await engine.off_loop(job, lambda: planner.irreducible_tokens(job, surface))
+    if irreducible > limits.window:
+        return Relief(state, surface, measurement, shortfall=ShortfallReason.LIVE_TURN)
+    before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
+    bridge = _bridge_for(job, state, limits)
+    # Under must_compact nothing waits: a round in the background may hold the lease. Over
+    # it, the bridge comes before any wait.
+    must_wait = measurement.tokens >= limits.must_compact and bridge is None
+    read = state
+    state, surface, pruned = await engine.prune(job, state, surface, "pressure", before, must_wait)
+    # Not our prune, yet a new generation: another request's round committed while this one
+    # waited on its lease (to the client, this request was compacted or pruned before it went).
+    meanwhile = Meanwhile() if pruned else Meanwhile.between(read, state)
+    pruned = pruned or meanwhile.pruned
+    measurement = await engine.measure(job, state, surface)
+    if measurement.tokens < threshold:
+        return Relief(state, surface, measurement, pruned=pruned, compacted=meanwhile.compacted)
+
+    if measurement.tokens < limits.must_compact:
+        # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
+        return Relief(state, surface, measurement, pruned=pruned, shortfall=ShortfallReason.AHEAD)
+    if bridge is not None:
+        bridged = await _bridge(engine, job, bridge, state, surface, before, measurement, limits)
+        if bridged is not None:
+            return dataclasses.replace(bridged, compacted=meanwhile.compacted)
+    rounds = Relief(state, surface, measurement, shortfall=ShortfallReason.COOLDOWN)
+    if not cooling_down(engine, state, measurement.tokens):
+        rounds = await _summarize_rounds(engine, job, rounds, threshold, retain)
+    state, surface, measurement = rounds.state, rounds.surface, rounds.measurement
+    if measurement.tokens > limits.window:
+        state, surface, pruned_late = await engine.prune(job, state, surface, "pressure")
+        pruned = pruned or pruned_late
+        measurement = await engine.measure(job, state, surface)
+    return Relief(
+        state,
+        surface,
+        measurement,
+        pruned=pruned or rounds.pruned,
+        compacted=rounds.compacted or meanwhile.compacted,
+        shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
+    )
+
+
+def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:
+    """The bridge's cut for this request, or None: it is off, precompaction is off (no
+    round is on its way), or the history is on first contact (no answered request of its own
+    that it extends: a new conversation, a client rewriting an early message). Cutting an
+    oversized history would cut nearly every observation: it waits for its summary."""
+    anchor = state.anchor
+    if not limits.precompact or anchor is None or not anchor.answered(job.view.chain):
+        return None
+    return job.bridge
+
+
+async def _bridge(
+    engine: Engine,
+    job: CompactionJob,
+    pruner: Pruner,
+    state: ConversationState,
+    surface: Surface,
+    before: int,
+    measurement: Measurement,
+    limits: Budgets,
+) -> Relief | None:
+    """This request under ``must_compact`` at once, with the bridge's cuts (not committed:
+    ``compaction/bridge.py``); None when they cannot get it there."""
+    view, meter = job.view, engine.meter
+    count = counter_for(view.model)
+    limit = min(before, view.live_start)
+    need = measurement.tokens - limits.must_compact + 1
+    cuts = await engine.off_loop(
+        job,
+        lambda: bridge_cuts(
+            surface.nodes, view.body, limit, pruner, lambda m: meter.message(m, count), need
+        ),
+    )
+    outcome = "applied" if cuts is not None else "not_enough"
+    COMPACTIONS.labels(trigger="pressure", mechanism="bridge", outcome=outcome).inc()
+    if cuts is None:
+        return None
+    bridged = view.surface((*prune_records(job, cuts.cuts), *state.records))
+    remeasured = await engine.measure(job, state, bridged)
+    # The cuts' saving from where the request stood (anchored, most often): the cuts are in
+    # no anchor, so a measure of the bridged surface is a fresh estimate of all of it.
+    tokens = measurement.tokens - cuts.saved
+    return Relief(
+        state,
+        bridged,
+        dataclasses.replace(remeasured, tokens=tokens),
+        pruned=True,
+        shortfall=ShortfallReason.AHEAD,
+        bridged_from=measurement.tokens,
+    )
+
+
+async def _summarize_rounds(
+    engine: Engine, job: CompactionJob, start: Relief, threshold: int, retain: int
+) -> Relief:
+    """Summary rounds; ``shortfall`` says why they stopped if the request is still over."""
+    state, surface, measurement = start.state, start.surface, start.measurement
+    rounds, waits, compacted, pruned = 0, 0, False, False
+    shortfall = ShortfallReason.ROUNDS
+    allowed = 1 + job.policy.compaction_retries
+    while rounds < engine.settings.max_rounds and measurement.tokens >= threshold:
+        result = await engine.summarize_round(job, state, surface, retain, "pressure")
+        if result.outcome is Outcome.BUSY:
+            waits += 1
+            if waits > engine.settings.max_busy_waits:
+                shortfall = ShortfallReason(result.outcome.value)
+                break
+            read = state
+            state, surface = await engine.wait_and_reload(job)
+            meanwhile = Meanwhile.between(read, state)  # the round waited for
+            compacted, pruned = compacted or meanwhile.compacted, pruned or meanwhile.pruned
+            measurement = await engine.measure(job, state, surface)
+            continue
+        if result.outcome is not Outcome.COMMITTED or result.state is None:
+            if result.outcome.is_failure:
+                await remember_failure(engine, job, measurement.tokens)
+            shortfall = ShortfallReason(result.outcome.value)
+            break
+        compacted = True
+        rounds += 1
+        state = result.state
+        surface = job.view.surface(state.records)
+        measurement = await engine.measure(job, state, surface)
+        limited = result.span is not None and result.span.limited_by_fit
+        if rounds >= allowed and not limited:
+            break
+    return Relief(
+        state, surface, measurement, pruned=pruned, compacted=compacted, shortfall=shortfall
+    )
+
+
+async def recover_overflow(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    threshold: int | None,
+    window_is_a_guess: bool = False,
+) -> None:
+    """The ``context-overflow`` trigger: prune; unless that is clearly enough, summarize
+    with ``retain = 0`` (the last node is still kept), more rounds while each was cut short
+    to fit the summary call. When the window is only a guess and the summary call itself
+    overflows, the guess shrinks (to the limit that error states, else by 40 %) and the round
+    is tried again. Whether the request may be retried is not this function's call: the
+    caller decides from what the store committed."""
+    state, surface = await engine.reload(job)
+    state, surface, pruned = await engine.prune(job, state, surface, "context-overflow")
+    if (
+        pruned
+        and threshold is not None
+        and (await engine.measure(job, state, surface)).tokens < threshold
+    ):
+        return
+    waits = shrinks = 0
+    for _ in range(engine.settings.max_rounds):
+        result = await engine.summarize_round(job, state, surface, 0, "context-overflow")
+        if result.outcome is Outcome.BUSY:
+            waits += 1
+            if waits > engine.settings.max_busy_waits:
+                return
+            state, surface = await engine.wait_and_reload(job)
+            continue
+        failure = result.failure
+        if failure is not None and failure.reason == "overflow" and job.window is not None:
+            shrinks += 1
+            if not window_is_a_guess or shrinks > MAX_WINDOW_SHRINKS:
+                return
+            job = dataclasses.replace(job, window=failure.limit or int(job.window * 0.6))
+            continue
+        if result.outcome is not Outcome.COMMITTED or result.state is None:
+            return
+        state = result.state
+        surface = job.view.surface(state.records)
+        if result.span is None or not result.span.limited_by_fit:
+            return
+
+
+async def compact_manual(engine: Engine, job: CompactionJob, state: ConversationState) -> Round:
+    """The ``manual`` trigger: summarize everything but the last node (``retain = 0``)."""
+    return await engine.summarize_round(job, state, job.view.surface(state.records), 0, "manual")
+
+
+async def compact_region(
+    engine: Engine, job: CompactionJob, state: ConversationState, start: int, end: int
+) -> Round | str:
+    """The ``region`` trigger: summarize body positions ``start..end``; a prior checkpoint
+    inside the region is merged. Returns the reason when the region is not a valid span."""
+    surface = job.view.surface(state.records)
+    plan = engine.planner.plan_region(job, surface, start, end)
+    if isinstance(plan, str):
+        return plan
+    return await engine.compact_span(job, state, plan, "region")

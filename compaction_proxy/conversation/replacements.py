@@ -1,0 +1,111 @@
+"""Replacement records: what a committed compaction adds, and the messages they change.
+
+Pure data. A record is chain-addressed (DESIGN.md §3): it applies to a request only when the
+request shares the exact prefix it was made from, and only under the instructions
+(``context``) it was made under. The store keeps records in their dict form
+(``record_to_dict``); ``record_from_dict`` reads them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.text import cut, text_of
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Body positions ``start..end`` (inclusive) replaced by one framed summary message."""
+
+    start: int
+    end: int
+    start_prev_hash: str
+    end_hash: str
+    message: Message
+    tokens: int
+    shadowed_tokens: int = 0
+    end_fingerprint: str = ""  # branch_fingerprint at ``end`` of the request it was made from
+    context: str = ""  # context_fingerprint it was made under ("" before contexts were kept)
+    kind: Literal["checkpoint"] = "checkpoint"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"checkpoint span {self.start}..{self.end} is empty or negative")
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Content-only replacement of the observation at body ``position``.
+
+    ``head_end``/``tail_start`` are the joined-text offsets of the cut. The cut is applied to
+    the message as the request sends it, so the client's own part fields (``cache_control``
+    moved to another part, say) survive; ``content`` is the result at commit time, used for
+    records made before offsets were kept.
+    """
+
+    position: int
+    hash: str
+    content: Any
+    chars_before: int = 0
+    chars_after: int = 0
+    head_end: int | None = None
+    tail_start: int | None = None
+    context: str = ""  # context_fingerprint it was made under ("" before contexts were kept)
+    kind: Literal["prune"] = "prune"
+
+
+def pruned_message(message: Message, prune: Prune) -> Message:
+    """``message`` with ``prune`` applied; every field but ``content`` as sent."""
+    content = message.get("content")
+    if (
+        prune.head_end is not None
+        and prune.tail_start is not None
+        and len(text_of(content) or "") == prune.chars_before
+    ):
+        return {**message, "content": cut(content, prune.head_end, prune.tail_start)}
+    return {**message, "content": prune.content}
+
+
+ReplacementRecord = Checkpoint | Prune
+
+
+def record_to_dict(record: ReplacementRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}
+
+
+def record_from_dict(data: Mapping[str, Any]) -> ReplacementRecord:
+    fields = dict(data)
+    kind = fields.get("kind")
+    if kind == "checkpoint":
+        return Checkpoint(**fields)
+    if kind == "prune":
+        return Prune(**fields)
+    raise ValueError(f"unknown replacement record kind {kind!r}")
+
+
+def superseded_by(
+    checkpoint: Checkpoint, records: Iterable[ReplacementRecord], chain: Sequence[str]
+) -> list[ReplacementRecord]:
+    """Records of ``chain``'s own branch that lie inside ``checkpoint``'s span: every request
+    that applies the checkpoint applies it instead of them, so they are dropped when it
+    commits. (A fork that shares their prefix but not the checkpoint's compacts again.)"""
+
+    def on_branch(position: int, expected: str) -> bool:
+        return 0 <= position < len(chain) and chain[position] == expected
+
+    dropped: list[ReplacementRecord] = []
+    for record in records:
+        if record.context != checkpoint.context:
+            continue  # still in force for requests under its own instructions
+        if isinstance(record, Checkpoint):
+            inside = checkpoint.start <= record.start and record.end <= checkpoint.end
+            if inside and on_branch(record.end, record.end_hash):
+                dropped.append(record)
+        elif checkpoint.start <= record.position <= checkpoint.end and on_branch(
+            record.position, record.hash
+        ):
+            dropped.append(record)
+    return dropped

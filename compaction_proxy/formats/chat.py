@@ -1,0 +1,152 @@
+"""Validation of incoming chat-completion bodies.
+
+Every field the proxy reads is checked for its type, at every level it reads: ``model``,
+``messages`` as a list of objects, each with a known ``role``, ``content`` as null, a string or a
+list of part objects (a text part's ``text`` a string), ``tool_calls`` as a list of objects,
+``name`` and ``tool_call_id`` as strings, ``function_call`` as an object. What OpenAI would reject
+anyway gets a 400 in its shape before anything is forwarded. Every other field, known to us or
+not, is kept as sent and reaches the upstream unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compaction_proxy.conversation.messages import MESSAGE_ROLES
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.request import (
+    ClientRequest,
+    check_object_with_model,
+    check_stream,
+    invalid,
+    parse_object_with_model,
+)
+from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
+
+_ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
+
+
+def _check_content(content: Any, param: str) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid(param, "a string or an array of content parts", content)
+    for index, part in enumerate(content):
+        where = f"{param}[{index}]"
+        if not isinstance(part, dict):
+            raise invalid(where, "an object", part)
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise invalid(f"{where}.type", "a string", kind)
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise invalid(f"{where}.text", "a string", part.get("text"))
+
+
+def _check_message(message: Any, param: str) -> None:
+    if not isinstance(message, dict):
+        raise invalid(param, "an object", message)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
+        raise BadRequest(
+            f"Invalid value for '{param}.role': expected one of {_ROLES}, got {role!r}.",
+            param=f"{param}.role",
+            code="invalid_value",
+        )
+    _check_content(message.get("content"), f"{param}.content")
+    for key in ("name", "tool_call_id"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{param}.{key}", "a string", value)
+    function_call = message.get("function_call")
+    if function_call is not None and not isinstance(function_call, dict):
+        raise invalid(f"{param}.function_call", "an object", function_call)
+    tool_calls = message.get("tool_calls")
+    if tool_calls is None:
+        return
+    if not isinstance(tool_calls, list):
+        raise invalid(f"{param}.tool_calls", "an array", tool_calls)
+    for index, call in enumerate(tool_calls):
+        where = f"{param}.tool_calls[{index}]"
+        if not isinstance(call, dict):
+            raise invalid(where, "an object", call)
+        function = call.get("function")
+        if function is not None and not isinstance(function, dict):
+            raise invalid(f"{where}.function", "an object", function)
+
+
+def _validate(message: Any, index: int) -> None:
+    _check_message(message, f"messages[{index}]")
+
+
+def parse_chat_request(
+    raw: bytes,
+    known: KnownMessages | None = None,
+    recent: RecentBodies | None = None,
+    hint: str | None = None,
+) -> ClientRequest:
+    """Parse and validate a body; raises BadRequest with OpenAI's wording where it has one.
+
+    With ``known``, messages are validated and hashed in the same walk, and a message this
+    process already validated is neither validated nor canonicalized again. With ``recent`` as
+    well, a body extending one parsed a moment ago is parsed from where it differs (``hint``:
+    the client's name for the conversation, which says where to look first)."""
+    if known is not None and recent is not None:
+        extension = recent.extend(raw, hint=hint)
+        if extension is not None:
+            return _extended(raw, extension, known, recent, hint)
+    body = parse_object_with_model(raw)
+    if "messages" not in body:
+        raise BadRequest(
+            "Missing required parameter: 'messages'.",
+            param="messages",
+            code="missing_required_parameter",
+        )
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise invalid("messages", "an array", messages)
+    digests, lineage = None, None
+    if known is None:
+        for index, message in enumerate(messages):
+            _validate(message, index)
+    else:
+        digests = known.digests(messages, _validate)
+        if recent is not None:
+            lineage = recent.remember(raw, messages, digests, hint=hint)
+    return _request(raw, body, messages, digests, lineage)
+
+
+def _extended(
+    raw: bytes,
+    extension: Extension,
+    known: KnownMessages,
+    recent: RecentBodies,
+    hint: str | None,
+) -> ClientRequest:
+    """The rest of a body a remembered one begins: only its new messages are validated and
+    hashed (the others passed both when the remembered body was parsed)."""
+    body = check_object_with_model(extension.body)
+    messages = body["messages"]
+    first = extension.known
+    new = known.digests(messages[first:], lambda message, index: _validate(message, first + index))
+    digests = first_of(extension.base.digests, first, new)
+    lineage = recent.remember(raw, messages, digests, replaces=extension, hint=hint)
+    return _request(raw, body, messages, digests, lineage)
+
+
+def _request(
+    raw: bytes,
+    body: dict[str, Any],
+    messages: list[Any],
+    digests: list[str] | None,
+    lineage: Lineage | None,
+) -> ClientRequest:
+    return ClientRequest(
+        body=body,
+        model=body["model"],
+        messages=messages,
+        stream=check_stream(body),
+        digests=digests,
+        raw=raw,
+        lineage=lineage,
+    )

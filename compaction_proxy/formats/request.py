@@ -1,0 +1,115 @@
+"""The request the shared core works on, whatever API it came in, and what every API's
+parsing needs first.
+
+A client request is a JSON object naming its ``model``. Chat completions (``chat_request``)
+and the Responses API (``responses_request``) are adapters at the edge: each validates its own
+body and gives the core the same thing, chat-shaped messages and a way back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.parsing.recent_bodies import Lineage
+
+
+def invalid(param: str, expected: str, got: Any) -> BadRequest:
+    return BadRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(got)}.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A validated body, as chat messages whatever API it came in. ``body`` is the client's
+    object as parsed, never modified.
+
+    ``api`` says which endpoint it goes to and how its surface is written back: ``chat``
+    (``messages`` are the body's own) or ``responses`` (``messages`` translated from the
+    ``input`` items, ``groups[i]`` the items ``messages[i]`` stands for; see
+    ``formats.responses``)."""
+
+    body: dict[str, Any]
+    raw: bytes  # the body as received (parsed with ``jsonio.loads_fast``), sent as is if unchanged
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool
+    digests: list[str] | None = None  # each message's ``message_digest``, when computed
+    api: Literal["chat", "responses"] = "chat"
+    groups: list[tuple[int, ...]] | None = None
+    lineage: Lineage | None = None  # what it takes from a body it extends, leaves for the next
+
+    @property
+    def upstream_path(self) -> str:
+        return "/responses" if self.api == "responses" else "/chat/completions"
+
+    def may_hold_a_big_integer(self) -> bool:
+        """Whether the body may hold an integer beyond 64 bits, which its orjson reading
+        changed (see ``parsing.jsonio``). Scanned from where it differs from a remembered body
+        found clean, and remembered as clean when it is (see ``Lineage``)."""
+        lineage = self.lineage
+        if jsonio.may_hold_a_big_integer(self.raw, 0 if lineage is None else lineage.clean_bytes):
+            return True
+        if lineage is not None and lineage.scanned is not None:
+            lineage.scanned.clean = True
+        return False
+
+    @property
+    def answer_cap(self) -> int | None:
+        """The most tokens the client lets the answer take, when it says (a positive integer
+        in the API's field; anything else is the upstream's to refuse)."""
+        for key in _ANSWER_CAP_FIELDS[self.api]:
+            cap = self.body.get(key)
+            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                return cap
+        return None
+
+
+_ANSWER_CAP_FIELDS = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "responses": ("max_output_tokens",),
+}
+
+
+def parse_object_with_model(raw: bytes) -> dict[str, Any]:
+    """A JSON object naming its ``model`` as a string (what every API here needs first)."""
+    try:
+        body = jsonio.loads_fast(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"We could not parse the JSON body of your request: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    return check_object_with_model(body)
+
+
+def check_object_with_model(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` if it names its ``model`` as a string."""
+    if "model" not in body:
+        raise BadRequest("you must provide a model parameter", param="model")
+    if not isinstance(body["model"], str):
+        raise invalid("model", "a string", body["model"])
+    return body
+
+
+def check_stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("stream", "a boolean", stream)
+    return bool(stream)

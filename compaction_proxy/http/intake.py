@@ -1,0 +1,84 @@
+"""Reading what a client sent: a bounded body, and headers that can be sent on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.http.body_encoding import (
+    DecodedTooLarge,
+    UndecodableBody,
+    UnknownCoding,
+    decoded,
+)
+from compaction_proxy.offload import is_big, off_loop_if
+
+# How much a compressed body may grow when decoded, as far as the offload bounds go (JSON
+# packs 5-15 times): decoding time follows the decoded size, which the raw one hides.
+_DECODED_PER_RAW_BYTE = 16
+
+
+def _too_large(limit: int) -> BadRequest:
+    return BadRequest(
+        f"Request body too large: the limit is {limit} bytes.",
+        status=413,
+        code="request_too_large",
+        close_connection=True,
+    )
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The body, its ``Content-Encoding`` undone; at most ``limit`` bytes either way."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise _too_large(limit) from exc
+    except RequestPayloadError as exc:  # the chunked framing is broken
+        raise BadRequest(
+            "The request body could not be read: its transfer framing is invalid.",
+            code="invalid_body",
+            close_connection=True,
+        ) from exc
+    if len(raw) > limit:
+        raise _too_large(limit)
+    coding = request.headers.get("Content-Encoding", "")
+    if not coding:
+        return raw
+    big = is_big(len(raw) * _DECODED_PER_RAW_BYTE)
+    try:
+        return await off_loop_if(big, lambda: decoded(raw, coding, limit))
+    except DecodedTooLarge as exc:
+        raise _too_large(limit) from exc
+    except UnknownCoding as exc:
+        raise BadRequest(
+            f"Unsupported Content-Encoding {str(exc)!r}: use gzip, deflate, br or zstd.",
+            status=415,
+            param="Content-Encoding",
+            code="unsupported_content_encoding",
+        ) from exc
+    except UndecodableBody as exc:
+        raise BadRequest(
+            "The request body could not be decoded as its Content-Encoding header says.",
+            param="Content-Encoding",
+            code="invalid_body_encoding",
+        ) from exc
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Header values must be text: bytes that are not UTF-8 cannot be forwarded either."""
+    for name, value in headers.items():
+        if value.isascii():
+            continue
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise BadRequest(
+                f"Invalid value for header '{name}': it is not valid UTF-8.",
+                param=name,
+                code="invalid_header",
+            ) from exc

@@ -1,0 +1,184 @@
+"""Talking to the upstream: the client's URL and the answer's headers, relaying answers,
+noting usage.
+
+The proxy passes the upstream's answer through untouched: status, body bytes and content type,
+plus its useful headers (``x-request-id``, rate limits, ...). Only hop-by-hop and framing
+headers are dropped, since aiohttp re-frames the body it writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import ClientResponse, web
+from multidict import CIMultiDict
+from yarl import URL
+
+from compaction_proxy.security.outbound import HOP_BY_HOP, upstream_url, without
+
+# The client session decompresses, so length and encoding no longer describe the bytes we write.
+_NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "content-encoding"}
+
+
+def client_query(request: web.BaseRequest) -> str:
+    """The query string of the client's request, exactly as it encoded it ("" for none)."""
+    return request.raw_path.partition("?")[2]
+
+
+def same_path_upstream_url(base: str, request: web.BaseRequest) -> URL:
+    """``base`` + the client's path after ``/v1`` and its query, as the client encoded them
+    (a path the proxy relays without reading it)."""
+    path, _, query = request.raw_path.partition("?")
+    return upstream_url(base, path.removeprefix("/v1"), query)
+
+
+def client_headers(upstream: ClientResponse) -> CIMultiDict[str]:
+    return without(upstream.headers, _NOT_FORWARDED_DOWN)
+
+
+def is_event_stream(upstream: ClientResponse) -> bool:
+    return upstream.content_type == "text/event-stream"
+
+
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """Usage in chat's terms (``prompt_tokens``, ``completion_tokens``), also from the
+    Responses API's (``input_tokens``, ``output_tokens``); None when it is not usage."""
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" not in usage and "input_tokens" in usage:
+        return {
+            **usage,
+            "prompt_tokens": usage.get("input_tokens"),
+            "completion_tokens": usage.get("output_tokens"),
+        }
+    return usage
+
+
+def _usage_in(event: Any) -> dict[str, Any] | None:
+    """The usage an answer or stream event carries: at the top (chat), or in its ``response``
+    (the Responses API's ``response.completed``)."""
+    if not isinstance(event, dict):
+        return None
+    found = chat_usage(event.get("usage"))
+    if found is None and isinstance(event.get("response"), dict):
+        found = chat_usage(event["response"].get("usage"))
+    return found
+
+
+def usage_of_body(body: bytes) -> dict[str, Any] | None:
+    """``usage`` of a non-streamed answer, if the body is one."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return _usage_in(parsed)
+
+
+class UsageScanner:
+    """Watches SSE bytes go by and keeps the last ``usage`` object a ``data:`` line carried.
+
+    Linear in the stream, however it is cut: the pieces of a line are joined once, when it
+    ends (an upstream may stream one line of megabytes, a base64 image say, in thousands of
+    chunks). A line that is no ``data:`` line, or longer than ``MAX_LINE_BYTES``, is not kept.
+    Lines end with LF, CRLF or CR, as SSE allows. Only lines that mention usage are parsed.
+    """
+
+    MAX_LINE_BYTES = 64 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._line: list[bytes] = []  # the pieces of the line not ended yet
+        self._line_size = 0
+        self._is_data = False  # that line is known to start with "data:"
+        self._skipping = False  # that line is not kept
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+        if end < 0:
+            self._hold(chunk)
+            return
+        lines = chunk[:end].splitlines() or [b""]
+        self._hold(lines[0])
+        self._end_line()
+        for line in lines[1:]:
+            self._scan(line)
+        if end + 1 < len(chunk):
+            self._hold(chunk[end + 1 :])
+
+    def close(self) -> None:
+        self._end_line()
+
+    def _hold(self, piece: bytes) -> None:
+        if self._skipping or not piece:
+            return
+        self._line.append(piece)
+        self._line_size += len(piece)
+        if not self._is_data:
+            # Undecided, the line holds under 5 bytes before this piece: a cheap join.
+            start = b"".join(self._line)[:5]
+            self._is_data = start == b"data:"
+            if not b"data:".startswith(start):
+                self._skip()
+        if self._line_size > self.MAX_LINE_BYTES:
+            self._skip()
+
+    def _skip(self) -> None:
+        self._line, self._line_size, self._skipping = [], 0, True
+
+    def _end_line(self) -> None:
+        if not self._skipping and self._line:
+            self._scan(b"".join(self._line))
+        self._line, self._line_size, self._is_data, self._skipping = [], 0, False, False
+
+    def _scan(self, line: bytes) -> None:
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            return
+        try:
+            event = orjson.loads(line[5:].strip())
+        except orjson.JSONDecodeError:
+            return
+        usage = _usage_in(event)
+        if usage is not None:
+            self.usage = usage
+
+
+class ClientGone(Exception):
+    """The client went away while its answer (``response``, already started) was written."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("the client went away")
+        self.response = response
+
+
+async def relay_stream(
+    request: web.Request,
+    upstream: ClientResponse,
+    headers: CIMultiDict[str],
+    scanner: UsageScanner,
+) -> web.StreamResponse:
+    """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk.
+
+    A failure reading from the upstream propagates as the client session's error; a failure
+    writing to the client is ``ClientGone``, so the two are never confused."""
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    try:
+        await response.prepare(request)
+    except ConnectionError as exc:
+        raise ClientGone(response) from exc
+    async for chunk in upstream.content.iter_any():
+        scanner.feed(chunk)
+        try:
+            await response.write(chunk)
+        except ConnectionError as exc:
+            raise ClientGone(response) from exc
+    scanner.close()
+    try:
+        await response.write_eof()
+    except ConnectionError as exc:
+        raise ClientGone(response) from exc
+    return response
+
+
+def buffered_response(status: int, headers: CIMultiDict[str], body: bytes) -> web.Response:
+    return web.Response(status=status, headers=headers, body=body)

@@ -1,0 +1,115 @@
+"""Context-overflow errors: recognise them and read the limit they state (pure).
+
+Providers word the same failure many ways; one table here, one recorded body per provider in
+the tests. Rate limits (429, including OpenAI's "Request too large ... tokens per min") and
+parameter-length errors (``string_above_max_length``) are never overflow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from compaction_proxy.metering import lazy_litellm
+
+_OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+_OVERFLOW_PHRASES = (
+    "maximum context length is",  # OpenAI, Groq, DeepSeek, Together, vLLM, OpenRouter
+    "your input exceeds the context window",  # OpenAI, newer wording
+    "input tokens exceed the configured limit",  # Azure OpenAI
+    "maximum context length",  # Mistral ("... too large for model with N maximum context length")
+    "maximum prompt length is",  # xAI
+    "exceeds the available context size",  # llama.cpp
+    "exceed_context_size_error",  # llama.cpp error type
+    "exceeded max context length",  # Ollama
+    "exceeds the maximum number of tokens allowed",  # Gemini (OpenAI-compatible endpoint)
+    "prompt is too long",  # Anthropic through a compatible gateway
+    "is longer than the model's context length",  # vLLM, older
+    "is longer than the maximum model length",  # vLLM, newer
+    "context length exceeded",
+    "context window exceeded",
+    "`inputs` tokens + `max_new_tokens` must be",  # text-generation-inference
+)
+_NEVER_OVERFLOW = ("string_above_max_length", "tokens per min", "rate limit")
+_STATED_LIMITS = (
+    re.compile(r"maximum context length is (\d+)", re.IGNORECASE),
+    re.compile(r"\d+ tokens > (\d+) maximum", re.IGNORECASE),
+    re.compile(r"configured limit of (\d+) tokens", re.IGNORECASE),
+    re.compile(r"with (\d+) maximum context length", re.IGNORECASE),
+    re.compile(r"maximum prompt length is (\d+)", re.IGNORECASE),
+    re.compile(r"context window of (?:this model \()?(\d+)", re.IGNORECASE),
+    re.compile(r'"n_ctx"\s*:\s*(\d+)'),
+    re.compile(r"n_ctx\s*[=:]\s*(\d+)"),
+    re.compile(r"maximum number of tokens allowed \((\d+)\)", re.IGNORECASE),
+    re.compile(r"must be <= (\d+)", re.IGNORECASE),
+    re.compile(r"while limit is (\d+)", re.IGNORECASE),
+    re.compile(r"maximum model length of (\d+)", re.IGNORECASE),
+)
+
+
+@dataclass(frozen=True)
+class OverflowVerdict:
+    is_overflow: bool
+    limit: int | None = None
+
+
+NOT_OVERFLOW = OverflowVerdict(False)
+
+
+def stated_limit(text: str) -> int | None:
+    """The context limit a message states, if it states one."""
+    for pattern in _STATED_LIMITS:
+        match = pattern.search(text)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def error_message(body: bytes) -> str:
+    """The human words of an upstream error body (its ``message``, else the body's text)."""
+    return " ".join(_error_fields(body)[1].split())
+
+
+def _error_fields(body: bytes) -> tuple[str, str]:
+    """(code and type, message) of an error body; Gemini wraps it in a JSON array."""
+    try:
+        parsed: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return "", body.decode("utf-8", errors="replace")
+    if isinstance(parsed, list) and parsed:
+        parsed = parsed[0]
+    error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    if not isinstance(error, dict):
+        return "", str(error)
+    code = f"{error.get('code') or ''} {error.get('type') or ''} {error.get('status') or ''}"
+    message = str(error.get("message") or "")
+    return code.lower(), message or body.decode("utf-8", errors="replace")
+
+
+def _litellm_says_overflow(text: str) -> bool:
+    """litellm's own check, once litellm is loaded (it is a dependency)."""
+    if not lazy_litellm.available():
+        return False
+    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+
+    return bool(ExceptionCheckers.is_error_str_context_window_exceeded(text))
+
+
+def classify_overflow(status: int, body: bytes) -> OverflowVerdict:
+    """Whether an upstream error (status, raw body) is a context overflow, and its limit."""
+    if status == 429 or not 400 <= status < 600:
+        return NOT_OVERFLOW
+    code, message = _error_fields(body)
+    text = f"{code} {message}".lower()
+    if any(marker in text for marker in _NEVER_OVERFLOW):
+        return NOT_OVERFLOW
+    overflow = any(c in code.split() for c in _OVERFLOW_CODES)
+    overflow = overflow or any(phrase in text for phrase in _OVERFLOW_PHRASES)
+    overflow = overflow or _litellm_says_overflow(message)
+    if not overflow:
+        return NOT_OVERFLOW
+    raw_text = body.decode("utf-8", errors="replace")
+    return OverflowVerdict(True, stated_limit(message) or stated_limit(raw_text))

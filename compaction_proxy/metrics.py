@@ -1,0 +1,230 @@
+"""Prometheus metrics: prefix ``compaction_proxy_``, base units, no high-cardinality labels.
+
+Labels are limited to the route (its configured pattern, never the client's model string) and
+small closed sets of outcomes; never a conversation id or a key.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TypeVar
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    multiprocess,
+    start_http_server,
+)
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+LLM_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+@functools.cache
+def child(metric: M, *label_values: str) -> M:
+    """``metric.labels(*label_values)``, in the order the metric names its labels, looked up
+    once per label set: every request observes the same few children, and ``labels`` checks
+    its arguments and takes a lock on each call. (The label sets are closed, so is the cache.)"""
+    return metric.labels(*label_values)
+
+
+REQUESTS = Counter(
+    "compaction_proxy_requests_total",
+    "Chat and Responses requests by route and outcome.",
+    ["route", "outcome"],
+)
+BYPASSES = Counter(
+    "compaction_proxy_bypassed_requests_total",
+    "Requests forwarded exactly as the client sent them because the proxy's own work failed, "
+    "by cause: store (unreachable) or error (a fault in the proxy, logged with its traceback).",
+    ["route", "cause"],
+)
+CLIENT_DISCONNECTS = Counter(
+    "compaction_proxy_client_disconnects_total",
+    "Requests whose client went away before the answer was complete.",
+    ["route"],
+)
+PASSTHROUGH_REQUESTS = Counter(
+    "compaction_proxy_passthrough_requests_total",
+    "Requests to other /v1/ paths, forwarded as sent: by path template, method and outcome "
+    "(the upstream's status class, upstream_unavailable, bad_request, client_disconnected, "
+    "websocket: a WebSocket session).",
+    ["path", "method", "outcome"],
+)
+PASSTHROUGH_DURATION = Histogram(
+    "compaction_proxy_passthrough_duration_seconds",
+    "Time from receiving a pass-through request to the end of its answer, by path template.",
+    ["path"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
+REQUEST_DURATION = Histogram(
+    "compaction_proxy_request_duration_seconds",
+    "Time from receiving a chat request to the end of its answer.",
+    ["route"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
+UPSTREAM_DURATION = Histogram(
+    "compaction_proxy_upstream_duration_seconds",
+    "Time the upstream took, from sending the request to the end of its answer.",
+    ["route"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
+PROXY_OVERHEAD = Histogram(
+    "compaction_proxy_overhead_seconds",
+    "Time spent in the proxy before forwarding (parsing, hashing, store, metering).",
+    ["route"],
+    buckets=OVERHEAD_BUCKETS,
+)
+STORE_ERRORS = Counter(
+    "compaction_proxy_store_errors_total",
+    "Store operations that failed; the request was served without the store (bypass).",
+    ["operation"],
+)
+
+
+PRESSURE = Histogram(
+    "compaction_proxy_pressure_ratio",
+    "Estimated prompt tokens over the model's context window, before any compaction.",
+    ["route"],
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0),
+)
+PROMPT_TOKENS_FORWARDED = Counter(
+    "compaction_proxy_prompt_tokens_forwarded_total",
+    "Estimated prompt tokens forwarded upstream.",
+    ["route"],
+)
+TOKENS_SAVED = Counter(
+    "compaction_proxy_tokens_saved_total",
+    "Estimated prompt tokens not sent upstream because of compaction, counted on every "
+    "forwarded request, by mechanism (summary, prune).",
+    ["route", "mechanism"],
+)
+COMPACTIONS = Counter(
+    "compaction_proxy_compactions_total",
+    "Compaction attempts by trigger, mechanism and outcome.",
+    ["trigger", "mechanism", "outcome"],
+)
+METER_ERROR = Histogram(
+    "compaction_proxy_meter_error_ratio",
+    "(estimated - upstream prompt tokens) / upstream prompt tokens, for unanchored estimates.",
+    buckets=(-0.5, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5),
+)
+SUMMARY_DURATION = Histogram(
+    "compaction_proxy_summary_duration_seconds",
+    "Duration of summary calls, by result (ok, failed).",
+    ["result"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
+COMPACTION_ERRORS = Counter(
+    "compaction_proxy_compaction_errors_total",
+    "Unexpected errors inside compaction; the request was forwarded with the surface it had.",
+)
+OVERFLOW_RECOVERIES = Counter(
+    "compaction_proxy_overflow_recoveries_total",
+    "Upstream context overflows, by what the proxy did: retried after a committed compaction "
+    "changed the request, or passed the upstream's error through unchanged.",
+    ["result"],
+)
+CHECKPOINT_MISSES = Counter(
+    "compaction_proxy_checkpoint_misses_total",
+    "Requests long enough for a committed checkpoint of their conversation that shared the "
+    "prefix of none (a client rewriting early messages).",
+)
+OVER_THRESHOLD = Counter(
+    "compaction_proxy_over_threshold_requests_total",
+    "Requests forwarded at or above their compaction threshold, by why compaction did not "
+    "bring them below it (ahead: a checkpoint is being prepared in the background; live_turn, "
+    "no_range, summary_failed, cooldown, stopped, ...).",
+    ["route", "reason"],
+)
+PRECOMPACTIONS_IN_FLIGHT = Gauge(
+    "compaction_proxy_precompactions_in_flight",
+    "Background compaction rounds running in this process.",
+    multiprocess_mode="livesum",
+)
+PRECOMPACTION_DURATION = Histogram(
+    "compaction_proxy_precompaction_duration_seconds",
+    "Duration of background compaction rounds (select, summarize, commit), by outcome "
+    "(committed, summary_failed, busy, ...; error for an unexpected exception).",
+    ["outcome"],
+    buckets=LLM_LATENCY_BUCKETS,
+)
+GUARDS = ("tenant_ceiling", "route_ceiling", "recovery_cooldown", "miss_guard")
+GUARD_TRIPS = Counter(
+    "compaction_proxy_guard_trips_total",
+    "Summary calls a money guard stopped, by guard (tenant_ceiling, route_ceiling, "
+    "recovery_cooldown, miss_guard).",
+    ["guard"],
+)
+PROACTIVE_STOPPED = Counter(
+    "compaction_proxy_proactive_compaction_stopped_total",
+    "Conversations whose proactive compaction stopped after repeated checkpoint misses.",
+)
+STORE_DURATION = Histogram(
+    "compaction_proxy_store_operation_duration_seconds",
+    "Duration of store operations, by operation.",
+    ["operation"],
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5),
+)
+LEASE_WAITS = Counter(
+    "compaction_proxy_lease_waits_total",
+    "Requests that waited for another compaction of their conversation, by how it ended.",
+    ["result"],
+)
+LEASE_WAIT_DURATION = Histogram(
+    "compaction_proxy_lease_wait_duration_seconds",
+    "Time requests spent waiting for another compaction of their conversation.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+
+
+STORE_OPERATIONS = (
+    "ping",
+    "load",
+    "append",
+    "record_request",
+    "begin_compaction",
+    "commit_compaction",
+    "end_compaction",
+    "read_log",
+    "list_conversations",
+    "wait_for_lease",
+    "renew_lease",
+    "shared_secret",
+    "take_quota",
+)
+
+
+def initialize_label_sets() -> None:
+    """Create the known label combinations at zero, so that rates and dashboards show 0
+    rather than nothing before the first event of a kind."""
+    for operation in STORE_OPERATIONS:
+        STORE_ERRORS.labels(operation=operation)
+    for result in ("retried", "passed_through"):
+        OVERFLOW_RECOVERIES.labels(result=result)
+    for result in ("released", "timed_out"):
+        LEASE_WAITS.labels(result=result)
+    for guard in GUARDS:
+        GUARD_TRIPS.labels(guard=guard)
+
+
+def exposition_registry() -> CollectorRegistry:
+    """The registry to expose: the process's own, or, when the server runs several worker
+    processes (``PROMETHEUS_MULTIPROC_DIR`` set before start-up), all workers' combined."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+def serve_metrics_port(host: str, port: int) -> None:
+    """Expose the metrics on a port of their own too (a background thread)."""
+    start_http_server(port, addr=host, registry=exposition_registry())

@@ -1,0 +1,228 @@
+"""The aiohttp application factory: typed app keys, resources opened and closed in cleanup_ctx."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from compaction_proxy.compaction.background import BackgroundCompactions
+from compaction_proxy.compaction.engine import Engine, EngineSettings
+from compaction_proxy.compaction.model_policy import PolicyBook
+from compaction_proxy.config.policy import validate_all_policies
+from compaction_proxy.config.settings import ConfigError, Settings
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.http import handlers
+from compaction_proxy.http.admin_api import admin_routes
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.http.errors import error_response
+from compaction_proxy.http.inspector import inspector_routes
+from compaction_proxy.http.metrics_endpoint import metrics_handler
+from compaction_proxy.http.passthrough import passthrough
+from compaction_proxy.metering import lazy_litellm
+from compaction_proxy.metering.meter import TokenMeter
+from compaction_proxy.metering.tokenizers import warm_up
+from compaction_proxy.metering.windows import LearnedWindows, model_map
+from compaction_proxy.metrics import REQUESTS, initialize_label_sets
+from compaction_proxy.parsing.recent_bodies import RecentBodies
+from compaction_proxy.security.client_keys import (
+    ClientKeys,
+    holds_upstream_keys,
+    load_client_key_digests,
+)
+from compaction_proxy.security.credentials import ConfigProblem, credential_problems
+from compaction_proxy.security.outbound import HOP_HEADER
+from compaction_proxy.security.self_forwarding import self_loop_problems
+from compaction_proxy.security.tenant import TenantSecret, api_key_of
+from compaction_proxy.service.pending_records import PendingRecords
+from compaction_proxy.service.services import Services
+from compaction_proxy.store import StoreUnavailable, open_store
+from compaction_proxy.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+def _http_client(settings: Settings) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=settings.upstream_pool_size, enable_cleanup_closed=True)
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=settings.upstream_connect_timeout,
+        sock_read=settings.upstream_read_timeout,
+    )
+    # One session serves every client, so it keeps no cookies: a cookie the upstream sets
+    # (a CDN's, say) goes to the client it answered and is never sent for another.
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        skip_auto_headers=("User-Agent",),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+async def _tenant_secret(settings: Settings, store: Store) -> TenantSecret:
+    configured = settings.tenant_secret
+    if configured is None:
+        where = (
+            "for the life of this process"
+            if settings.store_url.startswith("memory://")
+            else "in the store, shared by every replica"
+        )
+        log.warning("no tenant_secret configured: one is generated and kept %s", where)
+    secret = TenantSecret(
+        configured.get_secret_value().encode() if configured is not None else None, store
+    )
+    try:
+        await secret.get()
+    except StoreUnavailable:
+        log.warning("store unavailable at start-up: requests bypass it until it answers")
+    return secret
+
+
+async def _engine(settings: Settings, store: Store) -> Engine:
+    # An encoding's load takes most of a second: pay it at start-up, not on a request.
+    await asyncio.to_thread(warm_up)
+    await asyncio.to_thread(model_map)
+    meter = TokenMeter(cache_size=settings.meter_cache_size)
+    engine_settings = EngineSettings(
+        lease_ttl_seconds=settings.lease_ttl_seconds,
+        lease_wait_seconds=settings.summary_timeout_seconds + settings.lease_ttl_seconds,
+        breaker_cooldown_seconds=settings.summary_breaker_cooldown_seconds,
+        max_rounds=settings.max_compaction_rounds,
+        failure_cooldown_seconds=settings.failure_cooldown_seconds,
+        failure_growth_ratio=settings.failure_growth_ratio,
+        summaries_per_minute_per_tenant=settings.summaries_per_minute_per_tenant,
+        summaries_per_minute_per_route=settings.summaries_per_minute_per_route,
+        log_content=settings.log_content,
+    )
+    return Engine(store, meter, engine_settings)
+
+
+def _services_context(
+    settings: Settings, client_keys: ClientKeys
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Opens the ``Services`` at start-up and closes them in reverse order at shutdown: the
+    last pending records are written, then the HTTP client closes, then background rounds are
+    cancelled (each closes its attempt and frees its lease), and the store closes last."""
+
+    async def services(app: web.Application) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            store = open_store(settings)
+            stack.push_async_callback(store.close)
+            tenant_secret = await _tenant_secret(settings, store)
+            engine = await _engine(settings, store)
+            # litellm's import takes seconds: the proxy listens meanwhile (lazy_litellm).
+            importing = asyncio.create_task(lazy_litellm.import_in_background())
+            # Stops waiting for it; the thread itself ends with the import.
+            stack.callback(importing.cancel)
+            background = BackgroundCompactions(engine, settings.precompact_concurrency)
+            stack.push_async_callback(background.close)
+            http_client = await stack.enter_async_context(_http_client(settings))
+            pending_records = PendingRecords()
+            stack.push_async_callback(pending_records.drain)
+            app[SERVICES] = Services(
+                settings=settings,
+                store=store,
+                engine=engine,
+                policies=PolicyBook(settings),
+                learned_windows=LearnedWindows(),
+                http_client=http_client,
+                client_keys=client_keys,
+                tenant_secret=tenant_secret,
+                background=background,
+                known_messages=KnownMessages(settings.known_messages_bytes),
+                recent_bodies=RecentBodies(settings.recent_bodies_bytes),
+                pending_records=pending_records,
+            )
+            yield
+
+    return services
+
+
+def refusal(request: web.Request) -> web.StreamResponse | None:
+    """Why a ``/v1/`` request is refused before its handler runs, if it is: it carries our hop
+    marker, so a proxy sent it and forwarding it again could go on forever (see
+    ``security.self_forwarding``); or the proxy holds upstream keys and the request
+    holds no client key."""
+    if HOP_HEADER in request.headers:
+        REQUESTS.labels(route="", outcome="loop_detected").inc()
+        return error_response(
+            508,
+            "This request already passed through a compaction proxy and would be forwarded "
+            "to one again: check that the proxy's upstream is not the proxy itself.",
+            code="loop_detected",
+        )
+    keys = request.app[SERVICES].client_keys
+    if keys.required and not keys.allows(api_key_of(request.headers)):
+        REQUESTS.labels(route="", outcome="unauthorized").inc()
+        return error_response(
+            401,
+            "Incorrect API key provided: use a client key issued for this proxy.",
+            code="invalid_api_key",
+        )
+    return None
+
+
+def guarded(handler: Handler) -> Handler:
+    """``handler`` behind ``refusal``: every ``/v1/`` route is built with it.
+
+    A wrapper per route rather than application middlewares: with any middleware at all,
+    aiohttp runs every request, on every route, through the chain and through a middleware of
+    its own that sets and restores the current app, three coroutines where one does."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        return await handler(request)
+
+    return checked
+
+
+def create_app(settings: Settings) -> web.Application:
+    """Build the proxy. Invalid per-model policies, and keys that would go to the wrong host
+    or not at all, fail here, before serving."""
+    validate_all_policies(settings)
+    problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
+    client_keys = ClientKeys(load_client_key_digests(settings), holds_upstream_keys(settings))
+    if client_keys.required and not client_keys.digests:
+        problems.append(
+            ConfigProblem(
+                "client_keys_file",
+                "a route holds an upstream key (api_key_env), so clients must authenticate "
+                "with keys of their own: create one with `compaction-proxy client-key new` and "
+                "list its digest in client_keys_file or client_key_digests",
+            )
+        )
+    if problems:
+        raise ConfigError("\n".join(["refusing to start:", *(f"  {p}" for p in problems)]))
+    # Room above the limit so that an oversized body is answered by the handler in
+    # OpenAI's error shape rather than by aiohttp's plain-text 413.
+    app = web.Application(
+        client_max_size=settings.max_body_bytes + 1,
+        # Bodies as they came, whatever serves the app: ``intake.read_body`` decodes them
+        # (see ``proxy.content_coding`` for why not aiohttp's parser).
+        handler_args={"auto_decompress": False},
+    )
+    initialize_label_sets()
+    app.cleanup_ctx.append(_services_context(settings, client_keys))
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", guarded(handlers.chat_completions)),
+            web.post("/v1/responses", guarded(handlers.responses)),
+            web.get("/v1/models", guarded(handlers.list_models)),
+            web.get("/healthz", handlers.healthz),
+            web.get("/readyz", handlers.readyz),
+            web.get("/metrics", metrics_handler),
+            *admin_routes(),
+            *inspector_routes(),
+            # Last: every other /v1/ path and method (chat's own paths are matched first).
+            web.route("*", "/v1/{tail:.*}", guarded(passthrough)),
+        ]
+    )
+    return app

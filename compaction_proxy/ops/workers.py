@@ -1,0 +1,192 @@
+"""``serve --workers N``: N worker processes on one port, under a small supervisor.
+
+Each worker is ``compaction-proxy serve`` bound with ``SO_REUSEPORT``, so the kernel spreads
+connections over them. The supervisor:
+
+* (settings refuse the in-process store with several workers: each would hold a different
+  part of every conversation);
+* shares one ``PROMETHEUS_MULTIPROC_DIR`` (a fresh one unless set), so any worker's
+  ``/metrics`` reports them all, and serves ``metrics_port`` itself when one is configured;
+* on SIGTERM or SIGINT, passes it on and waits for the workers to drain;
+* on SIGHUP, reloads gracefully: starts a new set, waits until each listens, then stops the
+  old ones (configuration is read again by the new workers);
+* restarts a worker that died on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+
+from compaction_proxy.config.settings import ConfigError, Settings
+
+log = logging.getLogger("compaction_proxy.ops.workers")
+
+READY_LINE = b"compaction-proxy worker ready\n"
+READY_TIMEOUT_SECONDS = 60.0
+
+
+class Supervisor:
+    """Starts, replaces and stops the worker processes."""
+
+    def __init__(self, workers: int, worker_args: Sequence[str]) -> None:
+        self._count = workers
+        self._args = list(worker_args)
+        self._workers: dict[int, asyncio.subprocess.Process] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        """A new worker, once it listens; raises WorkerDidNotStart."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "compaction_proxy",
+            "serve",
+            "--reuse-port",
+            *self._args,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
+        except TimeoutError:
+            line = b""
+        if line != READY_LINE:
+            with contextlib.suppress(ProcessLookupError):  # it may have exited already
+                process.kill()
+            await process.wait()
+            raise WorkerDidNotStart("a worker process did not start (see its log above)")
+        return process
+
+    def _adopt(self, process: asyncio.subprocess.Process) -> None:
+        self._workers[process.pid] = process
+        watcher = asyncio.create_task(self._watch(process))
+        self._tasks.add(watcher)
+        watcher.add_done_callback(self._tasks.discard)
+
+    async def _watch(self, process: asyncio.subprocess.Process) -> None:
+        """Pass on what the worker prints; restart it if it exits while still wanted."""
+        assert process.stdout is not None
+        async for line in process.stdout:
+            sys.stdout.buffer.write(line)
+        code = await process.wait()
+        _mark_dead(process.pid)
+        if self._workers.pop(process.pid, None) is not None and not self._stopping:
+            log.warning("worker %d exited with status %s: starting another", process.pid, code)
+            try:
+                self._adopt(await self._spawn())
+            except WorkerDidNotStart:
+                log.error("the replacement worker did not start: %d left", len(self._workers))
+
+    async def start(self) -> None:
+        for _ in range(self._count):
+            self._adopt(await self._spawn())
+        log.info("%d workers listening: %s", self._count, sorted(self._workers))
+
+    async def reload(self) -> None:
+        """A new set of workers, then the old one drained; if a new worker does not start
+        (a configuration broken since), the running workers stay."""
+        fresh: list[asyncio.subprocess.Process] = []
+        try:
+            for _ in range(self._count):
+                fresh.append(await self._spawn())
+        except WorkerDidNotStart:
+            log.error("reload failed: a new worker did not start; the running workers stay")
+            await _stop_all(fresh)
+            return
+        old = list(self._workers.values())
+        self._workers.clear()  # replaced: not to be restarted
+        for process in fresh:
+            self._adopt(process)
+        await _stop_all(old)
+        log.info("reloaded: workers %s", sorted(self._workers))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await _stop_all(list(self._workers.values()))
+
+
+class WorkerDidNotStart(Exception):
+    pass
+
+
+async def _stop_all(processes: Sequence[asyncio.subprocess.Process]) -> None:
+    """SIGTERM to each (a worker drains its requests) unless already gone; wait for all."""
+    for process in processes:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+    await asyncio.gather(*(p.wait() for p in processes))
+
+
+def _mark_dead(pid: int) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def run_workers(settings: Settings, worker_args: Sequence[str]) -> int:
+    """Supervise ``settings.workers`` processes until SIGTERM or SIGINT; the exit status."""
+    own_metrics_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        own_metrics_dir = tempfile.mkdtemp(prefix="compaction-proxy-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_metrics_dir
+    try:
+        return asyncio.run(_supervise(settings, worker_args))
+    finally:
+        if own_metrics_dir is not None:
+            shutil.rmtree(own_metrics_dir, ignore_errors=True)
+
+
+async def _supervise(settings: Settings, worker_args: Sequence[str]) -> int:
+    # Signals first: one that arrives while the workers start is acted on once they have.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reloads: asyncio.Queue[None] = asyncio.Queue()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reloads.put_nowait, None)
+    supervisor = Supervisor(settings.workers, worker_args)
+    try:
+        await supervisor.start()
+    except WorkerDidNotStart as exc:
+        await supervisor.stop()
+        raise ConfigError(str(exc)) from exc
+    if settings.metrics_port is not None:
+        from compaction_proxy.metrics import serve_metrics_port
+
+        serve_metrics_port(settings.host, settings.metrics_port)
+    while not stop.is_set():
+        reload = asyncio.ensure_future(reloads.get())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({reload, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (reload, stopped):
+            waiter.cancel()
+        if not stop.is_set():
+            await supervisor.reload()
+    await supervisor.stop()
+    return 0
+
+
+def exit_with_the_supervisor() -> None:
+    """In a worker: stop gracefully (SIGTERM to itself) if the supervisor dies without
+    stopping it (killed outright), rather than hold the port with nobody watching."""
+    supervisor = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()

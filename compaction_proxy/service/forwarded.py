@@ -1,0 +1,67 @@
+"""What one attempt of a request sends upstream (immutable), and its status.
+
+A request is forwarded once, and again after an overflow when recovery has the evidence for a
+retry (``service.recover``): each attempt is a new ``Forwarded``. What the request writes to
+its log after its answer accumulates apart, in its ``service.record.RequestRecord``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.metering.meter import Measurement
+from compaction_proxy.store.base import ConversationState
+
+
+class RequestStatus(StrEnum):
+    """``X-Compaction-Status``, and the ``status`` of the log's ``request`` event."""
+
+    NONE = "none"  # the client's messages went as sent
+    PRUNED = "pruned"  # prunes alone changed them
+    COMPACTED = "compacted"  # the surface carries a checkpoint committed for this request
+    PRECOMPACTING = "precompacting"  # as sent, with a checkpoint on its way in the background
+    RECOVERED = "recovered"  # a retry after an overflow, compacted harder
+    BYPASS = "bypass"  # the store or the proxy failed: the client's bytes as they came
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """The bytes to send and what the response headers say of them; for recovery, the
+    compaction job, the state and the surface they were derived from (None on a bypass)."""
+
+    payload: bytes
+    status: RequestStatus
+    conversation: str | None = None
+    generation: int | None = None
+    measurement: Measurement | None = None
+    tokens_before: int | None = None  # the client's own messages, when the surface changed
+    job: CompactionJob | None = None
+    state: ConversationState | None = None
+    surface: Surface | None = None  # what the payload carries
+    # A checkpoint is being prepared in the background (said in the header of a request sent
+    # as it came; its log event keeps the status of what was sent).
+    precompacting: bool = False
+
+    @classmethod
+    def bypass(cls, raw: bytes) -> Forwarded:
+        """The client's request as it came, nothing recorded."""
+        return cls(payload=raw, status=RequestStatus.BYPASS)
+
+    def compaction_headers(self) -> dict[str, str]:
+        """The ``X-Compaction-*`` headers of the client's answer."""
+        status = self.status
+        if self.precompacting and status is RequestStatus.NONE:
+            status = RequestStatus.PRECOMPACTING
+        headers = {"X-Compaction-Status": status.value}
+        if self.conversation is not None:
+            headers["X-Compaction-Conversation"] = self.conversation
+        if self.generation is not None:
+            headers["X-Compaction-Generation"] = str(self.generation)
+        if self.measurement is not None:
+            headers["X-Compaction-Tokens"] = str(self.measurement.tokens)
+        if self.tokens_before is not None:
+            headers["X-Compaction-Tokens-Before"] = str(self.tokens_before)
+        return headers

@@ -1,0 +1,246 @@
+"""Before forwarding: read the conversation, relieve pressure, derive the surface to send.
+
+Raises StoreUnavailable when the store cannot be reached; the handler then forwards the
+client's request unchanged. Any other failure inside compaction is logged and counted, and the
+request goes on with the best surface there is: the proxy never makes a request worse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from compaction_proxy.compaction import triggers
+from compaction_proxy.compaction.engine import Engine, Relief
+from compaction_proxy.compaction.guards.miss_guard import (
+    checkpoint_misses,
+    proactive_compaction_stopped,
+)
+from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy
+from compaction_proxy.compaction.planning import CompactionJob, SummaryCall
+from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limits, report_shortfall
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
+from compaction_proxy.config.settings import Route
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.formats.payload import payload_for
+from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.metering.meter import TokenMeter
+from compaction_proxy.metrics import COMPACTION_ERRORS, PRESSURE, TOKENS_SAVED, child
+from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.security.credentials import summary_call_headers, summary_call_query
+from compaction_proxy.security.outbound import upstream_headers, upstream_url
+from compaction_proxy.security.tenant import api_key_of, tenant_of
+from compaction_proxy.service.forwarded import Forwarded, RequestStatus
+from compaction_proxy.service.pending_records import shielded
+from compaction_proxy.service.record import RequestRecord
+from compaction_proxy.service.services import Services
+from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
+from compaction_proxy.store.base import ConversationState, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def summary_call(
+    services: Services,
+    client_headers: Mapping[str, str],
+    client_query: str,
+    request_route: Route,
+    summary_model: str,
+) -> SummaryCall:
+    """The summary call: the summary model's route, the configured timeout, and of the
+    client's headers only those ``summary_call_headers`` allows (its credentials only when
+    the summary goes to the host its request went to; the route's own key otherwise), with
+    the client's query string on the same terms."""
+    route = services.policies.for_model(summary_model).route
+    timeout = services.settings.summary_timeout_seconds
+
+    async def call(body: dict[str, Any]) -> Summary:
+        # Made here, not per request: most requests never call the summarizer.
+        allowed = summary_call_headers(client_headers, request_route, route)
+        keys = services.client_keys.required
+        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys)
+        headers["Content-Type"] = "application/json"
+        query = summary_call_query(client_query, request_route, route)
+        url = upstream_url(route.base, "/chat/completions", query)
+        try:
+            return await call_summarizer(services.http_client, url, headers, body, timeout)
+        except SummaryFailed as failure:
+            if failure.reason == "overflow" and failure.limit is not None:
+                # The summary model stated its window: later summary calls are sized to it.
+                services.learned_windows.learn(route.model, summary_model, failure.limit)
+            raise
+
+    return call
+
+
+def _count_savings(route: str, surface: Surface, saved: int) -> None:
+    """Split a request's saved tokens between its checkpoints and its prunes."""
+    if saved <= 0:
+        return
+    by_summary = sum(max(0, c.shadowed_tokens - c.tokens) for c in surface.checkpoints)
+    by_summary = min(by_summary, saved)
+    if by_summary:
+        TOKENS_SAVED.labels(route=route, mechanism="summary").inc(by_summary)
+    if saved > by_summary:
+        TOKENS_SAVED.labels(route=route, mechanism="prune").inc(saved - by_summary)
+
+
+async def _relieve(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    limits: Budgets | None,
+    proactive: bool,
+) -> Relief:
+    # The surface as the loaded state has it: forwarded when nothing is to be done, or when
+    # compaction fails (the checkpoints already loaded still stand).
+    surface = job.view.surface(state.records)
+    as_it_is = Relief(state, surface, await engine.measure(job, state, surface))
+    if limits is None:
+        return as_it_is
+    if not proactive:
+        return dataclasses.replace(as_it_is, shortfall=ShortfallReason.STOPPED)
+    if as_it_is.measurement.tokens < limits.threshold:
+        return as_it_is  # most requests: nothing to compact, so no task to shield it in
+    try:
+        return await shielded(triggers.relieve_pressure(engine, job, state, limits))
+    except StoreUnavailable as exc:
+        log.warning("store unavailable during compaction (%s)", exc.operation)
+        return dataclasses.replace(as_it_is, shortfall=ShortfallReason.STORE)
+    except Exception:
+        COMPACTION_ERRORS.inc()
+        log.exception("compaction failed; forwarding the surface as it was")
+        return dataclasses.replace(as_it_is, shortfall=ShortfallReason.ERROR)
+
+
+async def _view_of(
+    meter: TokenMeter, tenant: str, client_request: ClientRequest, session_id: str | None
+) -> RequestView:
+    """The request's view; for a big request, built and metered once off the loop, so every
+    later measurement of it is cache hits."""
+
+    def build() -> RequestView:
+        tools = client_request.body.get("tools")
+        return RequestView.of(
+            tenant,
+            client_request.model,
+            client_request.messages,
+            session_id,
+            tools,
+            size=len(client_request.raw),
+            digests=client_request.digests,
+            lineage=client_request.lineage,
+        )
+
+    if not is_big(len(client_request.raw), len(client_request.messages)):
+        return build()
+
+    def build_and_meter() -> RequestView:
+        view = build()
+        view.measure(meter, view.surface(()))
+        return view
+
+    return await asyncio.to_thread(build_and_meter)
+
+
+def compaction_job(
+    services: Services,
+    view: RequestView,
+    model_policy: ModelPolicy,
+    window: int | None,
+    client_headers: Mapping[str, str],
+    client_query: str = "",
+) -> CompactionJob:
+    """The compaction inputs for ``view``: its policy and window, and the summary route with
+    its own window when the summary model is another model."""
+    summary_model = model_policy.policy.summary_model or view.model
+    summary_policy = services.policies.for_model(summary_model)
+    summary_window = None
+    if summary_model != view.model:
+        summary_window = services.model_window(summary_policy, summary_model)
+    return CompactionJob(
+        view=view,
+        policy=model_policy.policy,
+        pruner=model_policy.pruner,
+        window=window,
+        summary_model=summary_model,
+        summarize=summary_call(
+            services, client_headers, client_query, model_policy.route, summary_model
+        ),
+        route=model_policy.route.model,
+        summary_window=summary_window,
+        summary_route=summary_policy.route.model,
+        bridge=model_policy.bridge,
+    )
+
+
+async def prepare(
+    services: Services,
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+    client_headers: Mapping[str, str],
+    client_query: str,
+) -> tuple[Forwarded, RequestRecord]:
+    """What to forward for ``client_request``, and its record, begun."""
+    settings, engine = services.settings, services.engine
+    route = model_policy.route
+    tenant = tenant_of(await services.tenant_secret.get(), api_key_of(client_headers))
+    view = await _view_of(engine.meter, tenant, client_request, session_id)
+    # The previous request's writes (its anchor, its miss count, its log) come first.
+    await services.pending_records.settled(view.conversation)
+    state = await services.store.load(view.conversation)
+    now = time.time()
+    record = RequestRecord.start(view, state, client_request.model, tenant, session_id, now)
+    window = services.model_window(model_policy, client_request.model)
+    if window is None:
+        services.learned_windows.warn_unknown_once(route.model, client_request.model)
+    job = compaction_job(services, view, model_policy, window, client_headers, client_query)
+    misses = checkpoint_misses(view, state, settings.checkpoint_miss_limit)
+    proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
+    limits = pressure_limits(model_policy, window, client_request, state)
+    relief = await _relieve(engine, job, state, limits, proactive)
+    state, surface, measurement = relief.state, relief.surface, relief.measurement
+    attributes = ConversationAttributes(checkpoint_misses=misses)
+    if window is not None:
+        child(PRESSURE, route.model).observe(measurement.tokens / window)
+        attributes = dataclasses.replace(attributes, last_pressure=measurement.tokens / window)
+        if limits is not None:
+            reason = report_shortfall(view, state, route.model, relief, limits.threshold)
+            attributes = dataclasses.replace(attributes, over_threshold=reason)
+    record.set(attributes)
+    status = (
+        RequestStatus.COMPACTED
+        if relief.compacted
+        else RequestStatus.PRUNED
+        if relief.pruned
+        else RequestStatus.NONE
+    )
+    precompacting = proactive and maybe_precompact(services.background, job, relief, limits)
+
+    tokens_before = None
+    payload = client_request.raw
+    if surface.changed:
+        payload = await off_loop_if(view.big, lambda: payload_for(client_request, surface))
+        unchanged = view.measure(engine.meter, view.surface(()))
+        tokens_before = unchanged.tokens
+        _count_savings(route.model, surface, unchanged.estimated - measurement.estimated)
+    forwarded = Forwarded(
+        payload=payload,
+        status=status,
+        conversation=view.conversation,
+        generation=state.generation,
+        measurement=measurement,
+        tokens_before=tokens_before,
+        job=job,
+        state=state,
+        surface=surface,
+        precompacting=precompacting,
+    )
+    record.add_forwarded(forwarded, client_request.model, route.model, time.time())
+    return forwarded, record

@@ -1,0 +1,53 @@
+"""Everything the life of a request needs, in one object built once by the app factory.
+
+``compaction_proxy.ops.app`` opens these at start-up (the store first, the HTTP client and the
+pending records last) and closes them in reverse order at shutdown, so the last records are
+written and every background round has freed its lease before the store closes. Service code
+(preparation, recovery, the record, the admin API) is handed this object; nothing below the
+edge reads the web application's state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from compaction_proxy.compaction.background import BackgroundCompactions
+from compaction_proxy.compaction.engine import Engine
+from compaction_proxy.compaction.model_policy import ModelPolicy, PolicyBook
+from compaction_proxy.config.settings import Settings
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.metering.windows import LearnedWindows, resolve_window
+from compaction_proxy.parsing.recent_bodies import RecentBodies
+from compaction_proxy.security.client_keys import ClientKeys
+from compaction_proxy.security.tenant import TenantSecret
+from compaction_proxy.service.pending_records import PendingRecords
+from compaction_proxy.store.base import Store
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    store: Store
+    engine: Engine
+    policies: PolicyBook
+    learned_windows: LearnedWindows
+    # Upstream calls: forwarded requests and summary calls (one pool, no cookies kept).
+    http_client: aiohttp.ClientSession
+    client_keys: ClientKeys
+    tenant_secret: TenantSecret
+    background: BackgroundCompactions
+    known_messages: KnownMessages
+    recent_bodies: RecentBodies
+    pending_records: PendingRecords
+    # Requests being forwarded per conversation on this process (manual compaction waits
+    # for 0).
+    in_flight: Counter[str] = field(default_factory=Counter)
+
+    def model_window(self, model_policy: ModelPolicy, model: str) -> int | None:
+        """The window in force for ``model``: configured, else litellm's map, never above a
+        limit the upstream stated."""
+        learned = self.learned_windows.get(model_policy.route.model, model)
+        return resolve_window(model_policy.configured_window, model_policy.mapped_window, learned)

@@ -1,0 +1,367 @@
+"""In-process store: the zero-setup default (``memory://``).
+
+Same semantics as the Redis store. Every method runs without awaiting in between its reads and
+writes, so each is atomic on the event loop. Memory is bounded: a conversation's log keeps its
+newest ``max_log_events``; beyond ``max_conversations``, or ``max_bytes`` of logged events, the
+least recently used conversations are evicted; idle ones expire after ``ttl_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
+from compaction_proxy.conversation.replacements import ReplacementRecord
+from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.base import BeginResult, ConversationState, ConversationSummary, LogPage
+from compaction_proxy.store.sliding_windows import SlidingWindows
+
+_LEASE_POLL_SECONDS = 0.02
+
+
+@dataclass
+class _Log:
+    """A conversation's events, each as its JSON, back to back in one growing buffer.
+
+    One buffer, not a bytes object per event: those were small blocks kept for days among the
+    big buffers every request allocates and frees (its body, its answer), each pinning a hole
+    such a buffer left, so the heap kept growing into fresh pages (on an agent's replayed
+    traffic, nine page faults a request where the proxy without its log has almost none; one
+    with the buffer). Neither is walked by the cyclic garbage collector (a log of dicts made
+    every full collection slower the more the store held).
+
+    Event ids are consecutive: the oldest held is ``first_id``; event ``first_id + i`` ends at
+    offset ``ends[i]`` of everything ever appended, of which the first ``base`` bytes are no
+    longer in ``data`` and the first ``start`` belong to dropped events."""
+
+    data: bytearray = field(default_factory=bytearray)
+    ends: list[int] = field(default_factory=list)
+    first_id: int = 1
+    base: int = 0
+    start: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the events held."""
+        return self.base + len(self.data) - self.start
+
+    def append(self, event: bytes) -> None:
+        self.data += event
+        self.ends.append(self.base + len(self.data))
+
+    def drop_oldest(self, count: int) -> None:
+        if count <= 0:
+            return
+        self.start = self.ends[count - 1]
+        del self.ends[:count]
+        self.first_id += count
+        dead = self.start - self.base
+        if dead > len(self.data) // 2:  # each byte is moved at most once on average
+            del self.data[:dead]
+            self.base = self.start
+
+    def index_after(self, event_id: int) -> int:
+        """Where the first event after ``event_id`` is held (``len`` when none is)."""
+        return min(len(self.ends), max(0, event_id - self.first_id + 1))
+
+    def event(self, index: int) -> tuple[str, bytes]:
+        """The id and JSON of the event held at ``index``."""
+        begin = self.ends[index - 1] if index else self.start
+        data = bytes(self.data[begin - self.base : self.ends[index] - self.base])
+        return f"{self.first_id + index}-0", data
+
+
+@dataclass
+class _Conversation:
+    log: _Log = field(default_factory=_Log)
+    seen: set[str] = field(default_factory=set)
+    records: list[ReplacementRecord] = field(default_factory=list)
+    generation: int = 0
+    anchor: Anchor | None = None
+    logged_tip: tuple[int, str] | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_expires: float = 0.0
+    touched: float = 0.0
+
+    @property
+    def size(self) -> int:
+        """Bytes of the logged events' JSON."""
+        return self.log.size
+
+    def trim(self, max_events: int) -> None:
+        """Drop the oldest events beyond ``max_events``."""
+        self.log.drop_oldest(len(self.log) - max_events)
+        if len(self.seen) > 2 * max_events:
+            self.seen.clear()  # only deduplicates logging; a few messages may be logged again
+
+    def live_lease(self, now: float) -> str | None:
+        return self.lease_owner if self.lease_owner and self.lease_expires > now else None
+
+    def add(self, event: Event) -> None:
+        self.log.append(jsonio.dumps(event))
+
+
+def _is_new(message: MessageEvent, seen: set[str]) -> bool:
+    if message.hash in seen:
+        return False
+    return not (message.by_content and message.content_key in seen)
+
+
+class MemoryStore:
+    def __init__(
+        self,
+        max_conversations: int = 10_000,
+        ttl_seconds: float = 7 * 86400,
+        max_log_events: int = 10_000,
+        max_bytes: int = 512 * 1024 * 1024,
+        record_ttl_seconds: float | None = None,
+    ) -> None:
+        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        self._secrets: dict[str, bytes] = {}
+        self._quotas: dict[int, SlidingWindows] = {}  # by window length
+        self._max = max_conversations
+        self._ttl = ttl_seconds
+        self._record_ttl = min(ttl_seconds, record_ttl_seconds or ttl_seconds)
+        self._max_log_events = max_log_events
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def _grew(self, conversation: str, entry: _Conversation, before: int) -> None:
+        """Account for what ``entry`` logged since it held ``before`` bytes: trim its log,
+        then evict the least recently used others while the store is over its byte bound."""
+        entry.trim(self._max_log_events)
+        self._bytes += entry.size - before
+        while self._bytes > self._max_bytes and len(self._conversations) > 1:
+            oldest = next(iter(self._conversations))
+            if oldest == conversation:
+                break
+            self._drop(oldest)
+
+    def _drop(self, name: str) -> None:
+        evicted = self._conversations.pop(name)
+        self._bytes -= evicted.size
+
+    @property
+    def size_bytes(self) -> int:
+        """About the bytes of logged events held (what ``max_bytes`` bounds)."""
+        return self._bytes
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _get(self, conversation: str, *, create: bool) -> _Conversation | None:
+        now = time.monotonic()
+        entry = self._conversations.get(conversation)
+        if entry is not None and now - entry.touched > self._ttl:
+            self._drop(conversation)
+            entry = None
+        elif entry is not None:
+            self._expire_records(entry, now)
+        if entry is None:
+            if not create:
+                return None
+            entry = _Conversation()
+            self._conversations[conversation] = entry
+            while len(self._conversations) > self._max:
+                self._drop(next(iter(self._conversations)))
+        self._conversations.move_to_end(conversation)
+        entry.touched = now
+        return entry
+
+    def _expire_records(self, entry: _Conversation, now: float) -> None:
+        """Summaries are kept no longer than ``record_ttl_seconds`` after the last write."""
+        if now - entry.touched > self._record_ttl:
+            entry.records.clear()
+
+    def expires_in(self, conversation: str) -> float | None:
+        """Seconds until an idle conversation expires (None if unknown); for tests."""
+        entry = self._conversations.get(conversation)
+        if entry is None:
+            return None
+        return self._ttl - (time.monotonic() - entry.touched)
+
+    # -- the Store protocol ----------------------------------------------------------------
+
+    async def ping(self) -> None:
+        return None
+
+    async def load(self, conversation: str) -> ConversationState:
+        entry = self._conversations.get(conversation)
+        if entry is None:
+            return ConversationState()
+        self._expire_records(entry, time.monotonic())
+        return ConversationState(
+            records=tuple(entry.records),
+            generation=entry.generation,
+            anchor=entry.anchor,
+            lease_owner=entry.live_lease(time.monotonic()),
+            logged_tip=entry.logged_tip,
+            attributes=ConversationAttributes.read(entry.attributes),
+        )
+
+    async def append(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event] = (),
+        attributes: ConversationAttributes | None = None,
+    ) -> int:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        before = entry.size
+        added = 0
+        for message in messages:
+            if _is_new(message, entry.seen):
+                entry.seen.add(message.hash)
+                if message.content_key:
+                    entry.seen.add(message.content_key)
+                entry.add(message.event)
+                added += 1
+        tip = body_tip(messages)
+        if tip is not None:
+            entry.logged_tip = tip
+        for event in events:
+            entry.add(event)
+        if attributes is not None:
+            entry.attributes.update(attributes.to_stored())
+        self._grew(conversation, entry, before)
+        return added
+
+    async def record_request(
+        self,
+        conversation: str,
+        events: Sequence[Event],
+        anchor: Anchor | None = None,
+        attributes: ConversationAttributes | None = None,
+        messages: Sequence[MessageEvent] = (),
+    ) -> None:
+        await self.append(conversation, messages, events, attributes)
+        if anchor is not None:
+            entry = self._conversations.get(conversation)
+            assert entry is not None
+            entry.anchor = anchor
+
+    async def begin_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        ttl_seconds: float,
+        start_event: Event,
+        expected_generation: int | None = None,
+    ) -> BeginResult:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        now = time.monotonic()
+        if entry.live_lease(now) is not None:
+            return BeginResult.BUSY
+        if expected_generation is not None and entry.generation != expected_generation:
+            return BeginResult.STALE
+        entry.lease_owner = owner
+        entry.lease_expires = now + ttl_seconds
+        entry.add(start_event)
+        return BeginResult.BEGUN
+
+    async def commit_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        events: Sequence[Event],
+        records: Sequence[ReplacementRecord],
+        superseded: Sequence[ReplacementRecord] = (),
+    ) -> int | None:
+        entry = self._get(conversation, create=False)
+        if entry is None or entry.live_lease(time.monotonic()) != owner:
+            return None
+        for event in events:
+            entry.add(event)
+        entry.records = [r for r in entry.records if r not in superseded]
+        entry.records.extend(records)
+        entry.generation += 1
+        entry.lease_owner = None
+        return entry.generation
+
+    async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
+        entry = self._get(conversation, create=False)
+        now = time.monotonic()
+        if entry is None or entry.live_lease(now) != owner:
+            return False
+        entry.lease_expires = now + ttl_seconds
+        return True
+
+    async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        entry.add(end_event)
+        if entry.lease_owner == owner:
+            entry.lease_owner = None
+
+    async def read_log(
+        self, conversation: str, after: str | None = None, limit: int = 100
+    ) -> LogPage:
+        entry = self._conversations.get(conversation)
+        if entry is None:
+            return LogPage([], None)
+        log = entry.log
+        start = 0 if after is None else log.index_after(int(after.split("-")[0]))
+        page = [log.event(index) for index in range(start, min(len(log), start + limit))]
+        more = start + limit < len(log)
+        events = [(event_id, jsonio.loads(data)) for event_id, data in page]
+        return LogPage(events, page[-1][0] if page and more else None)
+
+    async def list_conversations(
+        self, limit: int = 50, offset: int = 0
+    ) -> list[ConversationSummary]:
+        now = time.monotonic()
+        wall = time.time()
+        summaries: list[ConversationSummary] = []
+        skipped = 0
+        for name in reversed(self._conversations):
+            entry = self._conversations[name]
+            if now - entry.touched > self._ttl:
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            last_seen = wall - (now - entry.touched)
+            summaries.append(
+                ConversationSummary(
+                    name,
+                    last_seen,
+                    entry.generation,
+                    ConversationAttributes.read(entry.attributes),
+                )
+            )
+            if len(summaries) >= limit:
+                break
+        return summaries
+
+    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
+        deadline = time.monotonic() + max_wait
+        while True:
+            entry = self._conversations.get(conversation)
+            if entry is None or entry.live_lease(time.monotonic()) is None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def take_quota(
+        self, quotas: Sequence[tuple[str, int]], window_seconds: int
+    ) -> str | None:
+        windows = self._quotas.setdefault(window_seconds, SlidingWindows(window_seconds))
+        return windows.take(quotas)
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        return self._secrets.setdefault(name, candidate)
+
+    async def close(self) -> None:
+        self._conversations.clear()

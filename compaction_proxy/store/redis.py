@@ -1,0 +1,441 @@
+"""Redis store (production; also Valkey and managed Redis) over redis-py asyncio.
+
+Every multi-key step is one Lua script (registered with ``register_script``; redis-py reloads it
+on NOSCRIPT) over keys that share the conversation's hash tag. Every write refreshes the TTL of
+the conversation's keys. No lock is held across an LLM call: the lease is a key with an expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from importlib.resources import files
+from types import TracebackType
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
+from compaction_proxy.conversation.replacements import (
+    ReplacementRecord,
+    record_from_dict,
+    record_to_dict,
+)
+from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.base import (
+    BeginResult,
+    ConversationState,
+    ConversationSummary,
+    LogPage,
+    StoreUnavailable,
+)
+from compaction_proxy.store.redis_keys import (
+    conversation_keys,
+    conversations_key,
+    quota_key,
+    secret_key,
+)
+
+_LEASE_POLL_SECONDS = 0.05
+_Arg = str | int | bytes
+_STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
+INDEX_INTERVAL_SECONDS = 60.0
+INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
+
+
+def _script(name: str) -> str:
+    return (files("compaction_proxy.store") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _json(value: Any) -> str:
+    return jsonio.dumps(value).decode()
+
+
+def _messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes]:
+    """The append script's message arguments: a JSON listing of each message's keys and its
+    event's length, and the events' JSON back to back (see ``append.lua``)."""
+    encoded = [jsonio.dumps(message.event) for message in messages]
+    listing = [
+        [message.hash, message.content_key, int(message.by_content), len(event)]
+        for message, event in zip(messages, encoded, strict=True)
+    ]
+    return jsonio.dumps(listing), b"".join(encoded)
+
+
+def _tip(raw: str | None) -> tuple[int, str] | None:
+    if not raw:
+        return None
+    position, _, tip_hash = raw.partition(":")
+    return int(position), tip_hash
+
+
+class _ParsedRecords:
+    """Records as parsed, by their stored JSON: a compacted conversation loads the same few
+    records (summaries of several KiB) on every request, and they are parsed once. Bounded by
+    the characters held, least recently used first out. Records are immutable, and the
+    in-process store hands the same objects to every request too."""
+
+    def __init__(self, max_chars: int = 16 * 1024 * 1024) -> None:
+        self._parsed: OrderedDict[str, ReplacementRecord] = OrderedDict()
+        self._chars = 0
+        self._max_chars = max_chars
+
+    def __call__(self, raw: str) -> ReplacementRecord:
+        found = self._parsed.pop(raw, None)  # and put back last: the most recently used
+        if found is None:
+            found = record_from_dict(jsonio.loads(raw))
+            self._chars += len(raw)
+        self._parsed[raw] = found
+        while self._chars > self._max_chars and self._parsed:
+            evicted, _ = self._parsed.popitem(last=False)
+            self._chars -= len(evicted)
+        return found
+
+
+def _state(
+    state_flat: list[str],
+    raw_records: list[str],
+    lease: str | None,
+    parse_record: Callable[[str], ReplacementRecord],
+) -> ConversationState:
+    state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
+    anchor = Anchor(**jsonio.loads(state["anchor"])) if "anchor" in state else None
+    return ConversationState(
+        records=tuple(parse_record(r) for r in raw_records),
+        generation=int(state.get("generation", 0)),
+        anchor=anchor,
+        lease_owner=lease or None,
+        logged_tip=_tip(state.get("tip")),
+        attributes=ConversationAttributes.read(
+            {k: v for k, v in state.items() if k not in _STATE_FIELDS}
+        ),
+    )
+
+
+class _Bounded:
+    """One store operation: it takes at most ``seconds`` in all, and a Redis error, an OS
+    error or running out of time is raised as StoreUnavailable.
+
+    The bound is the proxy's, not redis-py's ``socket_timeout``. With one, redis-py runs every
+    command's send in ``asyncio.wait_for``, which on Python 3.11 makes a task per command (a
+    ``load`` cost about a quarter more CPU), and its one retry after a read timed out doubled
+    the wait on a Redis that stopped answering. A command cut off here is cancelled inside
+    redis-py, which then drops that connection: it never goes back to the pool half-read
+    (tests/store/test_redis_timeouts.py). A plain class: it runs twice a request."""
+
+    __slots__ = ("_operation", "_timeout")
+
+    def __init__(self, operation: str, seconds: float) -> None:
+        self._operation = operation
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            await self._timeout.__aexit__(kind, error, traceback)
+        except TimeoutError as exc:  # the bound ran out: the operation was cancelled
+            raise StoreUnavailable(self._operation, "TimeoutError") from exc
+        if isinstance(error, TimeoutError | RedisError | OSError):
+            raise StoreUnavailable(self._operation, type(error).__name__) from error
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_seconds: float = 7 * 86400,
+        max_log_events: int = 10_000,
+        pool_size: int = 50,
+        operation_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+        record_ttl_seconds: float | None = None,
+    ) -> None:
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            # Bounded per operation instead (``_Bounded``); connecting stays redis-py's.
+            "socket_timeout": None,
+            "socket_connect_timeout": connect_timeout,
+            # One quick retry: with Redis down a request must bypass fast, not back off.
+            "retry": Retry(NoBackoff(), 1),
+        }
+        self._client: aioredis.Redis | RedisCluster
+        if url.startswith("redis+cluster://"):
+            self._client = RedisCluster.from_url(
+                "redis://" + url.removeprefix("redis+cluster://"),
+                max_connections=pool_size,
+                **options,
+            )
+        else:
+            self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
+        self._operation_timeout = operation_timeout
+        self._ttl_ms = int(ttl_seconds * 1000)
+        # The records key (checkpoint summaries, kept in clear) may expire sooner than the rest;
+        # every script takes it as its last argument.
+        self._record_ttl_ms = min(self._ttl_ms, int((record_ttl_seconds or ttl_seconds) * 1000))
+        self._max_log_events = max_log_events
+        # When each conversation was last written to the activity index, by this process.
+        self._indexed: OrderedDict[str, float] = OrderedDict()
+        self._parsed_records = _ParsedRecords()
+        register = self._client.register_script
+        self._load = register(_script("load"))
+        self._append_script = register(_script("append"))
+        self._begin = register(_script("begin"))
+        self._commit = register(_script("commit"))
+        self._end = register(_script("end"))
+        self._renew = register(_script("renew"))
+        self._quota = register(_script("quota"))
+
+    def _bounded(self, operation: str) -> _Bounded:
+        return _Bounded(operation, self._operation_timeout)
+
+    @staticmethod
+    def _keys(conversation: str, *names: str) -> list[str]:
+        keys = conversation_keys(conversation)
+        return [keys[name] for name in names]
+
+    async def ping(self) -> None:
+        async with self._bounded("ping"):
+            await self._client.ping()
+
+    async def load(self, conversation: str) -> ConversationState:
+        keys = self._keys(conversation, "state", "records", "lease")
+        async with self._bounded("load"):
+            state_flat, raw_records, lease = await self._load(keys=keys)
+        return _state(state_flat, raw_records, lease, self._parsed_records)
+
+    async def _append(
+        self,
+        operation: str,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event],
+        attributes: ConversationAttributes | None,
+        anchor: Anchor | None = None,
+    ) -> int:
+        """Log, set, and write the activity index when due, in one round trip; how many
+        messages were new."""
+        fields = attributes.to_stored() if attributes is not None else {}
+        tip = body_tip(messages)
+        if tip is not None:
+            fields["tip"] = f"{tip[0]}:{tip[1]}"
+        listing, blob = await off_loop_if(
+            is_big(messages=len(messages)), lambda: _messages_as_two_args(messages)
+        )
+        args: list[_Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
+        args.append(len(events))
+        args += [_json(event) for event in events]
+        args.append(len(fields))
+        for name, value in fields.items():
+            args += [name, value]
+        args.append(_json(anchor.__dict__) if anchor is not None else "")
+        args.append(self._record_ttl_ms)
+        keys = self._keys(conversation, "log", "seen", "state", "records")
+        now = time.time()
+        index = self._index_due(conversation, now)
+        async with self._bounded(operation):
+            # The index spans every conversation, so it cannot join the per-conversation script
+            # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
+            # Redis Cluster refuses scripts in pipelines, so there it is a second command.
+            if isinstance(self._client, RedisCluster) or not index:
+                appended = await self._append_script(keys=keys, args=args)
+                if index:
+                    await self._client.zadd(conversations_key(), {conversation: now})
+                    await self._client.zremrangebyscore(
+                        conversations_key(), "-inf", now - self._ttl_ms / 1000
+                    )
+            else:
+                appended = await self._append_and_index(keys, args, conversation, now)
+        return int(appended)
+
+    async def _append_and_index(
+        self, keys: list[str], args: list[_Arg], conversation: str, now: float
+    ) -> Any:
+        """The append script and the index write in one pipeline, one round trip.
+
+        The script goes by EVALSHA alone: a pipeline holding a registered script would first
+        ask ``SCRIPT EXISTS`` in a round trip of its own. A server that lost its scripts
+        (restarted, flushed) answers NOSCRIPT; the script is then loaded and the pipeline sent
+        again (the index writes are idempotent, and the script never ran)."""
+        script = self._append_script
+
+        def pipeline() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.zadd(conversations_key(), {conversation: now})
+            pipe.zremrangebyscore(conversations_key(), "-inf", now - self._ttl_ms / 1000)
+            return pipe
+
+        try:
+            appended, _, _ = await pipeline().execute()
+        except NoScriptError:
+            script.sha = await self._client.script_load(script.script)
+            appended, _, _ = await pipeline().execute()
+        return appended
+
+    def _index_due(self, conversation: str, now: float) -> bool:
+        """Whether this request writes the activity index: at most once a minute per
+        conversation and process, so the one index key is never written on every request (and
+        it is trimmed of expired conversations when it is)."""
+        last = self._indexed.get(conversation)
+        if last is not None and now - last < INDEX_INTERVAL_SECONDS:
+            return False
+        self._indexed[conversation] = now
+        self._indexed.move_to_end(conversation)
+        while len(self._indexed) > INDEX_MEMORY:
+            self._indexed.popitem(last=False)
+        return True
+
+    async def append(
+        self,
+        conversation: str,
+        messages: Sequence[MessageEvent],
+        events: Sequence[Event] = (),
+        attributes: ConversationAttributes | None = None,
+    ) -> int:
+        return await self._append("append", conversation, messages, events, attributes)
+
+    async def record_request(
+        self,
+        conversation: str,
+        events: Sequence[Event],
+        anchor: Anchor | None = None,
+        attributes: ConversationAttributes | None = None,
+        messages: Sequence[MessageEvent] = (),
+    ) -> None:
+        await self._append("record_request", conversation, messages, events, attributes, anchor)
+
+    def _compaction_keys(self, conversation: str) -> list[str]:
+        return self._keys(conversation, "lease", "log", "seen", "state", "records")
+
+    async def begin_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        ttl_seconds: float,
+        start_event: Event,
+        expected_generation: int | None = None,
+    ) -> BeginResult:
+        args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
+        args += [_json(start_event), -1 if expected_generation is None else expected_generation]
+        args.append(self._record_ttl_ms)
+        async with self._bounded("begin_compaction"):
+            result = await self._begin(keys=self._compaction_keys(conversation), args=args)
+        return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
+
+    async def commit_compaction(
+        self,
+        conversation: str,
+        owner: str,
+        events: Sequence[Event],
+        records: Sequence[ReplacementRecord],
+        superseded: Sequence[ReplacementRecord] = (),
+    ) -> int | None:
+        args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
+        args += [len(records), *(_json(record_to_dict(r)) for r in records)]
+        args += [len(superseded), *(_json(record_to_dict(r)) for r in superseded)]
+        args.append(self._record_ttl_ms)
+        async with self._bounded("commit_compaction"):
+            generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
+        return None if int(generation) < 0 else int(generation)
+
+    async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
+        args: list[_Arg] = [owner, self._ttl_ms, _json(end_event), self._record_ttl_ms]
+        async with self._bounded("end_compaction"):
+            await self._end(keys=self._compaction_keys(conversation), args=args)
+
+    async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
+        lease = self._keys(conversation, "lease")
+        async with self._bounded("renew_lease"):
+            renewed = await self._renew(keys=lease, args=[owner, int(ttl_seconds * 1000)])
+        return int(renewed) == 1
+
+    async def read_log(
+        self, conversation: str, after: str | None = None, limit: int = 100
+    ) -> LogPage:
+        (log,) = self._keys(conversation, "log")
+        start = f"({after}" if after else "-"
+        async with self._bounded("read_log"):
+            raw = await self._client.xrange(log, min=start, max="+", count=limit + 1)
+        entries = cast(list[tuple[str, dict[str, str]]], raw)
+        page = [(entry_id, jsonio.loads(fields["e"])) for entry_id, fields in entries[:limit]]
+        more = len(entries) > limit
+        return LogPage(page, page[-1][0] if page and more else None)
+
+    async def list_conversations(
+        self, limit: int = 50, offset: int = 0
+    ) -> list[ConversationSummary]:
+        index = conversations_key()
+        async with self._bounded("list_conversations"):
+            await self._client.zremrangebyscore(index, "-inf", time.time() - self._ttl_ms / 1000)
+            raw = await self._client.zrevrange(index, offset, offset + limit - 1, withscores=True)
+            entries = cast(list[tuple[str, float]], raw)
+            pipe = self._client.pipeline(transaction=False)
+            for name, _ in entries:
+                pipe.hgetall(conversation_keys(name)["state"])
+            states = cast(list[dict[str, str]], await pipe.execute())
+        summaries: list[ConversationSummary] = []
+        for (name, score), state in zip(entries, states, strict=True):
+            attributes = ConversationAttributes.read(
+                {k: v for k, v in state.items() if k not in _STATE_FIELDS}
+            )
+            generation = int(state.get("generation", 0))
+            summaries.append(ConversationSummary(name, float(score), generation, attributes))
+        return summaries
+
+    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
+        (lease,) = self._keys(conversation, "lease")
+        deadline = time.monotonic() + max_wait
+        while True:
+            async with self._bounded("wait_for_lease"):
+                held = await self._client.exists(lease)
+            if not held:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def take_quota(
+        self, quotas: Sequence[tuple[str, int]], window_seconds: int
+    ) -> str | None:
+        keys = [quota_key(name) for name, _ in quotas]
+        member = uuid.uuid4().hex
+        args: list[_Arg] = [window_seconds * 1000, member, *(limit for _, limit in quotas)]
+        async with self._bounded("take_quota"):
+            refused = int(await self._quota(keys=keys, args=args))
+        return quotas[refused - 1][0] if refused else None
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        key = secret_key(name)
+        async with self._bounded("shared_secret"):
+            await self._client.set(key, candidate.hex(), nx=True)
+            stored = cast(str | None, await self._client.get(key))
+        if stored is None:
+            raise StoreUnavailable("shared_secret", "secret vanished right after it was set")
+        return bytes.fromhex(stored)
+
+    async def ttl_of(self, conversation: str) -> dict[str, int]:
+        """Remaining TTL (ms) of each of the conversation's keys; for tests and operators."""
+        keys = conversation_keys(conversation)
+        async with self._bounded("ttl_of"):
+            return {name: await self._client.pttl(key) for name, key in keys.items()}
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,242 @@
+"""The fake provider's Responses API (``POST /v1/responses``).
+
+Like the real one where the proxy can tell the difference: input items (messages, function
+calls and their outputs, reasoning items), pairing enforced (an output needs its call, a call
+its output, a reasoning item the item after it), a window enforced with the Responses overflow
+error, usage as ``input_tokens``/``output_tokens``, and real SSE events when streamed. With
+``tools`` in the request and a user message or a function output last, it calls the first
+tool (an agent loop for tests to drive), ``tool_rounds`` times in all; otherwise it answers
+with text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from compaction_proxy.parsing import jsonio
+
+CountText = Callable[[str], int]
+
+OVERFLOW_MESSAGE = (
+    "Your input exceeds the context window of this model. Please adjust your input and try again."
+)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(
+            part.get("text", "") if isinstance(part, dict) else str(part) for part in value
+        )
+    return jsonio.dumps(value).decode()
+
+
+def input_items(body: dict[str, Any]) -> list[Any]:
+    raw = body.get("input")
+    return [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
+
+
+def pairing_problem(items: list[Any]) -> str | None:
+    """What the real API refuses about how items follow each other, in its words."""
+    calls: dict[str, int] = {}
+    answered: set[str] = set()
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            return f"Invalid type for 'input[{index}]': expected an object."
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            calls[str(item.get("call_id"))] = index
+        elif kind == "function_call_output":
+            call_id = str(item.get("call_id"))
+            if call_id not in calls:
+                return f"No tool call found for function call output with call_id {call_id}."
+            answered.add(call_id)
+        elif kind == "reasoning":
+            following = items[index + 1] if index + 1 < len(items) else None
+            if following is None:
+                return (
+                    f"Item '{item.get('id')}' of type 'reasoning' was provided without its "
+                    "required following item."
+                )
+    for call_id in calls:
+        if call_id not in answered:
+            return f"No tool output found for function call {call_id}."
+    return None
+
+
+@dataclass
+class FakeResponses:
+    count_text: CountText
+    window_of: Callable[[str], int]
+    headers: Callable[[], dict[str, str]] = dict  # a provider's own headers on every answer
+    received: list[dict[str, Any]] = field(default_factory=list)  # bodies, in order
+    stream_pieces: int = 4
+    tool_rounds: int = 3  # tool calls it makes in all before it answers with text
+    calls_made: int = 0
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/v1/responses", self._create)]
+
+    def input_tokens(self, body: dict[str, Any]) -> int:
+        total = 3
+        if isinstance(body.get("instructions"), str):
+            total += 3 + self.count_text(body["instructions"])
+        for item in input_items(body):
+            total += 3
+            for key in ("content", "output", "arguments", "name", "encrypted_content"):
+                if item.get(key) is not None:
+                    total += self.count_text(_text(item[key]))
+        if body.get("tools"):
+            total += self.count_text(jsonio.dumps(body["tools"]).decode())
+        return total
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        """Like a real provider, a body it cannot make sense of gets a 400, never a crash."""
+        try:
+            return await self._answer(request)
+        except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+            return _error(400, f"Invalid request: {type(exc).__name__}", None, None, self.headers())
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = jsonio.loads(await request.read())
+        self.received.append(body)
+        model = str(body.get("model"))
+        items = input_items(body)
+        stateful = body.get("previous_response_id") is not None
+        problem = None if stateful else pairing_problem(items)
+        if problem is not None:
+            return _error(400, problem, "input", None, self.headers())
+        tokens = self.input_tokens(body)
+        cap = int(body.get("max_output_tokens") or 0)
+        if tokens + cap > self.window_of(model):
+            return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded", self.headers())
+        number = next(self._ids)
+        item = self._output(body, items, number)
+        produced = self.count_text(_text(item.get("content") or item.get("arguments")))
+        usage = {
+            "input_tokens": tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": produced,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": tokens + produced,
+        }
+        response = _response(f"resp_fake{number}", model, body, [item], usage)
+        # Encoded before a stream starts: what the answer echoes of the request may not encode
+        # (an integer past 64 bits), and that must be a 400, not a stream cut after its headers.
+        encoded = orjson.dumps(response)
+        if body.get("stream"):
+            return await self._stream(request, response)
+        return web.Response(body=encoded, content_type="application/json", headers=self.headers())
+
+    def _output(self, body: dict[str, Any], items: list[Any], number: int) -> dict[str, Any]:
+        last = items[-1] if items else {}
+        tools = body.get("tools") or []
+        wants_tool = last.get("type", "message") == "function_call_output" or (
+            last.get("type", "message") == "message" and last.get("role") == "user"
+        )
+        if (
+            tools
+            and wants_tool
+            and self.calls_made < self.tool_rounds
+            and isinstance(tools[0], dict)
+        ):
+            self.calls_made += 1
+            return {
+                "type": "function_call",
+                "id": f"fc_fake{number}",
+                "call_id": f"call_fake{number}",
+                "name": str(tools[0].get("name", "tool")),
+                "arguments": orjson.dumps({"step": number}).decode(),
+                "status": "completed",
+            }
+        text = f"Done ({len(items)} items read)."
+        return {
+            "type": "message",
+            "id": f"msg_fake{number}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+
+    async def _stream(self, request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
+        stream = web.StreamResponse(headers={**self.headers(), "Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        sequence = itertools.count()
+
+        async def send(kind: str, **fields: Any) -> None:
+            event = {"type": kind, "sequence_number": next(sequence), **fields}
+            await stream.write(f"event: {kind}\ndata: ".encode() + orjson.dumps(event) + b"\n\n")
+
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        await send("response.created", response=started)
+        await send("response.in_progress", response=started)
+        for index, item in enumerate(response["output"]):
+            opened = {**item, "status": "in_progress"}
+            await send("response.output_item.added", output_index=index, item=opened)
+            if item["type"] == "message":
+                text = item["content"][0]["text"]
+                part = {"type": "output_text", "text": "", "annotations": []}
+                where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+                await send("response.content_part.added", **where, part=part)
+                size = max(1, len(text) // self.stream_pieces)
+                for start in range(0, len(text), size):
+                    piece = text[start : start + size]
+                    await send("response.output_text.delta", **where, delta=piece, logprobs=[])
+                await send("response.output_text.done", **where, text=text, logprobs=[])
+                await send("response.content_part.done", **where, part={**part, "text": text})
+            else:
+                where = {"item_id": item["id"], "output_index": index}
+                arguments = item["arguments"]
+                await send("response.function_call_arguments.delta", **where, delta=arguments)
+                await send("response.function_call_arguments.done", **where, arguments=arguments)
+            await send("response.output_item.done", output_index=index, item=item)
+        await send("response.completed", response=response)
+        await stream.write_eof()
+        return stream
+
+
+def _response(
+    response_id: str, model: str, body: dict[str, Any], output: list[Any], usage: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": body.get("previous_response_id"),
+        "temperature": 1.0,
+        "tool_choice": "auto",
+        "tools": body.get("tools") or [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    }
+
+
+def _error(
+    status: int, message: str, param: str | None, code: str | None, headers: dict[str, str]
+) -> web.Response:
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    return web.Response(
+        status=status,
+        body=orjson.dumps({"error": error}),
+        content_type="application/json",
+        headers=headers,
+    )

@@ -1,0 +1,32 @@
+"""Helpers the end-to-end tests share: routes to the fake upstream and metric readings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+
+def route(
+    upstream_url: str,
+    model: str,
+    window: int | None = None,
+    *,
+    api_key_env: str | None = None,
+    **policy: Any,
+) -> dict[str, Any]:
+    """One route to the fake upstream: the ``model`` pattern, its ``context_window`` when
+    given, the key it holds when named, and ``policy`` overrides when there are any."""
+    entry: dict[str, Any] = {"model": model, "base_url": upstream_url}
+    if window is not None:
+        entry["context_window"] = window
+    if api_key_env is not None:
+        entry["api_key_env"] = api_key_env
+    if policy:
+        entry["policy"] = policy
+    return entry
+
+
+def counter(name: str, **labels: str) -> float:
+    """A metric's value in this process's registry (0 before its first event)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
