@@ -206,14 +206,17 @@ async def prepare(
     limits = pressure_limits(model_policy, window, client_request, state)
     relief = await _relieve(engine, job, state, limits, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
-    attributes = ConversationAttributes(checkpoint_misses=misses)
+    pressure = reason = None
     if window is not None:
-        child(PRESSURE, route.model).observe(measurement.tokens / window)
-        attributes = dataclasses.replace(attributes, last_pressure=measurement.tokens / window)
+        pressure = measurement.tokens / window
+        child(PRESSURE, route.model).observe(pressure)
         if limits is not None:
             reason = report_shortfall(view, state, route.model, relief, limits.threshold)
-            attributes = dataclasses.replace(attributes, over_threshold=reason)
-    record.set(attributes)
+    record.set(
+        ConversationAttributes(
+            checkpoint_misses=misses, last_pressure=pressure, over_threshold=reason
+        )
+    )
     status = (
         RequestStatus.COMPACTED
         if relief.compacted

@@ -99,21 +99,27 @@ class ConversationAttributes:
     def to_stored(self) -> dict[str, str]:
         """The fields this holds, as stored (those that are ``None`` are left out)."""
         stored: dict[str, str] = {}
-        for name, value in dataclasses.asdict(self).items():
+        for name in _NAMES:
+            value = getattr(self, name)
             if value is not None:
                 stored[name] = _FORMATS.get(name, str)(value)
         return stored
 
     def updated(self, newer: ConversationAttributes) -> ConversationAttributes:
         """These attributes with every field ``newer`` sets written over them."""
-        changes = {k: v for k, v in dataclasses.asdict(newer).items() if v is not None}
-        return dataclasses.replace(self, **changes)
+        # Copied field by field rather than through ``__init__`` (a request sets its
+        # attributes a few times): the fields are already of their types.
+        merged = object.__new__(ConversationAttributes)
+        merged.__dict__.update(self.__dict__)
+        merged.__dict__.update((n, v) for n, v in newer.__dict__.items() if v is not None)
+        return merged
 
     @property
     def misses(self) -> int:
         return self.checkpoint_misses or 0
 
 
+_NAMES = tuple(f.name for f in dataclasses.fields(ConversationAttributes))
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "tenant": _text,
     "session": _text,

@@ -88,7 +88,7 @@ class _Conversation:
     generation: int = 0
     anchor: Anchor | None = None
     logged_tip: tuple[int, str] | None = None
-    attributes: dict[str, str] = field(default_factory=dict)
+    attributes: ConversationAttributes = field(default_factory=ConversationAttributes)
     lease_owner: str | None = None
     lease_expires: float = 0.0
     touched: float = 0.0
@@ -205,7 +205,7 @@ class MemoryStore:
             anchor=entry.anchor,
             lease_owner=entry.live_lease(time.monotonic()),
             logged_tip=entry.logged_tip,
-            attributes=ConversationAttributes.read(entry.attributes),
+            attributes=entry.attributes,
         )
 
     async def append(
@@ -232,7 +232,7 @@ class MemoryStore:
         for event in events:
             entry.add(event)
         if attributes is not None:
-            entry.attributes.update(attributes.to_stored())
+            entry.attributes = entry.attributes.updated(attributes)
         self._grew(conversation, entry, before)
         return added
 
@@ -337,7 +337,7 @@ class MemoryStore:
                     name,
                     last_seen,
                     entry.generation,
-                    ConversationAttributes.read(entry.attributes),
+                    entry.attributes,
                 )
             )
             if len(summaries) >= limit:

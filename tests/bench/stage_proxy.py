@@ -30,7 +30,9 @@ from typing import IO, Any
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.http import handlers
 from compaction_proxy.ops.cli import main
-from compaction_proxy.service.prepare import Prepared, prepare
+from compaction_proxy.service.forwarded import Forwarded, RequestStatus
+from compaction_proxy.service.prepare import prepare
+from compaction_proxy.service.record import RequestRecord
 
 STAGE_NAMES = ("parse", "prepare", "record")  # in a request's order: a timings line's columns
 STAGES = frozenset(STAGE_NAMES)
@@ -51,9 +53,10 @@ def leave_out(stages: set[str], model: str) -> None:
     if "prepare" in stages:
 
         async def forwarded_as_sent(
-            _request: object, client_request: ClientRequest, *_: object
-        ) -> Prepared:
-            return Prepared(payload=client_request.raw, status="none")
+            _services: object, client_request: ClientRequest, *_: object
+        ) -> tuple[Forwarded, None]:
+            # No record: nothing is written after the answer either.
+            return Forwarded(payload=client_request.raw, status=RequestStatus.NONE), None
 
         handlers.prepare = forwarded_as_sent  # type: ignore[assignment]
     if "parse" in stages:
@@ -68,7 +71,7 @@ def time_stages(out: IO[str]) -> None:
     """Time each request's parse, preparation and record (see the module's docstring)."""
     parse, record = handlers.parse_chat_request, handlers._record
     parsed: dict[int, int] = {}  # id(client request) -> its parse's CPU time
-    prepared: dict[int, tuple[int, int]] = {}  # id(Prepared) -> parse, prepare
+    prepared: dict[int, tuple[int, int]] = {}  # id(RequestRecord) -> parse, prepare
 
     def timed_parse(*args: Any, **kwargs: Any) -> ClientRequest:
         started = time.thread_time_ns()
@@ -77,21 +80,23 @@ def time_stages(out: IO[str]) -> None:
         return client_request
 
     async def timed_prepare(
-        request: Any, client_request: ClientRequest, *args: Any, **kwargs: Any
-    ) -> Prepared:
+        services: Any, client_request: ClientRequest, *args: Any, **kwargs: Any
+    ) -> tuple[Forwarded, RequestRecord]:
         parse_ns = parsed.pop(id(client_request), 0)
         started = time.thread_time_ns()
-        result = await prepare(request, client_request, *args, **kwargs)
-        prepared[id(result)] = (parse_ns, time.thread_time_ns() - started)
-        return result
+        forwarded, request_record = await prepare(services, client_request, *args, **kwargs)
+        prepared[id(request_record)] = (parse_ns, time.thread_time_ns() - started)
+        return forwarded, request_record
 
-    async def timed_record(app: Any, result: Prepared, *args: Any) -> None:
+    async def timed_record(
+        services: Any, forwarded: Forwarded, request_record: RequestRecord, *args: Any
+    ) -> None:
         started = time.thread_time_ns()
-        await record(app, result, *args)
+        await record(services, forwarded, request_record, *args)
         spent = time.thread_time_ns() - started
-        parse_ns, prepare_ns = prepared.pop(id(result), (0, 0))
-        body = len(result.job.view.body) if result.job is not None else -1
-        out.write(f"{body} {result.generation} {parse_ns} {prepare_ns} {spent}\n")
+        parse_ns, prepare_ns = prepared.pop(id(request_record), (0, 0))
+        body = len(request_record.log.view.body)
+        out.write(f"{body} {forwarded.generation} {parse_ns} {prepare_ns} {spent}\n")
 
     handlers.parse_chat_request = timed_parse  # type: ignore[assignment]
     handlers.prepare = timed_prepare  # type: ignore[assignment]
