@@ -132,6 +132,11 @@ OVERFLOW_RECOVERIES = Counter(
     "changed the request, or passed the upstream's error through unchanged.",
     ["result"],
 )
+UNREADABLE_RECORDS = Counter(
+    "compaction_proxy_unreadable_records_total",
+    "Stored replacement records this version cannot read (another version's, or damaged): "
+    "skipped, each counted once while remembered",
+)
 CHECKPOINT_MISSES = Counter(
     "compaction_proxy_checkpoint_misses_total",
     "Requests long enough for a committed checkpoint of their conversation that shared the "

@@ -76,14 +76,47 @@ def record_to_dict(record: ReplacementRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
 
-def record_from_dict(data: Mapping[str, Any]) -> ReplacementRecord:
-    fields = dict(data)
-    kind = fields.get("kind")
-    if kind == "checkpoint":
-        return Checkpoint(**fields)
-    if kind == "prune":
-        return Prune(**fields)
-    raise ValueError(f"unknown replacement record kind {kind!r}")
+class UnreadableRecord(ValueError):
+    """A stored record this version cannot read: damaged, of a kind it does not know, or
+    missing a field it needs."""
+
+
+_KINDS: dict[object, type[Checkpoint] | type[Prune]] = {"checkpoint": Checkpoint, "prune": Prune}
+_INTS = frozenset({"start", "end", "tokens", "shadowed_tokens", "position"})
+_INTS |= frozenset({"chars_before", "chars_after"})
+_OPTIONAL_INTS = frozenset({"head_end", "tail_start"})
+_STRINGS = frozenset({"start_prev_hash", "end_hash", "end_fingerprint", "context", "hash"})
+
+
+def _well_typed(name: str, value: Any) -> bool:
+    if name in _INTS or name in _OPTIONAL_INTS:
+        if value is None:
+            return name in _OPTIONAL_INTS
+        return isinstance(value, int) and not isinstance(value, bool)
+    if name in _STRINGS:
+        return isinstance(value, str)
+    if name == "message":
+        return isinstance(value, dict)
+    return True
+
+
+def record_from_dict(data: Any) -> ReplacementRecord:
+    """A record as stored by this version or another: fields this version does not know (a
+    newer replica's) are ignored. Raises ``UnreadableRecord`` when it cannot be read as a
+    record of a known kind with every field it needs, each of its type."""
+    if not isinstance(data, Mapping):
+        raise UnreadableRecord(f"a record is a JSON object, not {type(data).__name__}")
+    kind = _KINDS.get(data.get("kind"))
+    if kind is None:
+        raise UnreadableRecord(f"unknown replacement record kind {data.get('kind')!r}")
+    known = {k: v for k, v in data.items() if k in kind.__dataclass_fields__}
+    wrong = sorted(k for k, v in known.items() if not _well_typed(k, v))
+    if wrong:
+        raise UnreadableRecord(f"{data.get('kind')} record with ill-typed {', '.join(wrong)}")
+    try:
+        return kind(**known)
+    except (TypeError, ValueError) as exc:  # a required field missing, an empty span
+        raise UnreadableRecord(f"{data.get('kind')} record: {exc}") from exc
 
 
 def superseded_by(

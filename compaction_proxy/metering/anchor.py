@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
+
+import orjson
 
 
 @dataclass(frozen=True)
@@ -22,3 +25,22 @@ class Anchor:
         return (
             bool(self.tip_hash) and 0 <= self.tip < len(chain) and chain[self.tip] == self.tip_hash
         )
+
+    @classmethod
+    def read(cls, stored: str | bytes) -> Anchor | None:
+        """The anchor as stored by this version or another (fields it does not know are
+        ignored); None when it cannot be read: the next measurement is an estimate, and the
+        next answer stores a new anchor."""
+        try:
+            data: Any = orjson.loads(stored)
+            known = {k: v for k, v in data.items() if k in _FIELDS}
+            anchor = cls(**known)
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            return None
+        ints = (anchor.tip, anchor.prompt_tokens, anchor.estimated_tokens)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in ints):
+            return None
+        return anchor if isinstance(anchor.key, str) and isinstance(anchor.tip_hash, str) else None
+
+
+_FIELDS = frozenset(f.name for f in fields(Anchor))

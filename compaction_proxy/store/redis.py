@@ -8,6 +8,7 @@ the conversation's keys. No lock is held across an LLM call: the lease is a key 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -25,10 +26,12 @@ from redis.exceptions import NoScriptError, RedisError
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
 from compaction_proxy.conversation.replacements import (
     ReplacementRecord,
+    UnreadableRecord,
     record_from_dict,
     record_to_dict,
 )
 from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.metrics import UNREADABLE_RECORDS
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
@@ -51,6 +54,8 @@ _Arg = str | int | bytes
 _STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
+
+log = logging.getLogger(__name__)
 
 
 def _script(name: str) -> str:
@@ -86,32 +91,57 @@ class _ParsedRecords:
     in-process store hands the same objects to every request too."""
 
     def __init__(self, max_chars: int = 16 * 1024 * 1024) -> None:
-        self._parsed: OrderedDict[str, ReplacementRecord] = OrderedDict()
+        self._parsed: OrderedDict[str, ReplacementRecord | None] = OrderedDict()
+        self._stored: dict[int, str] = {}  # id(record) -> its stored form, while it is held
         self._chars = 0
         self._max_chars = max_chars
 
-    def __call__(self, raw: str) -> ReplacementRecord:
-        found = self._parsed.pop(raw, None)  # and put back last: the most recently used
-        if found is None:
-            found = record_from_dict(jsonio.loads(raw))
+    def __call__(self, raw: str) -> ReplacementRecord | None:
+        """The record stored as ``raw``; None (counted and logged when first met) when this
+        version cannot read it, so it never takes its conversation down."""
+        if raw in self._parsed:
+            found = self._parsed.pop(raw)  # and put back last: the most recently used
+        else:
+            found = _read_record(raw)
             self._chars += len(raw)
         self._parsed[raw] = found
+        if found is not None:
+            self._stored[id(found)] = raw
         while self._chars > self._max_chars and self._parsed:
-            evicted, _ = self._parsed.popitem(last=False)
+            evicted, record = self._parsed.popitem(last=False)
             self._chars -= len(evicted)
+            if record is not None:
+                self._stored.pop(id(record), None)
         return found
+
+    def stored_form(self, record: ReplacementRecord) -> str:
+        """How ``record`` is stored: as it was read (a newer version's fields and all, so a
+        commit that supersedes it removes it), else as this version writes it."""
+        held = self._stored.get(id(record))
+        if held is not None and self._parsed.get(held) is record:
+            return held
+        return _json(record_to_dict(record))
+
+
+def _read_record(raw: str) -> ReplacementRecord | None:
+    try:
+        return record_from_dict(jsonio.loads(raw))
+    except (UnreadableRecord, ValueError) as exc:
+        UNREADABLE_RECORDS.inc()
+        log.warning("a stored replacement record cannot be read, and is skipped: %s", exc)
+        return None
 
 
 def _state(
     state_flat: list[str],
     raw_records: list[str],
     lease: str | None,
-    parse_record: Callable[[str], ReplacementRecord],
+    parse_record: Callable[[str], ReplacementRecord | None],
 ) -> ConversationState:
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
-    anchor = Anchor(**jsonio.loads(state["anchor"])) if "anchor" in state else None
+    anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
     return ConversationState(
-        records=tuple(parse_record(r) for r in raw_records),
+        records=tuple(r for r in map(parse_record, raw_records) if r is not None),
         generation=int(state.get("generation", 0)),
         anchor=anchor,
         lease_owner=lease or None,
@@ -350,7 +380,8 @@ class RedisStore:
     ) -> int | None:
         args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
         args += [len(records), *(_json(record_to_dict(r)) for r in records)]
-        args += [len(superseded), *(_json(record_to_dict(r)) for r in superseded)]
+        stored = self._parsed_records.stored_form
+        args += [len(superseded), *(stored(r) for r in superseded)]
         args.append(self._record_ttl_ms)
         async with self._bounded("commit_compaction"):
             generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
