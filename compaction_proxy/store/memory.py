@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
-from compaction_proxy.conversation.replacements import ReplacementRecord
+from compaction_proxy.conversation.replacements import ReplacementRecord, record_to_dict
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
@@ -85,6 +85,7 @@ class _Conversation:
     log: _Log = field(default_factory=_Log)
     seen: set[str] = field(default_factory=set)
     records: list[ReplacementRecord] = field(default_factory=list)
+    records_size: int = 0  # bytes of the records' JSON
     generation: int = 0
     anchor: Anchor | None = None
     logged_tip: tuple[int, str] | None = None
@@ -95,8 +96,12 @@ class _Conversation:
 
     @property
     def size(self) -> int:
-        """Bytes of the logged events' JSON."""
-        return self.log.size
+        """Bytes of the logged events' and the records' JSON: what ``max_bytes`` bounds."""
+        return self.log.size + self.records_size
+
+    def set_records(self, records: list[ReplacementRecord]) -> None:
+        self.records = records
+        self.records_size = sum(len(jsonio.dumps(record_to_dict(r))) for r in records)
 
     def trim(self, max_events: int) -> None:
         """Drop the oldest events beyond ``max_events``."""
@@ -179,8 +184,9 @@ class MemoryStore:
 
     def _expire_records(self, entry: _Conversation, now: float) -> None:
         """Summaries are kept no longer than ``record_ttl_seconds`` after the last write."""
-        if now - entry.touched > self._record_ttl:
-            entry.records.clear()
+        if now - entry.touched > self._record_ttl and entry.records:
+            self._bytes -= entry.records_size
+            entry.set_records([])
 
     def expires_in(self, conversation: str) -> float | None:
         """Seconds until an idle conversation expires (None if unknown); for tests."""
@@ -267,7 +273,9 @@ class MemoryStore:
             return BeginResult.STALE
         entry.lease_owner = owner
         entry.lease_expires = now + ttl_seconds
+        before = entry.size
         entry.add(start_event)
+        self._grew(conversation, entry, before)
         return BeginResult.BEGUN
 
     async def commit_compaction(
@@ -281,12 +289,13 @@ class MemoryStore:
         entry = self._get(conversation, create=False)
         if entry is None or entry.live_lease(time.monotonic()) != owner:
             return None
+        before = entry.size
         for event in events:
             entry.add(event)
-        entry.records = [r for r in entry.records if r not in superseded]
-        entry.records.extend(records)
+        entry.set_records([*(r for r in entry.records if r not in superseded), *records])
         entry.generation += 1
         entry.lease_owner = None
+        self._grew(conversation, entry, before)
         return entry.generation
 
     async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
@@ -300,9 +309,11 @@ class MemoryStore:
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
         entry = self._get(conversation, create=True)
         assert entry is not None
+        before = entry.size
         entry.add(end_event)
         if entry.lease_owner == owner:
             entry.lease_owner = None
+        self._grew(conversation, entry, before)
 
     async def read_log(
         self, conversation: str, after: str | None = None, limit: int = 100
