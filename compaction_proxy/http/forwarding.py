@@ -16,10 +16,12 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import upstream_failed
 from compaction_proxy.http.upstream import (
     ClientGone,
+    UpstreamCut,
     UsageScanner,
     buffered_response,
     client_headers,
     client_query,
+    cut_off,
     is_event_stream,
     relay_stream,
     usage_of_body,
@@ -46,6 +48,7 @@ class Reply:
     usage: dict[str, Any] | None = None
     error_body: bytes | None = None
     client_gone: bool = False
+    upstream_cut: bool = False  # the upstream broke off a stream already being relayed
     answer: bytes | None = None  # a successful answer sent whole
 
 
@@ -88,11 +91,11 @@ async def forward(
                     log.info("the client went away mid-answer")
                     _observe(route, started)
                     return Reply(gone.response, upstream.status, scanner.usage, client_gone=True)
-                except aiohttp.ClientError as exc:
-                    # Bytes already reached the client: the only honest signal left is to
-                    # cut the connection, so the client sees a truncated stream.
-                    log.warning("upstream stream broke off: %s", type(exc).__name__)
-                    raise ConnectionResetError("upstream stream broke off") from exc
+                except UpstreamCut as cut:
+                    log.warning("upstream %s cut off a stream: %s", route.base, cut.cause)
+                    _observe(route, started)
+                    cut_off(request)
+                    return Reply(cut.response, upstream.status, scanner.usage, upstream_cut=True)
                 _observe(route, started)
                 return Reply(streamed, upstream.status, scanner.usage)
             body = await upstream.read()

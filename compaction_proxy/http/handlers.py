@@ -224,6 +224,8 @@ async def _send(request: web.Request, route: Route, path: str, forwarded: Forwar
 
 
 def _outcome(reply: Reply | None, status: RequestStatus) -> str:
+    if reply is not None and reply.upstream_cut:
+        return "upstream_error"
     if reply is None or reply.client_gone:
         return "client_disconnected"
     upstream_status = reply.status

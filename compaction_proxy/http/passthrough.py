@@ -29,7 +29,14 @@ from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import bad_request_response, upstream_failed
 from compaction_proxy.http.intake import check_headers, read_body
-from compaction_proxy.http.upstream import ClientGone, client_headers, same_path_upstream_url
+from compaction_proxy.http.upstream import (
+    ClientGone,
+    UpstreamCut,
+    client_headers,
+    cut_off,
+    read_upstream,
+    same_path_upstream_url,
+)
 from compaction_proxy.http.websocket_relay import is_websocket, relay_websocket
 from compaction_proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
 from compaction_proxy.offload import is_big, off_loop_if
@@ -176,6 +183,10 @@ async def _send_on(
                 await _stream(request, upstream, response)
             except ClientGone:
                 return response, "client_disconnected"
+            except UpstreamCut as cut:
+                log.warning("upstream %s cut off an answer: %s", route.base, cut.cause)
+                cut_off(request)
+                return response, "upstream_error"
             return response, f"{upstream.status // 100}xx"
     except (TimeoutError, aiohttp.ClientError) as exc:
         return upstream_failed(route.base, exc), "upstream_unavailable"
@@ -185,17 +196,14 @@ async def _stream(
     request: web.Request, upstream: aiohttp.ClientResponse, response: web.StreamResponse
 ) -> None:
     """Write the upstream's answer to the client as it arrives. Once bytes have gone out, an
-    upstream that breaks off can only be passed on by cutting the client's connection."""
+    upstream that breaks off (``UpstreamCut``) can only be passed on by cutting the client's
+    connection."""
     try:
         await response.prepare(request)
     except ConnectionError as exc:
         raise ClientGone(response) from exc
     while True:
-        try:
-            chunk = await upstream.content.readany()
-        except aiohttp.ClientError as exc:
-            log.warning("upstream answer broke off: %s", type(exc).__name__)
-            raise ConnectionResetError("upstream answer broke off") from exc
+        chunk = await read_upstream(upstream, response)
         try:
             if not chunk:
                 await response.write_eof()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import ClientResponse, web
 from multidict import CIMultiDict
@@ -151,6 +152,32 @@ class ClientGone(Exception):
         self.response = response
 
 
+class UpstreamCut(Exception):
+    """The upstream broke off an answer already being relayed (its connection cut, a read
+    timed out): the client's connection is cut too, as the only signal left once bytes are
+    out. The upstream's failure, not the client's."""
+
+    def __init__(self, response: web.StreamResponse, cause: BaseException) -> None:
+        super().__init__(f"the upstream cut the answer off: {type(cause).__name__}")
+        self.response = response
+        self.cause = type(cause).__name__
+
+
+async def read_upstream(upstream: ClientResponse, response: web.StreamResponse) -> bytes:
+    """The upstream's next bytes (b"" at its end); ``UpstreamCut`` when it breaks off."""
+    try:
+        return await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise UpstreamCut(response, exc) from exc
+
+
+def cut_off(request: web.BaseRequest) -> None:
+    """Cut the client's connection mid-answer, so it sees the answer end short (a clean end
+    would pass a truncated answer off as whole)."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
 async def relay_stream(
     request: web.Request,
     upstream: ClientResponse,
@@ -159,14 +186,14 @@ async def relay_stream(
 ) -> web.StreamResponse:
     """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk.
 
-    A failure reading from the upstream propagates as the client session's error; a failure
-    writing to the client is ``ClientGone``, so the two are never confused."""
+    The upstream breaking off is ``UpstreamCut``; a failure writing to the client is
+    ``ClientGone``: the two are never confused."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     try:
         await response.prepare(request)
     except ConnectionError as exc:
         raise ClientGone(response) from exc
-    async for chunk in upstream.content.iter_any():
+    while chunk := await read_upstream(upstream, response):
         scanner.feed(chunk)
         try:
             await response.write(chunk)

@@ -83,6 +83,7 @@ class FakeUpstream:
     responses: FakeResponses = field(init=False)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
+    cut_streams: int = 0  # the next streams to cut off after their first chunk
     overflows: list[bytes] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # requests refused as malformed
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -335,6 +336,11 @@ class FakeUpstream:
         pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
         try:
             await response.write(chunk({"role": "assistant", "content": ""}, None))
+            if self.cut_streams:
+                self.cut_streams -= 1
+                assert request.transport is not None
+                request.transport.abort()  # the provider's end of the stream, cut short
+                return response
             for piece in pieces:
                 if self.stream_delay:
                     await asyncio.sleep(self.stream_delay)
