@@ -38,6 +38,7 @@ from compaction_proxy.security.client_keys import (
 )
 from compaction_proxy.security.credentials import ConfigProblem, credential_problems
 from compaction_proxy.security.outbound import HOP_HEADER
+from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
 from compaction_proxy.security.tenant import TenantSecret, api_key_of
 from compaction_proxy.service.pending_records import PendingRecords
@@ -149,6 +150,14 @@ def refusal(request: web.Request) -> web.StreamResponse | None:
     marker, so a proxy sent it and forwarding it again could go on forever (see
     ``security.self_forwarding``); or the proxy holds upstream keys and the request
     holds no client key."""
+    if leaves_v1(request.raw_path):
+        REQUESTS.labels(route="", outcome="bad_request").inc()
+        return error_response(
+            400,
+            "The request path leaves /v1/ once normalized (dot segments, or an absolute URL): "
+            "send the path of an API endpoint.",
+            code="invalid_path",
+        )
     if HOP_HEADER in request.headers:
         REQUESTS.labels(route="", outcome="loop_detected").inc()
         return error_response(
