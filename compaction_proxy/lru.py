@@ -21,6 +21,12 @@ class LRU(Generic[K, V]):
         self._data: OrderedDict[K, V] = OrderedDict()
         self._size = size
 
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
     def get(self, key: K) -> V | None:
         # Taken out and put back last: the most recently used.
         value = self._data.pop(key, None)

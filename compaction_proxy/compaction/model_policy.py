@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.config.policy import configured_window, resolve_policy, route_for
 from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
+from compaction_proxy.lru import LRU
 from compaction_proxy.metering.windows import mapped_window
 
 
@@ -110,12 +111,17 @@ class ModelPolicy:
 
 
 class PolicyBook:
-    """Resolves and caches ``ModelPolicy`` per model name (bounded)."""
+    """Resolves and caches ``ModelPolicy`` per model name: the ``max_models`` most recently
+    used (names are the client's, at most ``formats.request.MAX_MODEL_CHARS`` long, so the
+    bytes kept are bounded too)."""
 
     def __init__(self, settings: Settings, max_models: int = 4096) -> None:
         self._settings = settings
-        self._cache: dict[str, ModelPolicy] = {}
-        self._max = max_models
+        self._cache: LRU[str, ModelPolicy] = LRU(max_models)
+
+    @property
+    def size(self) -> int:
+        return len(self._cache)
 
     def for_model(self, model: str) -> ModelPolicy:
         cached = self._cache.get(model)
@@ -137,7 +143,5 @@ class PolicyBook:
             mapped_window(model),
             bridge_pruner(policy.pruner),
         )
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        self._cache[model] = resolved
+        self._cache.put(model, resolved)
         return resolved

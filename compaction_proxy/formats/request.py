@@ -99,12 +99,26 @@ def parse_object_with_model(raw: bytes) -> dict[str, Any]:
     return check_object_with_model(body)
 
 
+MAX_MODEL_CHARS = 256  # far above any provider's model names; what a name may cost is bounded
+
+
+def check_model_name(model: str) -> str:
+    """``model`` if it is a name the proxy keeps (in caches, logs and labels), else a 400."""
+    if len(model) > MAX_MODEL_CHARS:
+        raise BadRequest(
+            f"The model name is {len(model)} characters long: at most {MAX_MODEL_CHARS}.",
+            param="model",
+        )
+    return model
+
+
 def check_object_with_model(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` if it names its ``model`` as a string."""
+    """``body`` if it names its ``model`` as a string of at most ``MAX_MODEL_CHARS``."""
     if "model" not in body:
         raise BadRequest("you must provide a model parameter", param="model")
     if not isinstance(body["model"], str):
         raise invalid("model", "a string", body["model"])
+    check_model_name(body["model"])
     return body
 
 

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import bad_request_response, upstream_failed
 from compaction_proxy.http.intake import check_headers, read_body
@@ -143,13 +144,13 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
         if is_websocket(request):
             model = request.query.get("model")  # the Realtime API names it in the query
             if model:
-                route = app[SERVICES].policies.for_model(model).route
+                route = app[SERVICES].policies.for_model(check_model_name(model)).route
             return await relay_websocket(request, route)
         if request.content_type == "application/json" and request.body_exists:
             body = data = await read_body(request, settings.max_body_bytes)
             model = await off_loop_if(is_big(len(body)), lambda: _model_of(body))
             if model is not None:
-                route = app[SERVICES].policies.for_model(model).route
+                route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
         return bad_request_response(error), "bad_request"
     return await _send_on(request, route, data)

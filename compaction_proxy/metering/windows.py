@@ -12,6 +12,7 @@ from functools import cache
 
 import orjson
 
+from compaction_proxy.lru import LRU
 from compaction_proxy.metering.tokenizers import litellm_package_dir
 
 log = logging.getLogger(__name__)
@@ -50,17 +51,27 @@ def mapped_window(model: str) -> int | None:
 
 
 class LearnedWindows:
-    """Limits the upstream stated in overflow errors, per (route, model), for this process."""
+    """Limits the upstream stated in overflow errors, per (route, model), for this process.
 
-    def __init__(self) -> None:
-        self._limits: dict[tuple[str, str], int] = {}
-        self._warned: set[tuple[str, str]] = set()
+    Model names are the client's: what is kept per name is bounded (``max_models`` of the
+    most recently used, per map), and a name is logged as a quoted literal, so no name can
+    start a log line of its own."""
+
+    def __init__(self, max_models: int = 4096) -> None:
+        self._limits: LRU[tuple[str, str], int] = LRU(max_models)
+        self._warned: LRU[tuple[str, str], bool] = LRU(max_models)
+
+    @property
+    def size(self) -> int:
+        """Entries kept, in both maps."""
+        return len(self._limits) + len(self._warned)
 
     def learn(self, route: str, model: str, limit: int) -> None:
         key = (route, model)
-        if self._limits.get(key) != limit:
-            log.info("upstream stated a context window of %d tokens for %s", limit, model)
-        self._limits[key] = min(limit, self._limits.get(key, limit))
+        known = self._limits.get(key)
+        if known != limit:
+            log.info("upstream stated a context window of %d tokens for %r", limit, model)
+        self._limits.put(key, limit if known is None else min(limit, known))
 
     def get(self, route: str, model: str) -> int | None:
         return self._limits.get((route, model))
@@ -68,9 +79,9 @@ class LearnedWindows:
     def warn_unknown_once(self, route: str, model: str) -> None:
         key = (route, model)
         if key not in self._warned:
-            self._warned.add(key)
+            self._warned.put(key, True)
             log.warning(
-                "no context window known for model %s (route %s): proactive compaction is off "
+                "no context window known for model %r (route %r): proactive compaction is off "
                 "for it; set context_window in the route to enable it",
                 model,
                 route,

@@ -33,6 +33,15 @@ from compaction_proxy.security.credentials import credential_problems, key_sourc
 from compaction_proxy.security.self_forwarding import self_loop_problems
 
 
+class OneLineFormatter(logging.Formatter):
+    """A record's message on one line: a line break in it (client text that reached a log
+    message: a model name, a path) is written escaped, so no client can start a log line of
+    its own. A traceback, which follows the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _load(path: str | None, **overrides: Any) -> Settings:
     return load_settings(Path(path) if path else config_path_from_env(), **overrides)
 
@@ -50,10 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.reuse_port:
         overrides["workers"] = 1  # one of a supervisor's workers
     settings = _load(args.config, **overrides)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
     # A big request's parsing, hashing and pricing run in worker threads. With the default
     # 5 ms switch interval each of the event loop's wake-ups can wait that long for the
     # interpreter while one runs: a small request takes several wake-ups. 1 ms keeps other
