@@ -132,6 +132,10 @@ OVERFLOW_RECOVERIES = Counter(
     "changed the request, or passed the upstream's error through unchanged.",
     ["result"],
 )
+ADMIN_AUTH_FAILURES = Counter(
+    "compaction_proxy_admin_auth_failures_total",
+    "Admin API requests refused for their token, or while their address was throttled",
+)
 UNREADABLE_RECORDS = Counter(
     "compaction_proxy_unreadable_records_total",
     "Stored replacement records this version cannot read (another version's, or damaged): "

@@ -172,9 +172,12 @@ async def call_summarizer(
         choice = parsed["choices"][0]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
         raise SummaryFailed("malformed") from exc
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict | None):
+        raise SummaryFailed("malformed")
+    message = choice.get("message")
     if choice.get("finish_reason") == "length":
         raise SummaryFailed("length")
-    content = (choice.get("message") or {}).get("content")
+    content = (message or {}).get("content")
     if isinstance(content, list):
         content = "".join(
             p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"

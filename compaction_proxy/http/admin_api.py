@@ -52,8 +52,18 @@ _OUTCOME_STATUS = {
 }
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsonio.dumps(data), status=status, content_type="application/json")
+# Conversations' contents and an operator's view of them: never kept by a cache on the way,
+# never read by a browser as anything but JSON.
+_ADMIN_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=jsonio.dumps(data),
+        status=status,
+        content_type="application/json",
+        headers={**_ADMIN_HEADERS, **(headers or {})},
+    )
 
 
 def _problem(status: int, reason: str, **extra: Any) -> web.Response:
@@ -90,18 +100,25 @@ def _log_cursor(request: web.Request) -> str | None:
 
 def admin_only(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
-        token = request.app[SERVICES].settings.admin_token
+        services = request.app[SERVICES]
+        token = services.settings.admin_token
         if token is None:
             raise web.HTTPNotFound()
+        address = request.remote or ""
+        wait = services.admin_guesses.throttled(address)
+        if wait is not None:
+            # Whatever the token: a guess made now learns nothing.
+            services.admin_guesses.refused(address)
+            return _json(
+                {"reason": "too many failed admin tokens from this address"},
+                429,
+                {"Retry-After": str(wait)},
+            )
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         expected = token.get_secret_value().encode()
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            return web.Response(
-                status=401,
-                headers={"WWW-Authenticate": "Bearer"},
-                body=orjson.dumps({"reason": "admin token required"}),
-                content_type="application/json",
-            )
+            services.admin_guesses.refused(address)
+            return _json({"reason": "admin token required"}, 401, {"WWW-Authenticate": "Bearer"})
         conversation = request.match_info.get("conversation")
         if conversation is not None and not _CONVERSATION_ID.fullmatch(conversation):
             return _problem(404, "no such conversation")
@@ -389,7 +406,7 @@ async def compact_region(request: web.Request) -> web.StreamResponse:
     try:
         body = orjson.loads(await request.read())
         start, end = body["start"], body["end"]
-        if not isinstance(start, int) or not isinstance(end, int):
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (start, end)):
             raise TypeError
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return _problem(

@@ -21,6 +21,7 @@ from compaction_proxy.config.settings import Settings
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.metering.windows import LearnedWindows, resolve_window
 from compaction_proxy.parsing.recent_bodies import RecentBodies
+from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.client_keys import ClientKeys
 from compaction_proxy.security.tenant import TenantSecret
 from compaction_proxy.service.pending_records import PendingRecords
@@ -45,6 +46,7 @@ class Services:
     # Requests being forwarded per conversation on this process (manual compaction waits
     # for 0).
     in_flight: Counter[str] = field(default_factory=Counter)
+    admin_guesses: AdminGuesses = field(default_factory=AdminGuesses)
 
     def model_window(self, model_policy: ModelPolicy, model: str) -> int | None:
         """The window in force for ``model``: configured, else litellm's map, never above a

@@ -6,6 +6,7 @@ summary ceilings while the store is away: the same all-or-nothing rule as the st
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,6 +32,15 @@ class SlidingWindows:
         for name, _ in quotas:
             self._calls.setdefault(name, deque()).append(now)
         return None
+
+    def wait(self, name: str, limit: int) -> int | None:
+        """Whole seconds until ``name`` holds fewer than ``limit`` calls in the window; None
+        when it does now."""
+        now = self.clock()
+        if self._recent(name, now) < limit:
+            return None
+        calls = self._calls[name]
+        return max(1, math.ceil(calls[len(calls) - limit] + self.window_seconds - now))
 
     def _recent(self, name: str, now: float) -> int:
         calls = self._calls.get(name)

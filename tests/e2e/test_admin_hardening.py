@@ -1,0 +1,90 @@
+"""The admin API against a caller that guesses tokens, and answers that must not be cached or
+sniffed; a summarizer that answers garbage to a manual compaction; positions that are not
+numbers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.e2e.test_admin import AUTH, TOKEN, admin, chat, history, routes
+from tests.helpers import counter
+
+FAILURES = "compaction_proxy_admin_auth_failures_total"
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory, upstream_url: str) -> RunningProxy:
+    return await make_proxy(admin_token=TOKEN, routes=routes(upstream_url))
+
+
+async def get(
+    proxy: RunningProxy, path: str, headers: dict[str, str], source: str = "127.0.0.1"
+) -> aiohttp.ClientResponse:
+    connector = aiohttp.TCPConnector(local_addr=(source, 0))
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async with http.get(f"{proxy.root}/admin{path}", headers=headers) as response:
+            await response.read()
+            return response
+
+
+async def test_failed_admin_tokens_are_counted_said_once_a_minute_then_throttled_per_address(
+    proxy: RunningProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    before = counter(FAILURES)
+    statuses = []
+    for n in range(40):
+        response = await get(proxy, "/conversations", {"Authorization": f"Bearer guess-{n}"})
+        statuses.append(response.status)
+    assert counter(FAILURES) == before + 40
+    lines = [r for r in caplog.records if "admin token" in r.getMessage()]
+    assert len(lines) == 1
+    assert statuses[:20] == [401] * 20
+    assert set(statuses[20:]) == {429}
+    # Refused before the token is looked at: a guess made now learns nothing, and waiting
+    # is what the answer says to do.
+    refused = await get(proxy, "/conversations", AUTH)
+    assert refused.status == 429 and 1 <= int(refused.headers["Retry-After"]) <= 60
+    # Another address, the operator's, is served as before.
+    assert (await get(proxy, "/conversations", AUTH, source="127.0.0.2")).status == 200
+
+
+@pytest.mark.parametrize("path", ["/conversations", "/conversations/nosuchconversation"])
+async def test_admin_json_is_never_cached_or_sniffed(proxy: RunningProxy, path: str) -> None:
+    for headers in (AUTH, {"Authorization": "Bearer wrong"}):
+        response = await get(proxy, path, headers)
+        assert response.headers["Cache-Control"] == "no-store"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b'{"choices": "not a list"}', b"[1, 2]", b'{"choices": [{"message": 3}]}', b"not json"],
+)
+async def test_a_malformed_summary_answer_to_a_manual_compaction_is_a_502_naming_it(
+    proxy: RunningProxy, fake: FakeUpstream, answer: bytes
+) -> None:
+    conversation = await chat(proxy, history())
+    fake.fail_next(200, answer)
+    status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
+    assert status == 502, result
+    assert result["outcome"] == "summary_failed"
+    assert "answer" in result["reason"]
+
+
+@pytest.mark.parametrize("region", [{"start": True, "end": 3}, {"start": 0, "end": False}])
+async def test_region_positions_must_be_numbers_not_booleans(
+    proxy: RunningProxy, region: dict[str, Any]
+) -> None:
+    conversation = await chat(proxy, history())
+    status, result = await admin(
+        proxy, "POST", f"/conversations/{conversation}/compact-region", json=region
+    )
+    assert status == 400
+    assert "must be" in result["reason"]
