@@ -45,69 +45,122 @@ from compaction_proxy.security.outbound import upstream_headers
 
 log = logging.getLogger(__name__)
 
-# Path segments that name a kind of thing, not one thing; every other segment is an id.
-STATIC_SEGMENTS = frozenset(
+# The API's paths, as label values: a path is counted under its template (ids replaced by
+# ``{id}``) when the template is one of these, else as ``other``. A fixed table, so no client
+# can add series to the metrics (every distinct path of their own making would be one).
+KNOWN_TEMPLATES = frozenset(
     {
-        "assistants",
-        "audio",
-        "batches",
-        "cancel",
-        "chat",
-        "completions",
-        "compact",
-        "content",
-        "conversations",
-        "edits",
-        "embeddings",
-        "evals",
-        "files",
-        "fine_tuning",
-        "generations",
-        "images",
-        "input_items",
-        "items",
-        "jobs",
-        "messages",
-        "models",
-        "moderations",
-        "parts",
-        "realtime",
-        "responses",
-        "runs",
-        "sessions",
-        "speech",
-        "steps",
-        "threads",
-        "transcriptions",
-        "translations",
-        "uploads",
-        "variations",
-        "vector_stores",
-        "checkpoints",
-        "events",
-        "file_batches",
-        "containers",
-        "graders",
-        "alpha",
-        "checkpoints_permissions",
-        "permissions",
-        "output_items",
-        "transcription_sessions",
-        "client_secrets",
-        "calls",
-        "videos",
-        "remix",
-        "skills",
-        "versions",
+        "/v1/models",
+        "/v1/models/{id}",
+        "/v1/embeddings",
+        "/v1/moderations",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions/{id}",
+        "/v1/chat/completions/{id}/messages",
+        "/v1/responses",
+        "/v1/responses/compact",
+        "/v1/responses/input_tokens",
+        "/v1/responses/{id}",
+        "/v1/responses/{id}/cancel",
+        "/v1/responses/{id}/input_items",
+        "/v1/conversations",
+        "/v1/conversations/{id}",
+        "/v1/conversations/{id}/items",
+        "/v1/conversations/{id}/items/{id}",
+        "/v1/files",
+        "/v1/files/{id}",
+        "/v1/files/{id}/content",
+        "/v1/uploads",
+        "/v1/uploads/{id}/parts",
+        "/v1/uploads/{id}/complete",
+        "/v1/uploads/{id}/cancel",
+        "/v1/batches",
+        "/v1/batches/{id}",
+        "/v1/batches/{id}/cancel",
+        "/v1/audio/speech",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/images/generations",
+        "/v1/images/edits",
+        "/v1/images/variations",
+        "/v1/realtime",
+        "/v1/realtime/sessions",
+        "/v1/realtime/transcription_sessions",
+        "/v1/realtime/client_secrets",
+        "/v1/realtime/calls",
+        "/v1/realtime/calls/{id}",
+        "/v1/vector_stores",
+        "/v1/vector_stores/{id}",
+        "/v1/vector_stores/{id}/search",
+        "/v1/vector_stores/{id}/files",
+        "/v1/vector_stores/{id}/files/{id}",
+        "/v1/vector_stores/{id}/files/{id}/content",
+        "/v1/vector_stores/{id}/file_batches",
+        "/v1/vector_stores/{id}/file_batches/{id}",
+        "/v1/vector_stores/{id}/file_batches/{id}/cancel",
+        "/v1/vector_stores/{id}/file_batches/{id}/files",
+        "/v1/fine_tuning/jobs",
+        "/v1/fine_tuning/jobs/{id}",
+        "/v1/fine_tuning/jobs/{id}/cancel",
+        "/v1/fine_tuning/jobs/{id}/events",
+        "/v1/fine_tuning/jobs/{id}/checkpoints",
+        "/v1/assistants",
+        "/v1/assistants/{id}",
+        "/v1/threads",
+        "/v1/threads/runs",
+        "/v1/threads/{id}",
+        "/v1/threads/{id}/messages",
+        "/v1/threads/{id}/messages/{id}",
+        "/v1/threads/{id}/runs",
+        "/v1/threads/{id}/runs/{id}",
+        "/v1/threads/{id}/runs/{id}/cancel",
+        "/v1/threads/{id}/runs/{id}/steps",
+        "/v1/threads/{id}/runs/{id}/steps/{id}",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/messages/batches",
+        "/v1/messages/batches/{id}",
+        "/v1/messages/batches/{id}/results",
+        "/v1/messages/batches/{id}/cancel",
+        "/v1/evals",
+        "/v1/evals/{id}",
+        "/v1/evals/{id}/runs",
+        "/v1/evals/{id}/runs/{id}",
+        "/v1/containers",
+        "/v1/containers/{id}",
+        "/v1/containers/{id}/files",
+        "/v1/containers/{id}/files/{id}",
+        "/v1/containers/{id}/files/{id}/content",
+        "/v1/videos",
+        "/v1/videos/{id}",
+        "/v1/videos/{id}/content",
+        "/v1/videos/{id}/remix",
     }
 )
+# Segments that name a kind of thing, not one thing; every other segment is an id.
+_KINDS = frozenset(
+    segment
+    for template in KNOWN_TEMPLATES
+    for segment in template.split("/")
+    if segment and segment != "{id}"
+)
+_MAX_SEGMENTS = max(template.count("/") for template in KNOWN_TEMPLATES)
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
 def path_template(path: str) -> str:
-    """``/v1/files/file-abc/content`` → ``/v1/files/{id}/content`` (pure)."""
+    """``/v1/files/file-abc/content`` → ``/v1/files/{id}/content``; a path of no known
+    template → ``other`` (pure)."""
     segments = path.removeprefix("/v1/").split("/")
-    shown = [s if s in STATIC_SEGMENTS else "{id}" for s in segments if s]
-    return "/v1/" + "/".join(shown)
+    if len(segments) >= _MAX_SEGMENTS:
+        return "other"
+    template = "/v1/" + "/".join(s if s in _KINDS else "{id}" for s in segments if s)
+    return template if template in KNOWN_TEMPLATES else "other"
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else "other"
 
 
 def _model_of(body: bytes) -> str | None:
@@ -129,7 +182,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     try:
         response, outcome = await _relay(request)
     finally:
-        PASSTHROUGH_REQUESTS.labels(path=template, method=request.method, outcome=outcome).inc()
+        method = method_label(request.method)
+        PASSTHROUGH_REQUESTS.labels(path=template, method=method, outcome=outcome).inc()
         PASSTHROUGH_DURATION.labels(path=template).observe(time.perf_counter() - started)
     return response
 
