@@ -208,6 +208,7 @@ STORE_OPERATIONS = (
     "renew_lease",
     "shared_secret",
     "take_quota",
+    "give_back_quota",
 )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from compaction_proxy.compaction.guards.breaker import SummaryBreaker, means_unavailable
+from compaction_proxy.compaction.guards.breaker import FailureScope, SummaryBreaker, failure_scope
 from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
 from compaction_proxy.compaction.guards.trips import trip
 from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner
@@ -361,14 +361,8 @@ class Engine:
     ) -> Round:
         """Summarize the plan's span and commit it as one checkpoint."""
         span = plan.span
-        refused = await self.ceilings.take(self.store, job.view.tenant, job.route)
-        if refused is not None:
-            COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="ceiling").inc()
-            scope = job.view.tenant if refused == TENANT_CEILING else job.route
-            trip(refused, scope, "summary calls a minute at their ceiling; not summarizing")
-            return Round(Outcome.CEILING, span)
-        summarizer = job.summarizer
-        if not self.breaker.allow(summarizer):
+        summarizer, tenant = job.summarizer, job.view.tenant
+        if not self.breaker.allow(summarizer, tenant):
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="breaker").inc()
             return Round(Outcome.BREAKER, span)
         began, attempt = await self._begin(
@@ -380,7 +374,16 @@ class Engine:
             return Round(Outcome.BUSY, span)
         try:
             async with self._held(attempt):
-                result = await self._summarize_and_commit(attempt, plan, state.records)
+                # A unit of the ceilings is taken only for a call that will be made: once the
+                # breaker allowed it and the lease is held.
+                refused = await self.ceilings.take(self.store, tenant, job.route)
+                if refused is not None:
+                    scope = tenant if refused == TENANT_CEILING else job.route
+                    trip(refused, scope, "summary calls a minute at their ceiling; not summarizing")
+                    await self._fail(attempt, Outcome.CEILING, refused)
+                    result = Round(Outcome.CEILING, span)
+                else:
+                    result = await self._summarize_and_commit(attempt, plan, state.records)
         except Exception:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="error").inc()
             raise
@@ -403,13 +406,13 @@ class Engine:
         except SummaryFailed as failure:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)
-            if means_unavailable(failure.reason):
-                self.breaker.failed(summarizer)
-            else:
-                self.breaker.succeeded(summarizer)  # it answered: alive
+            tenant = view.tenant
+            self.breaker.failed(summarizer, tenant, failure.reason, failure.retry_after)
+            if failure_scope(failure.reason) is FailureScope.REFUSED:
+                await self.ceilings.give_back_route(self.store, job.route)
             await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
             return Round(Outcome.SUMMARY_FAILED, span, failure=failure)
-        self.breaker.succeeded(summarizer)
+        self.breaker.succeeded(summarizer, view.tenant)
         SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
 
         message = frame(summary.text)

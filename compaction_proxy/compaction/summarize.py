@@ -66,11 +66,18 @@ class SummaryFailed(Exception):
     """The summary call produced nothing usable; ``reason`` is a short class. An ``overflow``
     (the summary call itself too large) carries the limit the upstream stated, if any."""
 
-    def __init__(self, reason: str, limit: int | None = None, upstream_message: str = "") -> None:
+    def __init__(
+        self,
+        reason: str,
+        limit: int | None = None,
+        upstream_message: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.limit = limit
         self.upstream_message = upstream_message  # the error's own words, for operators
+        self.retry_after = retry_after  # seconds a rate-limited caller is told to wait
 
     @property
     def explanation(self) -> str:
@@ -142,6 +149,13 @@ def summary_body(
     return body
 
 
+def _seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` in seconds, bounded to an hour (its date form is not read)."""
+    if header is None or not header.strip().isdigit():
+        return None
+    return float(min(int(header.strip()), 3600))
+
+
 async def call_summarizer(
     session: aiohttp.ClientSession,
     url: str | URL,
@@ -157,6 +171,7 @@ async def call_summarizer(
             ) as response:
                 raw = await response.read()
                 status = response.status
+                retry_after = _seconds(response.headers.get("Retry-After"))
     except TimeoutError as exc:
         raise SummaryFailed("timeout") from exc
     except aiohttp.ClientError as exc:
@@ -166,7 +181,8 @@ async def call_summarizer(
         if verdict.is_overflow:
             raise SummaryFailed("overflow", verdict.limit)
     if not 200 <= status < 300:  # a redirect included: the proxy follows none
-        raise SummaryFailed(f"http_{status}", upstream_message=error_message(raw)[:300])
+        said = error_message(raw)[:300]
+        raise SummaryFailed(f"http_{status}", upstream_message=said, retry_after=retry_after)
     try:
         parsed = orjson.loads(raw)
         choice = parsed["choices"][0]

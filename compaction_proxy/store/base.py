@@ -149,6 +149,10 @@ class Store(Protocol):
         None when taken, else the name of the first quota at its limit (and takes nothing)."""
         ...
 
+    async def give_back_quota(self, names: Sequence[str], window_seconds: int) -> None:
+        """Give back one unit of each named quota (the newest): a call counted that should
+        not have been (it concerned one tenant's credential only)."""
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         """The secret stored under ``name``, storing ``candidate`` if there is none yet."""
 

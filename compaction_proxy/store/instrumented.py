@@ -148,6 +148,10 @@ class InstrumentedStore:
         with _Observed("take_quota"):
             return await self.inner.take_quota(quotas, window_seconds)
 
+    async def give_back_quota(self, names: Sequence[str], window_seconds: int) -> None:
+        with _Observed("give_back_quota"):
+            await self.inner.give_back_quota(names, window_seconds)
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         with _Observed("shared_secret"):
             return await self.inner.shared_secret(name, candidate)

@@ -371,6 +371,11 @@ class MemoryStore:
         windows = self._quotas.setdefault(window_seconds, SlidingWindows(window_seconds))
         return windows.take(quotas)
 
+    async def give_back_quota(self, names: Sequence[str], window_seconds: int) -> None:
+        windows = self._quotas.get(window_seconds)
+        if windows is not None:
+            windows.give_back(names)
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         return self._secrets.setdefault(name, candidate)
 

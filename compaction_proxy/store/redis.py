@@ -453,6 +453,11 @@ class RedisStore:
             refused = int(await self._quota(keys=keys, args=args))
         return quotas[refused - 1][0] if refused else None
 
+    async def give_back_quota(self, names: Sequence[str], window_seconds: int) -> None:
+        async with self._bounded("give_back_quota"):
+            for name in names:
+                await self._client.zpopmax(quota_key(name))
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         key = secret_key(name)
         async with self._bounded("shared_secret"):

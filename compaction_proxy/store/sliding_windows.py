@@ -33,6 +33,13 @@ class SlidingWindows:
             self._calls.setdefault(name, deque()).append(now)
         return None
 
+    def give_back(self, names: Sequence[str]) -> None:
+        """Forget the newest call of each of ``names``."""
+        for name in names:
+            calls = self._calls.get(name)
+            if calls:
+                calls.pop()
+
     def wait(self, name: str, limit: int) -> int | None:
         """Whole seconds until ``name`` holds fewer than ``limit`` calls in the window; None
         when it does now."""

@@ -423,3 +423,15 @@ async def test_a_quota_frees_up_as_its_window_slides(store: Store) -> None:
     assert [await store.take_quota([(name, 2)], 1) for _ in range(3)] == [None, None, name]
     await asyncio.sleep(1.1)
     assert await store.take_quota([(name, 2)], 1) is None
+
+
+async def test_a_quota_unit_given_back_can_be_taken_again(store: Store) -> None:
+    name = f"test-give-back-{uuid.uuid4().hex}"
+    other = f"test-give-back-other-{uuid.uuid4().hex}"
+    for _ in range(3):
+        assert await store.take_quota([(name, 3), (other, 10)], HOUR) is None
+    assert await store.take_quota([(name, 3)], HOUR) == name
+    await store.give_back_quota([name], HOUR)
+    assert await store.take_quota([(name, 3)], HOUR) is None
+    assert await store.take_quota([(name, 3)], HOUR) == name
+    await store.give_back_quota([f"test-never-taken-{uuid.uuid4().hex}"], HOUR)  # no error

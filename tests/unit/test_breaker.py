@@ -1,65 +1,117 @@
-"""The summarizer breaker: one wait per cooldown, one probe, closed by a live answer."""
+"""The summarizer breaker: a failure is charged to whom it concerns. One tenant's refused key
+or rate limit is that tenant's alone; an outage seen by several tenants opens the summarizer
+for a cooldown, then one probe goes through."""
 
 from __future__ import annotations
 
 import pytest
 
-from compaction_proxy.compaction.guards.breaker import SummaryBreaker, means_unavailable
+from compaction_proxy.compaction.guards.breaker import FailureScope, SummaryBreaker, failure_scope
 from tests.builders import Clock
 
 
-def test_a_failure_opens_the_breaker_for_the_cooldown_then_one_probe_goes_through() -> None:
+def outage(breaker: SummaryBreaker, *tenants: str) -> None:
+    for tenant in tenants:
+        breaker.failed("r", tenant, "http_503")
+
+
+def test_an_outage_seen_by_two_tenants_opens_the_summarizer_then_one_probe_goes_through() -> None:
     clock = Clock()
-    breaker = SummaryBreaker(60, clock)
-    assert breaker.allow("r")
-    breaker.failed("r")
-    assert not breaker.allow("r")
+    breaker = SummaryBreaker(60, clock=clock)
+    assert breaker.allow("r", "a")
+    outage(breaker, "a", "b")
+    assert not breaker.allow("r", "c")
     clock.now += 59
-    assert not breaker.allow("r")
+    assert not breaker.allow("r", "c")
     clock.now += 2
-    assert breaker.allow("r")  # the probe
-    assert not breaker.allow("r")  # everyone else waits for its result
-    breaker.succeeded("r")
-    assert breaker.allow("r") and breaker.allow("r")
+    assert breaker.allow("r", "c")  # the probe
+    assert not breaker.allow("r", "d")  # everyone else waits for its result
+    breaker.succeeded("r", "c")
+    assert breaker.allow("r", "d") and breaker.allow("r", "e")
+
+
+def test_an_outage_seen_by_one_tenant_backs_that_tenant_off_only() -> None:
+    clock = Clock()
+    breaker = SummaryBreaker(60, clock=clock)
+    outage(breaker, "a", "a", "a")
+    assert not breaker.allow("r", "a")
+    assert breaker.allow("r", "b")
+    clock.now += 61
+    assert breaker.allow("r", "a")
+
+
+def test_outages_further_apart_than_a_cooldown_never_add_up() -> None:
+    clock = Clock()
+    breaker = SummaryBreaker(60, clock=clock)
+    outage(breaker, "a")
+    clock.now += 61
+    outage(breaker, "b")
+    assert breaker.allow("r", "c")
 
 
 def test_a_failed_probe_opens_it_again() -> None:
     clock = Clock()
-    breaker = SummaryBreaker(60, clock)
-    breaker.failed("r")
+    breaker = SummaryBreaker(60, clock=clock)
+    outage(breaker, "a", "b")
     clock.now += 61
-    assert breaker.allow("r")
-    breaker.failed("r")
-    assert not breaker.allow("r")
+    assert breaker.allow("r", "c")
+    outage(breaker, "c")
+    assert not breaker.allow("r", "d")
     clock.now += 61
-    assert breaker.allow("r")
+    assert breaker.allow("r", "d")
 
 
-def test_routes_are_independent_and_an_abandoned_probe_frees_its_slot() -> None:
+def test_a_rate_limited_tenant_waits_its_retry_after_and_nobody_else_does() -> None:
     clock = Clock()
-    breaker = SummaryBreaker(60, clock)
-    breaker.failed("a")
-    assert breaker.allow("b")
+    breaker = SummaryBreaker(60, clock=clock)
+    for _ in range(50):
+        breaker.failed("r", "attacker", "http_429", retry_after=20)
+    assert not breaker.allow("r", "attacker")
+    assert breaker.allow("r", "victim")
+    clock.now += 21
+    assert breaker.allow("r", "attacker")
+
+
+def test_a_refused_credential_makes_no_summary_call_for_a_while_and_concerns_nobody_else() -> None:
+    clock = Clock()
+    breaker = SummaryBreaker(60, refused_seconds=300, clock=clock)
+    for n in range(100):
+        breaker.failed("r", f"random-key-{n}", "http_401")
+    assert not breaker.allow("r", "random-key-7")
+    assert breaker.allow("r", "valid")
+    clock.now += 299
+    assert not breaker.allow("r", "random-key-7")
+    clock.now += 2
+    assert breaker.allow("r", "random-key-7")
+
+
+def test_summarizers_are_independent_and_an_abandoned_probe_frees_its_slot() -> None:
+    clock = Clock()
+    breaker = SummaryBreaker(60, clock=clock)
+    outage(breaker, "a", "b")
+    assert breaker.allow("other", "a")
     clock.now += 61
-    assert breaker.allow("a")
-    breaker.abandoned("a")
-    assert breaker.allow("a")
+    assert breaker.allow("r", "c")
+    breaker.abandoned("r")
+    assert breaker.allow("r", "c")
 
 
 @pytest.mark.parametrize(
-    ("reason", "unavailable"),
+    ("reason", "scope"),
     [
-        ("timeout", True),
-        ("unreachable", True),
-        ("http_500", True),
-        ("http_503", True),
-        ("http_429", True),
-        ("malformed", True),
-        ("overflow", False),
-        ("length", False),
-        ("empty", False),
-        ("http_400", False),
+        ("timeout", FailureScope.OUTAGE),
+        ("unreachable", FailureScope.OUTAGE),
+        ("http_500", FailureScope.OUTAGE),
+        ("http_503", FailureScope.OUTAGE),
+        ("malformed", FailureScope.OUTAGE),
+        ("http_429", FailureScope.RATE_LIMITED),
+        ("http_401", FailureScope.REFUSED),
+        ("http_403", FailureScope.REFUSED),
+        ("overflow", FailureScope.ALIVE),
+        ("length", FailureScope.ALIVE),
+        ("empty", FailureScope.ALIVE),
+        ("http_400", FailureScope.ALIVE),
     ],
 )
-def test_only_failures_of_the_service_trip_it(reason: str, unavailable: bool) -> None:
-    assert means_unavailable(reason) is unavailable
+def test_each_failure_is_charged_to_whom_it_concerns(reason: str, scope: FailureScope) -> None:
+    assert failure_scope(reason) is scope

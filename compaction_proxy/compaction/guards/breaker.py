@@ -1,10 +1,20 @@
-"""A circuit breaker per summary route: a dead summarizer costs one wait per cooldown.
+"""Who waits for a summarizer after a failed summary call: the tenant whose call failed, or,
+when the service itself is down, everyone on its route (pure, with an injectable clock).
 
-After a summary call fails the way a dead or overloaded service fails (timeout, unreachable,
-5xx, 429, a garbled answer), no request waits for that route's summarizer until
-``cooldown_seconds`` have passed; then one request probes it, and its result closes the breaker
-or opens it for another cooldown. Answers that show the summarizer alive (an overflow, a
-truncated or empty summary, another 4xx) close it. Per process, like the summary ceiling.
+A failure is read for what it says and charged to whom it concerns:
+
+* the credential was refused (401, 403): that tenant's credential makes no summary call for
+  ``refused_seconds``; nobody else is concerned;
+* the tenant is being rate-limited (429): that tenant backs off for the ``Retry-After`` the
+  upstream stated, else ``cooldown_seconds``; a back-off, not an outage;
+* the service looks down (a timeout, no connection, a 5xx, a garbled answer): that tenant backs
+  off for ``cooldown_seconds``, and once ``tenants_for_outage`` different tenants have seen it
+  within a cooldown, the whole summarizer is open: no request waits for it until the cooldown
+  has passed, then one request probes it, and its result closes it or opens it again.
+
+Answers that show the summarizer alive (an overflow, a truncated or empty summary, another 4xx)
+clear that tenant's back-off. So one tenant can never switch compaction off for another: its
+own keys, limits and refusals are its own. Per process, like the local summary ceilings.
 """
 
 from __future__ import annotations
@@ -12,45 +22,101 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
-_DEAD_REASONS = frozenset({"timeout", "unreachable", "malformed", "http_429"})
+_OUTAGE_REASONS = frozenset({"timeout", "unreachable", "malformed"})
+_REFUSED_REASONS = frozenset({"http_401", "http_403"})
 
 
-def means_unavailable(reason: str) -> bool:
-    """Whether a failed summary call says the summarizer is down rather than the input bad."""
-    return reason in _DEAD_REASONS or reason.startswith("http_5")
+class FailureScope(Enum):
+    OUTAGE = "outage"  # the service: counts toward the route-wide breaker
+    RATE_LIMITED = "rate_limited"  # this tenant, for its Retry-After
+    REFUSED = "refused"  # this tenant's credential
+    ALIVE = "alive"  # the summarizer answered: nothing to wait for
+
+
+def failure_scope(reason: str) -> FailureScope:
+    """What a failed summary call says, by its reason (pure)."""
+    if reason in _OUTAGE_REASONS or reason.startswith("http_5"):
+        return FailureScope.OUTAGE
+    if reason == "http_429":
+        return FailureScope.RATE_LIMITED
+    if reason in _REFUSED_REASONS:
+        return FailureScope.REFUSED
+    return FailureScope.ALIVE
 
 
 @dataclass
 class SummaryBreaker:
     cooldown_seconds: float = 60.0
+    refused_seconds: float = 300.0
+    tenants_for_outage: int = 2
     clock: Callable[[], float] = time.monotonic
-    _open_until: dict[str, float] = field(default_factory=dict)
+    max_tenants: int = 100_000  # back-offs kept; past it, the expired ones are forgotten
+    _open_until: dict[str, float] = field(default_factory=dict)  # by summarizer
     _probing: set[str] = field(default_factory=set)
+    _outages: dict[str, dict[str, float]] = field(default_factory=dict)  # summarizer: tenant: when
+    _backoff: dict[tuple[str, str], float] = field(default_factory=dict)  # (summarizer, tenant)
 
     def __post_init__(self) -> None:
-        if self.cooldown_seconds < 0:
-            raise ValueError("cooldown_seconds must not be negative")
+        if self.cooldown_seconds < 0 or self.refused_seconds < 0:
+            raise ValueError("cooldown_seconds and refused_seconds must not be negative")
+        if self.tenants_for_outage < 1:
+            raise ValueError("tenants_for_outage must be at least 1")
 
-    def allow(self, route: str) -> bool:
-        """May a summary call go to ``route`` now? After a cooldown, the first caller is the
-        probe and the others are refused until it reports."""
-        until = self._open_until.get(route)
+    def allow(self, summarizer: str, tenant: str) -> bool:
+        """May ``tenant`` call ``summarizer`` now? Not while its own back-off lasts; and while
+        the summarizer is open, only the first caller after the cooldown (the probe)."""
+        now = self.clock()
+        if self._backoff.get((summarizer, tenant), now) > now:
+            return False
+        until = self._open_until.get(summarizer)
         if until is None:
             return True
-        if self.clock() < until or route in self._probing:
+        if now < until or summarizer in self._probing:
             return False
-        self._probing.add(route)
+        self._probing.add(summarizer)
         return True
 
-    def succeeded(self, route: str) -> None:
-        self._open_until.pop(route, None)
-        self._probing.discard(route)
+    def succeeded(self, summarizer: str, tenant: str) -> None:
+        self._open_until.pop(summarizer, None)
+        self._probing.discard(summarizer)
+        self._outages.pop(summarizer, None)
+        self._backoff.pop((summarizer, tenant), None)
 
-    def failed(self, route: str) -> None:
-        self._open_until[route] = self.clock() + self.cooldown_seconds
-        self._probing.discard(route)
+    def failed(
+        self, summarizer: str, tenant: str, reason: str, retry_after: float | None = None
+    ) -> None:
+        """Charge a failed call to whom it concerns (see the module's docstring)."""
+        scope = failure_scope(reason)
+        now = self.clock()
+        if scope is FailureScope.ALIVE:
+            self.succeeded(summarizer, tenant)
+            return
+        self._probing.discard(summarizer)
+        wait = self.cooldown_seconds
+        if scope is FailureScope.REFUSED:
+            wait = self.refused_seconds
+        elif scope is FailureScope.RATE_LIMITED and retry_after is not None:
+            wait = retry_after
+        self._back_off(summarizer, tenant, now + wait)
+        if scope is not FailureScope.OUTAGE:
+            return
+        seen = self._outages.setdefault(summarizer, {})
+        seen[tenant] = now
+        for other, when in list(seen.items()):
+            if now - when >= self.cooldown_seconds:
+                del seen[other]
+        if len(seen) >= self.tenants_for_outage or summarizer in self._open_until:
+            self._open_until[summarizer] = now + self.cooldown_seconds
 
-    def abandoned(self, route: str) -> None:
+    def abandoned(self, summarizer: str) -> None:
         """An allowed call never happened (the conversation was busy): free the probe slot."""
-        self._probing.discard(route)
+        self._probing.discard(summarizer)
+
+    def _back_off(self, summarizer: str, tenant: str, until: float) -> None:
+        if len(self._backoff) >= self.max_tenants:
+            now = self.clock()
+            for key in [k for k, v in self._backoff.items() if v <= now]:
+                del self._backoff[key]
+        self._backoff[(summarizer, tenant)] = until

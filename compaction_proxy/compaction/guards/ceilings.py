@@ -42,6 +42,17 @@ class SummaryCeilings:
             quotas.append((_ROUTE_QUOTA + route, self.per_route))
         return quotas
 
+    async def give_back_route(self, store: Store, route: str) -> None:
+        """Give the route's unit of a call back: the call concerned one tenant's credential
+        only (refused with 401 or 403), and counts against that tenant alone."""
+        if not self.per_route:
+            return
+        name = _ROUTE_QUOTA + route
+        try:
+            await store.give_back_quota([name], WINDOW_SECONDS)
+        except StoreUnavailable:
+            self.local.give_back([name])
+
     async def take(self, store: Store, tenant: str, route: str) -> str | None:
         """Take one summary call; None when allowed, else the ceiling that refused it."""
         quotas = self.quotas(tenant, route)

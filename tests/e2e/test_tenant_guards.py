@@ -1,0 +1,108 @@
+"""No tenant can switch compaction off for another: its rate limits and refused keys are its
+own, and it cannot burn the route's summary ceiling with keys nobody checked."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from compaction_proxy.testing.fake_answers import is_summary_request
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.builders import agent_turns, system, user
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import route
+
+WINDOW = 16_000
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def history() -> list[dict[str, Any]]:
+    """About 14k tokens: above the 12.8k threshold, inside the 16k window."""
+    return [
+        system(),
+        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
+        *agent_turns(30, output="importer log line " * 150),
+        user("Where are we?"),
+    ]
+
+
+def error(status: int, message: str, code: str, **headers: str) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+@pytest.fixture
+async def summary_keys(fake: FakeUpstream, aiohttp_server: Any) -> tuple[str, list[str]]:
+    """The fake provider behind rules of its own for summary calls, as OpenAI answers them:
+    the attacker's key is rate-limited (429 with a Retry-After) and keys it never issued are
+    refused (401). The keys of every summary call, in order."""
+    keys: list[str] = []
+
+    @web.middleware
+    async def provider_rules(request: web.Request, handler: Handler) -> web.StreamResponse:
+        summary = request.path.endswith("/chat/completions") and is_summary_request(
+            orjson.loads(await request.read())
+        )
+        if summary:
+            key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            keys.append(key)
+            if key == "sk-attacker":
+                return error(
+                    429, "Rate limit reached", "rate_limit_exceeded", **{"Retry-After": "60"}
+                )
+            if key.startswith("sk-random-"):
+                return error(401, "Incorrect API key provided", "invalid_api_key")
+        return await handler(request)
+
+    app = fake.app()
+    app.middlewares.append(provider_rules)
+    server: TestServer = await aiohttp_server(app)
+    return str(server.make_url("/v1")), keys
+
+
+async def ask(proxy: RunningProxy, key: str) -> tuple[int, str]:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=key, max_retries=0) as client:
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="small-model",
+                messages=history(),  # type: ignore[arg-type]
+            )
+        except openai.APIStatusError as failed:
+            return failed.status_code, failed.response.headers.get("x-compaction-status", "")
+        return raw.http_response.status_code, raw.headers["x-compaction-status"]
+
+
+async def test_a_tenant_rate_limited_on_its_summaries_does_not_stop_anothers_compaction(
+    make_proxy: ProxyFactory, summary_keys: tuple[str, list[str]]
+) -> None:
+    upstream, keys = summary_keys
+    proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0)])
+    for _ in range(3):
+        assert (await ask(proxy, "sk-attacker"))[1] != "compacted"
+    # Its Retry-After is honoured: one summary call, then it waits.
+    assert keys == ["sk-attacker"]
+    assert await ask(proxy, "sk-victim") == (200, "compacted")
+
+
+async def test_keys_nobody_checked_cannot_burn_the_routes_summary_ceiling(
+    make_proxy: ProxyFactory, summary_keys: tuple[str, list[str]]
+) -> None:
+    upstream, keys = summary_keys
+    proxy = await make_proxy(
+        routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0)],
+        summaries_per_minute_per_route=10,
+    )
+    for n in range(25):
+        _, compaction = await ask(proxy, f"sk-random-{n % 20}")
+        assert compaction != "compacted"
+    # One summary call per refused key: a key refused once is remembered as refused.
+    assert sorted(keys) == sorted({f"sk-random-{n}" for n in range(20)})
+    # The refused calls counted against their own keys, not the route's ceiling.
+    assert await ask(proxy, "sk-victim") == (200, "compacted")
