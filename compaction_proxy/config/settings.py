@@ -201,6 +201,13 @@ class Settings(BaseSettings):
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_pool_size: PositiveInt = 256
+    # Relayed paths (files, audio, batches, Realtime...) have a pool of their own, so they can
+    # never take the connections chat, Responses and summary calls need.
+    relay_pool_size: PositiveInt = 64
+    # A relayed body streamed as it arrives (an upload) is given up with 408 after this many
+    # seconds without a byte; a client holds at most this many such uploads at once.
+    upload_idle_timeout_seconds: float = Field(default=30.0, gt=0)
+    max_uploads_per_client: PositiveInt = 4
     # Seconds between pings on each side of a relayed WebSocket; 0: none.
     websocket_heartbeat_seconds: float = Field(default=30.0, ge=0)
     store_url: str = Field(

@@ -28,8 +28,9 @@ from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import bad_request_response, upstream_failed
+from compaction_proxy.http.errors import bad_request_response, error_response, upstream_failed
 from compaction_proxy.http.intake import check_headers, read_body
+from compaction_proxy.http.uploads import IdleBoundedBody, UploadStalled
 from compaction_proxy.http.upstream import (
     ClientGone,
     UpstreamCut,
@@ -42,6 +43,8 @@ from compaction_proxy.http.websocket_relay import is_websocket, relay_websocket
 from compaction_proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.outbound import upstream_headers
+from compaction_proxy.security.tenant import api_key_of
+from compaction_proxy.security.upload_slots import client_of
 
 log = logging.getLogger(__name__)
 
@@ -207,17 +210,37 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
         return bad_request_response(error), "bad_request"
-    return await _send_on(request, route, data)
+    relay = app[SERVICES].relay_client
+    if isinstance(data, bytes) or not request.body_exists:
+        return await _send_on(request, route, data, relay)
+    # A body streamed as it arrives holds an upstream connection while it does: bounded.
+    client = client_of(api_key_of(request.headers), request.remote)
+    with app[SERVICES].upload_slots.held(client) as held:
+        if not held:
+            refused = error_response(
+                429,
+                f"At most {settings.max_uploads_per_client} uploads at once per client: "
+                "wait for one to finish.",
+                code="too_many_uploads",
+            )
+            refused.force_close()  # its body was not read
+            return refused, "too_many_uploads"
+        streamed = IdleBoundedBody(data, settings.upload_idle_timeout_seconds)
+        return await _send_on(request, route, streamed, relay)
 
 
 async def relay_as_sent(request: web.Request, route: Route, body: bytes) -> web.StreamResponse:
-    """Forward a request the proxy has read (``body``) but will not change."""
-    response, _ = await _send_on(request, route, body)
+    """Forward a request the proxy has read (``body``) but will not change (a Responses
+    request whose history the provider holds: Responses traffic, on the main pool)."""
+    response, _ = await _send_on(request, route, body, request.app[SERVICES].http_client)
     return response
 
 
 async def _send_on(
-    request: web.Request, route: Route, data: bytes | aiohttp.StreamReader
+    request: web.Request,
+    route: Route,
+    data: bytes | aiohttp.StreamReader | IdleBoundedBody,
+    session: aiohttp.ClientSession,
 ) -> tuple[web.StreamResponse, str]:
     app = request.app
     headers = upstream_headers(
@@ -228,7 +251,7 @@ async def _send_on(
         headers["Content-Encoding"] = coding  # streamed as it came, for the upstream to decode
     url = same_path_upstream_url(route.base, request)
     try:
-        async with app[SERVICES].http_client.request(
+        async with session.request(
             request.method, url, data=data, headers=headers, allow_redirects=False
         ) as upstream:
             response = web.StreamResponse(
@@ -243,8 +266,20 @@ async def _send_on(
                 cut_off(request)
                 return response, "upstream_error"
             return response, f"{upstream.status // 100}xx"
-    except (TimeoutError, aiohttp.ClientError) as exc:
+    except (TimeoutError, aiohttp.ClientError, UploadStalled) as exc:
+        if isinstance(data, IdleBoundedBody) and data.stalled:
+            return _stalled(app[SERVICES].settings.upload_idle_timeout_seconds), "client_timeout"
         return upstream_failed(route.base, exc), "upstream_unavailable"
+
+
+def _stalled(idle_seconds: float) -> web.Response:
+    response = error_response(
+        408,
+        f"The request body stalled: no byte for {idle_seconds:g} seconds.",
+        code="request_timeout",
+    )
+    response.force_close()  # the rest of the body will not be read
+    return response
 
 
 async def _stream(

@@ -68,7 +68,7 @@ async def relay_websocket(request: web.Request, route: Route) -> tuple[web.Strea
     limit = settings.max_body_bytes  # a message, as a body, may not be larger
     heartbeat = settings.websocket_heartbeat_seconds or None
     try:
-        upstream = await app[SERVICES].http_client.ws_connect(
+        upstream = await app[SERVICES].relay_client.ws_connect(
             same_path_upstream_url(route.base, request),
             headers=headers,
             protocols=protocols_to_offer(

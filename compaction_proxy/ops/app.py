@@ -41,6 +41,7 @@ from compaction_proxy.security.outbound import HOP_HEADER
 from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
 from compaction_proxy.security.tenant import TenantSecret, api_key_of
+from compaction_proxy.security.upload_slots import UploadSlots
 from compaction_proxy.service.pending_records import PendingRecords
 from compaction_proxy.service.services import Services
 from compaction_proxy.store import StoreUnavailable, open_store
@@ -49,8 +50,8 @@ from compaction_proxy.store.base import Store
 log = logging.getLogger(__name__)
 
 
-def _http_client(settings: Settings) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=settings.upstream_pool_size, enable_cleanup_closed=True)
+def _http_client(settings: Settings, pool_size: int) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=pool_size, enable_cleanup_closed=True)
     timeout = aiohttp.ClientTimeout(
         total=None,
         connect=settings.upstream_connect_timeout,
@@ -123,7 +124,12 @@ def _services_context(
             stack.callback(importing.cancel)
             background = BackgroundCompactions(engine, settings.precompact_concurrency)
             stack.push_async_callback(background.close)
-            http_client = await stack.enter_async_context(_http_client(settings))
+            http_client = await stack.enter_async_context(
+                _http_client(settings, settings.upstream_pool_size)
+            )
+            relay_client = await stack.enter_async_context(
+                _http_client(settings, settings.relay_pool_size)
+            )
             pending_records = PendingRecords()
             stack.push_async_callback(pending_records.drain)
             app[SERVICES] = Services(
@@ -133,6 +139,8 @@ def _services_context(
                 policies=PolicyBook(settings),
                 learned_windows=LearnedWindows(),
                 http_client=http_client,
+                relay_client=relay_client,
+                upload_slots=UploadSlots(settings.max_uploads_per_client),
                 client_keys=client_keys,
                 tenant_secret=tenant_secret,
                 background=background,

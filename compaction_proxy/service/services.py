@@ -24,6 +24,7 @@ from compaction_proxy.parsing.recent_bodies import RecentBodies
 from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.client_keys import ClientKeys
 from compaction_proxy.security.tenant import TenantSecret
+from compaction_proxy.security.upload_slots import UploadSlots
 from compaction_proxy.service.pending_records import PendingRecords
 from compaction_proxy.store.base import Store
 
@@ -35,8 +36,11 @@ class Services:
     engine: Engine
     policies: PolicyBook
     learned_windows: LearnedWindows
-    # Upstream calls: forwarded requests and summary calls (one pool, no cookies kept).
+    # Upstream calls: chat and Responses requests, summary calls (no cookies kept).
     http_client: aiohttp.ClientSession
+    # Every other relayed path, on a pool of its own: it can never take http_client's.
+    relay_client: aiohttp.ClientSession
+    upload_slots: UploadSlots
     client_keys: ClientKeys
     tenant_secret: TenantSecret
     background: BackgroundCompactions
