@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
@@ -162,6 +162,9 @@ class Route(_Strict):
     model: str
     base_url: AnyHttpUrl
     api_key_env: str | None = None
+    # With api_key_env: whether clients may reach what the upstream account keeps (files,
+    # batches, stored responses...) through the route's shared key (security.account_endpoints).
+    account_endpoints: Literal["refused", "shared"] = "refused"
     context_window: PositiveInt | None = None
     policy: PolicyOverrides = PolicyOverrides()
     models: dict[str, ModelOverride] = {}
@@ -198,6 +201,8 @@ class Settings(BaseSettings):
         ),
     )
     upstream_api_key_env: str | None = None
+    # The default route's account_endpoints (see Route).
+    account_endpoints: Literal["refused", "shared"] = "refused"
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_pool_size: PositiveInt = 256
@@ -322,6 +327,7 @@ class Settings(BaseSettings):
             model="*",
             base_url=self.upstream_base_url,
             api_key_env=self.upstream_api_key_env,
+            account_endpoints=self.account_endpoints,
         )
 
 

@@ -42,6 +42,7 @@ from compaction_proxy.http.upstream import (
 from compaction_proxy.http.websocket_relay import is_websocket, relay_websocket
 from compaction_proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
 from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.security.account_endpoints import REFUSAL, refused_account_endpoint
 from compaction_proxy.security.outbound import upstream_headers
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import client_of
@@ -210,6 +211,9 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
         return bad_request_response(error), "bad_request"
+    template, held = path_template(request.path), _holds_key(request, route)
+    if refused_account_endpoint(template, request.method, held, route.account_endpoints):
+        return account_endpoint_refused(), "refused"
     relay = app[SERVICES].relay_client
     if isinstance(data, bytes) or not request.body_exists:
         return await _send_on(request, route, data, relay)
@@ -230,10 +234,27 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
 
 
 async def relay_as_sent(request: web.Request, route: Route, body: bytes) -> web.StreamResponse:
-    """Forward a request the proxy has read (``body``) but will not change (a Responses
-    request whose history the provider holds: Responses traffic, on the main pool)."""
+    """Forward a request the proxy has read (``body``) but will not change: a Responses
+    request whose history the provider holds (Responses traffic, on the main pool). That
+    history is the account's: under a key the proxy holds, it is an account endpoint."""
+    held = _holds_key(request, route)
+    if refused_account_endpoint("/v1/responses/{id}", "GET", held, route.account_endpoints):
+        return account_endpoint_refused()
     response, _ = await _send_on(request, route, body, request.app[SERVICES].http_client)
     return response
+
+
+def _holds_key(request: web.Request, route: Route) -> bool:
+    """Whether the request reaches the upstream on a key the proxy holds: its route's, or,
+    once the proxy holds any (clients then authenticate with keys of its own), whichever key
+    the route has, none included: no client's own account is behind it."""
+    return route.api_key_env is not None or request.app[SERVICES].client_keys.required
+
+
+def account_endpoint_refused() -> web.Response:
+    return error_response(
+        403, REFUSAL, error_type="permission_error", code="account_endpoint_refused"
+    )
 
 
 async def _send_on(

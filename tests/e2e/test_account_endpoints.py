@@ -1,0 +1,100 @@
+"""When the proxy holds the upstream key, no client reaches what the shared account keeps:
+one client key could otherwise list, read and delete another's files, stored completions and
+responses. Stateless endpoints are served; a single-team deployment can share the account."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+import pytest
+
+from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import route
+
+ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"
+Call = Callable[[openai.AsyncOpenAI], Awaitable[Any]]
+
+ACCOUNT_CALLS: list[tuple[str, Call]] = [
+    ("upload a file", lambda c: c.files.create(file=io.BytesIO(b"payroll"), purpose="batch")),
+    ("list files", lambda c: c.files.list()),
+    ("read a file", lambda c: c.files.content("file-of-alice")),
+    ("delete a file", lambda c: c.files.delete("file-of-alice")),
+    ("list stored completions", lambda c: c.chat.completions.list()),
+    ("read a stored completion", lambda c: c.chat.completions.messages.list("chatcmpl-1")),
+    ("read a stored response", lambda c: c.responses.retrieve("resp_of_alice")),
+    ("list batches", lambda c: c.batches.list()),
+    ("list vector stores", lambda c: c.vector_stores.list()),
+    (
+        "continue a stored response",
+        lambda c: c.responses.create(
+            model="gpt-4o-mini", input="and then?", previous_response_id="resp_of_alice"
+        ),
+    ),
+]
+
+
+async def keyed(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> RunningProxy:
+    """The proxy holding the upstream key (for requests of no model too), two client keys."""
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
+    account = {"account_endpoints": settings["account_endpoints"]} if settings else {}
+    return await make_proxy(
+        routes=[route(upstream_url, "*", api_key_env="UPSTREAM_KEY") | account],
+        upstream_api_key_env="UPSTREAM_KEY",
+        client_key_digests=[digest_of(ALICE), digest_of(BOB)],
+        **settings,
+    )
+
+
+@pytest.mark.parametrize(("what", "call"), ACCOUNT_CALLS, ids=[w for w, _ in ACCOUNT_CALLS])
+async def test_account_endpoints_are_refused_under_a_held_key_naming_the_setting(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    what: str,
+    call: Call,
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob:
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            await call(bob)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "account_endpoint_refused"
+    assert "account_endpoints: shared" in error["message"]
+    assert fake.endpoints.requests == [] and fake.responses.received == []
+
+
+async def test_stateless_endpoints_are_served_under_a_held_key(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob:
+        embedded = await bob.embeddings.create(model="text-embedding-3-small", input="x")
+        assert embedded.data
+        assert (await bob.models.retrieve("gpt-4o-mini")).id == "gpt-4o-mini"
+        speech = await bob.audio.speech.create(model="tts-1", voice="alloy", input="hi")
+        assert speech.content
+
+
+async def test_a_route_that_shares_its_account_relays_account_endpoints(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="shared")
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice:
+        uploaded = await alice.files.create(file=io.BytesIO(b"team notes"), purpose="batch")
+        assert (await alice.files.content(uploaded.id)).content == b"team notes"
+
+
+async def test_without_a_held_key_each_client_reaches_its_own_account_as_before(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-own", max_retries=0) as own:
+        uploaded = await own.files.create(file=io.BytesIO(b"mine"), purpose="batch")
+        assert (await own.files.content(uploaded.id)).content == b"mine"
