@@ -8,7 +8,6 @@ the conversation's keys. No lock is held across an LLM call: the lease is a key 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -26,12 +25,9 @@ from redis.exceptions import NoScriptError, RedisError
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
 from compaction_proxy.conversation.replacements import (
     ReplacementRecord,
-    UnreadableRecord,
-    record_from_dict,
     record_to_dict,
 )
 from compaction_proxy.metering.anchor import Anchor
-from compaction_proxy.metrics import UNREADABLE_RECORDS
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
@@ -42,6 +38,7 @@ from compaction_proxy.store.base import (
     LogPage,
     StoreUnavailable,
 )
+from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_keys import (
     conversation_keys,
     conversations_key,
@@ -54,8 +51,6 @@ _Arg = str | int | bytes
 _STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
-
-log = logging.getLogger(__name__)
 
 
 def _script(name: str) -> str:
@@ -82,54 +77,6 @@ def _tip(raw: str | None) -> tuple[int, str] | None:
         return None
     position, _, tip_hash = raw.partition(":")
     return int(position), tip_hash
-
-
-class _ParsedRecords:
-    """Records as parsed, by their stored JSON: a compacted conversation loads the same few
-    records (summaries of several KiB) on every request, and they are parsed once. Bounded by
-    the characters held, least recently used first out. Records are immutable, and the
-    in-process store hands the same objects to every request too."""
-
-    def __init__(self, max_chars: int = 16 * 1024 * 1024) -> None:
-        self._parsed: OrderedDict[str, ReplacementRecord | None] = OrderedDict()
-        self._stored: dict[int, str] = {}  # id(record) -> its stored form, while it is held
-        self._chars = 0
-        self._max_chars = max_chars
-
-    def __call__(self, raw: str) -> ReplacementRecord | None:
-        """The record stored as ``raw``; None (counted and logged when first met) when this
-        version cannot read it, so it never takes its conversation down."""
-        if raw in self._parsed:
-            found = self._parsed.pop(raw)  # and put back last: the most recently used
-        else:
-            found = _read_record(raw)
-            self._chars += len(raw)
-        self._parsed[raw] = found
-        if found is not None:
-            self._stored[id(found)] = raw
-        while self._chars > self._max_chars and self._parsed:
-            evicted, record = self._parsed.popitem(last=False)
-            self._chars -= len(evicted)
-            if record is not None:
-                self._stored.pop(id(record), None)
-        return found
-
-    def stored_form(self, record: ReplacementRecord) -> str:
-        """How ``record`` is stored: as it was read (a newer version's fields and all, so a
-        commit that supersedes it removes it), else as this version writes it."""
-        held = self._stored.get(id(record))
-        if held is not None and self._parsed.get(held) is record:
-            return held
-        return _json(record_to_dict(record))
-
-
-def _read_record(raw: str) -> ReplacementRecord | None:
-    try:
-        return record_from_dict(jsonio.loads(raw))
-    except (UnreadableRecord, ValueError) as exc:
-        UNREADABLE_RECORDS.inc()
-        log.warning("a stored replacement record cannot be read, and is skipped: %s", exc)
-        return None
 
 
 def _state(
@@ -223,7 +170,7 @@ class RedisStore:
         self._max_log_events = max_log_events
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
-        self._parsed_records = _ParsedRecords()
+        self._parsed_records = ParsedRecords()
         register = self._client.register_script
         self._load = register(_script("load"))
         self._append_script = register(_script("append"))
