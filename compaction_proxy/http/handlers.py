@@ -193,7 +193,7 @@ async def _forward_with_recovery(
             break
         if verdict.limit is not None:
             services.learned_windows.learn(route.model, client_request.model, verdict.limit)
-        retry = None
+        retry, overflowed_at = None, time.time()
         if record is not None and retries < model_policy.policy.max_overflow_retries:
             retries += 1
             try:
@@ -203,10 +203,10 @@ async def _forward_with_recovery(
             except Exception:
                 log.exception("overflow recovery failed: the upstream's error stands")
         if record is not None:
-            now = time.time()
-            record.add(overflow_event(now=now, limit=verdict.limit, retried=retry is not None))
+            retried = retry is not None
+            record.add(overflow_event(now=overflowed_at, limit=verdict.limit, retried=retried))
             if retry is not None:
-                record.add_forwarded(retry, client_request.model, route.model, now)
+                record.add_forwarded(retry, client_request.model, route.model, time.time())
         if retry is None:
             OVERFLOW_RECOVERIES.labels(result="passed_through").inc()
             break
