@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compaction_proxy.conversation.replacements import Checkpoint, Prune, record_to_dict
 from compaction_proxy.parsing import jsonio
-from compaction_proxy.store.redis import _ParsedRecords
+from compaction_proxy.store.parsed_records import ParsedRecords
 
 
 def stored(record: Checkpoint | Prune) -> str:
@@ -15,7 +15,7 @@ SUMMARY = Checkpoint(0, 4, "root", "hash-4", {"role": "user", "content": "s" * 1
 
 
 def test_a_record_loaded_again_is_the_object_parsed_the_first_time() -> None:
-    parse = _ParsedRecords()
+    parse = ParsedRecords()
     first = parse(stored(SUMMARY))
     assert first == SUMMARY
     assert parse(stored(SUMMARY)) is first
@@ -23,7 +23,7 @@ def test_a_record_loaded_again_is_the_object_parsed_the_first_time() -> None:
 
 
 def test_the_parsed_records_held_stay_within_their_bound() -> None:
-    parse = _ParsedRecords(max_chars=5_000)
+    parse = ParsedRecords(max_chars=5_000)
     records = [
         Checkpoint(0, i, "root", f"hash-{i}", {"role": "user", "content": "s" * 1000}, tokens=9)
         for i in range(1, 20)
