@@ -154,6 +154,7 @@ async def test_summary_model_is_routed_to_its_own_route(
     assert summary.headers["Authorization"] == "Bearer sk-a"
 
 
+@pytest.mark.slow  # a process, or a latency compared over many requests
 async def test_a_proxy_killed_mid_summary_blocks_nothing_once_its_lease_expires(
     fake: FakeUpstream, upstream_url: str
 ) -> None:

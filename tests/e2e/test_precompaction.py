@@ -14,6 +14,7 @@ from typing import Any
 
 import openai
 import orjson
+import pytest
 from prometheus_client import REGISTRY
 
 from compaction_proxy.compaction.summarize import framed_summary_text
@@ -98,6 +99,7 @@ async def grow(proxy: RunningProxy, turns: int) -> tuple[list[str], list[float]]
     return statuses, latencies
 
 
+@pytest.mark.slow  # a process, or a latency compared over many requests
 async def test_the_threshold_request_finds_its_checkpoint_ready(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -123,6 +125,7 @@ async def test_the_threshold_request_finds_its_checkpoint_ready(
     assert all(r.prompt_tokens < 0.8 * WINDOW for r in fake.chat_requests)
 
 
+@pytest.mark.slow  # a process, or a latency compared over many requests
 async def test_without_precompaction_the_threshold_request_waits(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -355,6 +358,7 @@ async def test_a_request_whose_declared_answer_would_not_fit_is_bridged_to_leave
     assert len(fake.summary_requests) == 1
 
 
+@pytest.mark.slow  # a process, or a latency compared over many requests
 async def test_sigterm_during_a_background_summary_frees_the_lease_and_exits(
     upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
