@@ -5,7 +5,7 @@ and one summary round starts in the background: select, summarize, commit, under
 lease, ceilings and breaker. The request that later reaches the threshold finds the checkpoint
 committed. If the round is still running (the conversation outgrew the summary call), or none
 could start before (one turn jumped both watermarks), a request under ``must_compact`` (the
-window less the room its answer needs, ``policy.answer_reserve``) is still forwarded at once,
+window less the room its answer needs, ``model_policy.answer_reserve``) is still forwarded at once,
 as it is, and the round runs or starts in the background. From ``must_compact`` a request of a
 conversation already answered goes at once with the bridge's cuts (``bridge.py``); only one the
 bridge cannot fit, or a history on first contact, waits on the lease or compacts

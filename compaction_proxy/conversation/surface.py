@@ -1,5 +1,5 @@
 """The surface: the messages a request forwards, its head and body with the replacement records
-(``conversation.messages``) that apply to it.
+(``conversation.replacements``) that apply to it.
 
 Pure: plain data in, plain data out, no I/O.
 """

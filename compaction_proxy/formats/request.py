@@ -1,8 +1,8 @@
 """The request the shared core works on, whatever API it came in, and what every API's
 parsing needs first.
 
-A client request is a JSON object naming its ``model``. Chat completions (``chat_request``)
-and the Responses API (``responses_request``) are adapters at the edge: each validates its own
+A client request is a JSON object naming its ``model``. Chat completions (``formats.chat``)
+and the Responses API (``formats.responses``) are adapters at the edge: each validates its own
 body and gives the core the same thing, chat-shaped messages and a way back.
 """
 

@@ -52,7 +52,7 @@ class PendingLog:
 class RequestRecord:
     """What a request writes to its conversation after its answer, gathered while it is
     served: its pending log, its events (``request`` per attempt, ``overflow``, ``usage``) and
-    its attributes. Owned by the request; written once, by ``record``."""
+    its attributes. Owned by the request; written once, by ``write_record``."""
 
     log: PendingLog
     attributes: ConversationAttributes
