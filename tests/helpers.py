@@ -1,9 +1,11 @@
-"""Helpers the end-to-end tests share: routes to the fake upstream and metric readings."""
+"""Helpers the end-to-end tests share: routes to the fake upstream, a chat request through the
+real SDK, metric readings."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import openai
 from prometheus_client import REGISTRY
 
 
@@ -30,3 +32,15 @@ def route(
 def counter(name: str, **labels: str) -> float:
     """A metric's value in this process's registry (0 before its first event)."""
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def chat(
+    base_url: str, messages: list[dict[str, Any]], model: str, key: str = "sk-test", **extra: Any
+) -> Any:
+    """One chat completion through the real openai SDK; the raw response (headers and all)."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
+        return await client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            **extra,
+        )

@@ -16,7 +16,7 @@ from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import REDIS_URL, ProxyFactory
-from tests.helpers import counter, route
+from tests.helpers import chat, counter, route
 from tests.processes import proxy_process
 
 MODEL = "small-model"
@@ -40,11 +40,7 @@ def history(tool_rounds: int = 30) -> list[dict[str, Any]]:
 
 
 async def ask(url: str, messages: list[dict[str, Any]], key: str = "sk-a") -> Any:
-    async with openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0) as client:
-        return await client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
-        )
+    return await chat(url, messages, MODEL, key)
 
 
 async def test_pressure_compaction_headers_and_metrics(

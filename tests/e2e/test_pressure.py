@@ -5,14 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import openai
 import pytest
 
 from compaction_proxy.store import Store
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
-from tests.helpers import route
+from tests.helpers import chat, route
 
 SMALL_WINDOW = 8_000
 
@@ -40,11 +39,7 @@ def routes(upstream_url: str, window: int | None = SMALL_WINDOW, **policy: Any) 
 
 
 async def post(proxy: RunningProxy, messages: list[dict[str, Any]], model: str = "small-model"):  # type: ignore[no-untyped-def]
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
-        return await client.chat.completions.with_raw_response.create(
-            model=model,
-            messages=messages,  # type: ignore[arg-type]
-        )
+    return await chat(proxy.url, messages, model, "k")
 
 
 async def events(store: Store, conversation: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import openai
 import pytest
 
 from compaction_proxy.compaction.summarize import framed_summary_text
@@ -18,7 +17,7 @@ from compaction_proxy.testing.fake_answers import pairing_error
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
-from tests.helpers import counter, route
+from tests.helpers import chat, counter, route
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
 
@@ -35,12 +34,7 @@ def synchronous(
 
 
 async def post(proxy: RunningProxy, messages: list[Message], **extra: Any) -> Any:
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-agent", max_retries=0) as c:
-        return await c.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
-            **extra,
-        )
+    return await chat(proxy.url, messages, MODEL, "sk-agent", **extra)
 
 
 async def replay(
