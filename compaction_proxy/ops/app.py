@@ -153,36 +153,47 @@ def _services_context(
     return services
 
 
+_INVALID_PATH = (
+    400,
+    "invalid_path",
+    "bad_request",
+    "The request path leaves /v1/ once normalized (dot segments, or an absolute URL): send "
+    "the path of an API endpoint.",
+)
+_LOOP = (
+    508,
+    "loop_detected",
+    "loop_detected",
+    "This request already passed through a compaction proxy and would be forwarded to one "
+    "again: check that the proxy's upstream is not the proxy itself.",
+)
+_NO_CLIENT_KEY = (
+    401,
+    "invalid_api_key",
+    "unauthorized",
+    "Incorrect API key provided: use a client key issued for this proxy.",
+)
+
+
 def refusal(request: web.Request) -> web.StreamResponse | None:
-    """Why a ``/v1/`` request is refused before its handler runs, if it is: it carries our hop
-    marker, so a proxy sent it and forwarding it again could go on forever (see
-    ``security.self_forwarding``); or the proxy holds upstream keys and the request
-    holds no client key."""
+    """Why a ``/v1/`` request is refused before its handler runs, if it is: its path leaves
+    ``/v1/`` once normalized (``security.paths``); it carries our hop marker, so a proxy sent
+    it and forwarding it again could go on forever (``security.self_forwarding``); or the
+    proxy holds upstream keys and the request holds no client key."""
+    refused = None
     if leaves_v1(request.raw_path):
-        REQUESTS.labels(route="", outcome="bad_request").inc()
-        return error_response(
-            400,
-            "The request path leaves /v1/ once normalized (dot segments, or an absolute URL): "
-            "send the path of an API endpoint.",
-            code="invalid_path",
-        )
-    if HOP_HEADER in request.headers:
-        REQUESTS.labels(route="", outcome="loop_detected").inc()
-        return error_response(
-            508,
-            "This request already passed through a compaction proxy and would be forwarded "
-            "to one again: check that the proxy's upstream is not the proxy itself.",
-            code="loop_detected",
-        )
-    keys = request.app[SERVICES].client_keys
-    if keys.required and not keys.allows(api_key_of(request.headers)):
-        REQUESTS.labels(route="", outcome="unauthorized").inc()
-        return error_response(
-            401,
-            "Incorrect API key provided: use a client key issued for this proxy.",
-            code="invalid_api_key",
-        )
-    return None
+        refused = _INVALID_PATH
+    elif HOP_HEADER in request.headers:
+        refused = _LOOP
+    else:
+        keys = request.app[SERVICES].client_keys
+        if keys.required and not keys.allows(api_key_of(request.headers)):
+            refused = _NO_CLIENT_KEY
+    if refused is None:
+        return None
+    status, code, outcome, message = refused
+    REQUESTS.labels(route="", outcome=outcome).inc()
+    return error_response(status, message, code=code)
 
 
 def guarded(handler: Handler) -> Handler:
