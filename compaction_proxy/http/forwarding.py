@@ -47,7 +47,7 @@ class Reply:
     status: int
     usage: dict[str, Any] | None = None
     error_body: bytes | None = None
-    client_gone: bool = False
+    client_gone: bool = False  # the client left before its answer was whole
     upstream_cut: bool = False  # the upstream broke off a stream already being relayed
     answer: bytes | None = None  # a successful answer sent whole
 
@@ -88,9 +88,13 @@ async def forward(
                 try:
                     streamed = await relay_stream(request, upstream, reply_headers, scanner)
                 except ClientGone as gone:
-                    log.info("the client went away mid-answer")
+                    if not gone.answered:
+                        log.info("the client went away mid-answer")
                     _observe(route, started)
-                    return Reply(gone.response, upstream.status, scanner.usage, client_gone=True)
+                    # Leaving the upstream's context releases its connection.
+                    return Reply(
+                        gone.response, upstream.status, scanner.usage, client_gone=not gone.answered
+                    )
                 except UpstreamCut as cut:
                     log.warning("upstream %s cut off a stream: %s", route.base, cut.cause)
                     _observe(route, started)

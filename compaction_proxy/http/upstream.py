@@ -8,6 +8,7 @@ headers are dropped, since aiohttp re-frames the body it writes.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -87,12 +88,17 @@ class UsageScanner:
 
     MAX_LINE_BYTES = 64 * 1024 * 1024
 
+    # Events after which an answer is whole: a client may leave at once (Codex does, at
+    # ``response.completed``), and has its answer all the same.
+    TERMINAL_EVENTS = (b'"response.completed"', b'"response.incomplete"', b'"message_stop"')
+
     def __init__(self) -> None:
         self._line: list[bytes] = []  # the pieces of the line not ended yet
         self._line_size = 0
         self._is_data = False  # that line is known to start with "data:"
         self._skipping = False  # that line is not kept
         self.usage: dict[str, Any] | None = None
+        self.finished = False  # a terminal event, or chat's usage chunk or [DONE], went by
 
     def feed(self, chunk: bytes) -> None:
         end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
@@ -133,7 +139,11 @@ class UsageScanner:
         self._line, self._line_size, self._is_data, self._skipping = [], 0, False, False
 
     def _scan(self, line: bytes) -> None:
-        if not line.startswith(b"data:") or b'"usage"' not in line:
+        if not line.startswith(b"data:"):
+            return
+        if line[5:].strip() == b"[DONE]" or any(e in line for e in self.TERMINAL_EVENTS):
+            self.finished = True
+        if b'"usage"' not in line:
             return
         try:
             event = orjson.loads(line[5:].strip())
@@ -142,14 +152,19 @@ class UsageScanner:
         usage = _usage_in(event)
         if usage is not None:
             self.usage = usage
+            # Chat sends its usage in a last chunk of its own (no choices), then [DONE].
+            if isinstance(event, dict) and event.get("choices") == []:
+                self.finished = True
 
 
 class ClientGone(Exception):
-    """The client went away while its answer (``response``, already started) was written."""
+    """The client went away while its answer (``response``, already started) was written;
+    ``answered`` when it had the whole answer by then (it left after the terminal event)."""
 
-    def __init__(self, response: web.StreamResponse) -> None:
+    def __init__(self, response: web.StreamResponse, answered: bool = False) -> None:
         super().__init__("the client went away")
         self.response = response
+        self.answered = answered
 
 
 class UpstreamCut(Exception):
@@ -169,6 +184,22 @@ async def read_upstream(upstream: ClientResponse, response: web.StreamResponse) 
         return await upstream.content.readany()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise UpstreamCut(response, exc) from exc
+
+
+async def _next_chunk(
+    upstream: ClientResponse, response: web.StreamResponse, scanner: UsageScanner
+) -> bytes:
+    """The upstream's next bytes. aiohttp cancels a handler whose client has gone: one that
+    went after the answer's terminal event had its whole answer, so the cancellation is taken
+    back and the request ends as answered (``ClientGone(answered=True)``)."""
+    try:
+        return await read_upstream(upstream, response)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not scanner.finished or task is None:
+            raise
+        task.uncancel()
+        raise ClientGone(response, answered=True) from None
 
 
 def cut_off(request: web.BaseRequest) -> None:
@@ -193,17 +224,18 @@ async def relay_stream(
         await response.prepare(request)
     except ConnectionError as exc:
         raise ClientGone(response) from exc
-    while chunk := await read_upstream(upstream, response):
+    while chunk := await _next_chunk(upstream, response, scanner):
+        answered = scanner.finished  # what the client had before this chunk
         scanner.feed(chunk)
         try:
             await response.write(chunk)
         except ConnectionError as exc:
-            raise ClientGone(response) from exc
+            raise ClientGone(response, answered) from exc
     scanner.close()
     try:
         await response.write_eof()
     except ConnectionError as exc:
-        raise ClientGone(response) from exc
+        raise ClientGone(response, scanner.finished) from exc
     return response
 
 

@@ -111,3 +111,27 @@ def test_a_line_past_the_bound_is_dropped_and_the_next_one_read() -> None:
         scanner.feed(b"x" * 200)  # the line outgrows the bound: not kept
     scanner.feed(b'"}\ndata: {"usage": {"prompt_tokens": 2}}\n')
     assert scanner.usage == {"prompt_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("stream", "finished"),
+    [
+        (b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', False),
+        (b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}\n\n', True),
+        (b"data: [DONE]\n\n", True),
+        (
+            b'event: response.completed\ndata: {"type": "response.completed", "response": {}}\n',
+            True,
+        ),
+        (
+            b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta"}\n',
+            False,
+        ),
+        (b'event: message_stop\ndata: {"type": "message_stop"}\n\n', True),
+        (b'event: message_delta\ndata: {"type": "message_delta", "usage": {}}\n\n', False),
+    ],
+)
+def test_an_answer_is_whole_once_its_terminal_event_went_by(stream: bytes, finished: bool) -> None:
+    scanner = UsageScanner()
+    scanner.feed(stream)
+    assert scanner.finished is finished
