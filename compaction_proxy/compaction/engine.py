@@ -181,19 +181,29 @@ class Engine:
         return await self.off_loop(job, lambda: job.view.measure(self.meter, surface, state.anchor))
 
     async def reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
-        fresh = await self.store.load(job.view.conversation)
+        fresh = await self.store.load(job.view.conversation, job.view.chain)
         return fresh, job.view.surface(fresh.records)
 
     async def wait_and_reload(self, job: CompactionJob) -> tuple[ConversationState, Surface]:
-        """Wait (bounded) for another compaction of this conversation, then read what it
+        """Wait (bounded) for another compaction on this request's branch, then read what it
         committed."""
-        await self.store.wait_for_lease(job.view.conversation, self.settings.lease_wait_seconds)
+        view = job.view
+        await self.store.wait_for_lease(
+            view.conversation, self.settings.lease_wait_seconds, view.chain
+        )
         return await self.reload(job)
 
     async def _begin(
-        self, job: CompactionJob, state: ConversationState, trigger: str, kind: str, **extra: Any
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        trigger: str,
+        kind: str,
+        end: int,
+        **extra: Any,
     ) -> tuple[BeginResult, Attempt]:
-        """Take the lease and log ``compaction/start``, unless busy or the surface is stale."""
+        """Take the lease for records ending at body position ``end`` and log
+        ``compaction/start``, unless busy or the surface is stale."""
         attempt = Attempt(job, uuid.uuid4().hex, trigger, kind)
         start = attempt.event("compaction/start", generation=state.generation, **extra)
         result = await self.store.begin_compaction(
@@ -202,6 +212,8 @@ class Engine:
             self.settings.lease_ttl_seconds,
             start,
             state.generation,
+            job.view.chain,
+            end,
         )
         return result, attempt
 
@@ -315,7 +327,8 @@ class Engine:
         trigger: str,
     ) -> Outcome:
         records = prune_records(job, candidates)
-        began, attempt = await self._begin(job, state, trigger, "prune")
+        end = max(record.position for record in records)
+        began, attempt = await self._begin(job, state, trigger, "prune", end)
         if began is not BeginResult.BEGUN:
             return Outcome.BUSY
         async with self._held(attempt):
@@ -366,7 +379,7 @@ class Engine:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="breaker").inc()
             return Round(Outcome.BREAKER, span)
         began, attempt = await self._begin(
-            job, state, trigger, "summary", span={"start": span.start, "end": span.end}
+            job, state, trigger, "summary", span.end, span={"start": span.start, "end": span.end}
         )
         if began is not BeginResult.BEGUN:
             self.breaker.abandoned(summarizer)

@@ -72,6 +72,55 @@ def pruned_message(message: Message, prune: Prune) -> Message:
 ReplacementRecord = Checkpoint | Prune
 
 
+@dataclass(frozen=True)
+class CheckpointEnd:
+    """Where a committed checkpoint ended, named by content (``Checkpoint.end_fingerprint``)
+    and instructions. A conversation keeps its last few whatever branch they lie on: a request
+    that resends the messages one ended at, with something before them rewritten, is then seen
+    missing it (``surface.missed_checkpoints``), though it reads none of that branch's
+    records."""
+
+    end: int
+    fingerprint: str
+    context: str = ""
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> CheckpointEnd:
+        return cls(checkpoint.end, checkpoint.end_fingerprint, checkpoint.context)
+
+    def stored(self) -> list[Any]:
+        return [self.end, self.fingerprint, self.context]
+
+    @classmethod
+    def read_all(cls, stored: Any) -> tuple[CheckpointEnd, ...]:
+        """Ends as ``stored`` lists them; what is not one (another version's, damaged) is
+        skipped: they only feed a guard."""
+        if not isinstance(stored, list):
+            return ()
+        return tuple(
+            cls(item[0], item[1], item[2])
+            for item in stored
+            if isinstance(item, list)
+            and len(item) >= 3
+            and isinstance(item[0], int)
+            and not isinstance(item[0], bool)
+            and isinstance(item[1], str)
+            and isinstance(item[2], str)
+        )
+
+
+def checkpoint_ends(
+    kept: Sequence[CheckpointEnd], records: Iterable[ReplacementRecord]
+) -> list[CheckpointEnd]:
+    """``kept`` with the ends of the checkpoints among ``records`` after them, the last
+    ``RECENT_CHECKPOINT_ENDS`` of all."""
+    ends = [*kept, *(CheckpointEnd.of(r) for r in records if isinstance(r, Checkpoint))]
+    return ends[-RECENT_CHECKPOINT_ENDS:]
+
+
+RECENT_CHECKPOINT_ENDS = 16  # how many a conversation keeps
+
+
 def record_to_dict(record: ReplacementRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
 

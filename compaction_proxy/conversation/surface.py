@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple, overload
 from compaction_proxy.conversation.messages import Message, branch_fingerprint
 from compaction_proxy.conversation.replacements import (
     Checkpoint,
+    CheckpointEnd,
     Prune,
     ReplacementRecord,
     pruned_message,
@@ -188,10 +189,10 @@ def written_back(
 
 
 def missed_checkpoints(
-    records: Iterable[ReplacementRecord], surface: Surface, digests: Sequence[str]
+    ends: Iterable[CheckpointEnd], surface: Surface, digests: Sequence[str]
 ) -> bool:
     """The request applies no checkpoint, yet resends the very messages a committed checkpoint
-    of its own branch ended at, with something before them rewritten.
+    ended at (one of ``ends``), with something before them rewritten.
 
     A client that rewrites an early message every turn looks like this on every request. A
     fork, an edit that starts a new branch, or another conversation that happens to share the
@@ -200,9 +201,8 @@ def missed_checkpoints(
     if surface.checkpoints:
         return False
     return any(
-        isinstance(r, Checkpoint)
-        and r.end < len(digests) - 1
-        and r.end_fingerprint != ""
-        and branch_fingerprint(digests, r.end) == r.end_fingerprint
-        for r in records
+        end.end < len(digests) - 1
+        and end.fingerprint != ""
+        and branch_fingerprint(digests, end.end) == end.fingerprint
+        for end in ends
     )

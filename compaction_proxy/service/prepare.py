@@ -194,7 +194,7 @@ async def prepare(
     view = await _view_of(engine.meter, tenant, client_request, session_id)
     # The previous request's writes (its anchor, its miss count, its log) come first.
     await services.pending_records.settled(view.conversation)
-    state = await services.store.load(view.conversation)
+    state = await services.store.load(view.conversation, view.chain)
     now = time.time()
     record = RequestRecord.start(view, state, client_request.model, tenant, session_id, now)
     window = services.model_window(model_policy, client_request.model)

@@ -26,6 +26,7 @@ from compaction_proxy.conversation.log_events import (
     message_events,
     request_event,
 )
+from compaction_proxy.conversation.replacements import ReplacementRecord
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.service.forwarded import Forwarded
@@ -52,11 +53,13 @@ class PendingLog:
 class RequestRecord:
     """What a request writes to its conversation after its answer, gathered while it is
     served: its pending log, its events (``request`` per attempt, ``overflow``, ``usage``) and
-    its attributes. Owned by the request; written once, by ``write_record``."""
+    its attributes, and the replacement records its branch reached (kept while requests
+    reach them). Owned by the request; written once, by ``write_record``."""
 
     log: PendingLog
     attributes: ConversationAttributes
     events: list[Event] = field(default_factory=list)
+    reached: tuple[ReplacementRecord, ...] = ()
 
     @classmethod
     def start(
@@ -99,6 +102,8 @@ class RequestRecord:
         job, surface, measurement = forwarded.job, forwarded.surface, forwarded.measurement
         assert job is not None and surface is not None and measurement is not None
         view = job.view
+        if forwarded.state is not None:
+            self.reached = forwarded.state.records
         self.add(
             request_event(
                 now=now,
@@ -162,5 +167,10 @@ async def write_record(
         await store.append(conversation, messages[start_of_batch : start_of_batch + LOG_BATCH])
         await asyncio.sleep(0)
     await store.record_request(
-        conversation, request.events, anchor, request.attributes, messages[last:]
+        conversation,
+        request.events,
+        anchor,
+        request.attributes,
+        messages[last:],
+        request.reached,
     )

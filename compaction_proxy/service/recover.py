@@ -97,7 +97,7 @@ async def recover_overflow(
         record.set(ConversationAttributes(overflow_recovery_at=now))
     try:
         await _compact(engine, job, state, threshold, window_is_a_guess)
-        fresh = await services.store.load(job.view.conversation)
+        fresh = await services.store.load(job.view.conversation, job.view.chain)
     except StoreUnavailable:
         return None
     surface = job.view.surface(fresh.records)

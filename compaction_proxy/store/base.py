@@ -4,15 +4,21 @@ A conversation's persistent state is:
 
 * its **log**: an append-only list of events (``message``, ``request``, ``usage``, ``prune``,
   ``compaction/start``, ``compaction/summary``, ``compaction/end``);
-* its **replacement records**, in commit order, written only by a committed compaction;
-* ``replace_generation``, bumped by every commit that adds records (monotonic);
+* its **replacement records**, written only by a committed compaction, each kept under the
+  chain position and hash it ends at (``store.branches``);
+* a **generation** counter, bumped by every commit (monotonic);
 * the meter **anchor** (upstream-reported prompt tokens of the last forwarded surface);
-* a **lease** (owner token with a TTL) held while one compaction runs.
+* **leases** (owner token with a TTL), one held while each compaction runs.
+
+Many operations take the request's ``chain``: what it reads and waits on is then its branch's
+alone (the records anchored on its chain, their newest commit as the generation, the leases
+anchored on it), so conversations that begin alike never read or wait on each other's.
+``chain=None`` is the whole conversation.
 
 Invariants every implementation keeps:
 
 * a message is logged at most once per chain hash, however many requests race;
-* at most one live lease per conversation; an expired lease blocks nothing;
+* at most one live lease on any one chain; an expired lease blocks nothing;
 * a commit lands only while its lease is still held by the committer, and lands whole.
 """
 
@@ -24,7 +30,7 @@ from enum import Enum
 from typing import Protocol
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent
-from compaction_proxy.conversation.replacements import ReplacementRecord
+from compaction_proxy.conversation.replacements import CheckpointEnd, ReplacementRecord
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.store.attributes import ConversationAttributes
 
@@ -51,6 +57,8 @@ class ConversationState:
     lease_owner: str | None = None
     logged_tip: tuple[int, str] | None = None
     attributes: ConversationAttributes = field(default_factory=ConversationAttributes)
+    # The conversation's last few checkpoints, on any branch (see ``CheckpointEnd``)
+    recent_ends: tuple[CheckpointEnd, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,11 @@ class Store(Protocol):
     async def ping(self) -> None:
         """Raise StoreUnavailable unless the store answers."""
 
-    async def load(self, conversation: str) -> ConversationState:
-        """Records, generation, anchor and lease, read in one round trip."""
+    async def load(
+        self, conversation: str, chain: Sequence[str] | None = None
+    ) -> ConversationState:
+        """Records, generation, anchor and lease of ``chain``'s branch (of the whole
+        conversation when None), read in one round trip."""
 
     async def append(
         self,
@@ -91,10 +102,13 @@ class Store(Protocol):
         anchor: Anchor | None = None,
         attributes: ConversationAttributes | None = None,
         messages: Sequence[MessageEvent] = (),
+        reached: Sequence[ReplacementRecord] = (),
     ) -> None:
         """A request's round trip after its answer (its one before forwarding is ``load``):
         log its ``messages`` not logged yet, then its ``request``/``usage`` ``events``; set
-        the new meter anchor (when given) and its attributes."""
+        the new meter anchor (when given) and its attributes; note that its branch still
+        reaches the ``reached`` records (records no request reached for the record TTL are
+        dropped)."""
 
     async def begin_compaction(
         self,
@@ -103,10 +117,14 @@ class Store(Protocol):
         ttl_seconds: float,
         start_event: Event,
         expected_generation: int | None = None,
+        chain: Sequence[str] | None = None,
+        at: int = -1,
     ) -> BeginResult:
-        """Take the lease and log ``compaction/start`` atomically. BUSY when another live
-        lease holds it; STALE (nothing written) when ``expected_generation`` is given and the
-        conversation's generation differs, so a caller never compacts an outdated surface."""
+        """Take a lease anchored at ``chain``'s position ``at`` (where the compaction's
+        records will end; the whole conversation without a chain) and log
+        ``compaction/start`` atomically. BUSY when a live lease lies on ``chain``; STALE
+        (nothing written) when ``expected_generation`` is given and the branch's generation
+        differs, so a caller never compacts an outdated surface."""
 
     async def commit_compaction(
         self,
@@ -138,8 +156,11 @@ class Store(Protocol):
     ) -> list[ConversationSummary]:
         """The most recently active conversations, newest first, skipping the first ``offset``."""
 
-    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
-        """Wait until no live lease holds the conversation; False if it still does."""
+    async def wait_for_lease(
+        self, conversation: str, max_wait: float, chain: Sequence[str] | None = None
+    ) -> bool:
+        """Wait until no live lease lies on ``chain`` (on the conversation when None); False if
+        one still does."""
 
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int

@@ -63,9 +63,11 @@ class InstrumentedStore:
         with _Observed("ping"):
             await self.inner.ping()
 
-    async def load(self, conversation: str) -> ConversationState:
+    async def load(
+        self, conversation: str, chain: Sequence[str] | None = None
+    ) -> ConversationState:
         with _Observed("load"):
-            return await self.inner.load(conversation)
+            return await self.inner.load(conversation, chain)
 
     async def append(
         self,
@@ -84,9 +86,12 @@ class InstrumentedStore:
         anchor: Anchor | None = None,
         attributes: ConversationAttributes | None = None,
         messages: Sequence[MessageEvent] = (),
+        reached: Sequence[ReplacementRecord] = (),
     ) -> None:
         with _Observed("record_request"):
-            await self.inner.record_request(conversation, events, anchor, attributes, messages)
+            await self.inner.record_request(
+                conversation, events, anchor, attributes, messages, reached
+            )
 
     async def begin_compaction(
         self,
@@ -95,10 +100,12 @@ class InstrumentedStore:
         ttl_seconds: float,
         start_event: Event,
         expected_generation: int | None = None,
+        chain: Sequence[str] | None = None,
+        at: int = -1,
     ) -> BeginResult:
         with _Observed("begin_compaction"):
             return await self.inner.begin_compaction(
-                conversation, owner, ttl_seconds, start_event, expected_generation
+                conversation, owner, ttl_seconds, start_event, expected_generation, chain, at
             )
 
     async def commit_compaction(
@@ -134,10 +141,12 @@ class InstrumentedStore:
         with _Observed("list_conversations"):
             return await self.inner.list_conversations(limit, offset)
 
-    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
+    async def wait_for_lease(
+        self, conversation: str, max_wait: float, chain: Sequence[str] | None = None
+    ) -> bool:
         started = time.perf_counter()
         with _Observed("wait_for_lease"):
-            released = await self.inner.wait_for_lease(conversation, max_wait)
+            released = await self.inner.wait_for_lease(conversation, max_wait, chain)
         LEASE_WAITS.labels(result="released" if released else "timed_out").inc()
         LEASE_WAIT_DURATION.observe(time.perf_counter() - started)
         return released

@@ -15,11 +15,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
-from compaction_proxy.conversation.replacements import ReplacementRecord, record_to_dict
+from compaction_proxy.conversation.replacements import (
+    CheckpointEnd,
+    ReplacementRecord,
+    checkpoint_ends,
+)
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import BeginResult, ConversationState, ConversationSummary, LogPage
+from compaction_proxy.store.branches import (
+    AnchoredLease,
+    AnchoredLeases,
+    AnchoredRecords,
+    generation_of,
+    lease_anchor,
+)
 from compaction_proxy.store.sliding_windows import SlidingWindows
 
 _LEASE_POLL_SECONDS = 0.02
@@ -84,33 +95,25 @@ class _Log:
 class _Conversation:
     log: _Log = field(default_factory=_Log)
     seen: set[str] = field(default_factory=set)
-    records: list[ReplacementRecord] = field(default_factory=list)
-    records_size: int = 0  # bytes of the records' JSON
+    records: AnchoredRecords = field(default_factory=AnchoredRecords)
     generation: int = 0
     anchor: Anchor | None = None
     logged_tip: tuple[int, str] | None = None
     attributes: ConversationAttributes = field(default_factory=ConversationAttributes)
-    lease_owner: str | None = None
-    lease_expires: float = 0.0
+    leases: AnchoredLeases = field(default_factory=AnchoredLeases)
+    recent_ends: tuple[CheckpointEnd, ...] = ()
     touched: float = 0.0
 
     @property
     def size(self) -> int:
         """Bytes of the logged events' and the records' JSON: what ``max_bytes`` bounds."""
-        return self.log.size + self.records_size
-
-    def set_records(self, records: list[ReplacementRecord]) -> None:
-        self.records = records
-        self.records_size = sum(len(jsonio.dumps(record_to_dict(r))) for r in records)
+        return self.log.size + self.records.size
 
     def trim(self, max_events: int) -> None:
         """Drop the oldest events beyond ``max_events``."""
         self.log.drop_oldest(len(self.log) - max_events)
         if len(self.seen) > 2 * max_events:
             self.seen.clear()  # only deduplicates logging; a few messages may be logged again
-
-    def live_lease(self, now: float) -> str | None:
-        return self.lease_owner if self.lease_owner and self.lease_expires > now else None
 
     def add(self, event: Event) -> None:
         self.log.append(jsonio.dumps(event))
@@ -183,10 +186,16 @@ class MemoryStore:
         return entry
 
     def _expire_records(self, entry: _Conversation, now: float) -> None:
-        """Summaries are kept no longer than ``record_ttl_seconds`` after the last write."""
-        if now - entry.touched > self._record_ttl and entry.records:
-            self._bytes -= entry.records_size
-            entry.set_records([])
+        """Summaries are kept no longer than ``record_ttl_seconds`` after the last write, and
+        a branch's no longer than that after a request last reached them."""
+        if not entry.records:
+            return
+        before = entry.records.size
+        if now - entry.touched > self._record_ttl:
+            entry.records.clear()
+        else:
+            entry.records.drop_unused(now - self._record_ttl)
+        self._bytes -= before - entry.records.size
 
     def expires_in(self, conversation: str) -> float | None:
         """Seconds until an idle conversation expires (None if unknown); for tests."""
@@ -200,18 +209,26 @@ class MemoryStore:
     async def ping(self) -> None:
         return None
 
-    async def load(self, conversation: str) -> ConversationState:
+    async def load(
+        self, conversation: str, chain: Sequence[str] | None = None
+    ) -> ConversationState:
         entry = self._conversations.get(conversation)
         if entry is None:
             return ConversationState()
-        self._expire_records(entry, time.monotonic())
+        now = time.monotonic()
+        self._expire_records(entry, now)
+        placed = entry.records.on(chain)
+        generation = entry.generation
+        if chain is not None:
+            generation = max((generation_of(p.order) for p in placed), default=0)
         return ConversationState(
-            records=tuple(entry.records),
-            generation=entry.generation,
+            records=tuple(p.record for p in placed),
+            generation=generation,
             anchor=entry.anchor,
-            lease_owner=entry.live_lease(time.monotonic()),
+            lease_owner=entry.leases.holder(chain, now),
             logged_tip=entry.logged_tip,
             attributes=entry.attributes,
+            recent_ends=entry.recent_ends,
         )
 
     async def append(
@@ -249,12 +266,14 @@ class MemoryStore:
         anchor: Anchor | None = None,
         attributes: ConversationAttributes | None = None,
         messages: Sequence[MessageEvent] = (),
+        reached: Sequence[ReplacementRecord] = (),
     ) -> None:
         await self.append(conversation, messages, events, attributes)
+        entry = self._conversations.get(conversation)
+        assert entry is not None
         if anchor is not None:
-            entry = self._conversations.get(conversation)
-            assert entry is not None
             entry.anchor = anchor
+        entry.records.touch(reached, time.monotonic())
 
     async def begin_compaction(
         self,
@@ -263,16 +282,23 @@ class MemoryStore:
         ttl_seconds: float,
         start_event: Event,
         expected_generation: int | None = None,
+        chain: Sequence[str] | None = None,
+        at: int = -1,
     ) -> BeginResult:
         entry = self._get(conversation, create=True)
         assert entry is not None
         now = time.monotonic()
-        if entry.live_lease(now) is not None:
+        if entry.leases.holder(chain, now) is not None:
             return BeginResult.BUSY
-        if expected_generation is not None and entry.generation != expected_generation:
-            return BeginResult.STALE
-        entry.lease_owner = owner
-        entry.lease_expires = now + ttl_seconds
+        if expected_generation is not None:
+            generation = entry.generation
+            if chain is not None:
+                orders = (p.order for p in entry.records.on(chain))
+                generation = max(map(generation_of, orders), default=0)
+            if generation != expected_generation:
+                return BeginResult.STALE
+        position, chain_hash = lease_anchor(chain, at)
+        entry.leases.by_owner[owner] = AnchoredLease(position, chain_hash, now + ttl_seconds)
         before = entry.size
         entry.add(start_event)
         self._grew(conversation, entry, before)
@@ -287,23 +313,29 @@ class MemoryStore:
         superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
         entry = self._get(conversation, create=False)
-        if entry is None or entry.live_lease(time.monotonic()) != owner:
+        now = time.monotonic()
+        if entry is None or entry.leases.live(owner, now) is None:
             return None
         before = entry.size
         for event in events:
             entry.add(event)
-        entry.set_records([*(r for r in entry.records if r not in superseded), *records])
+        entry.records.remove(superseded)
         entry.generation += 1
-        entry.lease_owner = None
+        entry.records.add(records, entry.generation, now)
+        entry.recent_ends = tuple(checkpoint_ends(entry.recent_ends, records))
+        del entry.leases.by_owner[owner]
         self._grew(conversation, entry, before)
         return entry.generation
 
     async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
         entry = self._get(conversation, create=False)
         now = time.monotonic()
-        if entry is None or entry.live_lease(now) != owner:
+        lease = None if entry is None else entry.leases.live(owner, now)
+        if entry is None or lease is None:
             return False
-        entry.lease_expires = now + ttl_seconds
+        entry.leases.by_owner[owner] = AnchoredLease(
+            lease.position, lease.chain_hash, now + ttl_seconds
+        )
         return True
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
@@ -311,8 +343,7 @@ class MemoryStore:
         assert entry is not None
         before = entry.size
         entry.add(end_event)
-        if entry.lease_owner == owner:
-            entry.lease_owner = None
+        entry.leases.by_owner.pop(owner, None)
         self._grew(conversation, entry, before)
 
     async def read_log(
@@ -355,11 +386,13 @@ class MemoryStore:
                 break
         return summaries
 
-    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
+    async def wait_for_lease(
+        self, conversation: str, max_wait: float, chain: Sequence[str] | None = None
+    ) -> bool:
         deadline = time.monotonic() + max_wait
         while True:
             entry = self._conversations.get(conversation)
-            if entry is None or entry.live_lease(time.monotonic()) is None:
+            if entry is None or entry.leases.holder(chain, time.monotonic()) is None:
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -24,7 +24,10 @@ from redis.exceptions import NoScriptError, RedisError
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
 from compaction_proxy.conversation.replacements import (
+    RECENT_CHECKPOINT_ENDS,
+    CheckpointEnd,
     ReplacementRecord,
+    checkpoint_ends,
     record_to_dict,
 )
 from compaction_proxy.metering.anchor import Anchor
@@ -38,6 +41,7 @@ from compaction_proxy.store.base import (
     LogPage,
     StoreUnavailable,
 )
+from compaction_proxy.store.branches import anchor_of, generation_of, lease_anchor
 from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_keys import (
     conversation_keys,
@@ -48,13 +52,34 @@ from compaction_proxy.store.redis_keys import (
 
 _LEASE_POLL_SECONDS = 0.05
 _Arg = str | int | bytes
-_STATE_FIELDS = frozenset({"generation", "anchor", "tip"})
+_STATE_FIELDS = frozenset({"generation", "anchor", "tip", "ends"})
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
 
 
 def _script(name: str) -> str:
-    return (files("compaction_proxy.store") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    """A script, with the branch helpers every script may call before it."""
+    folder = files("compaction_proxy.store") / "lua"
+    shared = (folder / "branches.lua").read_text(encoding="utf-8")
+    return shared + (folder / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _chain_args(chain: Sequence[str] | None) -> list[_Arg]:
+    """A chain as the scripts take it: its hashes back to back, and their width (0: the whole
+    conversation). Two arguments however long the chain."""
+    if chain is None:
+        return ["", 0]
+    if not chain:
+        return ["", 1]
+    width = len(chain[0])
+    if width == 0 or any(len(h) != width for h in chain):
+        raise ValueError("the chain's hashes differ in width")
+    return ["".join(chain), width]
+
+
+def _field(record: ReplacementRecord) -> str:
+    position, chain_hash = anchor_of(record)
+    return f"{position}:{chain_hash}"
 
 
 def _json(value: Any) -> str:
@@ -72,6 +97,15 @@ def _messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, byte
     return jsonio.dumps(listing), b"".join(encoded)
 
 
+def _ends(raw: str | None) -> tuple[CheckpointEnd, ...]:
+    if not raw:
+        return ()
+    try:
+        return CheckpointEnd.read_all(jsonio.loads(raw))
+    except ValueError:
+        return ()
+
+
 def _tip(raw: str | None) -> tuple[int, str] | None:
     if not raw:
         return None
@@ -82,17 +116,32 @@ def _tip(raw: str | None) -> tuple[int, str] | None:
 def _state(
     state_flat: list[str],
     raw_records: list[str],
+    values: list[str],
     lease: str | None,
     parse_record: Callable[[str], ReplacementRecord | None],
+    whole: bool,
 ) -> ConversationState:
+    """The loaded snapshot: the records written before anchoring first, then the anchored
+    ones in commit order; the branch's generation is the newest of theirs."""
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
     anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
+    lines = sorted(
+        (int(order), raw)
+        for value in values
+        for order, _, raw in (line.partition(" ") for line in value.split("\n"))
+    )
+    records = [parse_record(raw) for raw in raw_records]
+    records += [parse_record(raw) for _, raw in lines]
+    generation = int(state.get("generation", 0))
+    if not whole and not raw_records:
+        generation = max((generation_of(order) for order, _ in lines), default=0)
     return ConversationState(
-        records=tuple(r for r in map(parse_record, raw_records) if r is not None),
-        generation=int(state.get("generation", 0)),
+        records=tuple(r for r in records if r is not None),
+        generation=generation,
         anchor=anchor,
         lease_owner=lease or None,
         logged_tip=_tip(state.get("tip")),
+        recent_ends=_ends(state.get("ends")),
         attributes=ConversationAttributes.read(
             {k: v for k, v in state.items() if k not in _STATE_FIELDS}
         ),
@@ -178,6 +227,7 @@ class RedisStore:
         self._commit = register(_script("commit"))
         self._end = register(_script("end"))
         self._renew = register(_script("renew"))
+        self._held = register(_script("held"))
         self._quota = register(_script("quota"))
 
     def _bounded(self, operation: str) -> _Bounded:
@@ -192,11 +242,15 @@ class RedisStore:
         async with self._bounded("ping"):
             await self._client.ping()
 
-    async def load(self, conversation: str) -> ConversationState:
-        keys = self._keys(conversation, "state", "records", "lease")
+    async def load(
+        self, conversation: str, chain: Sequence[str] | None = None
+    ) -> ConversationState:
+        keys = self._keys(conversation, "state", "records", "anchored", "positions", "leases")
+        args = _chain_args(chain)
         async with self._bounded("load"):
-            state_flat, raw_records, lease = await self._load(keys=keys)
-        return _state(state_flat, raw_records, lease, self._parsed_records)
+            state_flat, raw_records, values, lease = await self._load(keys=keys, args=args)
+        parse = self._parsed_records
+        return _state(state_flat, raw_records, values, lease, parse, chain is None)
 
     async def _append(
         self,
@@ -206,6 +260,7 @@ class RedisStore:
         events: Sequence[Event],
         attributes: ConversationAttributes | None,
         anchor: Anchor | None = None,
+        reached: Sequence[ReplacementRecord] = (),
     ) -> int:
         """Log, set, and write the activity index when due, in one round trip; how many
         messages were new."""
@@ -223,8 +278,10 @@ class RedisStore:
         for name, value in fields.items():
             args += [name, value]
         args.append(_json(anchor.__dict__) if anchor is not None else "")
+        args.append("\n".join(sorted({_field(record) for record in reached})))
         args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records")
+        keys += self._keys(conversation, "anchored", "positions", "used")
         now = time.time()
         index = self._index_due(conversation, now)
         async with self._bounded(operation):
@@ -296,11 +353,15 @@ class RedisStore:
         anchor: Anchor | None = None,
         attributes: ConversationAttributes | None = None,
         messages: Sequence[MessageEvent] = (),
+        reached: Sequence[ReplacementRecord] = (),
     ) -> None:
-        await self._append("record_request", conversation, messages, events, attributes, anchor)
+        await self._append(
+            "record_request", conversation, messages, events, attributes, anchor, reached
+        )
 
     def _compaction_keys(self, conversation: str) -> list[str]:
-        return self._keys(conversation, "lease", "log", "seen", "state", "records")
+        names = ("leases", "log", "seen", "state", "records", "anchored", "positions", "used")
+        return self._keys(conversation, *names)
 
     async def begin_compaction(
         self,
@@ -309,10 +370,14 @@ class RedisStore:
         ttl_seconds: float,
         start_event: Event,
         expected_generation: int | None = None,
+        chain: Sequence[str] | None = None,
+        at: int = -1,
     ) -> BeginResult:
         args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
         args += [_json(start_event), -1 if expected_generation is None else expected_generation]
         args.append(self._record_ttl_ms)
+        position, chain_hash = lease_anchor(chain, at)
+        args += [*_chain_args(chain), f"{position}:{chain_hash}"]
         async with self._bounded("begin_compaction"):
             result = await self._begin(keys=self._compaction_keys(conversation), args=args)
         return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
@@ -326,9 +391,15 @@ class RedisStore:
         superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
         args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
-        args += [len(records), *(_json(record_to_dict(r)) for r in records)]
+        args.append(len(records))
+        for record in records:
+            args += [_field(record), _json(record_to_dict(record))]
         stored = self._parsed_records.stored_form
-        args += [len(superseded), *(stored(r) for r in superseded)]
+        args.append(len(superseded))
+        for record in superseded:
+            args += [_field(record), stored(record)]
+        ends = checkpoint_ends((), records)
+        args += [_json([end.stored() for end in ends]), RECENT_CHECKPOINT_ENDS]
         args.append(self._record_ttl_ms)
         async with self._bounded("commit_compaction"):
             generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
@@ -340,7 +411,7 @@ class RedisStore:
             await self._end(keys=self._compaction_keys(conversation), args=args)
 
     async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
-        lease = self._keys(conversation, "lease")
+        lease = self._keys(conversation, "leases")
         async with self._bounded("renew_lease"):
             renewed = await self._renew(keys=lease, args=[owner, int(ttl_seconds * 1000)])
         return int(renewed) == 1
@@ -378,12 +449,15 @@ class RedisStore:
             summaries.append(ConversationSummary(name, float(score), generation, attributes))
         return summaries
 
-    async def wait_for_lease(self, conversation: str, max_wait: float) -> bool:
-        (lease,) = self._keys(conversation, "lease")
+    async def wait_for_lease(
+        self, conversation: str, max_wait: float, chain: Sequence[str] | None = None
+    ) -> bool:
+        leases = self._keys(conversation, "leases")
+        args = _chain_args(chain)
         deadline = time.monotonic() + max_wait
         while True:
             async with self._bounded("wait_for_lease"):
-                held = await self._client.exists(lease)
+                held = int(await self._held(keys=leases, args=args))
             if not held:
                 return True
             if time.monotonic() >= deadline:

@@ -15,8 +15,14 @@ def conversation_keys(conversation: str) -> dict[str, str]:
         "log": f"{tag}:log",  # Stream of events, field "e" = JSON
         "seen": f"{tag}:seen",  # Set of chain hashes already logged as messages
         "state": f"{tag}:state",  # Hash: generation, anchor (JSON), tip, attributes
-        "records": f"{tag}:records",  # List of replacement records (JSON), in commit order
-        "lease": f"{tag}:lease",  # String: owner token, with a PX expiry
+        # List of replacement records (JSON) as versions before anchoring wrote them: read,
+        # and emptied as they are superseded, never written
+        "records": f"{tag}:records",
+        # Hash "<position>:<hash>" -> the records anchored there (see lua/branches.lua)
+        "anchored": f"{tag}:anchored",
+        "positions": f"{tag}:positions",  # Hash position -> how many anchors there
+        "used": f"{tag}:used",  # Sorted set of anchors by when a request last reached them
+        "leases": f"{tag}:leases",  # Hash owner -> "<position>:<hash>:<expires ms>"
     }
 
 

@@ -25,7 +25,9 @@ def held_bytes(store: MemoryStore) -> int:
     for entry in store._conversations.values():
         log = entry.log
         total += sum(len(log.event(index)[1]) for index in range(len(log)))
-        total += sum(len(jsonio.dumps(record_to_dict(r))) for r in entry.records)
+        total += sum(
+            len(jsonio.dumps(record_to_dict(r))) for r in (p.record for p in entry.records.on(None))
+        )
     return total
 
 

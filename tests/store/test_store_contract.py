@@ -286,8 +286,9 @@ async def test_every_write_sets_a_ttl(store: Store, conversation: str) -> None:
     await store.commit_compaction(conversation, "me", [], [checkpoint(0)])
     if isinstance(store, RedisStore):
         ttls = await store.ttl_of(conversation)
-        assert ttls["lease"] == -2  # released by the commit
-        for name in ("log", "seen", "state", "records"):
+        assert ttls["leases"] == -2  # released by the commit, so no lease is left
+        assert ttls["records"] == -2  # only versions before anchoring wrote this list
+        for name in ("log", "seen", "state", "anchored", "positions", "used"):
             assert 3_500_000 < ttls[name] <= 3_600_000, name
     else:
         assert isinstance(store, MemoryStore)

@@ -22,6 +22,7 @@ from compaction_proxy.conversation.messages import (
 )
 from compaction_proxy.conversation.replacements import (
     Checkpoint,
+    CheckpointEnd,
     Prune,
     ReplacementRecord,
     pruned_message,
@@ -457,7 +458,7 @@ def test_a_checkpoint_miss_counts_only_on_the_requests_own_branch(
     request = branch_of(body, change)
     surface = surface_of(request, [record])
     digests = [message_digest(m) for m in request]
-    assert missed_checkpoints([record], surface, digests) is missed
+    assert missed_checkpoints([CheckpointEnd.of(record)], surface, digests) is missed
 
 
 def test_a_checkpoint_without_a_fingerprint_never_counts_as_missed() -> None:
@@ -465,7 +466,8 @@ def test_a_checkpoint_without_a_fingerprint_never_counts_as_missed() -> None:
     record = dataclasses.replace(checkpoint_over(body, 0, 4), end_fingerprint="")
     request = branch_of(body, "rewrite 0")
     digests = [message_digest(m) for m in request]
-    assert not missed_checkpoints([record], surface_of(request, [record]), digests)
+    ends = [CheckpointEnd.of(record)]
+    assert not missed_checkpoints(ends, surface_of(request, [record]), digests)
 
 
 @pytest.mark.parametrize(

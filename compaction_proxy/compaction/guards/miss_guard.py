@@ -23,7 +23,10 @@ def checkpoint_misses(view: RequestView, state: ConversationState, limit: int) -
     """Requests in a row that missed every committed checkpoint, this one included."""
     misses = state.attributes.misses
     surface = view.surface(state.records)
-    if missed_checkpoints(view.applicable(state.records), surface, view.body_digests):
+    ends = state.recent_ends
+    if any(end.context for end in ends):  # those made under other instructions do not count
+        ends = tuple(end for end in ends if end.context in ("", view.context_fingerprint))
+    if missed_checkpoints(ends, surface, view.body_digests):
         misses += 1
         CHECKPOINT_MISSES.inc()
         if misses == limit:

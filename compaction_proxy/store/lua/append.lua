@@ -1,13 +1,15 @@
--- KEYS: log, seen, state, records
+-- KEYS: log, seen, state, records (before anchoring), anchored, positions, used
 -- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*,
---       anchor_json ('' to keep the anchor), records_ttl_ms
+--       anchor_json ('' to keep the anchor), reached anchors ("\n" apart), records_ttl_ms
 --   messages: JSON array of [hash, content_key, by_content (0/1), event length in bytes];
 --   blob: those events' JSON, back to back. Two arguments however many messages: a request
 --   logging 20,000 of them would otherwise spend far longer packing 80,000 arguments than
 --   Redis spends running this script.
 -- Logs each message whose chain hash is new (and, by_content, whose content is new too),
 -- marking both keys seen; then the plain events; sets the attributes and the meter anchor,
--- keeps the log to about max_log_events, and returns how many messages were new.
+-- keeps the log to about max_log_events; notes the record anchors the request reached, and
+-- drops (a bounded number of) those no request reached for records_ttl_ms. Returns how many
+-- messages were new.
 -- A request's record after its answer is one call; so is a plain append.
 local ttl = ARGV[1]
 local max_events = tonumber(ARGV[2])
@@ -42,6 +44,19 @@ end
 if ARGV[i] ~= '' then
   redis.call('HSET', KEYS[3], 'anchor', ARGV[i])
 end
+local records_ttl = tonumber(ARGV[#ARGV])
+if ARGV[i + 1] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
+  local now = now_ms()
+  for field in string.gmatch(ARGV[i + 1], '[^\n]+') do
+    if redis.call('HEXISTS', KEYS[5], field) == 1 then
+      redis.call('ZADD', KEYS[7], now, field)
+    end
+  end
+  local unused = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - records_ttl, 'LIMIT', 0, 64)
+  for _, field in ipairs(unused) do
+    drop_anchor(KEYS[5], KEYS[6], KEYS[7], field)
+  end
+end
 if logged > 0 then
   redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', max_events)
 end
@@ -52,5 +67,5 @@ if added > 0 then
   end
 end
 for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ttl) end
-redis.call('PEXPIRE', KEYS[4], ARGV[#ARGV])
+for k = 4, 7 do redis.call('PEXPIRE', KEYS[k], records_ttl) end
 return added

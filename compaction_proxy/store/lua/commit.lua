@@ -1,9 +1,12 @@
--- KEYS: lease, log, seen, state, records
--- ARGV: owner, ttl_ms, n_events, event*, n_records, record*, n_superseded, record*,
---       records_ttl_ms
--- Lands only while the lease is still ours: events, records (superseded ones dropped),
--- generation + 1, lease released.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used
+-- ARGV: owner, ttl_ms, n_events, event*, n_records, (anchor, record)*, n_superseded,
+--       (anchor, record)*, new checkpoint ends (JSON), ends kept, records_ttl_ms
+-- Lands only while the lease is still ours: events, records under their anchors (superseded
+-- ones dropped), the conversation's last checkpoint ends, generation + 1, lease released.
+local now = now_ms()
+local lease = redis.call('HGET', KEYS[1], ARGV[1])
+local expires = lease and tonumber(string.match(lease, ':(%d+)$'))
+if not expires or expires <= now then
   return -1
 end
 local i = 3
@@ -12,22 +15,56 @@ for _ = 1, n do
   redis.call('XADD', KEYS[2], '*', 'e', ARGV[i])
   i = i + 1
 end
-n = tonumber(ARGV[i]); i = i + 1
 local added = {}
+n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  added[#added + 1] = ARGV[i]
-  i = i + 1
+  added[#added + 1] = {ARGV[i], ARGV[i + 1]}
+  i = i + 2
 end
 n = tonumber(ARGV[i] or '0'); i = i + 1
 for _ = 1, n do
-  redis.call('LREM', KEYS[5], 0, ARGV[i])
-  i = i + 1
-end
-for _, record in ipairs(added) do
-  redis.call('RPUSH', KEYS[5], record)
+  local field, stored = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  redis.call('LREM', KEYS[5], 0, stored)
+  local value = redis.call('HGET', KEYS[6], field)
+  if value then
+    local kept, dropped = {}, false
+    for line in string.gmatch(value, '[^\n]+') do
+      if not dropped and string.sub(line, (string.find(line, ' ', 1, true) or 0) + 1) == stored then
+        dropped = true
+      else
+        kept[#kept + 1] = line
+      end
+    end
+    if #kept == 0 then
+      drop_anchor(KEYS[6], KEYS[7], KEYS[8], field)
+    else
+      redis.call('HSET', KEYS[6], field, table.concat(kept, '\n'))
+    end
+  end
 end
 local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
-redis.call('DEL', KEYS[1])
-for k = 2, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
-redis.call('PEXPIRE', KEYS[5], ARGV[#ARGV])
+for index, record in ipairs(added) do
+  local field = record[1]
+  local line = string.format('%d', generation * 65536 + index - 1) .. ' ' .. record[2]
+  local value = redis.call('HGET', KEYS[6], field)
+  if value then
+    redis.call('HSET', KEYS[6], field, value .. '\n' .. line)
+  else
+    redis.call('HSET', KEYS[6], field, line)
+    redis.call('HINCRBY', KEYS[7], string.match(field, '^(%d+):'), 1)
+  end
+  redis.call('ZADD', KEYS[8], now, field)
+end
+local ends = cjson.decode(ARGV[#ARGV - 2])
+if #ends > 0 then
+  local kept = cjson.decode(redis.call('HGET', KEYS[4], 'ends') or '[]')
+  if type(kept) ~= 'table' then kept = {} end
+  for _, e in ipairs(ends) do kept[#kept + 1] = e end
+  while #kept > tonumber(ARGV[#ARGV - 1]) do table.remove(kept, 1) end
+  redis.call('HSET', KEYS[4], 'ends', cjson.encode(kept))
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+for k = 5, 8 do redis.call('PEXPIRE', KEYS[k], ARGV[#ARGV]) end
 return generation

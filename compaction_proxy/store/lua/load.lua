@@ -1,6 +1,10 @@
--- KEYS: state, records, lease. One atomic snapshot of a conversation.
+-- KEYS: state, records (before anchoring), anchored, positions, leases
+-- ARGV: chain blob, width
+-- One atomic snapshot of a branch: state, older records, anchored records, lease holder.
+local blob, width = ARGV[1], tonumber(ARGV[2])
 return {
   redis.call('HGETALL', KEYS[1]),
   redis.call('LRANGE', KEYS[2], 0, -1),
-  redis.call('GET', KEYS[3]) or false,
+  branch_values(KEYS[3], KEYS[4], blob, width),
+  lease_on(KEYS[5], blob, width, now_ms(), false),
 }

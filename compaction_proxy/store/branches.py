@@ -1,0 +1,179 @@
+"""A conversation's replacement records and leases, indexed by where on a chain they sit.
+
+Conversations without a session id are named by their first message, so every conversation
+that opens with "hi" shares one name: its log, its attributes, its generation counter. What
+must not be shared is what a request reads and waits on. So each record is kept under its
+**anchor**, the chain position and hash it ends at (``anchor_of``), and a request reads only
+the records anchored on its own chain: the positions that hold any are few, and at each it
+looks up one hash, however many twins the conversation has. Leases are anchored the same way,
+at the end of the span being compacted: a request waits only for a compaction whose result
+will lie on its chain, so twins never wait on each other. A branch's generation is the newest
+commit among the records it reads.
+
+``chain=None`` stands for the whole conversation (the admin view, and callers that know no
+chain): every record, the conversation's generation counter, and a lease that covers every
+branch. The in-process store keeps this index as it is; the Redis store keeps the same shape in
+hashes (see ``lua/branches.lua``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from compaction_proxy.conversation.replacements import (
+    Checkpoint,
+    ReplacementRecord,
+    record_to_dict,
+)
+from compaction_proxy.parsing import jsonio
+
+ORDER_BITS = 16  # a record's order: its commit's generation, then its index in the commit
+WHOLE_CONVERSATION = -1  # a lease position that lies on every chain
+
+
+def anchor_of(record: ReplacementRecord) -> tuple[int, str]:
+    """The chain position and hash a record ends at: a request can apply it only if its own
+    chain holds that hash there."""
+    if isinstance(record, Checkpoint):
+        return record.end, record.end_hash
+    return record.position, record.hash
+
+
+def on_chain(chain: Sequence[str] | None, position: int, chain_hash: str) -> bool:
+    """Whether ``chain`` holds ``chain_hash`` at ``position``; the whole conversation (None)
+    holds every anchor, and a whole-conversation anchor lies on every chain."""
+    if chain is None or position == WHOLE_CONVERSATION:
+        return True
+    return 0 <= position < len(chain) and chain[position] == chain_hash
+
+
+def order_of(generation: int, index: int) -> int:
+    if not 0 <= index < 1 << ORDER_BITS:
+        raise ValueError(f"a commit holds at most {1 << ORDER_BITS} records")
+    return generation << ORDER_BITS | index
+
+
+def generation_of(order: int) -> int:
+    return order >> ORDER_BITS
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A record as held: its commit order and the bytes of its JSON."""
+
+    order: int
+    record: ReplacementRecord
+    size: int
+
+
+@dataclass
+class AnchoredRecords:
+    """The in-process form of the index. ``size`` is the bytes of the records' JSON held;
+    ``used`` is when a request last reached each anchor (see ``drop_unused``)."""
+
+    by_anchor: dict[tuple[int, str], list[Placed]] = field(default_factory=dict)
+    by_position: dict[int, set[str]] = field(default_factory=dict)
+    used: dict[tuple[int, str], float] = field(default_factory=dict)
+    size: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.by_anchor)
+
+    def on(self, chain: Sequence[str] | None) -> list[Placed]:
+        """The records anchored on ``chain``, in commit order."""
+        if chain is None:
+            found = [placed for held in self.by_anchor.values() for placed in held]
+        else:
+            found = []
+            for position, hashes in self.by_position.items():
+                if position < len(chain) and chain[position] in hashes:
+                    found += self.by_anchor[position, chain[position]]
+        found.sort(key=lambda placed: placed.order)
+        return found
+
+    def add(self, records: Sequence[ReplacementRecord], generation: int, now: float) -> None:
+        for index, record in enumerate(records):
+            anchor = anchor_of(record)
+            size = len(jsonio.dumps(record_to_dict(record)))
+            placed = Placed(order_of(generation, index), record, size)
+            self.by_anchor.setdefault(anchor, []).append(placed)
+            self.by_position.setdefault(anchor[0], set()).add(anchor[1])
+            self.used[anchor] = now
+            self.size += size
+
+    def remove(self, records: Iterable[ReplacementRecord]) -> None:
+        for record in records:
+            anchor = anchor_of(record)
+            held = self.by_anchor.get(anchor, [])
+            for placed in held:
+                if placed.record == record:
+                    held.remove(placed)
+                    self.size -= placed.size
+                    break
+            if not held:
+                self._forget(anchor)
+
+    def touch(self, records: Iterable[ReplacementRecord], now: float) -> None:
+        for record in records:
+            anchor = anchor_of(record)
+            if anchor in self.by_anchor:
+                self.used[anchor] = now
+
+    def drop_unused(self, since: float) -> None:
+        """Drop the records at every anchor no request reached since ``since``: those of a
+        branch nobody continues (a twin that never came back, a history its client edited)."""
+        for anchor in [a for a, when in self.used.items() if when < since]:
+            self.size -= sum(placed.size for placed in self.by_anchor.get(anchor, []))
+            self._forget(anchor)
+
+    def clear(self) -> None:
+        self.by_anchor.clear()
+        self.by_position.clear()
+        self.used.clear()
+        self.size = 0
+
+    def _forget(self, anchor: tuple[int, str]) -> None:
+        self.by_anchor.pop(anchor, None)
+        self.used.pop(anchor, None)
+        hashes = self.by_position.get(anchor[0])
+        if hashes is not None:
+            hashes.discard(anchor[1])
+            if not hashes:
+                del self.by_position[anchor[0]]
+
+
+@dataclass(frozen=True)
+class AnchoredLease:
+    position: int
+    chain_hash: str
+    expires: float
+
+
+def lease_anchor(chain: Sequence[str] | None, at: int) -> tuple[int, str]:
+    """Where a lease taken by a request with ``chain`` for a compaction ending at ``at`` sits:
+    the whole conversation when the chain is not known."""
+    if chain is None or not 0 <= at < len(chain):
+        return WHOLE_CONVERSATION, ""
+    return at, chain[at]
+
+
+@dataclass
+class AnchoredLeases:
+    """The in-process leases: owner -> where its compaction ends, and until when it holds."""
+
+    by_owner: dict[str, AnchoredLease] = field(default_factory=dict)
+
+    def holder(self, chain: Sequence[str] | None, now: float) -> str | None:
+        """The owner of a live lease on ``chain``, if any; expired ones are dropped."""
+        found = None
+        for owner, lease in list(self.by_owner.items()):
+            if lease.expires <= now:
+                del self.by_owner[owner]
+            elif found is None and on_chain(chain, lease.position, lease.chain_hash):
+                found = owner
+        return found
+
+    def live(self, owner: str, now: float) -> AnchoredLease | None:
+        lease = self.by_owner.get(owner)
+        return lease if lease is not None and lease.expires > now else None
