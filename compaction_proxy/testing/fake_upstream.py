@@ -77,6 +77,8 @@ class FakeUpstream:
     overflow_states_limit: bool = True
     summary_failures: int = 0
     summary_delay: float = 0.0
+    summaries_at_once: int = 0  # summary calls being answered now
+    most_summaries_at_once: int = 0
     reply_headers: dict[str, str] = field(default_factory=dict)  # on every answer (Set-Cookie)
     received: list[Received] = field(default_factory=list)
     endpoints: FakeEndpoints = field(default_factory=FakeEndpoints)  # every other endpoint
@@ -240,7 +242,12 @@ class FakeUpstream:
             )
         summarizing = is_summary_request(body)
         if summarizing and self.summary_delay:
-            await asyncio.sleep(self.summary_delay)
+            self.summaries_at_once += 1
+            self.most_summaries_at_once = max(self.most_summaries_at_once, self.summaries_at_once)
+            try:
+                await asyncio.sleep(self.summary_delay)
+            finally:
+                self.summaries_at_once -= 1
         if summarizing and self.summary_failures > 0:
             self.summary_failures -= 1
             return web.json_response(

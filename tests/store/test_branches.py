@@ -1,0 +1,173 @@
+"""Conversations that begin alike (twins: one conversation id, one log) read, wait on and
+count only their own branch: records, leases and generation are anchored on the chain. Run
+against every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from compaction_proxy.conversation.replacements import Checkpoint, CheckpointEnd, Prune
+from compaction_proxy.store import BeginResult, MemoryStore, Store
+from compaction_proxy.store.redis import RedisStore
+from tests.conftest import REDIS_URL
+
+START = {"type": "compaction/start"}
+BEGUN, BUSY, STALE = BeginResult.BEGUN, BeginResult.BUSY, BeginResult.STALE
+
+
+def chain(branch: str, length: int, shared: int = 1) -> list[str]:
+    """A chain whose first ``shared`` hashes every branch has, the rest ``branch``'s own."""
+    return [f"{'s' if i < shared else branch:_<4}-{i:05d}" for i in range(length)]
+
+
+def summary_of(on: Sequence[str], end: int, text: str = "s") -> Checkpoint:
+    message = {"role": "user", "content": text}
+    return Checkpoint(0, end, "root", on[end], message, tokens=3, end_fingerprint=f"fp-{end}")
+
+
+async def commit(
+    store: Store, conversation: str, on: Sequence[str], records: Sequence[Checkpoint | Prune]
+) -> int | None:
+    owner = f"owner-{on[-1]}-{time.monotonic_ns()}"
+    end = max(r.end if isinstance(r, Checkpoint) else r.position for r in records)
+    began = await store.begin_compaction(conversation, owner, 30, START, None, on, end)
+    assert began is BEGUN
+    return await store.commit_compaction(conversation, owner, [], records)
+
+
+async def test_a_twin_reads_only_the_records_on_its_own_chain(
+    store: Store, conversation: str
+) -> None:
+    a, b = chain("a", 12), chain("b", 12)
+    ours = summary_of(a, 6)
+    theirs = summary_of(b, 8)
+    pruned = Prune(9, a[9], "[pruned]")
+    await commit(store, conversation, a, [ours, pruned])
+    await commit(store, conversation, b, [theirs])
+    assert (await store.load(conversation, a)).records == (ours, pruned)
+    assert (await store.load(conversation, b)).records == (theirs,)
+    # A chain too short to hold an anchor does not reach it.
+    assert (await store.load(conversation, a[:7])).records == (ours,)
+    assert (await store.load(conversation)).records == (ours, pruned, theirs)
+
+
+async def test_a_record_on_the_shared_prefix_is_read_by_every_twin(
+    store: Store, conversation: str
+) -> None:
+    a, b = chain("a", 12, shared=5), chain("b", 12, shared=5)
+    shared = summary_of(a, 3)
+    await commit(store, conversation, a, [shared])
+    assert (await store.load(conversation, b)).records == (shared,)
+
+
+async def test_what_a_twin_reads_does_not_grow_with_the_twins_before_it(
+    store: Store, conversation: str
+) -> None:
+    for twin in range(60):
+        on = chain(f"t{twin:03d}", 30)
+        await commit(store, conversation, on, [summary_of(on, 20), Prune(25, on[25], "x")])
+    newcomer = chain("new", 30)
+    state = await store.load(conversation, newcomer)
+    assert (state.records, state.generation) == ((), 0)
+    last = chain("t059", 30)
+    assert len((await store.load(conversation, last)).records) == 2
+    assert len((await store.load(conversation)).records) == 120
+
+
+async def test_twins_never_wait_on_each_others_leases(store: Store, conversation: str) -> None:
+    a, b = chain("a", 20), chain("b", 20)
+    assert await store.begin_compaction(conversation, "a1", 30, START, 0, a, 15) is BEGUN
+    # Another twin compacts at once, and neither waits for the other.
+    assert await store.begin_compaction(conversation, "b1", 30, START, 0, b, 15) is BEGUN
+    assert await store.wait_for_lease(conversation, 0.0, chain("b", 22)) is False
+    assert (await store.load(conversation, a)).lease_owner == "a1"
+    assert (await store.load(conversation, b)).lease_owner == "b1"
+    fresh = chain("c", 20)
+    assert (await store.load(conversation, fresh)).lease_owner is None
+    assert await store.wait_for_lease(conversation, 0.0, fresh)
+    # A later request of the same branch (its chain holds the lease's anchor) waits.
+    later = chain("a", 22)
+    assert await store.begin_compaction(conversation, "a2", 30, START, 0, later, 18) is BUSY
+    assert not await store.wait_for_lease(conversation, 0.05, later)
+    # The whole conversation sees both.
+    assert await store.begin_compaction(conversation, "admin", 30, START) is BUSY
+    assert await store.commit_compaction(conversation, "a1", [], [summary_of(a, 15)]) == 1
+    assert await store.wait_for_lease(conversation, 0.0, later)
+    assert await store.begin_compaction(conversation, "a2", 30, START, 1, later, 18) is BEGUN
+
+
+async def test_a_branchs_generation_moves_only_with_its_own_commits(
+    store: Store, conversation: str
+) -> None:
+    a, b = chain("a", 20), chain("b", 20)
+    assert await commit(store, conversation, a, [summary_of(a, 10)]) == 1
+    assert await commit(store, conversation, a, [summary_of(a, 14)]) == 2
+    assert (await store.load(conversation, a)).generation == 2
+    assert (await store.load(conversation, b)).generation == 0
+    assert (await store.load(conversation)).generation == 2
+    # A twin that read its branch before the other's commits is not stale for them ...
+    assert await store.begin_compaction(conversation, "b", 30, START, 0, b, 12) is BEGUN
+    assert await store.commit_compaction(conversation, "b", [], [summary_of(b, 12)]) == 3
+    # ... but a request that read its own branch before that branch's commit is.
+    assert await store.begin_compaction(conversation, "a", 30, START, 1, a, 16) is STALE
+    assert await store.begin_compaction(conversation, "a", 30, START, 2, a, 16) is BEGUN
+
+
+async def test_the_conversation_keeps_its_last_checkpoint_ends_of_every_branch(
+    store: Store, conversation: str
+) -> None:
+    """For the miss guard: a request reads no other branch's records, yet must see that it
+    resends the messages one of its own earlier checkpoints ended at."""
+    a, b = chain("a", 20), chain("b", 20)
+    await commit(store, conversation, a, [summary_of(a, 10)])
+    await commit(store, conversation, b, [summary_of(b, 12), Prune(14, b[14], "x")])
+    expected = (CheckpointEnd(10, "fp-10"), CheckpointEnd(12, "fp-12"))
+    assert (await store.load(conversation, chain("c", 20))).recent_ends == expected
+    for twin in range(20):
+        on = chain(f"t{twin:03d}", 20)
+        await commit(store, conversation, on, [summary_of(on, twin % 15)])
+    ends = (await store.load(conversation)).recent_ends
+    assert [end.end for end in ends] == [twin % 15 for twin in range(4, 20)]
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_records_no_request_reaches_are_dropped_while_a_twin_goes_on(
+    backend: str, conversation: str
+) -> None:
+    store: Store
+    if backend == "memory":
+        store = MemoryStore(ttl_seconds=3600, record_ttl_seconds=0.4)
+    else:
+        store = RedisStore(REDIS_URL, ttl_seconds=3600, record_ttl_seconds=0.4)
+    a, b = chain("a", 20), chain("b", 20)
+    try:
+        await commit(store, conversation, a, [summary_of(a, 10)])
+        await commit(store, conversation, b, [summary_of(b, 10)])
+        for _ in range(6):  # b goes on, reaching its record; a never comes back
+            await asyncio.sleep(0.1)
+            reached = (await store.load(conversation, b)).records
+            await store.record_request(conversation, [{"type": "request"}], reached=reached)
+        assert (await store.load(conversation, a)).records == ()
+        assert (await store.load(conversation, b)).records == (summary_of(b, 10),)
+        assert (await store.load(conversation)).records == (summary_of(b, 10),)
+    finally:
+        await store.close()
+
+
+async def test_a_superseded_record_leaves_its_anchor_free(store: Store, conversation: str) -> None:
+    a = chain("a", 20)
+    pruned = Prune(4, a[4], "[pruned]")
+    await commit(store, conversation, a, [pruned])
+    wider = summary_of(a, 9)
+    owner = "wider"
+    assert await store.begin_compaction(conversation, owner, 30, START, None, a, 9) is BEGUN
+    assert await store.commit_compaction(conversation, owner, [], [wider], [pruned]) == 2
+    assert (await store.load(conversation, a)).records == (wider,)
+    assert (await store.load(conversation)).records == (wider,)
+    # Anchored again at the same place later, it is read again.
+    await commit(store, conversation, a, [pruned])
+    assert (await store.load(conversation, a)).records == (wider, pruned)
