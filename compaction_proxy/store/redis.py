@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib.resources import files
 from types import TracebackType
 from typing import Any, cast
@@ -25,7 +25,6 @@ from redis.exceptions import NoScriptError, RedisError
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
 from compaction_proxy.conversation.replacements import (
     RECENT_CHECKPOINT_ENDS,
-    CheckpointEnd,
     ReplacementRecord,
     checkpoint_ends,
     record_to_dict,
@@ -41,8 +40,17 @@ from compaction_proxy.store.base import (
     LogPage,
     StoreUnavailable,
 )
-from compaction_proxy.store.branches import anchor_of, generation_of, lease_anchor
+from compaction_proxy.store.branches import lease_anchor
 from compaction_proxy.store.parsed_records import ParsedRecords
+from compaction_proxy.store.redis_forms import (
+    STATE_FIELDS,
+    Arg,
+    anchor_field,
+    as_json,
+    chain_args,
+    messages_as_two_args,
+    state_of,
+)
 from compaction_proxy.store.redis_keys import (
     conversation_keys,
     conversations_key,
@@ -51,8 +59,6 @@ from compaction_proxy.store.redis_keys import (
 )
 
 _LEASE_POLL_SECONDS = 0.05
-_Arg = str | int | bytes
-_STATE_FIELDS = frozenset({"generation", "anchor", "tip", "ends"})
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
 
@@ -62,90 +68,6 @@ def _script(name: str) -> str:
     folder = files("compaction_proxy.store") / "lua"
     shared = (folder / "branches.lua").read_text(encoding="utf-8")
     return shared + (folder / f"{name}.lua").read_text(encoding="utf-8")
-
-
-def _chain_args(chain: Sequence[str] | None) -> list[_Arg]:
-    """A chain as the scripts take it: its hashes back to back, and their width (0: the whole
-    conversation). Two arguments however long the chain."""
-    if chain is None:
-        return ["", 0]
-    if not chain:
-        return ["", 1]
-    width = len(chain[0])
-    if width == 0 or any(len(h) != width for h in chain):
-        raise ValueError("the chain's hashes differ in width")
-    return ["".join(chain), width]
-
-
-def _field(record: ReplacementRecord) -> str:
-    position, chain_hash = anchor_of(record)
-    return f"{position}:{chain_hash}"
-
-
-def _json(value: Any) -> str:
-    return jsonio.dumps(value).decode()
-
-
-def _messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes]:
-    """The append script's message arguments: a JSON listing of each message's keys and its
-    event's length, and the events' JSON back to back (see ``append.lua``)."""
-    encoded = [jsonio.dumps(message.event) for message in messages]
-    listing = [
-        [message.hash, message.content_key, int(message.by_content), len(event)]
-        for message, event in zip(messages, encoded, strict=True)
-    ]
-    return jsonio.dumps(listing), b"".join(encoded)
-
-
-def _ends(raw: str | None) -> tuple[CheckpointEnd, ...]:
-    if not raw:
-        return ()
-    try:
-        return CheckpointEnd.read_all(jsonio.loads(raw))
-    except ValueError:
-        return ()
-
-
-def _tip(raw: str | None) -> tuple[int, str] | None:
-    if not raw:
-        return None
-    position, _, tip_hash = raw.partition(":")
-    return int(position), tip_hash
-
-
-def _state(
-    state_flat: list[str],
-    raw_records: list[str],
-    values: list[str],
-    lease: str | None,
-    parse_record: Callable[[str], ReplacementRecord | None],
-    whole: bool,
-) -> ConversationState:
-    """The loaded snapshot: the records written before anchoring first, then the anchored
-    ones in commit order; the branch's generation is the newest of theirs."""
-    state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
-    anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
-    lines = sorted(
-        (int(order), raw)
-        for value in values
-        for order, _, raw in (line.partition(" ") for line in value.split("\n"))
-    )
-    records = [parse_record(raw) for raw in raw_records]
-    records += [parse_record(raw) for _, raw in lines]
-    generation = int(state.get("generation", 0))
-    if not whole and not raw_records:
-        generation = max((generation_of(order) for order, _ in lines), default=0)
-    return ConversationState(
-        records=tuple(r for r in records if r is not None),
-        generation=generation,
-        anchor=anchor,
-        lease_owner=lease or None,
-        logged_tip=_tip(state.get("tip")),
-        recent_ends=_ends(state.get("ends")),
-        attributes=ConversationAttributes.read(
-            {k: v for k, v in state.items() if k not in _STATE_FIELDS}
-        ),
-    )
 
 
 class _Bounded:
@@ -246,11 +168,11 @@ class RedisStore:
         self, conversation: str, chain: Sequence[str] | None = None
     ) -> ConversationState:
         keys = self._keys(conversation, "state", "records", "anchored", "positions", "leases")
-        args = _chain_args(chain)
+        args = chain_args(chain)
         async with self._bounded("load"):
             state_flat, raw_records, values, lease = await self._load(keys=keys, args=args)
         parse = self._parsed_records
-        return _state(state_flat, raw_records, values, lease, parse, chain is None)
+        return state_of(state_flat, raw_records, values, lease, parse, chain is None)
 
     async def _append(
         self,
@@ -269,16 +191,16 @@ class RedisStore:
         if tip is not None:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
         listing, blob = await off_loop_if(
-            is_big(messages=len(messages)), lambda: _messages_as_two_args(messages)
+            is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
         )
-        args: list[_Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
+        args: list[Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
         args.append(len(events))
-        args += [_json(event) for event in events]
+        args += [as_json(event) for event in events]
         args.append(len(fields))
         for name, value in fields.items():
             args += [name, value]
-        args.append(_json(anchor.__dict__) if anchor is not None else "")
-        args.append("\n".join(sorted({_field(record) for record in reached})))
+        args.append(as_json(anchor.__dict__) if anchor is not None else "")
+        args.append("\n".join(sorted({anchor_field(record) for record in reached})))
         args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records")
         keys += self._keys(conversation, "anchored", "positions", "used")
@@ -300,7 +222,7 @@ class RedisStore:
         return int(appended)
 
     async def _append_and_index(
-        self, keys: list[str], args: list[_Arg], conversation: str, now: float
+        self, keys: list[str], args: list[Arg], conversation: str, now: float
     ) -> Any:
         """The append script and the index write in one pipeline, one round trip.
 
@@ -373,11 +295,11 @@ class RedisStore:
         chain: Sequence[str] | None = None,
         at: int = -1,
     ) -> BeginResult:
-        args: list[_Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
-        args += [_json(start_event), -1 if expected_generation is None else expected_generation]
+        args: list[Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
+        args += [as_json(start_event), -1 if expected_generation is None else expected_generation]
         args.append(self._record_ttl_ms)
         position, chain_hash = lease_anchor(chain, at)
-        args += [*_chain_args(chain), f"{position}:{chain_hash}"]
+        args += [*chain_args(chain), f"{position}:{chain_hash}"]
         async with self._bounded("begin_compaction"):
             result = await self._begin(keys=self._compaction_keys(conversation), args=args)
         return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
@@ -390,23 +312,23 @@ class RedisStore:
         records: Sequence[ReplacementRecord],
         superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
-        args: list[_Arg] = [owner, self._ttl_ms, len(events), *(_json(e) for e in events)]
+        args: list[Arg] = [owner, self._ttl_ms, len(events), *(as_json(e) for e in events)]
         args.append(len(records))
         for record in records:
-            args += [_field(record), _json(record_to_dict(record))]
+            args += [anchor_field(record), as_json(record_to_dict(record))]
         stored = self._parsed_records.stored_form
         args.append(len(superseded))
         for record in superseded:
-            args += [_field(record), stored(record)]
+            args += [anchor_field(record), stored(record)]
         ends = checkpoint_ends((), records)
-        args += [_json([end.stored() for end in ends]), RECENT_CHECKPOINT_ENDS]
+        args += [as_json([end.stored() for end in ends]), RECENT_CHECKPOINT_ENDS]
         args.append(self._record_ttl_ms)
         async with self._bounded("commit_compaction"):
             generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
         return None if int(generation) < 0 else int(generation)
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
-        args: list[_Arg] = [owner, self._ttl_ms, _json(end_event), self._record_ttl_ms]
+        args: list[Arg] = [owner, self._ttl_ms, as_json(end_event), self._record_ttl_ms]
         async with self._bounded("end_compaction"):
             await self._end(keys=self._compaction_keys(conversation), args=args)
 
@@ -443,7 +365,7 @@ class RedisStore:
         summaries: list[ConversationSummary] = []
         for (name, score), state in zip(entries, states, strict=True):
             attributes = ConversationAttributes.read(
-                {k: v for k, v in state.items() if k not in _STATE_FIELDS}
+                {k: v for k, v in state.items() if k not in STATE_FIELDS}
             )
             generation = int(state.get("generation", 0))
             summaries.append(ConversationSummary(name, float(score), generation, attributes))
@@ -453,7 +375,7 @@ class RedisStore:
         self, conversation: str, max_wait: float, chain: Sequence[str] | None = None
     ) -> bool:
         leases = self._keys(conversation, "leases")
-        args = _chain_args(chain)
+        args = chain_args(chain)
         deadline = time.monotonic() + max_wait
         while True:
             async with self._bounded("wait_for_lease"):
@@ -469,7 +391,7 @@ class RedisStore:
     ) -> str | None:
         keys = [quota_key(name) for name, _ in quotas]
         member = uuid.uuid4().hex
-        args: list[_Arg] = [window_seconds * 1000, member, *(limit for _, limit in quotas)]
+        args: list[Arg] = [window_seconds * 1000, member, *(limit for _, limit in quotas)]
         async with self._bounded("take_quota"):
             refused = int(await self._quota(keys=keys, args=args))
         return quotas[refused - 1][0] if refused else None

@@ -10,7 +10,7 @@ from typing import Any
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
-from tests.e2e.test_compaction import MODEL, ask, routes
+from tests.e2e.test_compaction import ask, routes
 
 TWINS = 5
 

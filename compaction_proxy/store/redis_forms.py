@@ -1,0 +1,106 @@
+"""The Redis store's side of its scripts: the arguments they take and their answers read back.
+
+Plain functions over plain data; ``redis.py`` sends them. See ``lua/`` for the other side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from compaction_proxy.conversation.log_events import MessageEvent
+from compaction_proxy.conversation.replacements import CheckpointEnd, ReplacementRecord
+from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.parsing import jsonio
+from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.base import ConversationState
+from compaction_proxy.store.branches import anchor_of, generation_of
+
+Arg = str | int | bytes
+# State hash fields that are not conversation attributes
+STATE_FIELDS = frozenset({"generation", "anchor", "tip", "ends"})
+
+
+def chain_args(chain: Sequence[str] | None) -> list[Arg]:
+    """A chain as the scripts take it: its hashes back to back, and their width (0: the whole
+    conversation). Two arguments however long the chain."""
+    if chain is None:
+        return ["", 0]
+    if not chain:
+        return ["", 1]
+    width = len(chain[0])
+    if width == 0 or any(len(h) != width for h in chain):
+        raise ValueError("the chain's hashes differ in width")
+    return ["".join(chain), width]
+
+
+def anchor_field(record: ReplacementRecord) -> str:
+    position, chain_hash = anchor_of(record)
+    return f"{position}:{chain_hash}"
+
+
+def as_json(value: Any) -> str:
+    return jsonio.dumps(value).decode()
+
+
+def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes]:
+    """The append script's message arguments: a JSON listing of each message's keys and its
+    event's length, and the events' JSON back to back (see ``append.lua``)."""
+    encoded = [jsonio.dumps(message.event) for message in messages]
+    listing = [
+        [message.hash, message.content_key, int(message.by_content), len(event)]
+        for message, event in zip(messages, encoded, strict=True)
+    ]
+    return jsonio.dumps(listing), b"".join(encoded)
+
+
+def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:
+    if not raw:
+        return ()
+    try:
+        return CheckpointEnd.read_all(jsonio.loads(raw))
+    except ValueError:
+        return ()
+
+
+def logged_tip_of(raw: str | None) -> tuple[int, str] | None:
+    if not raw:
+        return None
+    position, _, tip_hash = raw.partition(":")
+    return int(position), tip_hash
+
+
+def state_of(
+    state_flat: list[str],
+    raw_records: list[str],
+    values: list[str],
+    lease: str | None,
+    parse_record: Callable[[str], ReplacementRecord | None],
+    whole: bool,
+) -> ConversationState:
+    """The loaded snapshot: the records written before anchoring first, then the anchored
+    ones in commit order; the branch's generation is the newest of theirs."""
+    state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
+    anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
+    lines = sorted(
+        (int(order), raw)
+        for value in values
+        for order, _, raw in (line.partition(" ") for line in value.split("\n"))
+        if order.isdigit()  # a damaged line is skipped like an unreadable record
+    )
+    records = [parse_record(raw) for raw in raw_records]
+    records += [parse_record(raw) for _, raw in lines]
+    generation = int(state.get("generation", 0))
+    if not whole and not raw_records:
+        generation = max((generation_of(order) for order, _ in lines), default=0)
+    return ConversationState(
+        records=tuple(r for r in records if r is not None),
+        generation=generation,
+        anchor=anchor,
+        lease_owner=lease or None,
+        logged_tip=logged_tip_of(state.get("tip")),
+        recent_ends=checkpoint_ends_of(state.get("ends")),
+        attributes=ConversationAttributes.read(
+            {k: v for k, v in state.items() if k not in STATE_FIELDS}
+        ),
+    )
