@@ -70,7 +70,8 @@ class Placed:
 @dataclass
 class AnchoredRecords:
     """The in-process form of the index. ``size`` is the bytes of the records' JSON held;
-    ``used`` is when a request last reached each anchor (see ``drop_unused``)."""
+    ``used`` is when a request last reached each anchor (see ``drop_unused``), least recently
+    first (times come from a monotonic clock)."""
 
     by_anchor: dict[tuple[int, str], list[Placed]] = field(default_factory=dict)
     by_position: dict[int, set[str]] = field(default_factory=dict)
@@ -99,7 +100,7 @@ class AnchoredRecords:
             placed = Placed(order_of(generation, index), record, size)
             self.by_anchor.setdefault(anchor, []).append(placed)
             self.by_position.setdefault(anchor[0], set()).add(anchor[1])
-            self.used[anchor] = now
+            self._use(anchor, now)
             self.size += size
 
     def remove(self, records: Iterable[ReplacementRecord]) -> None:
@@ -118,14 +119,22 @@ class AnchoredRecords:
         for record in records:
             anchor = anchor_of(record)
             if anchor in self.by_anchor:
-                self.used[anchor] = now
+                self._use(anchor, now)
 
     def drop_unused(self, since: float) -> None:
         """Drop the records at every anchor no request reached since ``since``: those of a
-        branch nobody continues (a twin that never came back, a history its client edited)."""
-        for anchor in [a for a, when in self.used.items() if when < since]:
+        branch nobody continues (a twin that never came back, a history its client edited).
+        Costs what it drops, not what is held: the least recently used come first."""
+        while self.used:
+            anchor, when = next(iter(self.used.items()))
+            if when >= since:
+                return
             self.size -= sum(placed.size for placed in self.by_anchor.get(anchor, []))
             self._forget(anchor)
+
+    def _use(self, anchor: tuple[int, str], now: float) -> None:
+        self.used.pop(anchor, None)
+        self.used[anchor] = now  # and last in order
 
     def clear(self) -> None:
         self.by_anchor.clear()
