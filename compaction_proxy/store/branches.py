@@ -76,6 +76,9 @@ class AnchoredRecords:
     by_anchor: dict[tuple[int, str], list[Placed]] = field(default_factory=dict)
     by_position: dict[int, set[str]] = field(default_factory=dict)
     used: dict[tuple[int, str], float] = field(default_factory=dict)
+    # The last commit that dropped records at an anchor: a branch that read them counts it,
+    # so its generation never goes back when a twin's checkpoint supersedes a shared record.
+    dropped_by: dict[tuple[int, str], int] = field(default_factory=dict)
     size: int = 0
 
     def __bool__(self) -> bool:
@@ -83,15 +86,24 @@ class AnchoredRecords:
 
     def on(self, chain: Sequence[str] | None) -> list[Placed]:
         """The records anchored on ``chain``, in commit order."""
+        return self.branch(chain)[0]
+
+    def branch(self, chain: Sequence[str] | None) -> tuple[list[Placed], int]:
+        """The records anchored on ``chain``, in commit order, and the newest commit that
+        added or dropped any there: the branch's generation."""
         if chain is None:
-            found = [placed for held in self.by_anchor.values() for placed in held]
+            anchors = list(self.by_anchor)
         else:
-            found = []
-            for position, hashes in self.by_position.items():
-                if position < len(chain) and chain[position] in hashes:
-                    found += self.by_anchor[position, chain[position]]
+            anchors = [
+                (position, chain[position])
+                for position, hashes in self.by_position.items()
+                if position < len(chain) and chain[position] in hashes
+            ]
+        found = [placed for anchor in anchors for placed in self.by_anchor[anchor]]
         found.sort(key=lambda placed: placed.order)
-        return found
+        newest = max((generation_of(placed.order) for placed in found), default=0)
+        newest = max([newest, *(self.dropped_by.get(anchor, 0) for anchor in anchors)])
+        return found, newest
 
     def add(self, records: Sequence[ReplacementRecord], generation: int, now: float) -> None:
         for index, record in enumerate(records):
@@ -103,17 +115,20 @@ class AnchoredRecords:
             self._use(anchor, now)
             self.size += size
 
-    def remove(self, records: Iterable[ReplacementRecord]) -> None:
+    def remove(self, records: Iterable[ReplacementRecord], generation: int) -> None:
+        """Drop ``records`` (superseded by commit ``generation``); their anchors stay, marked
+        with it, until no request reaches them."""
         for record in records:
             anchor = anchor_of(record)
-            held = self.by_anchor.get(anchor, [])
+            held = self.by_anchor.get(anchor)
+            if held is None:
+                continue
             for placed in held:
                 if placed.record == record:
                     held.remove(placed)
                     self.size -= placed.size
                     break
-            if not held:
-                self._forget(anchor)
+            self.dropped_by[anchor] = generation
 
     def touch(self, records: Iterable[ReplacementRecord], now: float) -> None:
         for record in records:
@@ -140,11 +155,13 @@ class AnchoredRecords:
         self.by_anchor.clear()
         self.by_position.clear()
         self.used.clear()
+        self.dropped_by.clear()
         self.size = 0
 
     def _forget(self, anchor: tuple[int, str]) -> None:
         self.by_anchor.pop(anchor, None)
         self.used.pop(anchor, None)
+        self.dropped_by.pop(anchor, None)
         hashes = self.by_position.get(anchor[0])
         if hashes is not None:
             hashes.discard(anchor[1])

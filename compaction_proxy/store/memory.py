@@ -28,7 +28,6 @@ from compaction_proxy.store.branches import (
     AnchoredLease,
     AnchoredLeases,
     AnchoredRecords,
-    generation_of,
     lease_anchor,
 )
 from compaction_proxy.store.sliding_windows import SlidingWindows
@@ -217,10 +216,9 @@ class MemoryStore:
             return ConversationState()
         now = time.monotonic()
         self._expire_records(entry, now)
-        placed = entry.records.on(chain)
-        generation = entry.generation
-        if chain is not None:
-            generation = max((generation_of(p.order) for p in placed), default=0)
+        placed, generation = entry.records.branch(chain)
+        if chain is None:
+            generation = entry.generation
         return ConversationState(
             records=tuple(p.record for p in placed),
             generation=generation,
@@ -293,8 +291,7 @@ class MemoryStore:
         if expected_generation is not None:
             generation = entry.generation
             if chain is not None:
-                orders = (p.order for p in entry.records.on(chain))
-                generation = max(map(generation_of, orders), default=0)
+                generation = entry.records.branch(chain)[1]
             if generation != expected_generation:
                 return BeginResult.STALE
         position, chain_hash = lease_anchor(chain, at)
@@ -319,8 +316,8 @@ class MemoryStore:
         before = entry.size
         for event in events:
             entry.add(event)
-        entry.records.remove(superseded)
         entry.generation += 1
+        entry.records.remove(superseded, entry.generation)
         entry.records.add(records, entry.generation, now)
         entry.recent_ends = tuple(checkpoint_ends(entry.recent_ends, records))
         del entry.leases.by_owner[owner]

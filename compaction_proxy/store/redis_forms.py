@@ -89,7 +89,7 @@ def state_of(
         if order.isdigit()  # a damaged line is skipped like an unreadable record
     )
     records = [parse_record(raw) for raw in raw_records]
-    records += [parse_record(raw) for _, raw in lines]
+    records += [parse_record(raw) for _, raw in lines if raw]  # not a dropping commit's mark
     generation = int(state.get("generation", 0))
     if not whole and not raw_records:
         generation = max((generation_of(order) for order, _ in lines), default=0)

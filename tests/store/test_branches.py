@@ -171,3 +171,20 @@ async def test_a_superseded_record_leaves_its_anchor_free(store: Store, conversa
     # Anchored again at the same place later, it is read again.
     await commit(store, conversation, a, [pruned])
     assert (await store.load(conversation, a)).records == (wider, pruned)
+
+
+async def test_a_twin_superseding_a_shared_record_never_takes_a_generation_back(
+    store: Store, conversation: str
+) -> None:
+    a, b = chain("a", 20, shared=6), chain("b", 20, shared=6)
+    shared = summary_of(a, 4)
+    assert await commit(store, conversation, a, [shared]) == 1
+    assert (await store.load(conversation, a)).generation == 1
+    # b's wider checkpoint supersedes the shared one (it is on b's chain too) ...
+    wider = summary_of(b, 12)
+    assert await store.begin_compaction(conversation, "b", 30, START, 1, b, 12) is BEGUN
+    assert await store.commit_compaction(conversation, "b", [], [wider], [shared]) == 2
+    # ... so a lost it: its branch moved on, it did not go back.
+    state = await store.load(conversation, a)
+    assert (state.records, state.generation) == ((), 2)
+    assert await store.begin_compaction(conversation, "a", 30, START, 1, a, 14) is STALE

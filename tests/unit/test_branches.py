@@ -71,5 +71,8 @@ def test_unused_anchors_are_dropped_least_recently_used_first_and_sizes_follow()
     held.drop_unused(since=11.5)
     assert [p.record for p in held.on(None)] == [a]
     assert held.by_position == {1: {"a1"}}
-    held.remove([a])
-    assert (held.size, held.by_anchor, held.by_position, held.used) == (0, {}, {}, {})
+    held.remove([a], generation=3)
+    # The anchor stays, marked with the commit that dropped its record, until unused.
+    assert (held.size, held.branch(["x0", "a1"])) == (0, ([], 3))
+    held.drop_unused(since=13.0)
+    assert (held.by_anchor, held.by_position, held.used, held.dropped_by) == ({}, {}, {}, {})

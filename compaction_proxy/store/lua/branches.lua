@@ -2,7 +2,8 @@
 -- A chain arrives as two arguments: its hashes back to back, each `width` characters, and
 -- `width`; width 0 stands for the whole conversation. Records are kept in the hash
 -- `anchored`, field "<position>:<hash>" -> lines "<order> <record JSON>" ("\n" apart; order =
--- generation * 65536 + index in its commit); `positions` counts the fields at each
+-- generation * 65536 + index in its commit), and a line "<order>" alone for the last commit
+-- that dropped records there (so a branch's generation never goes back); `positions` counts the fields at each
 -- position; `used` holds when a request last reached each field; `leases` maps each owner
 -- to "<position>:<hash>:<expires ms>" (position -1: the whole conversation).
 local function now_ms()
@@ -38,7 +39,7 @@ local function branch_generation(state, legacy, anchored, positions, blob, width
   if width == 0 or redis.call('LLEN', legacy) > 0 then return counter end
   local newest = 0
   for _, value in ipairs(branch_values(anchored, positions, blob, width)) do
-    for order in string.gmatch(value, '(%d+) [^\n]*') do
+    for order in string.gmatch(value, '(%d+)[^\n]*') do
       local generation = math.floor(tonumber(order) / 65536)
       if generation > newest then newest = generation end
     end

@@ -21,6 +21,8 @@ for _ = 1, n do
   added[#added + 1] = {ARGV[i], ARGV[i + 1]}
   i = i + 2
 end
+local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
+local mark = string.format('%d', generation * 65536)
 n = tonumber(ARGV[i] or '0'); i = i + 1
 for _ = 1, n do
   local field, stored = ARGV[i], ARGV[i + 1]
@@ -30,20 +32,19 @@ for _ = 1, n do
   if value then
     local kept, dropped = {}, false
     for line in string.gmatch(value, '[^\n]+') do
-      if not dropped and string.sub(line, (string.find(line, ' ', 1, true) or 0) + 1) == stored then
+      local space = string.find(line, ' ', 1, true)
+      if not space then
+        -- an earlier commit's mark: replaced by this one's below
+      elseif not dropped and string.sub(line, space + 1) == stored then
         dropped = true
       else
         kept[#kept + 1] = line
       end
     end
-    if #kept == 0 then
-      drop_anchor(KEYS[6], KEYS[7], KEYS[8], field)
-    else
-      redis.call('HSET', KEYS[6], field, table.concat(kept, '\n'))
-    end
+    kept[#kept + 1] = mark
+    redis.call('HSET', KEYS[6], field, table.concat(kept, '\n'))
   end
 end
-local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
 for index, record in ipairs(added) do
   local field = record[1]
   local line = string.format('%d', generation * 65536 + index - 1) .. ' ' .. record[2]
