@@ -209,6 +209,8 @@ STORE_OPERATIONS = (
     "shared_secret",
     "take_quota",
     "give_back_quota",
+    "claim_objects",
+    "object_owners",
 )
 
 

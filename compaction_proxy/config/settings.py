@@ -163,8 +163,9 @@ class Route(_Strict):
     base_url: AnyHttpUrl
     api_key_env: str | None = None
     # With api_key_env: whether clients may reach what the upstream account keeps (files,
-    # batches, stored responses...) through the route's shared key (security.account_endpoints).
-    account_endpoints: Literal["refused", "shared"] = "refused"
+    # batches, stored responses...) through the route's shared key: refused, shared, or owned
+    # (each client key its own objects; security.account_endpoints, security.owned_objects).
+    account_endpoints: Literal["refused", "shared", "owned"] = "refused"
     context_window: PositiveInt | None = None
     policy: PolicyOverrides = PolicyOverrides()
     models: dict[str, ModelOverride] = {}
@@ -202,7 +203,7 @@ class Settings(BaseSettings):
     )
     upstream_api_key_env: str | None = None
     # The default route's account_endpoints (see Route).
-    account_endpoints: Literal["refused", "shared"] = "refused"
+    account_endpoints: Literal["refused", "shared", "owned"] = "refused"
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_pool_size: PositiveInt = 256

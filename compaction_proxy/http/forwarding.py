@@ -15,10 +15,12 @@ from compaction_proxy.config.settings import Route
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import upstream_failed
 from compaction_proxy.http.upstream import (
+    Claim,
     ClientGone,
     UpstreamCut,
     UsageScanner,
     buffered_response,
+    claim_created,
     client_headers,
     client_query,
     cut_off,
@@ -67,10 +69,12 @@ async def forward(
     path: str,
     payload: bytes,
     extra_headers: Mapping[str, str],
+    claim: Claim | None = None,
 ) -> Reply:
     """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
     successful stream is relayed to the client as it arrives; any other answer is returned
-    whole, so the caller may still decide to retry."""
+    whole, so the caller may still decide to retry. With ``claim``, what a successful answer
+    creates is claimed before the client has it (``http.ownership``)."""
     session = request.app[SERVICES].http_client
     proxy_keys = request.app[SERVICES].client_keys.required
     headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
@@ -86,7 +90,7 @@ async def forward(
             if upstream.status < 400 and is_event_stream(upstream):
                 scanner = UsageScanner()
                 try:
-                    streamed = await relay_stream(request, upstream, reply_headers, scanner)
+                    streamed = await relay_stream(request, upstream, reply_headers, scanner, claim)
                 except ClientGone as gone:
                     if not gone.answered:
                         log.info("the client went away mid-answer")
@@ -107,6 +111,8 @@ async def forward(
             response = buffered_response(upstream.status, reply_headers, body)
             if upstream.status >= 400:
                 return Reply(response, upstream.status, error_body=body)
+            if claim is not None:
+                await claim_created(claim, body)
             return Reply(response, upstream.status, answer=body)
     except (TimeoutError, aiohttp.ClientError) as exc:
         return Reply(upstream_failed(route.base, exc), 0)

@@ -32,6 +32,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import bad_request_response, upstream_failed
 from compaction_proxy.http.forwarding import Reply, forward, usage_of
 from compaction_proxy.http.intake import check_headers, read_body
+from compaction_proxy.http.ownership import claimer
 from compaction_proxy.http.passthrough import relay_as_sent
 from compaction_proxy.http.upstream import buffered_response, client_headers, client_query
 from compaction_proxy.metering.overflow import classify_overflow
@@ -105,7 +106,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         if stateful(body):
             route = request.app[SERVICES].policies.for_model(body["model"]).route
             REQUESTS.labels(route=route.model, outcome="stateful").inc()
-            return await relay_as_sent(request, route, raw)
+            return await relay_as_sent(request, route, raw, body)
         client_request = await off_loop_if(
             is_big(len(raw)),
             lambda: parse_responses_request(body, raw, known, recent, extension, session_id),
@@ -220,7 +221,8 @@ async def _send(request: web.Request, route: Route, path: str, forwarded: Forwar
     if forwarded.measurement is not None:
         child(PROMPT_TOKENS_FORWARDED, route.model).inc(forwarded.measurement.tokens)
     headers = forwarded.compaction_headers()
-    return await forward(request, route, path, forwarded.payload, headers)
+    claim = claimer(request, route)  # owned mode: what the answer creates is the caller's
+    return await forward(request, route, path, forwarded.payload, headers, claim)
 
 
 def _outcome(reply: Reply | None, status: RequestStatus) -> str:

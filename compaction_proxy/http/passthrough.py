@@ -17,8 +17,11 @@ client sent, so their label sets stay bounded whatever the clients do.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -29,7 +32,15 @@ from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import bad_request_response, error_response, upstream_failed
+from compaction_proxy.http.forwarding import forward
 from compaction_proxy.http.intake import check_headers, read_body
+from compaction_proxy.http.ownership import (
+    claimer,
+    holds_key,
+    owned_answer,
+    owned_mode,
+    refused_unless_owned,
+)
 from compaction_proxy.http.uploads import IdleBoundedBody, UploadStalled
 from compaction_proxy.http.upstream import (
     ClientGone,
@@ -42,12 +53,20 @@ from compaction_proxy.http.upstream import (
 from compaction_proxy.http.websocket_relay import is_websocket, relay_websocket
 from compaction_proxy.metrics import PASSTHROUGH_DURATION, PASSTHROUGH_REQUESTS
 from compaction_proxy.offload import is_big, off_loop_if
-from compaction_proxy.security.account_endpoints import REFUSAL, refused_account_endpoint
+from compaction_proxy.security.account_endpoints import (
+    REFUSAL,
+    is_stateless,
+    refused_account_endpoint,
+)
 from compaction_proxy.security.outbound import upstream_headers
+from compaction_proxy.security.owned_objects import addressed_object, stateful_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import client_of
 
 log = logging.getLogger(__name__)
+
+# Reads a whole successful answer (its status, its bytes) into what the client gets.
+Reading = Callable[[int, bytes], Awaitable[bytes]]
 
 # The API's paths, as label values: a path is counted under its template (ids replaced by
 # ``{id}``) when the template is one of these, else as ``other``. A fixed table, so no client
@@ -211,12 +230,19 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
         return bad_request_response(error), "bad_request"
-    template, held = path_template(request.path), _holds_key(request, route)
+    template, held = path_template(request.path), holds_key(request, route)
     if refused_account_endpoint(template, request.method, held, route.account_endpoints):
         return account_endpoint_refused(), "refused"
+    reading: Reading | None = None
+    if owned_mode(request, route) and not is_stateless(template, request.method):
+        addressed = addressed_object(request.path, template)
+        refused = await refused_unless_owned(request, [addressed] if addressed else [])
+        if refused is not None:
+            return refused, "not_found"
+        reading = functools.partial(owned_answer, request, template)
     relay = app[SERVICES].relay_client
     if isinstance(data, bytes) or not request.body_exists:
-        return await _send_on(request, route, data, relay)
+        return await _send_on(request, route, data, relay, reading)
     # A body streamed as it arrives holds an upstream connection while it does: bounded.
     client = client_of(api_key_of(request.headers), request.remote)
     with app[SERVICES].upload_slots.held(client) as held:
@@ -230,25 +256,28 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             refused.force_close()  # its body was not read
             return refused, "too_many_uploads"
         streamed = IdleBoundedBody(data, settings.upload_idle_timeout_seconds)
-        return await _send_on(request, route, streamed, relay)
+        return await _send_on(request, route, streamed, relay, reading)
 
 
-async def relay_as_sent(request: web.Request, route: Route, body: bytes) -> web.StreamResponse:
-    """Forward a request the proxy has read (``body``) but will not change: a Responses
-    request whose history the provider holds (Responses traffic, on the main pool). That
-    history is the account's: under a key the proxy holds, it is an account endpoint."""
-    held = _holds_key(request, route)
+async def relay_as_sent(
+    request: web.Request, route: Route, raw: bytes, body: Mapping[str, Any]
+) -> web.StreamResponse:
+    """Forward a request the proxy has read (``raw``, parsed as ``body``) but will not change:
+    a Responses request whose history the provider holds (Responses traffic, on the main
+    pool). That history is the account's: under a key the proxy holds, it is an account
+    endpoint, served in owned mode only to the tenant that created it."""
+    held = holds_key(request, route)
     if refused_account_endpoint("/v1/responses/{id}", "GET", held, route.account_endpoints):
         return account_endpoint_refused()
-    response, _ = await _send_on(request, route, body, request.app[SERVICES].http_client)
-    return response
-
-
-def _holds_key(request: web.Request, route: Route) -> bool:
-    """Whether the request reaches the upstream on a key the proxy holds: its route's, or,
-    once the proxy holds any (clients then authenticate with keys of its own), whichever key
-    the route has, none included: no client's own account is behind it."""
-    return route.api_key_env is not None or request.app[SERVICES].client_keys.required
+    claim = claimer(request, route)
+    if claim is None:
+        response, _ = await _send_on(request, route, raw, request.app[SERVICES].http_client)
+        return response
+    refused = await refused_unless_owned(request, stateful_objects(body), "previous_response_id")
+    if refused is not None:
+        return refused
+    reply = await forward(request, route, "/responses", raw, {}, claim)
+    return reply.response
 
 
 def account_endpoint_refused() -> web.Response:
@@ -262,7 +291,10 @@ async def _send_on(
     route: Route,
     data: bytes | aiohttp.StreamReader | IdleBoundedBody,
     session: aiohttp.ClientSession,
+    reading: Reading | None = None,
 ) -> tuple[web.StreamResponse, str]:
+    """Relay the answer as it arrives; with ``reading``, a successful JSON answer is read
+    whole and passed through it first (owned mode)."""
     app = request.app
     headers = upstream_headers(
         request.headers, route.api_key_env, proxy_keys=app[SERVICES].client_keys.required
@@ -275,6 +307,12 @@ async def _send_on(
         async with session.request(
             request.method, url, data=data, headers=headers, allow_redirects=False
         ) as upstream:
+            whole = upstream.status < 300 and upstream.content_type == "application/json"
+            if reading is not None and whole:
+                body = await reading(upstream.status, await upstream.read())
+                headers = client_headers(upstream)
+                answer = web.Response(status=upstream.status, headers=headers, body=body)
+                return answer, f"{upstream.status // 100}xx"
             response = web.StreamResponse(
                 status=upstream.status, reason=upstream.reason, headers=client_headers(upstream)
             )

@@ -9,6 +9,7 @@ headers are dropped, since aiohttp re-frames the body it writes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -77,6 +78,10 @@ def usage_of_body(body: bytes) -> dict[str, Any] | None:
     return _usage_in(parsed)
 
 
+# Records a created object as the caller's (``http.ownership``).
+Claim = Callable[[str], Awaitable[None]]
+
+
 class UsageScanner:
     """Watches SSE bytes go by and keeps the last ``usage`` object a ``data:`` line carried.
 
@@ -99,6 +104,10 @@ class UsageScanner:
         self._skipping = False  # that line is not kept
         self.usage: dict[str, Any] | None = None
         self.finished = False  # a terminal event, or chat's usage chunk or [DONE], went by
+        # The id of what the stream creates (a response, a chat completion): its first event
+        # names it, so only the first data line is read for it.
+        self.created: str | None = None
+        self._first = True
 
     def feed(self, chunk: bytes) -> None:
         end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
@@ -143,18 +152,42 @@ class UsageScanner:
             return
         if line[5:].strip() == b"[DONE]" or any(e in line for e in self.TERMINAL_EVENTS):
             self.finished = True
-        if b'"usage"' not in line:
+        first, self._first = self._first, False
+        if b'"usage"' not in line and not first:
             return
         try:
             event = orjson.loads(line[5:].strip())
         except orjson.JSONDecodeError:
             return
+        if first:
+            self.created = created_id(event)
         usage = _usage_in(event)
         if usage is not None:
             self.usage = usage
             # Chat sends its usage in a last chunk of its own (no choices), then [DONE].
             if isinstance(event, dict) and event.get("choices") == []:
                 self.finished = True
+
+
+def created_id(answer: Any) -> str | None:
+    """The id of what an answer creates: a Responses stream's ``response.created`` event, a
+    chat stream's chunk, or a whole answer (a response, a chat completion)."""
+    if not isinstance(answer, dict):
+        return None
+    if answer.get("type") == "response.created" and isinstance(answer.get("response"), dict):
+        answer = answer["response"]
+    found = answer.get("id")
+    return found if isinstance(found, str) else None
+
+
+async def claim_created(claim: Claim, answer: bytes) -> None:
+    """Claim what a whole JSON answer creates, if it names anything."""
+    try:
+        created = created_id(orjson.loads(answer))
+    except orjson.JSONDecodeError:
+        return
+    if created is not None:
+        await claim(created)
 
 
 class ClientGone(Exception):
@@ -214,8 +247,11 @@ async def relay_stream(
     upstream: ClientResponse,
     headers: CIMultiDict[str],
     scanner: UsageScanner,
+    claim: Claim | None = None,
 ) -> web.StreamResponse:
-    """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk.
+    """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk; with
+    ``claim``, what the stream creates is claimed before the client reads of it, so its next
+    request can name it.
 
     The upstream breaking off is ``UpstreamCut``; a failure writing to the client is
     ``ClientGone``: the two are never confused."""
@@ -227,6 +263,9 @@ async def relay_stream(
     while chunk := await _next_chunk(upstream, response, scanner):
         answered = scanner.finished  # what the client had before this chunk
         scanner.feed(chunk)
+        if claim is not None and scanner.created is not None:
+            await claim(scanner.created)
+            claim = None
         try:
             await response.write(chunk)
         except ConnectionError as exc:

@@ -6,15 +6,19 @@ session) answers each request from that request alone. Every other one reads or 
 the account keeps (files, uploads, batches, vector stores, stored responses and completions,
 fine-tuning, assistants, evals...): through a shared key, one client would read, list or
 delete another's. Those are refused unless the route says the account is shared
-(``account_endpoints: shared``, for a single-team deployment). A path of no known template is
-taken for an account endpoint: refused is the safe guess.
+(``account_endpoints: shared``, for a single-team deployment) or kept apart by owner
+(``account_endpoints: owned``: each client key reaches only what it created, see
+``security.owned_objects``). A path of no known template is taken for an account endpoint:
+refused is the safe guess.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-AccountEndpoints = Literal["refused", "shared"]
+from compaction_proxy.security.owned_objects import served_when_owned
+
+AccountEndpoints = Literal["refused", "shared", "owned"]
 
 # (template, method or "*") that answer from the request alone.
 _STATELESS = frozenset(
@@ -40,18 +44,23 @@ _STATELESS = frozenset(
 SETTING = "account_endpoints"
 
 
+def is_stateless(template: str, method: str) -> bool:
+    return (template, method) in _STATELESS
+
+
 def refused_account_endpoint(
     template: str, method: str, holds_key: bool, account_endpoints: AccountEndpoints
 ) -> bool:
     """Whether a relayed request is refused: the proxy holds the key it would be sent with,
     the endpoint reaches what the account keeps, and the route does not share the account."""
-    if not holds_key or account_endpoints == "shared":
+    if not holds_key or account_endpoints == "shared" or (template, method) in _STATELESS:
         return False
-    return (template, method) not in _STATELESS
+    return account_endpoints != "owned" or not served_when_owned(template, method)
 
 
 REFUSAL = (
     "This endpoint reaches what the upstream account keeps (files, batches, stored responses "
     "...), and the proxy's key for that account is shared by every client: it is refused. "
-    f"For a single-team deployment, set {SETTING}: shared on the route."
+    f"Set {SETTING}: owned on the route to give each client key its own objects, or "
+    f"{SETTING}: shared for a single-team deployment."
 )

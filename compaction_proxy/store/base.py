@@ -174,6 +174,14 @@ class Store(Protocol):
         """Give back one unit of each named quota (the newest): a call counted that should
         not have been (it concerned one tenant's credential only)."""
 
+    async def claim_objects(self, tenant: str, ids: Sequence[str], ttl_seconds: float) -> None:
+        """Record ``tenant`` as the owner of the upstream objects ``ids`` for ``ttl_seconds``;
+        an id already owned keeps its owner (``security.owned_objects``)."""
+
+    async def object_owners(self, ids: Sequence[str]) -> list[str | None]:
+        """The owner of each of ``ids`` (None: unknown, or its record expired)."""
+        ...
+
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         """The secret stored under ``name``, storing ``candidate`` if there is none yet."""
 

@@ -151,6 +151,14 @@ class InstrumentedStore:
         LEASE_WAIT_DURATION.observe(time.perf_counter() - started)
         return released
 
+    async def claim_objects(self, tenant: str, ids: Sequence[str], ttl_seconds: float) -> None:
+        with _Observed("claim_objects"):
+            await self.inner.claim_objects(tenant, ids, ttl_seconds)
+
+    async def object_owners(self, ids: Sequence[str]) -> list[str | None]:
+        with _Observed("object_owners"):
+            return await self.inner.object_owners(ids)
+
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int
     ) -> str | None:

@@ -20,6 +20,7 @@ from compaction_proxy.conversation.replacements import (
     ReplacementRecord,
     checkpoint_ends,
 )
+from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
@@ -132,9 +133,13 @@ class MemoryStore:
         max_log_events: int = 10_000,
         max_bytes: int = 512 * 1024 * 1024,
         record_ttl_seconds: float | None = None,
+        max_owned_objects: int = 100_000,
     ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
+        # Upstream object id -> (owning tenant, expiry). Bounded: an owner whose record was
+        # pushed out is refused its object (404), never shown another's.
+        self._owners: LRU[str, tuple[str, float]] = LRU(max_owned_objects)
         self._quotas: dict[int, SlidingWindows] = {}  # by window length
         self._max = max_conversations
         self._ttl = ttl_seconds
@@ -394,6 +399,18 @@ class MemoryStore:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(_LEASE_POLL_SECONDS)
+
+    async def claim_objects(self, tenant: str, ids: Sequence[str], ttl_seconds: float) -> None:
+        now = time.monotonic()
+        for object_id in ids:
+            held = self._owners.get(object_id)
+            if held is None or held[1] <= now:
+                self._owners.put(object_id, (tenant, now + ttl_seconds))
+
+    async def object_owners(self, ids: Sequence[str]) -> list[str | None]:
+        now = time.monotonic()
+        found = [self._owners.get(object_id) for object_id in ids]
+        return [held[0] if held is not None and held[1] > now else None for held in found]
 
     async def take_quota(
         self, quotas: Sequence[tuple[str, int]], window_seconds: int

@@ -54,6 +54,7 @@ from compaction_proxy.store.redis_forms import (
 from compaction_proxy.store.redis_keys import (
     conversation_keys,
     conversations_key,
+    owner_key,
     quota_key,
     secret_key,
 )
@@ -400,6 +401,25 @@ class RedisStore:
         async with self._bounded("give_back_quota"):
             for name in names:
                 await self._client.zpopmax(quota_key(name))
+
+    async def claim_objects(self, tenant: str, ids: Sequence[str], ttl_seconds: float) -> None:
+        if not ids:
+            return
+        ttl_ms = max(1, int(ttl_seconds * 1000))
+        async with self._bounded("claim_objects"):
+            pipe = self._client.pipeline(transaction=False)
+            for object_id in ids:
+                pipe.set(owner_key(object_id), tenant, nx=True, px=ttl_ms)
+            await pipe.execute()
+
+    async def object_owners(self, ids: Sequence[str]) -> list[str | None]:
+        if not ids:
+            return []
+        async with self._bounded("object_owners"):
+            pipe = self._client.pipeline(transaction=False)
+            for object_id in ids:
+                pipe.get(owner_key(object_id))
+            return cast(list[str | None], await pipe.execute())
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         key = secret_key(name)

@@ -39,3 +39,10 @@ def quota_key(name: str) -> str:
     """Sorted set of one quota's recent calls (e.g. a tenant's summary calls). All quota keys
     share the hash tag ``{quota}``, so one script can take several at once."""
     return f"{PREFIX}:{{quota}}:{name}"
+
+
+def owner_key(object_id: str) -> str:
+    """String: the tenant that created upstream object ``object_id`` through the proxy (with a
+    PX expiry). Keys of different objects may lie in different Cluster slots: read and written
+    one command each, pipelined."""
+    return f"{PREFIX}:owner:{object_id}"

@@ -35,6 +35,7 @@ class FakeEndpoints:
 
     requests: list[RawRequest] = field(default_factory=list)
     files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # id: (name, bytes)
+    batches: dict[str, str] = field(default_factory=dict)  # id: its output file's id
     sent: list[bytes] = field(default_factory=list)  # every body answered, in order
     # Set by a test: speech waits on it after its first chunk (to see a stream relayed live).
     speech_gate: asyncio.Event | None = None
@@ -47,6 +48,10 @@ class FakeEndpoints:
             web.post("/v1/embeddings", _refusing_junk(self._embeddings)),
             web.get("/v1/models/{model}", _refusing_junk(self._model)),
             web.post("/v1/files", _refusing_junk(self._upload)),
+            web.get("/v1/files", _refusing_junk(self._list_files)),
+            web.get("/v1/files/{file}", _refusing_junk(self._file)),
+            web.post("/v1/batches", _refusing_junk(self._create_batch)),
+            web.get("/v1/batches/{batch}", _refusing_junk(self._batch)),
             web.get("/v1/files/{file}/content", _refusing_junk(self._file_content)),
             web.delete("/v1/files/{file}", _refusing_junk(self._delete_file)),
             web.post("/v1/audio/speech", _refusing_junk(self._speech)),
@@ -108,6 +113,62 @@ class FakeEndpoints:
                 "status": "processed",
             }
         )
+
+    def _file_object(self, file_id: str) -> dict[str, Any]:
+        name, content = self.files[file_id]
+        return {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": 0,
+            "filename": name,
+            "purpose": "batch",
+            "status": "processed",
+        }
+
+    async def _list_files(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        data = [self._file_object(file_id) for file_id in self.files]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        listed = {"object": "list", "data": data, "first_id": first, "last_id": last}
+        return self._answer({**listed, "has_more": False})
+
+    async def _file(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        file_id = request.match_info["file"]
+        if file_id not in self.files:
+            return self._answer(_error("No such file", "file_not_found"), 404)
+        return self._answer(self._file_object(file_id))
+
+    async def _create_batch(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        batch_id = f"batch_{next(self._ids)}"
+        # Done at once: its output is a file of the account's, as the API's would be.
+        output_id = f"file-out-{next(self._ids)}"
+        self.files[output_id] = ("batch_output.jsonl", b'{"id": "batch_req_1"}\n')
+        self.batches[batch_id] = output_id
+        return self._answer(self._batch_object(batch_id, None))
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        await self._keep(request)
+        batch_id = request.match_info["batch"]
+        if batch_id not in self.batches:
+            return self._answer(_error("No such batch", "batch_not_found"), 404)
+        return self._answer(self._batch_object(batch_id, self.batches[batch_id]))
+
+    def _batch_object(self, batch_id: str, output_file_id: str | None) -> dict[str, Any]:
+        status = "completed" if output_file_id else "validating"
+        return {
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": "/v1/chat/completions",
+            "input_file_id": "file-input",
+            "completion_window": "24h",
+            "status": status,
+            "output_file_id": output_file_id,
+            "error_file_id": None,
+            "created_at": 0,
+        }
 
     async def _file_content(self, request: web.Request) -> web.Response:
         await self._keep(request)

@@ -98,3 +98,86 @@ async def test_without_a_held_key_each_client_reaches_its_own_account_as_before(
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-own", max_retries=0) as own:
         uploaded = await own.files.create(file=io.BytesIO(b"mine"), purpose="batch")
         assert (await own.files.content(uploaded.id)).content == b"mine"
+
+
+async def test_owned_keeps_each_client_keys_files_its_own(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with (
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
+    ):
+        payroll = await alice.files.create(file=io.BytesIO(b"payroll"), purpose="batch")
+        notes = await bob.files.create(file=io.BytesIO(b"bob's notes"), purpose="batch")
+        # Each lists, reads and deletes its own ...
+        assert [f.id for f in (await alice.files.list()).data] == [payroll.id]
+        assert [f.id for f in (await bob.files.list()).data] == [notes.id]
+        assert (await alice.files.retrieve(payroll.id)).filename == payroll.filename
+        assert (await alice.files.content(payroll.id)).content == b"payroll"
+        # ... and the other's does not exist for it: not read, not deleted, not even seen.
+        for call in (bob.files.retrieve, bob.files.content, bob.files.delete):
+            with pytest.raises(openai.NotFoundError) as missing:
+                await call(payroll.id)
+            assert isinstance(missing.value.body, dict)
+            assert payroll.id in missing.value.body["message"]
+        assert payroll.id in fake.endpoints.files
+        assert (await alice.files.delete(payroll.id)).deleted
+    # The refused requests never reached the upstream.
+    reads = [r.path for r in fake.endpoints.requests if payroll.id in r.path]
+    alices = ["", "/content", ""]  # her retrieve, read and delete
+    assert reads == [f"/v1/files/{payroll.id}{tail}" for tail in alices]
+
+
+async def test_owned_gives_a_batch_owner_its_output_file(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with (
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
+    ):
+        batch = await alice.batches.create(
+            input_file_id="file-input", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        with pytest.raises(openai.NotFoundError):
+            await bob.batches.retrieve(batch.id)
+        done = await alice.batches.retrieve(batch.id)
+        assert done.output_file_id is not None
+        assert b"batch_req_1" in (await alice.files.content(done.output_file_id)).content
+        with pytest.raises(openai.NotFoundError):
+            await bob.files.content(done.output_file_id)
+
+
+async def test_owned_continues_only_the_callers_own_stored_responses(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with (
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
+    ):
+        first = await alice.responses.create(model="gpt-4o-mini", input="my salary is 10")
+        # A stream's response is Alice's from its first event, before she has read it all.
+        streamed = await alice.responses.create(model="gpt-4o-mini", input="hi", stream=True)
+        async for event in streamed:
+            if event.type == "response.created":
+                created = event.response.id
+                break
+        for previous in (first.id, created):
+            later = await alice.responses.create(
+                model="gpt-4o-mini", input="and then?", previous_response_id=previous
+            )
+            assert later.previous_response_id == previous
+            chained = await alice.responses.create(
+                model="gpt-4o-mini", input="more", previous_response_id=later.id
+            )
+            assert chained.previous_response_id == later.id
+            with pytest.raises(openai.NotFoundError) as missing:
+                await bob.responses.create(
+                    model="gpt-4o-mini", input="and then?", previous_response_id=previous
+                )
+            assert isinstance(missing.value.body, dict)
+            assert missing.value.body["param"] == "previous_response_id"
+    stateful = [r for r in fake.responses.received if r.get("previous_response_id")]
+    assert len(stateful) == 4  # Bob's never went upstream

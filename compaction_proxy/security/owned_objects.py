@@ -1,0 +1,134 @@
+"""``account_endpoints: owned``: each client key reaches only the objects it created (pure).
+
+Under a key the proxy holds, every client spends one upstream account, and what the account
+keeps (files, uploads, batches, vector stores, stored responses and completions, ...) is
+everyone's unless the proxy keeps apart what each client made. In ``owned`` mode it does: the
+ids in the answers that create objects are recorded as the creating tenant's (the store keeps
+them for ``store_ttl_seconds``), a request that addresses an object (``/v1/files/{id}``,
+``previous_response_id``) is served only to its owner, and other tenants get the 404 the API
+gives for an id that does not exist. Lists are filtered to the caller's own objects.
+
+Every function here reads plain data: the request's path and template, the answer's JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+MAX_OBJECT_ID = 256  # longer is no id the API makes: never owned, so never served
+
+# POST templates whose answer is the created object (its ``id``).
+_CREATES = frozenset(
+    {
+        "/v1/files",
+        "/v1/uploads",
+        "/v1/batches",
+        "/v1/vector_stores",
+        "/v1/conversations",
+        "/v1/responses",
+        "/v1/chat/completions",
+        "/v1/fine_tuning/jobs",
+        "/v1/assistants",
+        "/v1/threads",
+        "/v1/evals",
+        "/v1/containers",
+    }
+)
+
+# GET templates that list the account's objects of one kind: answered with the caller's only.
+LISTS = frozenset(
+    {
+        "/v1/files",
+        "/v1/batches",
+        "/v1/vector_stores",
+        "/v1/chat/completions",
+        "/v1/fine_tuning/jobs",
+        "/v1/assistants",
+        "/v1/evals",
+        "/v1/containers",
+    }
+)
+
+
+def served_when_owned(template: str, method: str) -> bool:
+    """Whether ``owned`` mode can serve a request: it addresses an object (checked against its
+    owner), creates one (recorded) or lists them (filtered). Anything else is refused, as a
+    path of no known template is."""
+    if "{id}" in template:
+        return True
+    return (method == "POST" and template in _CREATES) or (method == "GET" and template in LISTS)
+
+
+def addressed_object(path: str, template: str) -> str | None:
+    """The object a request addresses: the path segment at its template's first ``{id}``
+    (``/v1/vector_stores/{id}/files/{id}`` addresses the vector store, which holds the rest)."""
+    wanted = template.removeprefix("/v1/").split("/")
+    segments = [s for s in path.removeprefix("/v1/").split("/") if s]
+    for index, part in enumerate(wanted):
+        if part == "{id}" and index < len(segments):
+            return segments[index]
+    return None
+
+
+def stateful_objects(body: Mapping[str, Any]) -> list[str]:
+    """The stored objects a Responses request builds on: ``previous_response_id`` and the
+    ``conversation`` (an id, or an object naming one)."""
+    found: list[str] = []
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        found.append(previous if isinstance(previous, str) else "")
+    conversation = body.get("conversation")
+    if isinstance(conversation, Mapping):
+        conversation = conversation.get("id")
+    if conversation is not None:
+        found.append(conversation if isinstance(conversation, str) else "")
+    return found
+
+
+def is_object_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_OBJECT_ID
+
+
+def created_objects(template: str, method: str, answer: Any) -> list[str]:
+    """The ids an answer makes its caller the owner of: a created object's, an upload's file
+    once it is complete, a batch's output and error files as they appear."""
+    if not isinstance(answer, Mapping):
+        return []
+    found: list[Any] = []
+    if method == "POST" and template in _CREATES:
+        found.append(answer.get("id"))
+    elif template == "/v1/uploads/{id}/complete":
+        file = answer.get("file")
+        found.append(file.get("id") if isinstance(file, Mapping) else None)
+    if template.startswith("/v1/batches/{id}") or template == "/v1/batches":
+        found += [answer.get("output_file_id"), answer.get("error_file_id")]
+    return [value for value in found if is_object_id(value)]
+
+
+def listed_objects(answer: Any) -> list[str]:
+    """The ids a list answer holds (``data[].id``)."""
+    if not isinstance(answer, Mapping) or not isinstance(answer.get("data"), list):
+        return []
+    return [item["id"] for item in answer["data"] if isinstance(item, Mapping) and "id" in item]
+
+
+def own_list(answer: Mapping[str, Any], owned: Callable[[Any], bool]) -> dict[str, Any]:
+    """A list answer with only the caller's objects; ``first_id``/``last_id`` follow. A page
+    may then hold fewer than its ``limit`` while ``has_more`` holds: the client pages on."""
+    data = [
+        item
+        for item in answer.get("data", [])
+        if isinstance(item, Mapping) and owned(item.get("id"))
+    ]
+    kept = {**answer, "data": data}
+    if "first_id" in kept:
+        kept["first_id"] = data[0].get("id") if data else None
+    if "last_id" in kept:
+        kept["last_id"] = data[-1].get("id") if data else None
+    return kept
+
+
+def not_found_message(object_id: str) -> str:
+    shown = object_id if len(object_id) <= 64 else object_id[:64] + "..."
+    return f"No such object: {shown!r}."
