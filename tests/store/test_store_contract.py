@@ -436,3 +436,16 @@ async def test_a_quota_unit_given_back_can_be_taken_again(store: Store) -> None:
     assert await store.take_quota([(name, 3)], HOUR) is None
     assert await store.take_quota([(name, 3)], HOUR) == name
     await store.give_back_quota([f"test-never-taken-{uuid.uuid4().hex}"], HOUR)  # no error
+
+
+async def test_an_object_keeps_its_first_owner_until_its_record_expires(store: Store) -> None:
+    mine, theirs = f"file-{uuid.uuid4().hex}", f"file-{uuid.uuid4().hex}"
+    await store.claim_objects("alice", [mine], HOUR)
+    await store.claim_objects("bob", [mine, theirs], HOUR)  # a second claim changes nothing
+    unknown = f"file-{uuid.uuid4().hex}"
+    assert await store.object_owners([mine, theirs, unknown]) == ["alice", "bob", None]
+    brief = f"resp_{uuid.uuid4().hex}"
+    await store.claim_objects("alice", [brief], 0.2)
+    await asyncio.sleep(0.4)
+    assert await store.object_owners([brief]) == [None]
+    assert await store.object_owners([]) == []
