@@ -60,6 +60,12 @@ class ClientRequest:
     def upstream_path(self) -> str:
         return "/responses" if self.api == "responses" else "/chat/completions"
 
+    @property
+    def stored(self) -> bool:
+        """Whether the provider keeps the answer (``store``: Responses by default, chat only
+        when asked), so the client may name it later."""
+        return self.body.get("store", self.api == "responses") is True
+
     def may_hold_a_big_integer(self) -> bool:
         """Whether the body may hold an integer beyond 64 bits, which its orjson reading
         changed (see ``parsing.jsonio``). Scanned from where it differs from a remembered body

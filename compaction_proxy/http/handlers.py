@@ -186,7 +186,7 @@ async def _forward_with_recovery(
     """Forward; after a context overflow, compact and retry while the evidence allows."""
     services = request.app[SERVICES]
     route = model_policy.route
-    reply = await _send(request, route, client_request.upstream_path, forwarded)
+    reply = await _send(request, route, client_request, forwarded)
     retries = 0
     while reply.error_body is not None:
         verdict = classify_overflow(reply.status, reply.error_body)
@@ -213,15 +213,19 @@ async def _forward_with_recovery(
             break
         OVERFLOW_RECOVERIES.labels(result="retried").inc()
         forwarded = retry
-        reply = await _send(request, route, client_request.upstream_path, forwarded)
+        reply = await _send(request, route, client_request, forwarded)
     return reply, forwarded
 
 
-async def _send(request: web.Request, route: Route, path: str, forwarded: Forwarded) -> Reply:
+async def _send(
+    request: web.Request, route: Route, client_request: ClientRequest, forwarded: Forwarded
+) -> Reply:
     if forwarded.measurement is not None:
         child(PROMPT_TOKENS_FORWARDED, route.model).inc(forwarded.measurement.tokens)
     headers = forwarded.compaction_headers()
-    claim = claimer(request, route)  # owned mode: what the answer creates is the caller's
+    # Owned mode: what the provider keeps of the answer is the caller's.
+    claim = claimer(request, route) if client_request.stored else None
+    path = client_request.upstream_path
     return await forward(request, route, path, forwarded.payload, headers, claim)
 
 
