@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from compaction_proxy.conversation.replacements import Checkpoint, CheckpointEnd, Prune
+from compaction_proxy.conversation.replacements import (
+    Checkpoint,
+    CheckpointEnd,
+    Prune,
+    superseded_by,
+)
 from compaction_proxy.store import BeginResult, MemoryStore, Store
+from compaction_proxy.store.branches import anchor_of, on_chain
 from compaction_proxy.store.redis import RedisStore
 from tests.conftest import REDIS_URL
 
@@ -188,3 +197,61 @@ async def test_a_twin_superseding_a_shared_record_never_takes_a_generation_back(
     state = await store.load(conversation, a)
     assert (state.records, state.generation) == ((), 2)
     assert await store.begin_compaction(conversation, "a", 30, START, 1, a, 14) is STALE
+
+
+# (branch, position, checkpoint?, supersede?) commits, over chains that share a prefix.
+commit_step = st.tuples(st.sampled_from("abc"), st.integers(0, 11), st.booleans(), st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 12), st.lists(commit_step, min_size=1, max_size=12))
+def test_both_backends_read_every_branch_alike_and_no_generation_goes_back(
+    shared: int, steps: list[tuple[str, int, bool, bool]]
+) -> None:
+    """The Redis scripts and the in-process index, driven alike, agree on what every branch
+    reads; what a branch reads is exactly the records anchored on its chain; and a branch's
+    generation never goes back, whatever its twins commit."""
+    chains = {name: chain(name, 12, shared=shared) for name in "abc"}
+
+    async def check() -> None:
+        memory, redis = MemoryStore(ttl_seconds=3600), RedisStore(REDIS_URL, ttl_seconds=3600)
+        conversation = f"test-{uuid.uuid4().hex}"
+        held: list[Checkpoint | Prune] = []  # the model: what the conversation holds
+        seen = dict.fromkeys(chains, 0)
+        try:
+            for index, (name, position, is_checkpoint, supersede) in enumerate(steps):
+                on = chains[name]
+                record: Checkpoint | Prune = (
+                    summary_of(on, position, f"s{index}")
+                    if is_checkpoint
+                    else Prune(position, on[position], f"p{index}")
+                )
+                state = await memory.load(conversation, on)
+                dropped = (
+                    superseded_by(record, state.records, on)
+                    if supersede and isinstance(record, Checkpoint)
+                    else []
+                )
+                for store in (memory, redis):
+                    owner = f"o{index}"
+                    began = await store.begin_compaction(
+                        conversation, owner, 30, START, None, on, position
+                    )
+                    assert began is BEGUN
+                    await store.commit_compaction(conversation, owner, [], [record], dropped)
+                held = [r for r in held if r not in dropped] + [record]
+                for other, other_chain in chains.items():
+                    ours = await memory.load(conversation, other_chain)
+                    theirs = await redis.load(conversation, other_chain)
+                    assert ours.records == theirs.records
+                    assert ours.generation == theirs.generation >= seen[other]
+                    seen[other] = ours.generation
+                    expected = [r for r in held if on_chain(other_chain, *anchor_of(r))]
+                    assert sorted(map(repr, ours.records)) == sorted(map(repr, expected))
+            assert (await memory.load(conversation)).records == (
+                await redis.load(conversation)
+            ).records
+        finally:
+            await redis.close()
+
+    asyncio.run(check())
