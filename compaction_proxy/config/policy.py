@@ -22,12 +22,25 @@ from compaction_proxy.config.settings import (
 )
 
 
-def route_for(settings: Settings, model: str) -> Route:
-    """The first configured route whose pattern matches ``model``, else the default route."""
+def configured_route_for(settings: Settings, model: str) -> Route | None:
+    """The first configured route whose pattern matches ``model``, if any."""
     for route in settings.routes:
         if fnmatchcase(model, route.model):
             return route
-    return settings.default_route
+    return None
+
+
+def route_for(settings: Settings, model: str) -> Route:
+    """The first configured route whose pattern matches ``model``, else the default route."""
+    return configured_route_for(settings, model) or settings.default_route
+
+
+def messages_route_for(settings: Settings, model: str | None) -> Route:
+    """Where an Anthropic-format request goes: the first configured route matching its
+    ``model``, else ``anthropic_base_url`` (the default route is an OpenAI-format upstream,
+    and its key is not for Anthropic's)."""
+    found = configured_route_for(settings, model) if model is not None else None
+    return found or settings.anthropic_route
 
 
 def _overlay(policy: Policy, overrides: PolicyOverrides) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from compaction_proxy.config import error_sources as config_errors
 DEFAULT_CONFIG_PATH = Path("config/proxy.yaml")
 CONFIG_PATH_ENV = "COMPACTION_PROXY_CONFIG"
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com/v1"
 
 
 class ConfigError(Exception):
@@ -202,6 +203,11 @@ class Settings(BaseSettings):
         ),
     )
     upstream_api_key_env: str | None = None
+    # Where Anthropic-format requests (/v1/messages...) go when no route matches their model.
+    anthropic_base_url: AnyHttpUrl = Field(
+        default=AnyHttpUrl(DEFAULT_ANTHROPIC_UPSTREAM),
+        validation_alias=AliasChoices("anthropic_base_url", "COMPACTION_PROXY_ANTHROPIC_BASE_URL"),
+    )
     # The default route's account_endpoints (see Route).
     account_endpoints: Literal["refused", "shared", "owned"] = "refused"
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
@@ -320,6 +326,12 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init kwargs; the environment must win over it.
         return env_settings, init_settings
+
+    @property
+    def anthropic_route(self) -> Route:
+        """Catch-all route for Anthropic-format requests whose model no route matches: the
+        client's own credentials go with them."""
+        return Route(model="*", base_url=self.anthropic_base_url)
 
     @property
     def default_route(self) -> Route:

@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from compaction_proxy.config.policy import messages_route_for
 from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
@@ -58,7 +59,7 @@ from compaction_proxy.security.account_endpoints import (
     is_stateless,
     refused_account_endpoint,
 )
-from compaction_proxy.security.outbound import upstream_headers
+from compaction_proxy.security.outbound import is_anthropic_path, upstream_headers
 from compaction_proxy.security.owned_objects import addressed_object, stateful_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import client_of
@@ -214,7 +215,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     app = request.app
     settings = app[SERVICES].settings
-    route: Route = settings.default_route
+    anthropic = is_anthropic_path(request.path)
+    route: Route = settings.anthropic_route if anthropic else settings.default_route
     data: bytes | aiohttp.StreamReader = request.content
     try:
         check_headers(request.headers)
@@ -226,7 +228,9 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
         if request.content_type == "application/json" and request.body_exists:
             body = data = await read_body(request, settings.max_body_bytes)
             model = await off_loop_if(is_big(len(body)), lambda: _model_of(body))
-            if model is not None:
+            if model is not None and anthropic:
+                route = messages_route_for(settings, check_model_name(model))
+            elif model is not None:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
         return bad_request_response(error), "bad_request"
@@ -297,7 +301,10 @@ async def _send_on(
     whole and passed through it first (owned mode)."""
     app = request.app
     headers = upstream_headers(
-        request.headers, route.api_key_env, proxy_keys=app[SERVICES].client_keys.required
+        request.headers,
+        route.api_key_env,
+        proxy_keys=app[SERVICES].client_keys.required,
+        anthropic=is_anthropic_path(request.path),
     )
     coding = request.headers.get("Content-Encoding")
     if coding and not isinstance(data, bytes):

@@ -36,6 +36,7 @@ _STATELESS = frozenset(
         ("/v1/images/variations", "POST"),
         ("/v1/responses/input_tokens", "POST"),
         ("/v1/responses/compact", "POST"),
+        ("/v1/messages", "POST"),  # Anthropic's Messages: the history comes with the request
         ("/v1/messages/count_tokens", "POST"),
         ("/v1/realtime", "GET"),  # a session over a WebSocket, kept by nobody after it
     }

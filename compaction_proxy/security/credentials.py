@@ -18,7 +18,8 @@ from compaction_proxy.config.settings import Route, Settings
 # The client headers a summary call carries: credentials (when the summary goes where the
 # request went), the account headers that decide billing, and nothing else. A summary call is
 # the proxy's own request; tracing ids, cookies or custom headers of the client stay behind.
-CREDENTIAL_HEADERS = frozenset({"authorization", "api-key"})  # a client's credentials
+# A client's credentials: OpenAI's bearer token, Azure's api-key, Anthropic's x-api-key.
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 SUMMARY_HEADERS = frozenset(
     {"authorization", "api-key", "openai-organization", "openai-project", "user-agent"}

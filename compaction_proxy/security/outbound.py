@@ -46,11 +46,16 @@ HOP_HEADER = "X-Compaction-Proxy-Hop"
 
 
 def upstream_headers(
-    client_headers: Mapping[str, str], api_key_env: str | None, *, proxy_keys: bool = False
+    client_headers: Mapping[str, str],
+    api_key_env: str | None,
+    *,
+    proxy_keys: bool = False,
+    anthropic: bool = False,
 ) -> CIMultiDict[str]:
     """The client's headers, minus hop-by-hop ones, plus the hop marker; a route key replaces
-    the client's. With ``proxy_keys`` the client's credential is a key for this proxy, never
-    sent on."""
+    the client's credentials, as ``Authorization: Bearer`` (as ``x-api-key`` for an
+    ``anthropic``-format request). With ``proxy_keys`` the client's credential is a key for
+    this proxy, never sent on."""
     headers = without(client_headers, _NOT_FORWARDED_UP)
     if proxy_keys:
         for name in CREDENTIAL_HEADERS:
@@ -58,10 +63,19 @@ def upstream_headers(
     if api_key_env:
         route_key = os.environ.get(api_key_env)
         if route_key:
-            headers.popall("api-key", None)
-            headers["Authorization"] = f"Bearer {route_key}"
+            for name in CREDENTIAL_HEADERS:
+                headers.popall(name, None)
+            if anthropic:
+                headers["x-api-key"] = route_key
+            else:
+                headers["Authorization"] = f"Bearer {route_key}"
     headers[HOP_HEADER] = "1"
     return headers
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether a ``/v1/`` path is of Anthropic's Messages API (``/v1/messages...``)."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
 def upstream_url(base: str, path: str, query: str = "") -> URL:

@@ -29,15 +29,16 @@ KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
 def api_key_of(headers: Mapping[str, str]) -> str:
-    """The client's credential: ``Authorization: Bearer …``, Azure's ``api-key``, or (a
-    browser's WebSocket) an ``openai-insecure-api-key.…`` subprotocol."""
+    """The client's credential: ``Authorization: Bearer …``, Azure's ``api-key``, Anthropic's
+    ``x-api-key``, or (a browser's WebSocket) an ``openai-insecure-api-key.…`` subprotocol."""
     authorization = headers.get("Authorization", "")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    api_key = headers.get("api-key", "").strip()
-    if api_key:
-        return api_key
+    for name in ("api-key", "x-api-key"):  # Azure's, Anthropic's
+        api_key = headers.get(name, "").strip()
+        if api_key:
+            return api_key
     for protocol in headers.get("Sec-WebSocket-Protocol", "").split(","):
         offered = protocol.strip()
         if offered.startswith(KEY_PROTOCOL_PREFIX) and len(offered) > len(KEY_PROTOCOL_PREFIX):

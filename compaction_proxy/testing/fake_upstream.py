@@ -30,6 +30,7 @@ from compaction_proxy.testing.fake_answers import (
     text_of,
 )
 from compaction_proxy.testing.fake_endpoints import FakeEndpoints
+from compaction_proxy.testing.fake_messages import FakeMessages
 from compaction_proxy.testing.fake_responses import FakeResponses
 
 IMAGE_PART_TOKENS = 85
@@ -82,6 +83,7 @@ class FakeUpstream:
     reply_headers: dict[str, str] = field(default_factory=dict)  # on every answer (Set-Cookie)
     received: list[Received] = field(default_factory=list)
     endpoints: FakeEndpoints = field(default_factory=FakeEndpoints)  # every other endpoint
+    messages: FakeMessages = field(default_factory=FakeMessages)  # Anthropic's Messages API
     responses: FakeResponses = field(init=False)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
@@ -168,6 +170,7 @@ class FakeUpstream:
                 web.get("/v1/models", self._models),
                 *self.endpoints.routes(),
                 *self.responses.routes(),
+                *self.messages.routes(),
             ]
         )
         return app

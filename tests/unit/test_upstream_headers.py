@@ -6,6 +6,7 @@ import pytest
 from multidict import CIMultiDict
 
 from compaction_proxy.security.outbound import HOP_HEADER, upstream_headers
+from compaction_proxy.security.tenant import api_key_of
 
 KEPT = {"Authorization": "Bearer sk-client", "OpenAI-Beta": "assistants=v2", "X-Trace": "t-1"}
 
@@ -34,3 +35,43 @@ def test_hop_by_hop_headers_stay_behind_and_the_clients_own_go_on(
     assert {name.lower() for name in headers} == expected | {HOP_HEADER.lower()}
     for name, value in KEPT.items():
         assert headers[name] == value
+
+
+@pytest.mark.parametrize(
+    ("anthropic", "sent", "dropped"),
+    [
+        (False, ("Authorization", "Bearer sk-route"), ("x-api-key", "api-key")),
+        (True, ("x-api-key", "sk-route"), ("Authorization", "api-key")),
+    ],
+)
+def test_a_route_key_replaces_every_client_credential_in_the_formats_own_header(
+    monkeypatch: pytest.MonkeyPatch,
+    anthropic: bool,
+    sent: tuple[str, str],
+    dropped: tuple[str, str],
+) -> None:
+    monkeypatch.setenv("ROUTE_KEY", "sk-route")
+    client = {"Authorization": "Bearer sk-client", "x-api-key": "sk-ant", "api-key": "az"}
+    headers = upstream_headers(client, "ROUTE_KEY", anthropic=anthropic)
+    assert headers.getall(sent[0]) == [sent[1]]
+    assert all(name not in headers for name in dropped)
+
+
+def test_a_client_key_in_x_api_key_is_never_sent_on() -> None:
+    headers = upstream_headers({"x-api-key": "cpk-client"}, None, proxy_keys=True)
+    assert "x-api-key" not in headers
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ({"Authorization": "Bearer a", "x-api-key": "b"}, "a"),
+        ({"x-api-key": "b"}, "b"),
+        ({"api-key": "c", "x-api-key": "b"}, "c"),
+        ({}, ""),
+    ],
+)
+def test_the_clients_credential_is_read_from_any_formats_header(
+    headers: dict[str, str], key: str
+) -> None:
+    assert api_key_of(headers) == key

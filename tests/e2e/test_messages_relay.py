@@ -1,0 +1,134 @@
+"""Anthropic-format clients (Claude Code, the anthropic SDK) through the proxy: ``/v1/messages``
+routed by model, credentials as Anthropic takes them, never another tenant's or a client key.
+
+(Compaction of Messages requests is not here yet: they are relayed as sent.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import route
+
+CLAUDE = "claude-sonnet-4-5"
+CLIENT_KEY = "cpk-claude-0123456789"
+
+
+def messages(
+    proxy: RunningProxy, api_key: str, header: str = "x-api-key"
+) -> anthropic.AsyncAnthropic:
+    """An SDK client sending ``api_key`` in ``header``: ``x-api-key`` as Claude Code does with
+    an API key, or ``authorization`` (a bearer token, as for OAuth)."""
+    base = proxy.url.removesuffix("/v1")  # the SDK adds /v1/messages itself
+    if header == "authorization":
+        return anthropic.AsyncAnthropic(base_url=base, auth_token=api_key, max_retries=0)
+    return anthropic.AsyncAnthropic(
+        base_url=base, api_key=None, default_headers={"x-api-key": api_key}, max_retries=0
+    )
+
+
+async def ask(client: anthropic.AsyncAnthropic, **extra: Any) -> str:
+    reply = await client.messages.create(
+        model=CLAUDE, max_tokens=64, messages=[{"role": "user", "content": "hi"}], **extra
+    )
+    block = reply.content[0]
+    assert isinstance(block, anthropic.types.TextBlock)
+    return block.text
+
+
+@pytest.mark.parametrize("header", ["x-api-key", "authorization"])
+async def test_a_routes_key_goes_as_x_api_key_and_the_clients_own_key_never(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    header: str,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
+        client_key_digests=[digest_of(CLIENT_KEY)],
+    )
+    async with messages(proxy, CLIENT_KEY, header) as client:
+        assert await ask(client) == "Done."
+        async with client.messages.stream(
+            model=CLAUDE, max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            assert await stream.get_final_text() == "Done."
+        counted = await client.messages.count_tokens(
+            model=CLAUDE, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert counted.input_tokens > 0
+    assert len(fake.messages.received) == 3
+    for received in fake.messages.received:
+        headers = {name.lower(): value for name, value in received.headers.items()}
+        assert headers["x-api-key"] == "sk-ant-held"
+        assert "authorization" not in headers
+        assert CLIENT_KEY not in str(headers)
+        assert headers["anthropic-version"]  # the client's own headers go on
+
+
+async def test_a_client_key_sent_as_x_api_key_is_checked_like_a_bearer_token(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
+        client_key_digests=[digest_of(CLIENT_KEY)],
+    )
+    async with messages(proxy, "cpk-not-a-key-of-ours") as stranger:
+        with pytest.raises(anthropic.AuthenticationError):
+            await ask(stranger)
+    assert fake.messages.received == []
+
+
+async def test_a_model_no_route_names_goes_to_the_anthropic_base_url_with_the_callers_key(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(
+        upstream_base_url="http://127.0.0.1:9/v1",  # nothing listens: it must not be asked
+        anthropic_base_url=upstream_url,
+    )
+    async with messages(proxy, "sk-ant-own") as client:
+        assert await ask(client) == "Done."
+    (received,) = fake.messages.received
+    headers = {name.lower(): value for name, value in received.headers.items()}
+    assert headers["x-api-key"] == "sk-ant-own"
+
+
+async def test_the_default_routes_openai_key_never_goes_to_anthropic(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """The default route is the OpenAI-format upstream, and its key is for that upstream
+    alone: a Messages request of no route goes to ``anthropic_base_url`` without it (nor the
+    client key), and Anthropic's refusal comes back as it is."""
+    monkeypatch.setenv("OPENAI_ROUTE_KEY", "sk-openai-held")
+    proxy = await make_proxy(
+        upstream_base_url="http://127.0.0.1:9/v1",
+        upstream_api_key_env="OPENAI_ROUTE_KEY",
+        client_key_digests=[digest_of(CLIENT_KEY)],
+        anthropic_base_url=upstream_url,
+    )
+    async with messages(proxy, CLIENT_KEY) as client:
+        with pytest.raises(anthropic.AuthenticationError):
+            await ask(client)
+    assert fake.messages.received == []  # refused for want of a key, as Anthropic would
+
+
+async def test_message_batches_stay_an_account_endpoint_under_a_held_key(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
+        client_key_digests=[digest_of(CLIENT_KEY)],
+        anthropic_base_url=upstream_url,
+    )
+    async with messages(proxy, CLIENT_KEY) as client:
+        with pytest.raises(anthropic.PermissionDeniedError):
+            await client.messages.batches.list()
