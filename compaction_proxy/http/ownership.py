@@ -105,8 +105,7 @@ async def _claim(request: web.Request, ids: Sequence[str]) -> None:
         log.warning("could not record who created %d object(s) (%s)", len(ids), exc.operation)
 
 
-async def owned_answer(request: web.Request, template: str, status: int, body: bytes) -> bytes:
-    # ``status``: a successful one (the relay reads only those whole)
+async def owned_answer(request: web.Request, template: str, body: bytes) -> bytes:
     """A whole successful JSON answer as the caller may have it: what it creates recorded as
     theirs, a list narrowed to their own objects."""
     try:

@@ -66,8 +66,8 @@ from compaction_proxy.security.upload_slots import client_of
 
 log = logging.getLogger(__name__)
 
-# Reads a whole successful answer (its status, its bytes) into what the client gets.
-Reading = Callable[[int, bytes], Awaitable[bytes]]
+# Reads a whole successful answer's bytes into what the client gets.
+Reading = Callable[[bytes], Awaitable[bytes]]
 
 # The API's paths, as label values: a path is counted under its template (ids replaced by
 # ``{id}``) when the template is one of these, else as ``other``. A fixed table, so no client
@@ -316,7 +316,7 @@ async def _send_on(
         ) as upstream:
             whole = upstream.status < 300 and upstream.content_type == "application/json"
             if reading is not None and whole:
-                body = await reading(upstream.status, await upstream.read())
+                body = await reading(await upstream.read())
                 headers = client_headers(upstream)
                 answer = web.Response(status=upstream.status, headers=headers, body=body)
                 return answer, f"{upstream.status // 100}xx"
