@@ -1,0 +1,223 @@
+"""Anthropic's Messages API at the edge: turns of content blocks in, chat-shaped messages for the
+shared core, and the surface written back as turns (pure).
+
+The core works on chat messages. A Messages body is translated into them one way, and the
+surface the core derives is written back from the client's own blocks, so a block the proxy does
+not replace reaches the upstream exactly as sent:
+
+* ``system`` (a string or text blocks) is a system message at the head, for measuring only: the
+  field itself is sent as it came;
+* a turn whose content is a string is a message of its role with that string;
+* a user turn's ``tool_result`` blocks are each a ``tool`` message answering its ``tool_use``
+  (chat's pairing rule then keeps a call and its result on one side of every cut), and its
+  other blocks, in runs, user messages (text as text parts, anything else kept as a part);
+* an assistant turn is one assistant message: its text, its ``tool_use`` blocks as tool calls,
+  and the identity of its ``thinking``/``redacted_thinking`` blocks in its name (their text is
+  never given to the summarizer; the blocks themselves go on byte for byte); any block the
+  proxy does not know is a part of it, kept in place, never pruned.
+
+Written back, each turn keeps its role and its blocks; a checkpoint is a user turn of its own
+(the API allows consecutive user turns, and the first turn stays the user's). Raises
+``BadRequest`` for what the upstream would reject anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.surface import Surface, written_back
+from compaction_proxy.conversation.text import text_of
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.parsing import jsonio
+
+ROLES = frozenset({"user", "assistant"})
+THINKING = frozenset({"thinking", "redacted_thinking"})
+
+
+def _invalid(param: str, expected: str) -> BadRequest:
+    return BadRequest(f"{param}: expected {expected}", param=param, code="invalid_type")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One piece of what the client sent: a block of turn ``turn`` (or the turn's whole
+    string content). ``turn`` is None for a checkpoint's turn, which stands alone."""
+
+    turn: int | None
+    role: str
+    # A block (a dict); the turn's whole content when that is a string, or an empty list
+    content: Any
+
+
+@dataclass(frozen=True)
+class TranslatedMessages:
+    """A Messages body as chat messages: ``messages[i]`` stands for ``entries[j]`` for every
+    ``j`` in ``groups[i]`` (none for the system prompt's head message)."""
+
+    messages: list[Message]
+    groups: list[tuple[int, ...]]
+    entries: list[Entry]
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if not isinstance(system, list):
+        raise _invalid("system", "a string or an array of text blocks")
+    texts = []
+    for index, block in enumerate(system):
+        if not isinstance(block, dict) or not isinstance(block.get("text"), str):
+            raise _invalid(f"system.{index}", "a text block")
+        texts.append(block["text"])
+    return "\n\n".join(texts)
+
+
+def _block(block: Any, param: str) -> dict[str, Any]:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise _invalid(param, "a content block with a string 'type'")
+    return block
+
+
+def _part(block: dict[str, Any], param: str) -> dict[str, Any]:
+    """A block as a chat content part: text as text, anything else as it is."""
+    if block["type"] == "text":
+        if not isinstance(block.get("text"), str):
+            raise _invalid(f"{param}.text", "a string")
+        return {"type": "text", "text": block["text"]}
+    return block
+
+
+def _tool_result(block: dict[str, Any], param: str) -> Message:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str):
+        raise _invalid(f"{param}.tool_use_id", "a string")
+    content = block.get("content")
+    if isinstance(content, list):
+        content = [_part(_block(b, f"{param}.content.{i}"), param) for i, b in enumerate(content)]
+    elif content is not None and not isinstance(content, str):
+        raise _invalid(f"{param}.content", "a string or an array of content blocks")
+    return {"role": "tool", "tool_call_id": call_id, "content": content or ""}
+
+
+def _thinking_name(blocks: Sequence[dict[str, Any]]) -> str:
+    """Names a turn's thinking blocks by their signatures (or data), so their identity is part
+    of the message's."""
+    digest = hashlib.blake2b(jsonio.dumps(list(blocks)), digest_size=16)
+    return "thinking:" + digest.hexdigest()
+
+
+def _assistant(blocks: Sequence[dict[str, Any]], param: str) -> Message:
+    parts: list[Any] = []
+    calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
+    for index, block in enumerate(blocks):
+        where = f"{param}.{index}"
+        if block["type"] == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise _invalid(where, "a tool_use block with a string 'id' and 'name'")
+            arguments = jsonio.dumps(block.get("input", {})).decode()
+            function = {"name": block["name"], "arguments": arguments}
+            calls.append({"id": block["id"], "type": "function", "function": function})
+        elif block["type"] in THINKING:
+            thinking.append(block)
+        else:
+            parts.append(_part(block, where))
+    message: Message = {"role": "assistant", "content": parts or None}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["name"] = _thinking_name(thinking)
+    return message
+
+
+def translate_messages(body: dict[str, Any]) -> TranslatedMessages:
+    """The chat messages for a Messages body's ``system`` and ``messages``."""
+    messages: list[Message] = []
+    groups: list[tuple[int, ...]] = []
+    entries: list[Entry] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _system_text(system)})
+        groups.append(())
+    turns = body.get("messages")
+    if not isinstance(turns, list):
+        raise _invalid("messages", "an array of messages")
+    for turn_index, turn in enumerate(turns):
+        param = f"messages.{turn_index}"
+        if not isinstance(turn, dict) or turn.get("role") not in ROLES:
+            raise _invalid(f"{param}.role", "'user' or 'assistant'")
+        role, content = turn["role"], turn.get("content")
+        if isinstance(content, str) or content == []:
+            entries.append(Entry(turn_index, role, content))
+            messages.append({"role": role, "content": content or ""})
+            groups.append((len(entries) - 1,))
+            continue
+        if not isinstance(content, list):
+            raise _invalid(f"{param}.content", "a string or an array of content blocks")
+        blocks = [_block(b, f"{param}.content.{i}") for i, b in enumerate(content)]
+        first = len(entries)
+        entries += [Entry(turn_index, role, block) for block in blocks]
+        if role == "assistant":
+            messages.append(_assistant(blocks, f"{param}.content"))
+            groups.append(tuple(range(first, len(entries))))
+            continue
+        run: list[int] = []  # the user blocks waiting to be one message
+        for offset, block in enumerate(blocks):
+            if block["type"] == "tool_result":
+                _close_run(messages, groups, entries, run)
+                messages.append(_tool_result(block, f"{param}.content.{offset}"))
+                groups.append((first + offset,))
+            else:
+                run.append(first + offset)
+        _close_run(messages, groups, entries, run)
+    return TranslatedMessages(messages, groups, entries)
+
+
+def _close_run(
+    messages: list[Message], groups: list[tuple[int, ...]], entries: list[Entry], run: list[int]
+) -> None:
+    if not run:
+        return
+    parts = [_part(entries[i].content, "messages") for i in run]
+    messages.append({"role": "user", "content": parts})
+    groups.append(tuple(run))
+    run.clear()
+
+
+def _pruned_entry(entry: Entry, pruned: Message) -> Entry:
+    """``entry`` with the text the pruner left in place of its content."""
+    text = text_of(pruned.get("content")) or ""
+    if isinstance(entry.content, str):
+        return Entry(entry.turn, entry.role, text)
+    if entry.content.get("type") == "tool_result":
+        return Entry(entry.turn, entry.role, {**entry.content, "content": text})
+    return Entry(entry.turn, entry.role, {**entry.content, "type": "text", "text": text})
+
+
+def _summary_entry(message: Message) -> Entry:
+    text = text_of(message.get("content")) or ""
+    return Entry(None, "user", {"type": "text", "text": text})
+
+
+def turns_for(surface: Surface, translated: TranslatedMessages) -> list[dict[str, Any]]:
+    """The ``messages`` to send for ``surface``: the client's own blocks wherever the surface
+    keeps a message, in their turns; a user turn of its own where a checkpoint stands; pruned
+    content where a prune does."""
+    kept = written_back(
+        surface, translated.groups, translated.entries, _pruned_entry, _summary_entry
+    )
+    turns: list[dict[str, Any]] = []
+    last: int | None = None
+    for entry in kept:
+        if entry.turn is not None and entry.turn == last:
+            turns[-1]["content"].append(entry.content)
+            continue
+        whole = isinstance(entry.content, str | list)  # the turn's content, as sent
+        content = entry.content if whole else [entry.content]
+        turns.append({"role": entry.role, "content": content})
+        last = entry.turn
+    return turns

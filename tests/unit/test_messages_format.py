@@ -1,0 +1,147 @@
+"""Anthropic's Messages API on the chat-shaped core (``formats.messages``): translated one way,
+written back from the client's own blocks (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.conversation.replacements import Checkpoint, Prune
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.messages import translate_messages, turns_for
+
+SUMMARY = {"role": "user", "content": "<compacted-summary>earlier work</compacted-summary>"}
+
+
+def view_of(body: dict[str, Any]) -> RequestView:
+    return RequestView.of("tenant", "claude", translate_messages(body).messages, None)
+
+
+def written(body: dict[str, Any], records: list[Checkpoint | Prune]) -> list[dict[str, Any]]:
+    translated = translate_messages(body)
+    view = RequestView.of("tenant", "claude", translated.messages, None)
+    return turns_for(view.surface(records), translated)
+
+
+def tool_turns(index: int, output: str = "log line") -> list[dict[str, Any]]:
+    call = f"toolu_{index}"
+    return [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": f"pondering {index}", "signature": f"sig{index}"},
+                {"type": "text", "text": f"Running step {index}."},
+                {"type": "tool_use", "id": call, "name": "bash", "input": {"cmd": f"ls {index}"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call, "content": f"{output} {index}"},
+                {"type": "text", "text": f"(note {index})", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
+    ]
+
+
+def session() -> dict[str, Any]:
+    turns = [{"role": "user", "content": "Fix the importer."}]
+    for index in range(4):
+        turns += tool_turns(index)
+    turns.append({"role": "user", "content": "Where are we?"})
+    return {"model": "claude", "system": [{"type": "text", "text": "You code."}], "messages": turns}
+
+
+def test_calls_and_results_pair_as_chat_messages_and_thinking_names_its_turn() -> None:
+    translated = translate_messages(session())
+    system, first, call, result, note = translated.messages[:5]
+    assert system == {"role": "system", "content": "You code."}
+    assert first == {"role": "user", "content": "Fix the importer."}
+    assert call["tool_calls"][0]["id"] == "toolu_0"
+    assert call["tool_calls"][0]["function"]["arguments"] == '{"cmd":"ls 0"}'
+    assert call["name"].startswith("thinking:")
+    assert "pondering" not in str(call["content"])  # thinking is never what a summary reads
+    assert result == {"role": "tool", "tool_call_id": "toolu_0", "content": "log line 0"}
+    assert note["role"] == "user"
+
+
+def test_an_unchanged_surface_writes_back_the_turns_as_sent() -> None:
+    body = session()
+    assert written(body, []) == body["messages"]
+
+
+def test_a_checkpoint_is_a_user_turn_of_its_own_and_splits_a_turn_only_between_blocks() -> None:
+    body = session()
+    view = view_of(body)
+    # Over the first message and the first tool round, its result included: the result's turn
+    # keeps its note, as a user turn of its own after the checkpoint's.
+    end = 2
+    checkpoint = Checkpoint(
+        0, end, view.root, view.chain[end], SUMMARY, tokens=10, shadowed_tokens=100
+    )
+    turns = written(body, [checkpoint])
+    assert turns[0] == {"role": "user", "content": [{"type": "text", "text": SUMMARY["content"]}]}
+    assert turns[1] == {"role": "user", "content": [body["messages"][2]["content"][1]]}
+    assert turns[2:] == body["messages"][3:]
+
+
+def test_a_pruned_result_keeps_its_block_and_every_other_field() -> None:
+    body = session()
+    view = view_of(body)
+    prune = Prune(2, view.chain[2], "log [pruned]")
+    turns = written(body, [prune])
+    block = turns[2]["content"][0]
+    assert block == {"type": "tool_result", "tool_use_id": "toolu_0", "content": "log [pruned]"}
+    assert turns[2]["content"][1] == body["messages"][2]["content"][1]  # cache_control kept
+    assert turns[1] == body["messages"][1]  # thinking, signature and all
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": "hi"},
+        {"messages": [{"role": "system", "content": "x"}]},
+        {"messages": [{"role": "user", "content": 7}]},
+        {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": 1}]}]},
+        {"system": 3, "messages": []},
+    ],
+)
+def test_what_the_api_would_refuse_is_a_bad_request(body: dict[str, Any]) -> None:
+    with pytest.raises(BadRequest):
+        translate_messages(body)
+
+
+text_block = st.builds(lambda t: {"type": "text", "text": t}, st.text(max_size=20))
+image_block = st.just({"type": "image", "source": {"type": "base64", "data": "aGk="}})
+user_content = st.one_of(
+    st.text(max_size=30), st.lists(st.one_of(text_block, image_block), min_size=1, max_size=3)
+)
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> dict[str, Any]:
+    turns: list[dict[str, Any]] = [{"role": "user", "content": draw(user_content)}]
+    for index in range(draw(st.integers(0, 5))):
+        if draw(st.booleans()):
+            turns += tool_turns(index, draw(st.text(max_size=15)))
+        else:
+            turns.append({"role": "assistant", "content": draw(st.text(max_size=20))})
+            turns.append({"role": "user", "content": draw(user_content)})
+    body: dict[str, Any] = {"model": "claude", "messages": turns}
+    if draw(st.booleans()):
+        body["system"] = draw(st.text(max_size=20))
+    return body
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations())
+def test_any_conversation_is_written_back_as_sent_when_nothing_replaces_it(
+    body: dict[str, Any],
+) -> None:
+    assert written(body, []) == body["messages"]
