@@ -11,7 +11,12 @@ import math
 from dataclasses import dataclass, field
 
 from compaction_proxy.compaction.prune import Pruner
-from compaction_proxy.config.policy import configured_window, resolve_policy, route_for
+from compaction_proxy.config.policy import (
+    configured_window,
+    messages_route_for,
+    resolve_policy,
+    route_for,
+)
 from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering.windows import mapped_window
@@ -123,11 +128,18 @@ class PolicyBook:
     def size(self) -> int:
         return len(self._cache)
 
-    def for_model(self, model: str) -> ModelPolicy:
-        cached = self._cache.get(model)
+    def for_model(self, model: str, messages: bool = False) -> ModelPolicy:
+        """``model``'s policy; ``messages``: for an Anthropic-format request, whose model no
+        route matches goes to ``anthropic_base_url`` (``config.policy.messages_route_for``)."""
+        key = f"messages\x00{model}" if messages else model
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
-        route = route_for(self._settings, model)
+        route = (
+            messages_route_for(self._settings, model)
+            if messages
+            else route_for(self._settings, model)
+        )
         policy = resolve_policy(self._settings, route, model)
         pruner = Pruner(
             threshold_chars=policy.pruner.threshold_chars,
@@ -143,5 +155,5 @@ class PolicyBook:
             mapped_window(model),
             bridge_pruner(policy.pruner),
         )
-        self._cache.put(model, resolved)
+        self._cache.put(key, resolved)
         return resolved

@@ -19,6 +19,7 @@ import orjson
 from yarl import URL
 
 from compaction_proxy.conversation.messages import Message
+from compaction_proxy.formats.messages import summary_text_of
 from compaction_proxy.metering.overflow import classify_overflow, error_message
 from compaction_proxy.parsing import jsonio
 
@@ -162,8 +163,10 @@ async def call_summarizer(
     headers: Mapping[str, str],
     body: dict[str, Any],
     timeout_seconds: float,
+    messages_format: bool = False,
 ) -> Summary:
-    """POST the summary request; raise SummaryFailed unless it returns usable text."""
+    """POST the summary request; raise SummaryFailed unless it returns usable text. With
+    ``messages_format`` the answer is Anthropic's (``content`` blocks, ``stop_reason``)."""
     try:
         async with asyncio.timeout(timeout_seconds):
             async with session.post(
@@ -183,6 +186,8 @@ async def call_summarizer(
     if not 200 <= status < 300:  # a redirect included: the proxy follows none
         said = error_message(raw)[:300]
         raise SummaryFailed(f"http_{status}", upstream_message=said, retry_after=retry_after)
+    if messages_format:
+        return _messages_summary(raw)
     try:
         parsed = orjson.loads(raw)
         choice = parsed["choices"][0]
@@ -202,3 +207,17 @@ async def call_summarizer(
         raise SummaryFailed("empty")
     usage = parsed.get("usage") if isinstance(parsed.get("usage"), dict) else None
     return Summary(content.strip(), usage)
+
+
+def _messages_summary(raw: bytes) -> Summary:
+    try:
+        parsed = orjson.loads(raw)
+        text, cut = summary_text_of(parsed)
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise SummaryFailed("malformed") from exc
+    if cut:
+        raise SummaryFailed("length")
+    if not text.strip():
+        raise SummaryFailed("empty")
+    usage = parsed.get("usage") if isinstance(parsed.get("usage"), dict) else None
+    return Summary(text.strip(), usage)

@@ -32,9 +32,12 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface, written_back
 from compaction_proxy.conversation.text import text_of
 from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.request import ClientRequest, check_stream, parse_object_with_model
 from compaction_proxy.parsing import jsonio
 
 ROLES = frozenset({"user", "assistant"})
+ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 THINKING = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -221,3 +224,127 @@ def turns_for(surface: Surface, translated: TranslatedMessages) -> list[dict[str
         turns.append({"role": entry.role, "content": content})
         last = entry.turn
     return turns
+
+
+def _no_check(message: Message, index: int) -> None:
+    """Blocks were validated as they were translated."""
+
+
+def parse_messages_request(raw: bytes, known: KnownMessages) -> ClientRequest:
+    """A Messages body as a request for the shared core (translated whole, each time)."""
+    body = parse_object_with_model(raw)
+    translated = translate_messages(body)
+    return ClientRequest(
+        body=body,
+        model=body["model"],
+        messages=translated.messages,
+        stream=check_stream(body),
+        digests=known.digests(translated.messages, _no_check),
+        raw=raw,
+        api="messages",
+        groups=translated.groups,
+        translation=translated,
+    )
+
+
+def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
+    """The client's body with only ``messages`` rebuilt for ``surface``; every other field,
+    and every block the surface keeps, as sent (read again losslessly when the body may hold
+    integers beyond 64 bits)."""
+    body, translated = request.body, request.translation
+    if request.may_hold_a_big_integer():
+        body = jsonio.loads(request.raw)
+        translated = translate_messages(body)
+    assert isinstance(translated, TranslatedMessages)
+    return jsonio.dumps({**body, "messages": turns_for(surface, translated)})
+
+
+# -- summary calls in Messages format ------------------------------------------------------
+
+CONTINUES = "(The conversation so far continues below.)"
+
+
+def _blocks_of(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list):
+        return [
+            {"type": "text", "text": p["text"]} if p.get("type") == "text" else p
+            for p in content
+            if isinstance(p, dict)
+        ]
+    return []
+
+
+def _assistant_blocks(message: Message) -> list[Any]:
+    blocks = _blocks_of(message.get("content"))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        try:
+            arguments = jsonio.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = {}
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id"),
+                "name": function.get("name"),
+                "input": arguments if isinstance(arguments, dict) else {},
+            }
+        )
+    return blocks or [{"type": "text", "text": "(no text)"}]
+
+
+def summary_messages_body(chat_body: dict[str, Any]) -> dict[str, Any]:
+    """A chat summary request (``compaction.summarize.summary_body``) in Messages form: system
+    messages as ``system``, tool calls as ``tool_use`` blocks with their results in the next
+    user turn, the first turn the user's; thinking is not there to send (the chat messages only
+    name it)."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in chat_body.get("messages", []):
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system.append(text_of(message.get("content")) or "")
+        elif role == "assistant":
+            turns.append({"role": "assistant", "content": _assistant_blocks(message)})
+        elif role == "tool":
+            result = {
+                "type": "tool_result",
+                "tool_use_id": message.get("tool_call_id"),
+                "content": text_of(message.get("content")) or "",
+            }
+            if turns and turns[-1]["role"] == "user" and turns[-1].get("results"):
+                turns[-1]["content"].append(result)
+            else:
+                turns.append({"role": "user", "content": [result], "results": True})
+        else:
+            content = message.get("content")
+            if not isinstance(content, str):
+                content = _blocks_of(content)
+            turns.append({"role": "user", "content": content or "(empty)"})
+    for turn in turns:
+        turn.pop("results", None)
+    if not turns or turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": CONTINUES})
+    cap = chat_body.get("max_tokens") or chat_body.get("max_completion_tokens")
+    body: dict[str, Any] = {"model": chat_body["model"], "max_tokens": cap, "messages": turns}
+    if system:
+        body["system"] = "\n\n".join(system)
+    if chat_body.get("tools"):
+        body["tools"] = chat_body["tools"]
+        body["tool_choice"] = {"type": "none"}
+    return body
+
+
+def summary_text_of(answer: Any) -> tuple[str, bool]:
+    """A Messages answer's text, and whether it stopped at its ``max_tokens``; raises
+    ``ValueError`` for what is not a Messages answer."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("content"), list):
+        raise ValueError("not a Messages answer")
+    text = "".join(
+        block.get("text", "")
+        for block in answer["content"]
+        if isinstance(block, dict) and block.get("type") == "text"
+    )
+    return text, answer.get("stop_reason") == "max_tokens"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface, written_back
+from compaction_proxy.formats.messages import messages_payload
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.responses import responses_payload
 from compaction_proxy.parsing import jsonio
@@ -19,6 +20,8 @@ def payload_for(client_request: ClientRequest, surface: Surface) -> bytes:
     that reading's messages."""
     if client_request.api == "responses":
         return responses_payload(client_request, surface)
+    if client_request.api == "messages":
+        return messages_payload(client_request, surface)
     if not client_request.may_hold_a_big_integer():
         return jsonio.dumps({**client_request.body, "messages": surface.messages})
     exact = jsonio.loads(client_request.raw)

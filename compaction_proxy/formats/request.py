@@ -52,13 +52,16 @@ class ClientRequest:
     messages: list[dict[str, Any]]
     stream: bool
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
-    api: Literal["chat", "responses"] = "chat"
+    api: Literal["chat", "responses", "messages"] = "chat"
     groups: list[tuple[int, ...]] | None = None
+    translation: Any = None  # the Messages translation, written back from (formats.messages)
     lineage: Lineage | None = None  # what it takes from a body it extends, leaves for the next
 
     @property
     def upstream_path(self) -> str:
-        return "/responses" if self.api == "responses" else "/chat/completions"
+        return {"responses": "/responses", "messages": "/messages"}.get(
+            self.api, "/chat/completions"
+        )
 
     @property
     def stored(self) -> bool:
@@ -91,6 +94,7 @@ class ClientRequest:
 _ANSWER_CAP_FIELDS = {
     "chat": ("max_completion_tokens", "max_tokens"),
     "responses": ("max_output_tokens",),
+    "messages": ("max_tokens",),
 }
 
 

@@ -38,6 +38,18 @@ def bad_request_response(error: BadRequest) -> web.Response:
     return response
 
 
+def anthropic_bad_request_response(error: BadRequest) -> web.Response:
+    """``error`` in Anthropic's shape, for a Messages client."""
+    kind = "invalid_request_error" if error.status == 400 else error.error_type
+    body = {"type": "error", "error": {"type": kind, "message": error.message}}
+    response = web.Response(
+        status=error.status, body=orjson.dumps(body), content_type="application/json"
+    )
+    if error.close_connection:
+        response.force_close()
+    return response
+
+
 def upstream_failed(base: str, exc: BaseException) -> web.Response:
     """The client's answer when the upstream at ``base`` did not answer in time (504) or could
     not be reached (502); logged, without the request's content."""

@@ -77,7 +77,9 @@ async def forward(
     creates is claimed before the client has it (``http.ownership``)."""
     session = request.app[SERVICES].http_client
     proxy_keys = request.app[SERVICES].client_keys.required
-    headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
+    headers = upstream_headers(
+        request.headers, route.api_key_env, proxy_keys=proxy_keys, anthropic=path == "/messages"
+    )
     headers.setdefault("Content-Type", "application/json")
     url = upstream_url(route.base, path, client_query(request))
     started = time.perf_counter()

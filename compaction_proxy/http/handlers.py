@@ -22,6 +22,7 @@ from compaction_proxy.conversation.log_events import overflow_event, usage_event
 from compaction_proxy.conversation.messages import is_valid_session_id
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.chat import parse_chat_request
+from compaction_proxy.formats.messages import parse_messages_request
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.responses import (
     parse_responses_body,
@@ -29,7 +30,11 @@ from compaction_proxy.formats.responses import (
     stateful,
 )
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import bad_request_response, upstream_failed
+from compaction_proxy.http.errors import (
+    anthropic_bad_request_response,
+    bad_request_response,
+    upstream_failed,
+)
 from compaction_proxy.http.forwarding import Reply, forward, usage_of
 from compaction_proxy.http.intake import check_headers, read_body
 from compaction_proxy.http.ownership import claimer
@@ -59,19 +64,23 @@ from compaction_proxy.store import StoreUnavailable
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Session-Id"
+CLAUDE_CODE_SESSION_HEADER = "X-Claude-Code-Session-Id"  # as much weight as X-Session-Id
 
 
-def _session_id(headers: Mapping[str, str]) -> str | None:
-    value = headers.get(SESSION_HEADER)
-    if value is None:
-        return None
-    if not is_valid_session_id(value):
-        raise BadRequest(
-            f"Invalid {SESSION_HEADER} header: use at most 128 characters of [A-Za-z0-9._:-].",
-            param=SESSION_HEADER,
-            code="invalid_session_id",
-        )
-    return value
+def _session_id(headers: Mapping[str, str], *names: str) -> str | None:
+    """The conversation's name from the first of ``SESSION_HEADER`` and ``names`` sent."""
+    for name in (SESSION_HEADER, *names):
+        value = headers.get(name)
+        if value is None:
+            continue
+        if not is_valid_session_id(value):
+            raise BadRequest(
+                f"Invalid {name} header: use at most 128 characters of [A-Za-z0-9._:-].",
+                param=name,
+                code="invalid_session_id",
+            )
+        return value
+    return None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -117,6 +126,24 @@ async def responses(request: web.Request) -> web.StreamResponse:
     return await _serve(request, client_request, session_id, started)
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages``, Anthropic's Messages API (Claude Code): compacted like chat; bad
+    input answered in Anthropic's error shape."""
+    started = time.perf_counter()
+    try:
+        check_headers(request.headers)
+        raw = await read_body(request, request.app[SERVICES].settings.max_body_bytes)
+        session_id = _session_id(request.headers, CLAUDE_CODE_SESSION_HEADER)
+        known = request.app[SERVICES].known_messages
+        client_request = await off_loop_if(
+            is_big(len(raw)), lambda: parse_messages_request(raw, known)
+        )
+    except BadRequest as error:
+        REQUESTS.labels(route="", outcome="bad_request").inc()
+        return anthropic_bad_request_response(error)
+    return await _serve(request, client_request, session_id, started)
+
+
 async def _serve(
     request: web.Request,
     client_request: ClientRequest,
@@ -125,7 +152,9 @@ async def _serve(
 ) -> web.StreamResponse:
     """Prepare (compact if need be), forward, recover from an overflow, record."""
     services = request.app[SERVICES]
-    model_policy = services.policies.for_model(client_request.model)
+    model_policy = services.policies.for_model(
+        client_request.model, client_request.api == "messages"
+    )
     route = model_policy.route
     record: RequestRecord | None = None
     try:

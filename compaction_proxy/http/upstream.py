@@ -49,23 +49,30 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
     Responses API's (``input_tokens``, ``output_tokens``); None when it is not usage."""
     if not isinstance(usage, dict):
         return None
-    if "prompt_tokens" not in usage and "input_tokens" in usage:
-        return {
-            **usage,
-            "prompt_tokens": usage.get("input_tokens"),
-            "completion_tokens": usage.get("output_tokens"),
-        }
-    return usage
+    if "prompt_tokens" in usage or not ("input_tokens" in usage or "output_tokens" in usage):
+        return usage
+    converted = {**usage, "completion_tokens": usage.get("output_tokens")}
+    if "input_tokens" in usage:
+        # Anthropic counts cache writes and reads apart from ``input_tokens``; the prompt is
+        # all three (the Responses API's ``input_tokens`` holds its cached tokens already).
+        cached = [usage.get(k) for k in ("cache_creation_input_tokens", "cache_read_input_tokens")]
+        prompt = usage.get("input_tokens")
+        if isinstance(prompt, int):
+            prompt += sum(n for n in cached if isinstance(n, int))
+        converted["prompt_tokens"] = prompt
+    return converted
 
 
 def _usage_in(event: Any) -> dict[str, Any] | None:
-    """The usage an answer or stream event carries: at the top (chat), or in its ``response``
-    (the Responses API's ``response.completed``)."""
+    """The usage an answer or stream event carries: at the top (chat, a Messages answer or
+    ``message_delta``), or in its ``response`` (the Responses API's ``response.completed``)
+    or ``message`` (Messages' ``message_start``)."""
     if not isinstance(event, dict):
         return None
     found = chat_usage(event.get("usage"))
-    if found is None and isinstance(event.get("response"), dict):
-        found = chat_usage(event["response"].get("usage"))
+    for key in ("response", "message"):
+        if found is None and isinstance(event.get(key), dict):
+            found = chat_usage(event[key].get("usage"))
     return found
 
 
@@ -163,6 +170,11 @@ class UsageScanner:
             self.created = created_id(event)
         usage = _usage_in(event)
         if usage is not None:
+            # Messages streams the prompt's usage first (``message_start``) and the answer's
+            # last (``message_delta``): the later adds to the earlier.
+            earlier = self.usage
+            if earlier is not None and usage.get("prompt_tokens") is None:
+                usage = {**earlier, **usage, "prompt_tokens": earlier.get("prompt_tokens")}
             self.usage = usage
             # Chat sends its usage in a last chunk of its own (no choices), then [DONE].
             if isinstance(event, dict) and event.get("choices") == []:

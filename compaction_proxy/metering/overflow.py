@@ -26,7 +26,8 @@ _OVERFLOW_PHRASES = (
     "exceed_context_size_error",  # llama.cpp error type
     "exceeded max context length",  # Ollama
     "exceeds the maximum number of tokens allowed",  # Gemini (OpenAI-compatible endpoint)
-    "prompt is too long",  # Anthropic through a compatible gateway
+    "prompt is too long",  # Anthropic, and compatible gateways
+    "exceed context limit",  # Anthropic: input length and max_tokens together
     "is longer than the model's context length",  # vLLM, older
     "is longer than the maximum model length",  # vLLM, newer
     "context length exceeded",
@@ -37,6 +38,7 @@ _NEVER_OVERFLOW = ("string_above_max_length", "tokens per min", "rate limit")
 _STATED_LIMITS = (
     re.compile(r"maximum context length is (\d+)", re.IGNORECASE),
     re.compile(r"\d+ tokens > (\d+) maximum", re.IGNORECASE),
+    re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)", re.IGNORECASE),
     re.compile(r"configured limit of (\d+) tokens", re.IGNORECASE),
     re.compile(r"with (\d+) maximum context length", re.IGNORECASE),
     re.compile(r"maximum prompt length is (\d+)", re.IGNORECASE),

@@ -243,6 +243,7 @@ def create_app(settings: Settings) -> web.Application:
         [
             web.post("/v1/chat/completions", guarded(handlers.chat_completions)),
             web.post("/v1/responses", guarded(handlers.responses)),
+            web.post("/v1/messages", guarded(handlers.messages)),
             web.get("/v1/models", guarded(handlers.list_models)),
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),

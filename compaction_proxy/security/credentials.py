@@ -22,7 +22,16 @@ from compaction_proxy.config.settings import Route, Settings
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 SUMMARY_HEADERS = frozenset(
-    {"authorization", "api-key", "openai-organization", "openai-project", "user-agent"}
+    {
+        "authorization",
+        "api-key",
+        "x-api-key",
+        "openai-organization",
+        "openai-project",
+        "anthropic-version",
+        "anthropic-beta",
+        "user-agent",
+    }
 )
 
 

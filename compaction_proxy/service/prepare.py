@@ -27,6 +27,7 @@ from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.formats.messages import ANTHROPIC_VERSION, summary_messages_body
 from compaction_proxy.formats.payload import payload_for
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.metering.meter import TokenMeter
@@ -51,24 +52,32 @@ def summary_call(
     client_query: str,
     request_route: Route,
     summary_model: str,
+    messages: bool = False,
 ) -> SummaryCall:
     """The summary call: the summary model's route, the configured timeout, and of the
     client's headers only those ``summary_call_headers`` allows (its credentials only when
     the summary goes to the host its request went to; the route's own key otherwise), with
-    the client's query string on the same terms."""
-    route = services.policies.for_model(summary_model).route
+    the client's query string on the same terms. ``messages``: made in Anthropic's Messages
+    format, as the request was."""
+    route = services.policies.for_model(summary_model, messages).route
     timeout = services.settings.summary_timeout_seconds
 
     async def call(body: dict[str, Any]) -> Summary:
         # Made here, not per request: most requests never call the summarizer.
         allowed = summary_call_headers(client_headers, request_route, route)
         keys = services.client_keys.required
-        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys)
+        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=messages)
         headers["Content-Type"] = "application/json"
         query = summary_call_query(client_query, request_route, route)
-        url = upstream_url(route.base, "/chat/completions", query)
+        path = "/chat/completions"
+        if messages:
+            path, body = "/messages", summary_messages_body(body)
+            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        url = upstream_url(route.base, path, query)
         try:
-            return await call_summarizer(services.http_client, url, headers, body, timeout)
+            return await call_summarizer(
+                services.http_client, url, headers, body, timeout, messages_format=messages
+            )
         except SummaryFailed as failure:
             if failure.reason == "overflow" and failure.limit is not None:
                 # The summary model stated its window: later summary calls are sized to it.
@@ -155,11 +164,13 @@ def compaction_job(
     window: int | None,
     client_headers: Mapping[str, str],
     client_query: str = "",
+    messages: bool = False,
 ) -> CompactionJob:
     """The compaction inputs for ``view``: its policy and window, and the summary route with
-    its own window when the summary model is another model."""
+    its own window when the summary model is another model (``messages``: the request is in
+    Anthropic's format, and so are its summary calls)."""
     summary_model = model_policy.policy.summary_model or view.model
-    summary_policy = services.policies.for_model(summary_model)
+    summary_policy = services.policies.for_model(summary_model, messages)
     summary_window = None
     if summary_model != view.model:
         summary_window = services.model_window(summary_policy, summary_model)
@@ -170,7 +181,7 @@ def compaction_job(
         window=window,
         summary_model=summary_model,
         summarize=summary_call(
-            services, client_headers, client_query, model_policy.route, summary_model
+            services, client_headers, client_query, model_policy.route, summary_model, messages
         ),
         route=model_policy.route.model,
         summary_window=summary_window,
@@ -200,7 +211,10 @@ async def prepare(
     window = services.model_window(model_policy, client_request.model)
     if window is None:
         services.learned_windows.warn_unknown_once(route.model, client_request.model)
-    job = compaction_job(services, view, model_policy, window, client_headers, client_query)
+    messages = client_request.api == "messages"
+    job = compaction_job(
+        services, view, model_policy, window, client_headers, client_query, messages
+    )
     misses = checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
     limits = pressure_limits(model_policy, window, client_request, state)

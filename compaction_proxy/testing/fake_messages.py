@@ -1,24 +1,93 @@
 """The fake provider's Anthropic Messages API: ``POST /v1/messages`` (whole or streamed) and
-``/v1/messages/count_tokens``, answering as Anthropic does, errors in its shape.
+``/v1/messages/count_tokens``, answering as Anthropic does and refusing, in its words, what it
+refuses: a first turn not the user's, a ``tool_use`` without its ``tool_result`` in the next
+turn, an orphan ``tool_result``, more than 4 ``cache_control`` breakpoints, a prompt over the
+window. A summary request (the proxy's instruction last) is answered with a summary keeping
+every ``FACT-n`` line.
 
 It asks for a key the way the API does (``x-api-key``, or a bearer token for OAuth) and keeps
-every request's headers and body, so tests can see which credentials reached it.
+every request's headers and body, so tests can see what reached it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-ANTHROPIC_VERSION = "2023-06-01"
+from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
+
+UNLIMITED = 10_000_000
 
 
 def anthropic_error(status: int, kind: str, message: str) -> web.Response:
     body = {"type": "error", "error": {"type": kind, "message": message}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _blocks(turn: Any) -> list[Any]:
+    content = turn.get("content") if isinstance(turn, dict) else None
+    return content if isinstance(content, list) else []
+
+
+def refusal(body: dict[str, Any]) -> str | None:
+    """What the Messages API would refuse in ``body``, in its words; None when nothing."""
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns:
+        return "messages: at least one message is required"
+    if not isinstance(turns[0], dict) or turns[0].get("role") != "user":
+        return 'messages: first message must use the "user" role'
+    breakpoints = sum(
+        1
+        for turn in turns
+        for block in _blocks(turn)
+        if isinstance(block, dict) and block.get("cache_control")
+    )
+    system = body.get("system")
+    if isinstance(system, list):
+        breakpoints += sum(1 for b in system if isinstance(b, dict) and b.get("cache_control"))
+    if breakpoints > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
+    for index, turn in enumerate(turns):
+        previous = turns[index - 1] if index else {}
+        called = {
+            b.get("id")
+            for b in _blocks(previous)
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        }
+        answered = [
+            b.get("tool_use_id")
+            for b in _blocks(turn)
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        ]
+        orphans = [call for call in answered if call not in called]
+        if orphans:
+            return (
+                f"messages.{index}.content: unexpected `tool_use_id` found in `tool_result` "
+                f"blocks: {orphans[0]}. Each `tool_result` block must have a corresponding "
+                "`tool_use` block in the previous message."
+            )
+        missing = sorted(str(c) for c in called if c not in answered) if previous else []
+        if missing:
+            return (
+                f"messages.{index}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message."
+            )
+    last = turns[-1]
+    if isinstance(last, dict) and last.get("role") == "assistant":
+        unanswered = [
+            b for b in _blocks(last) if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]
+        if unanswered:
+            return (
+                f"messages.{len(turns) - 1}: `tool_use` ids were found without `tool_result` "
+                "blocks immediately after."
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -32,7 +101,10 @@ class MessagesRequest:
 class FakeMessages:
     """State of the Messages endpoints; ``routes()`` serves them."""
 
+    count_text: Callable[[str], int] = lambda text: len(text) // 4 + 1
+    window_of: Callable[[str], int] = lambda model: UNLIMITED
     received: list[MessagesRequest] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
     reply_text: str = "Done."
 
     def routes(self) -> list[web.RouteDef]:
@@ -40,6 +112,10 @@ class FakeMessages:
             web.post("/v1/messages", self._create),
             web.post("/v1/messages/count_tokens", self._count_tokens),
         ]
+
+    @property
+    def summary_requests(self) -> list[MessagesRequest]:
+        return [r for r in self.received if is_summary_request(r.body)]
 
     async def _read(self, request: web.Request) -> dict[str, Any] | web.Response:
         if not (request.headers.get("x-api-key") or request.headers.get("Authorization")):
@@ -53,9 +129,41 @@ class FakeMessages:
         self.received.append(MessagesRequest(request.path, dict(request.headers), body))
         return body
 
-    @staticmethod
-    def input_tokens(body: dict[str, Any]) -> int:
-        return len(orjson.dumps(body.get("messages", []))) // 4 + 1
+    def input_tokens(self, body: dict[str, Any]) -> int:
+        total = 3
+        system = body.get("system")
+        if system is not None:
+            total += self.count_text(system if isinstance(system, str) else text_of(system))
+        for turn in body.get("messages") or []:
+            total += 3
+            content = turn.get("content") if isinstance(turn, dict) else None
+            if isinstance(content, str):
+                total += self.count_text(content)
+                continue
+            for block in content if isinstance(content, list) else []:
+                total += self._block_tokens(block)
+        if body.get("tools"):
+            total += self.count_text(text_of(body["tools"]))
+        return total
+
+    def _block_tokens(self, block: Any) -> int:
+        if not isinstance(block, dict):
+            return 0
+        kind = block.get("type")
+        if kind == "text":
+            return self.count_text(str(block.get("text", "")))
+        if kind == "tool_use":
+            return (
+                3
+                + self.count_text(str(block.get("name")))
+                + self.count_text(text_of(block.get("input", {})))
+            )
+        if kind == "tool_result":
+            content = block.get("content")
+            return 3 + self.count_text(content if isinstance(content, str) else text_of(content))
+        if kind == "thinking":
+            return self.count_text(str(block.get("thinking", "")))
+        return self.count_text(text_of(block))
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         body = await self._read(request)
@@ -67,21 +175,37 @@ class FakeMessages:
         body = await self._read(request)
         if isinstance(body, web.Response):
             return body
+        problem = refusal(body)
+        if problem is not None:
+            self.refused.append(problem)
+            return anthropic_error(400, "invalid_request_error", problem)
+        tokens, window = self.input_tokens(body), self.window_of(body["model"])
+        cap = body.get("max_tokens")
+        cap = cap if isinstance(cap, int) else 0
+        if tokens > window:
+            message = f"prompt is too long: {tokens} tokens > {window} maximum"
+            return anthropic_error(400, "invalid_request_error", message)
+        if tokens + cap > window:
+            message = (
+                f"input length and `max_tokens` exceed context limit: {tokens} + {cap} > "
+                f"{window}, decrease input length or `max_tokens` and try again"
+            )
+            return anthropic_error(400, "invalid_request_error", message)
+        text = fake_summary(body) if is_summary_request(body) else self.reply_text
         number = len(self.received)
-        usage = {"input_tokens": self.input_tokens(body), "output_tokens": 3}
-        message = {
+        message_body = {
             "id": f"msg_fake{number}",
             "type": "message",
             "role": "assistant",
             "model": body["model"],
-            "content": [{"type": "text", "text": self.reply_text}],
+            "content": [{"type": "text", "text": text}],
             "stop_reason": "end_turn",
             "stop_sequence": None,
-            "usage": usage,
+            "usage": {"input_tokens": tokens, "output_tokens": 3},
         }
         if not body.get("stream"):
-            return web.json_response(message)
-        return await self._stream(request, message)
+            return web.json_response(message_body)
+        return await self._stream(request, message_body)
 
     async def _stream(self, request: web.Request, message: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -89,39 +213,26 @@ class FakeMessages:
         started = {**message, "content": [], "stop_reason": None}
         started["usage"] = {**message["usage"], "output_tokens": 1}
         text = message["content"][0]["text"]
+        block = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": text}
+        final = {"output_tokens": message["usage"]["output_tokens"]}
         events: list[tuple[str, dict[str, Any]]] = [
             ("message_start", {"type": "message_start", "message": started}),
             (
                 "content_block_start",
-                {
-                    "type": "content_block_start",
-                    "index": 0,
-                    "content_block": {"type": "text", "text": ""},
-                },
+                {"type": "content_block_start", "index": 0, "content_block": block},
             ),
             ("ping", {"type": "ping"}),
-            (
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": text},
-                },
-            ),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
             ("content_block_stop", {"type": "content_block_stop", "index": 0}),
             (
                 "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": message["usage"]["output_tokens"]},
-                },
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": final},
             ),
             ("message_stop", {"type": "message_stop"}),
         ]
         for name, data in events:
-            await response.write(
-                b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-            )
+            event = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            await response.write(event)
         await response.write_eof()
         return response

@@ -83,7 +83,7 @@ class FakeUpstream:
     reply_headers: dict[str, str] = field(default_factory=dict)  # on every answer (Set-Cookie)
     received: list[Received] = field(default_factory=list)
     endpoints: FakeEndpoints = field(default_factory=FakeEndpoints)  # every other endpoint
-    messages: FakeMessages = field(default_factory=FakeMessages)  # Anthropic's Messages API
+    messages: FakeMessages = field(init=False)  # Anthropic's Messages API
     responses: FakeResponses = field(init=False)
     canned: deque[CannedReply] = field(default_factory=deque)
     disconnects: int = 0
@@ -96,6 +96,7 @@ class FakeUpstream:
         self.responses = FakeResponses(
             count_text=self.count_text, window_of=self.window_of, headers=self._headers
         )
+        self.messages = FakeMessages(count_text=self.count_text, window_of=self.window_of)
 
     # -- behaviour set by tests -------------------------------------------------------------
 

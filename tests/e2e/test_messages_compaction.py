@@ -1,0 +1,135 @@
+"""Anthropic-format clients compacted: the anthropic SDK runs an agent's history through a
+16k window that it outgrows, and the proxy compacts it in Messages form (its summary call
+too), the live turn as sent, the API's pairing rules kept, facts kept."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anthropic
+import pytest
+
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import counter, route
+
+MODEL = "claude-small"
+WINDOW = 16_000
+
+
+def history(rounds: int = 30) -> list[dict[str, Any]]:
+    """About 14k tokens: over the 12.8k threshold, inside the 16k window."""
+    turns: list[dict[str, Any]] = [
+        {"role": "user", "content": f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Fix the importer."}
+    ]
+    for index in range(rounds):
+        call = f"toolu_{index:03d}"
+        turns.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": f"Step {index}.", "signature": f"s{index}"},
+                    {"type": "tool_use", "id": call, "name": "bash", "input": {"n": index}},
+                ],
+            }
+        )
+        result = {"type": "tool_result", "tool_use_id": call, "content": "importer log line " * 150}
+        turns.append({"role": "user", "content": [result]})
+    turns.append({"role": "user", "content": "Where are we?"})
+    return turns
+
+
+async def start(make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream) -> RunningProxy:
+    fake.windows[MODEL] = WINDOW
+    policy = {"precompact_ratio": 0}
+    return await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW, **policy)])
+
+
+def client_of(proxy: RunningProxy) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(
+        base_url=proxy.url.removesuffix("/v1"),
+        api_key=None,
+        default_headers={"x-api-key": "sk-ant-own"},
+        max_retries=0,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_long_history_is_compacted_in_messages_form(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, stream: bool
+) -> None:
+    proxy = await start(make_proxy, upstream_url, fake)
+    turns = history()
+    summaries = counter("compaction_proxy_summary_duration_seconds_count", result="ok")
+    async with client_of(proxy) as client:
+        if stream:
+            async with client.messages.stream(
+                model=MODEL,
+                max_tokens=512,
+                messages=turns,  # type: ignore[arg-type]
+            ) as answer:
+                assert await answer.get_final_text() == "Done."
+                status = answer.response.headers["x-compaction-status"]
+        else:
+            raw = await client.messages.with_raw_response.create(
+                model=MODEL,
+                max_tokens=512,
+                messages=turns,  # type: ignore[arg-type]
+            )
+            parsed = await raw.parse()
+            assert parsed.content[0].text == "Done."  # type: ignore[union-attr]
+            status = raw.headers["x-compaction-status"]
+    assert status == "compacted"
+    assert fake.messages.refused == []
+    (summary,) = fake.messages.summary_requests
+    # The summary call went as Messages, to the same host with the client's key.
+    assert summary.headers["x-api-key"] == "sk-ant-own"
+    assert "thinking" not in str(summary.body["messages"])  # thinking never goes to a summary
+    assert counter("compaction_proxy_summary_duration_seconds_count", result="ok") == summaries + 1
+    forwarded = fake.messages.received[-1].body
+    sent = forwarded["messages"]
+    assert "FACT-5" in str(sent[0]["content"])  # the checkpoint, a user turn, comes first
+    assert sent[0]["role"] == "user"
+    assert sent[-1] == turns[-1]  # the live turn as sent
+    assert len(sent) < len(turns)
+    assert forwarded["max_tokens"] == 512 and forwarded["model"] == MODEL
+
+
+async def test_the_next_request_reuses_the_checkpoint_and_usage_anchors_it(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await start(make_proxy, upstream_url, fake)
+    turns = history()
+    async with client_of(proxy) as client:
+        await client.messages.create(model=MODEL, max_tokens=512, messages=turns)  # type: ignore[arg-type]
+        more = [
+            *turns,
+            {"role": "assistant", "content": "On it."},
+            {"role": "user", "content": "And?"},
+        ]
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=512,
+            messages=more,  # type: ignore[arg-type]
+        )
+    assert raw.headers["x-compaction-status"] != "compacted"
+    assert len(fake.messages.summary_requests) == 1
+    assert "<compacted-summary>" in str(fake.messages.received[-1].body["messages"][0])
+
+
+async def test_bad_input_is_answered_in_anthropics_error_shape(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await start(make_proxy, upstream_url, fake)
+    async with client_of(proxy) as client:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(
+                model=MODEL,
+                max_tokens=16,
+                messages=[{"role": "user", "content": [{"text": "no type"}]}],  # type: ignore[list-item]
+            )
+    body = refused.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert fake.messages.received == []
