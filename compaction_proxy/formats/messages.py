@@ -151,9 +151,10 @@ def translate_messages(body: dict[str, Any]) -> TranslatedMessages:
         raise _invalid("messages", "an array of messages")
     for turn_index, turn in enumerate(turns):
         param = f"messages.{turn_index}"
-        if not isinstance(turn, dict) or turn.get("role") not in ROLES:
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if not isinstance(role, str) or role not in ROLES:
             raise _invalid(f"{param}.role", "'user' or 'assistant'")
-        role, content = turn["role"], turn.get("content")
+        content = turn.get("content")
         if isinstance(content, str) or content == []:
             entries.append(Entry(turn_index, role, content))
             messages.append({"role": role, "content": content or ""})

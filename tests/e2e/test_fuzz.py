@@ -72,6 +72,7 @@ def servers() -> Iterator[Servers]:
             upstream_base_url=f"http://127.0.0.1:{upstream_port}/v1",
             tenant_secret="fuzz-secret",
             routes=routes,
+            anthropic_base_url=f"http://127.0.0.1:{upstream_port}/v1",
             admin_token="fuzz-admin-token-0123456789",
         )
         proxy = web.AppRunner(create_app(settings_))
@@ -232,6 +233,62 @@ def test_no_responses_input_gets_a_5xx_from_the_proxy(servers: Servers, body: by
     headers: list[tuple[str, bytes | str]] = [("Content-Type", "application/json")]
     status, response_headers, answer = send(servers.proxy_port, "/v1/responses", body, headers)
     assert_answered(status, {k.lower(): v for k, v in response_headers.items()}, answer)
+
+
+blocks = (
+    st.fixed_dictionaries({"type": st.just("text"), "text": words | junk})
+    | st.fixed_dictionaries(
+        {"type": st.just("tool_use"), "id": texts(6) | junk, "name": words, "input": junk}
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": texts(6) | junk},
+        optional={"content": words | st.lists(junk, max_size=2) | junk, "is_error": junk},
+    )
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["thinking", "image", "x"])},
+        optional={"thinking": words, "signature": texts(8), "source": junk},
+    )
+    | junk
+)
+turns = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant"]) | junk,
+        "content": words | st.lists(blocks, max_size=4) | junk,
+    }
+)
+messages_bodies = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["fuzz-small", "claude-fuzz"]) | junk,
+        "messages": st.lists(turns, max_size=10) | junk,
+    },
+    optional={
+        "system": words | st.lists(blocks, max_size=2) | junk,
+        "stream": st.booleans() | junk,
+        "tools": junk,
+        "max_tokens": st.integers(min_value=-5, max_value=10**30) | junk,
+    },
+)
+
+
+@settings(
+    max_examples=EXAMPLES // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(body=messages_bodies.map(jsonio.dumps) | st.binary(max_size=100))
+def test_no_messages_input_gets_a_5xx_from_the_proxy(servers: Servers, body: bytes) -> None:
+    """Anthropic-format clients: the proxy's 4xx in Anthropic's error shape, never a 5xx."""
+    headers: list[tuple[str, bytes | str]] = [
+        ("Content-Type", "application/json"),
+        ("x-api-key", "sk-ant-fuzz"),
+    ]
+    status, _, answer = send(servers.proxy_port, "/v1/messages", body, headers)
+    assert status < 500, (status, answer[:300])
+    if status >= 400:
+        error = orjson.loads(answer)
+        assert error["type"] == "error", error
+        assert isinstance(error["error"]["message"], str) and error["error"]["message"]
 
 
 segments = st.sampled_from(

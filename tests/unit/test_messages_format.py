@@ -105,6 +105,7 @@ def test_a_pruned_result_keeps_its_block_and_every_other_field() -> None:
     [
         {"messages": "hi"},
         {"messages": [{"role": "system", "content": "x"}]},
+        {"messages": [{"role": [], "content": "x"}]},  # found by the fuzz suite: was a 500
         {"messages": [{"role": "user", "content": 7}]},
         {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
         {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
