@@ -51,6 +51,25 @@ class Budgets:
     def with_answer_reserve(self, reserve: int | None) -> Budgets:
         return Budgets(self.window, self.threshold, self.retain, self.precompact, reserve)
 
+    def under_declared_cap(self, cap: int | None) -> Budgets:
+        """These budgets for a request that declares its answer's cap: the provider refuses a
+        prompt that leaves less than the cap, so the threshold is at most the window less it
+        (Claude Code asks for 32k of answer: in a 64k window, a 35k prompt is over, though far
+        under 80 %). Never below an eighth of the window, where no compaction would make
+        room anyway; the precompaction watermark and the retained tail move down with it."""
+        if cap is None or self.window - cap >= self.threshold:
+            return self
+        threshold = max(self.window - cap, self.window // 8)
+        lowered = self.threshold - threshold
+        precompact = max(1, self.precompact - lowered) if self.precompact else 0
+        return Budgets(
+            self.window,
+            threshold,
+            min(self.retain, threshold),
+            min(precompact, threshold),
+            self.answer_reserve,
+        )
+
 
 def answer_reserve(window: int, declared_cap: int | None, largest_answer: int | None) -> int | None:
     """Room to leave for a request's answer (pure): the cap the request declares (a provider

@@ -50,8 +50,9 @@ def pressure_limits(
     if window is None or not model_policy.policy.auto:
         return None
     largest = state.attributes.largest_answer_tokens
-    reserve = answer_reserve(window, client_request.answer_cap, largest)
-    return model_policy.budgets(window).with_answer_reserve(reserve)
+    cap = client_request.answer_cap
+    reserve = answer_reserve(window, cap, largest)
+    return model_policy.budgets(window).with_answer_reserve(reserve).under_declared_cap(cap)
 
 
 def maybe_precompact(

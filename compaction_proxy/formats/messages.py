@@ -8,7 +8,8 @@ not replace reaches the upstream exactly as sent:
 * ``system`` (a string or text blocks) is a system message at the head, for measuring only: the
   field itself is sent as it came;
 * a turn whose content is a string is a message of its role with that string;
-* a user turn's ``tool_result`` blocks are each a ``tool`` message answering its ``tool_use``
+* a user turn's (or any other role's but the assistant's: Claude Code sends ``system`` turns
+  inside ``messages``) ``tool_result`` blocks are each a ``tool`` message answering its ``tool_use``
   (chat's pairing rule then keeps a call and its result on one side of every cut), and its
   other blocks, in runs, user messages (text as text parts, anything else kept as a part);
 * an assistant turn is one assistant message: its text, its ``tool_use`` blocks as tool calls,
@@ -36,7 +37,6 @@ from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import ClientRequest, check_stream, parse_object_with_model
 from compaction_proxy.parsing import jsonio
 
-ROLES = frozenset({"user", "assistant"})
 ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -152,8 +152,8 @@ def translate_messages(body: dict[str, Any]) -> TranslatedMessages:
     for turn_index, turn in enumerate(turns):
         param = f"messages.{turn_index}"
         role = turn.get("role") if isinstance(turn, dict) else None
-        if not isinstance(role, str) or role not in ROLES:
-            raise _invalid(f"{param}.role", "'user' or 'assistant'")
+        if not isinstance(role, str) or not role:
+            raise _invalid(f"{param}.role", "a role such as 'user' or 'assistant'")
         content = turn.get("content")
         if isinstance(content, str) or content == []:
             entries.append(Entry(turn_index, role, content))
@@ -187,7 +187,7 @@ def _close_run(
     if not run:
         return
     parts = [_part(entries[i].content, "messages") for i in run]
-    messages.append({"role": "user", "content": parts})
+    messages.append({"role": entries[run[0]].role, "content": parts})
     groups.append(tuple(run))
     run.clear()
 

@@ -21,6 +21,8 @@ from aiohttp import web
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
 
 UNLIMITED = 10_000_000
+# A scripted model: the content blocks of its answer to a request
+Script = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 
 def anthropic_error(status: int, kind: str, message: str) -> web.Response:
@@ -105,7 +107,10 @@ class FakeMessages:
     window_of: Callable[[str], int] = lambda model: UNLIMITED
     received: list[MessagesRequest] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    overflows: list[int] = field(default_factory=list)  # prompts refused as over the window
     reply_text: str = "Done."
+    # Set by a test: the blocks of each answer (a scripted agent's moves), from the request
+    script: Script | None = None
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -182,6 +187,8 @@ class FakeMessages:
         tokens, window = self.input_tokens(body), self.window_of(body["model"])
         cap = body.get("max_tokens")
         cap = cap if isinstance(cap, int) else 0
+        if tokens + cap > window:
+            self.overflows.append(tokens)
         if tokens > window:
             message = f"prompt is too long: {tokens} tokens > {window} maximum"
             return anthropic_error(400, "invalid_request_error", message)
@@ -191,15 +198,21 @@ class FakeMessages:
                 f"{window}, decrease input length or `max_tokens` and try again"
             )
             return anthropic_error(400, "invalid_request_error", message)
-        text = fake_summary(body) if is_summary_request(body) else self.reply_text
+        if is_summary_request(body):
+            content = [{"type": "text", "text": fake_summary(body)}]
+        elif self.script is not None:
+            content = self.script(body)
+        else:
+            content = [{"type": "text", "text": self.reply_text}]
+        calls = any(block.get("type") == "tool_use" for block in content)
         number = len(self.received)
         message_body = {
             "id": f"msg_fake{number}",
             "type": "message",
             "role": "assistant",
             "model": body["model"],
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
+            "content": content,
+            "stop_reason": "tool_use" if calls else "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": tokens, "output_tokens": 3},
         }
@@ -212,27 +225,67 @@ class FakeMessages:
         await response.prepare(request)
         started = {**message, "content": [], "stop_reason": None}
         started["usage"] = {**message["usage"], "output_tokens": 1}
-        text = message["content"][0]["text"]
-        block = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": text}
-        final = {"output_tokens": message["usage"]["output_tokens"]}
         events: list[tuple[str, dict[str, Any]]] = [
             ("message_start", {"type": "message_start", "message": started}),
-            (
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": block},
-            ),
             ("ping", {"type": "ping"}),
-            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            (
-                "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": final},
-            ),
-            ("message_stop", {"type": "message_stop"}),
         ]
+        for index, block in enumerate(message["content"]):
+            events += _block_events(index, block)
+        final = {"output_tokens": message["usage"]["output_tokens"]}
+        delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+        events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": final}))
+        events.append(("message_stop", {"type": "message_stop"}))
         for name, data in events:
             event = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
             await response.write(event)
         await response.write_eof()
         return response
+
+
+def _opened(block: dict[str, Any]) -> dict[str, Any]:
+    return {"content_block": block}
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A content block as Anthropic streams it: opened empty, filled by deltas, closed."""
+    if block.get("type") == "tool_use":
+        opened = {**block, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+    else:
+        opened = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": block.get("text", "")}
+    return [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": opened},
+        ),
+        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def shell_agent(
+    files: list[str], tool: str = "Bash"
+) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+    """A scripted coding agent's model: it prints one of ``files`` with the shell tool each
+    turn, then answers, naming every ``FACT-n`` line it saw in them. It reads how far it got
+    from the tool results in the request, so a compacted history still tells it."""
+
+    def move(body: dict[str, Any]) -> list[dict[str, Any]]:
+        turns = body.get("messages") or []
+        done = sum(
+            1
+            for turn in turns
+            for block in _blocks(turn)
+            if isinstance(block, dict) and block.get("type") == "tool_result"
+        )
+        summaries = str(turns).count("<compacted-summary>")
+        done = max(done, summaries and len(files))  # a summary stands for what it replaced
+        step = done if done < len(files) else None
+        if step is None:
+            return [{"type": "text", "text": f"Read all {len(files)} files."}]
+        command = {"command": f"cat {files[step]}", "description": f"Print data file {step}"}
+        call = {"type": "tool_use", "id": f"toolu_fake{step:03d}", "name": tool, "input": command}
+        return [{"type": "text", "text": f"Reading file {step}."}, call]
+
+    return move

@@ -98,3 +98,25 @@ def test_with_precompaction_a_request_waits_only_where_its_answer_would_not_fit(
     limits = Budgets(16_000, 12_800, 2_560, precompact=11_200, answer_reserve=reserve)
     assert limits.must_compact == must_compact
     assert dataclasses.replace(limits, precompact=0).must_compact == 12_800
+
+
+@pytest.mark.parametrize(
+    ("cap", "threshold", "precompact", "retain"),
+    [
+        (None, 51_200, 44_800, 10_240),  # nothing declared: as configured
+        (8_000, 51_200, 44_800, 10_240),  # the window less the cap is above the threshold
+        (32_000, 32_000, 25_600, 10_240),  # Claude Code's 32k: a 35k prompt would be refused
+        (63_000, 8_000, 1_600, 8_000),  # never below an eighth of the window
+    ],
+)
+def test_a_declared_answer_cap_lowers_the_threshold_to_what_the_provider_accepts(
+    cap: int | None, threshold: int, precompact: int, retain: int
+) -> None:
+    configured = Budgets(window=64_000, threshold=51_200, retain=10_240, precompact=44_800)
+    lowered = configured.under_declared_cap(cap)
+    assert (lowered.threshold, lowered.precompact, lowered.retain) == (
+        threshold,
+        precompact,
+        retain,
+    )
+    assert configured.threshold == 51_200  # the budgets themselves are left as they were

@@ -56,6 +56,17 @@ def session() -> dict[str, Any]:
     return {"model": "claude", "system": [{"type": "text", "text": "You code."}], "messages": turns}
 
 
+def test_a_system_turn_inside_messages_is_kept_as_claude_code_sends_it() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+        ]
+    }
+    assert translate_messages(body).messages[1]["role"] == "system"
+    assert written(body, []) == body["messages"]
+
+
 def test_calls_and_results_pair_as_chat_messages_and_thinking_names_its_turn() -> None:
     translated = translate_messages(session())
     system, first, call, result, note = translated.messages[:5]
@@ -104,7 +115,7 @@ def test_a_pruned_result_keeps_its_block_and_every_other_field() -> None:
     "body",
     [
         {"messages": "hi"},
-        {"messages": [{"role": "system", "content": "x"}]},
+        {"messages": [{"role": "", "content": "x"}]},
         {"messages": [{"role": [], "content": "x"}]},  # found by the fuzz suite: was a 500
         {"messages": [{"role": "user", "content": 7}]},
         {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},

@@ -1,0 +1,103 @@
+"""Claude Code itself, headless (``claude -p``), through the proxy against a scripted model
+whose window its history outgrows: it completes, and the proxy compacted. Pointed straight at
+the same model, the run ends with the history too long. Skipped, with the reason, where the
+pinned ``@anthropic-ai/claude-code`` is not installed (``.ci/run`` installs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from compaction_proxy.testing.fake_messages import shell_agent
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory
+from tests.helpers import route
+
+pytestmark = pytest.mark.slow
+
+MODEL = "claude-scripted"
+WINDOW = 64_000  # Claude Code asks for 32k of answer: 10.9k of its own prompt leaves ~20k
+FILES = 6  # about 6k tokens each: the history outgrows the window by the fifth
+AGENTS = Path(__file__).parents[2] / ".ci" / "agents" / "node_modules" / ".bin"
+
+
+def claude_binary() -> str:
+    found = shutil.which("claude", path=f"{AGENTS}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip("Claude Code is not installed (.ci/run installs @anthropic-ai/claude-code)")
+    return found
+
+
+def data_files(folder: Path) -> list[str]:
+    paths = []
+    for index in range(FILES):
+        path = folder / f"data_{index}.txt"
+        lines = [f"row {index}.{row}: " + "value " * 20 for row in range(180)]
+        if index == 0:
+            lines.insert(0, "FACT-7: the importer's batch size is 512.")
+        path.write_text("\n".join(lines))
+        paths.append(str(path))
+    return paths
+
+
+async def run_claude(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "IS_SANDBOX": "1",  # lets --dangerously-skip-permissions run as root
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-test",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+    }
+    process = await asyncio.create_subprocess_exec(
+        claude_binary(),
+        "-p",
+        "Print each data file with the shell, one per turn, then say you are done.",
+        "--model",
+        MODEL,
+        "--dangerously-skip-permissions",
+        cwd=workdir,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    assert process.returncode is not None
+    return process.returncode, output.decode(errors="replace")
+
+
+async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_window(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    claude_binary()
+    files = data_files(tmp_path)
+    fake.windows[MODEL] = WINDOW
+    fake.messages.script = shell_agent(files)
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW)])
+    code, output = await run_claude(proxy.url.removesuffix("/v1"), tmp_path / "a", tmp_path)
+    assert code == 0, output
+    assert f"Read all {FILES} files." in output
+    assert fake.messages.refused == []  # pairing and breakpoints as the API wants them
+    assert fake.messages.overflows == []  # nothing over the window reached the model
+    forwarded = [str(r.body) for r in fake.messages.received]
+    compacted = [
+        b for b in forwarded if "removed by compaction-proxy" in b or "<compacted-summary>" in b
+    ]
+    assert compacted  # the proxy is what kept it inside
+
+
+async def test_claude_code_pointed_straight_at_the_model_runs_out_of_window(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """The witness: without the proxy the same run fails on its history's size."""
+    claude_binary()
+    fake.windows[MODEL] = WINDOW
+    fake.messages.script = shell_agent(data_files(tmp_path))
+    _, output = await run_claude(upstream_url.removesuffix("/v1"), tmp_path / "b", tmp_path)
+    assert fake.messages.overflows, output
