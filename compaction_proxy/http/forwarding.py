@@ -90,7 +90,7 @@ async def forward(
             reply_headers = client_headers(upstream)
             reply_headers.update(extra_headers)
             if upstream.status < 400 and is_event_stream(upstream):
-                scanner = UsageScanner()
+                scanner = UsageScanner(wants_created=claim is not None)
                 try:
                     streamed = await relay_stream(request, upstream, reply_headers, scanner, claim)
                 except ClientGone as gone:

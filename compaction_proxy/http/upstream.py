@@ -104,17 +104,17 @@ class UsageScanner:
     # ``response.completed``), and has its answer all the same.
     TERMINAL_EVENTS = (b'"response.completed"', b'"response.incomplete"', b'"message_stop"')
 
-    def __init__(self) -> None:
+    def __init__(self, wants_created: bool = False) -> None:
         self._line: list[bytes] = []  # the pieces of the line not ended yet
         self._line_size = 0
         self._is_data = False  # that line is known to start with "data:"
         self._skipping = False  # that line is not kept
         self.usage: dict[str, Any] | None = None
         self.finished = False  # a terminal event, or chat's usage chunk or [DONE], went by
-        # The id of what the stream creates (a response, a chat completion): its first event
-        # names it, so only the first data line is read for it.
+        # With ``wants_created``, the id of what the stream creates (a response, a chat
+        # completion): its first event names it, so only the first data line is read for it.
         self.created: str | None = None
-        self._first = True
+        self._first = wants_created
 
     def feed(self, chunk: bytes) -> None:
         end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))

@@ -242,10 +242,6 @@ class FakeMessages:
         return response
 
 
-def _opened(block: dict[str, Any]) -> dict[str, Any]:
-    return {"content_block": block}
-
-
 def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """A content block as Anthropic streams it: opened empty, filled by deltas, closed."""
     if block.get("type") == "tool_use":
@@ -264,9 +260,7 @@ def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str, dict[str
     ]
 
 
-def shell_agent(
-    files: list[str], tool: str = "Bash"
-) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+def shell_agent(files: list[str], tool: str = "Bash") -> Script:
     """A scripted coding agent's model: it prints one of ``files`` with the shell tool each
     turn, then answers, naming every ``FACT-n`` line it saw in them. It reads how far it got
     from the tool results in the request, so a compacted history still tells it."""

@@ -24,13 +24,10 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.messages import branch_fingerprint
@@ -39,9 +36,10 @@ from compaction_proxy.security.tenant import tenant_of
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.overhead import percentile
+from tests.bench.precompaction import serve
 from tests.builders import agent_turns, system, user
 from tests.helpers import route
-from tests.processes import free_port, proxy_process
+from tests.processes import proxy_process
 from tests.redis_server import RedisServer
 
 MODEL = "small-model"
@@ -108,18 +106,6 @@ async def post(http: aiohttp.ClientSession, base: str, messages: list[dict[str, 
     return time.perf_counter() - started
 
 
-@asynccontextmanager
-async def upstream(fake: FakeUpstream) -> AsyncIterator[str]:
-    runner = web.AppRunner(fake.app(), access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        await runner.cleanup()
-
-
 def milliseconds(values: list[float], share: float) -> str:
     return f"{percentile(values, share) * 1000:6.2f} ms"
 
@@ -158,7 +144,7 @@ async def run(twins: int, samples: int, summary_seconds: float) -> None:
     fake = FakeUpstream(keep_requests=False)
     fake.summary_delay = summary_seconds
     try:
-        async with upstream(fake) as upstream_url:
+        async with serve(fake) as upstream_url:
             routes = [route(upstream_url, "small-*", WINDOW, precompact_ratio=0)]
             env = {
                 "COMPACTION_PROXY_STORE_URL": redis.url,

@@ -5,7 +5,8 @@ responses. Stateless endpoints are served; a single-team deployment can share th
 from __future__ import annotations
 
 import io
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import openai
@@ -100,14 +101,23 @@ async def test_without_a_held_key_each_client_reaches_its_own_account_as_before(
         assert (await own.files.content(uploaded.id)).content == b"mine"
 
 
-async def test_owned_keeps_each_client_keys_files_its_own(
-    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
-) -> None:
-    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+@asynccontextmanager
+async def alice_and_bob(
+    proxy: RunningProxy,
+) -> AsyncIterator[tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]]:
+    """SDK clients for the two client keys."""
     async with (
         openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
         openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
     ):
+        yield alice, bob
+
+
+async def test_owned_keeps_each_client_keys_files_its_own(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with alice_and_bob(proxy) as (alice, bob):
         payroll = await alice.files.create(file=io.BytesIO(b"payroll"), purpose="batch")
         notes = await bob.files.create(file=io.BytesIO(b"bob's notes"), purpose="batch")
         # Each lists, reads and deletes its own ...
@@ -133,10 +143,7 @@ async def test_owned_gives_a_batch_owner_its_output_file(
     make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
-    async with (
-        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
-        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
-    ):
+    async with alice_and_bob(proxy) as (alice, bob):
         batch = await alice.batches.create(
             input_file_id="file-input", endpoint="/v1/chat/completions", completion_window="24h"
         )
@@ -153,10 +160,7 @@ async def test_owned_continues_only_the_callers_own_stored_responses(
     make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
 ) -> None:
     proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
-    async with (
-        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
-        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
-    ):
+    async with alice_and_bob(proxy) as (alice, bob):
         first = await alice.responses.create(model="gpt-4o-mini", input="my salary is 10")
         # A stream's response is Alice's from its first event, before she has read it all.
         streamed = await alice.responses.create(model="gpt-4o-mini", input="hi", stream=True)

@@ -204,6 +204,13 @@ def test_no_input_gets_a_5xx_from_the_proxy(
     assert_answered(status, {k.lower(): v for k, v in response_headers.items()}, answer)
 
 
+# Each endpoint after chat's: half the examples, the same terms.
+per_endpoint = settings(
+    max_examples=EXAMPLES // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
 responses_bodies = st.fixed_dictionaries(
     {
         "model": st.sampled_from(["fuzz-small", "fuzz-model"]) | junk,
@@ -219,12 +226,7 @@ responses_bodies = st.fixed_dictionaries(
 )
 
 
-@settings(
-    max_examples=EXAMPLES // 2,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    derandomize=True,
-)
+@per_endpoint
 @given(body=responses_bodies.map(jsonio.dumps) | st.binary(max_size=100))
 # Found by a randomized run: an integer past 64 bits in a streamed request (the fake upstream
 # cut its stream after the headers; it must answer 400 as a provider does).
@@ -270,12 +272,7 @@ messages_bodies = st.fixed_dictionaries(
 )
 
 
-@settings(
-    max_examples=EXAMPLES // 2,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    derandomize=True,
-)
+@per_endpoint
 @given(body=messages_bodies.map(jsonio.dumps) | st.binary(max_size=100))
 def test_no_messages_input_gets_a_5xx_from_the_proxy(servers: Servers, body: bytes) -> None:
     """Anthropic-format clients: the proxy's 4xx in Anthropic's error shape, never a 5xx."""

@@ -96,13 +96,20 @@ async def test_a_long_history_is_compacted_in_messages_form(
     assert forwarded["max_tokens"] == 512 and forwarded["model"] == MODEL
 
 
-async def test_the_next_request_reuses_the_checkpoint_and_usage_anchors_it(
+async def test_the_next_request_reuses_the_checkpoint_anchored_on_streamed_usage(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
+    """The first answer streams its usage in two events (``message_start`` with the prompt's,
+    ``message_delta`` with the answer's); the next request is measured from it."""
     proxy = await start(make_proxy, upstream_url, fake)
     turns = history()
     async with client_of(proxy) as client:
-        await client.messages.create(model=MODEL, max_tokens=512, messages=turns)  # type: ignore[arg-type]
+        async with client.messages.stream(
+            model=MODEL,
+            max_tokens=512,
+            messages=turns,  # type: ignore[arg-type]
+        ) as first:
+            await first.get_final_text()
         more = [
             *turns,
             {"role": "assistant", "content": "On it."},
@@ -116,6 +123,14 @@ async def test_the_next_request_reuses_the_checkpoint_and_usage_anchors_it(
     assert raw.headers["x-compaction-status"] != "compacted"
     assert len(fake.messages.summary_requests) == 1
     assert "<compacted-summary>" in str(fake.messages.received[-1].body["messages"][0])
+    events = await proxy.read_log(raw.headers["x-compaction-conversation"])
+    usage = [e for e in events if e["type"] == "usage"]
+    assert usage[0]["prompt_tokens"] == fake.messages.input_tokens(
+        fake.messages.received[-2].body  # what the upstream counted of the first request
+    )
+    assert usage[0]["completion_tokens"] == 3
+    requests = [e for e in events if e["type"] == "request"]
+    assert requests[-1]["anchored"] is True
 
 
 async def test_bad_input_is_answered_in_anthropics_error_shape(

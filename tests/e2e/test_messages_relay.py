@@ -32,6 +32,21 @@ def messages(
     )
 
 
+async def holding_a_key(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    **settings: Any,
+) -> RunningProxy:
+    """A proxy whose ``claude-*`` route holds the upstream key, and one client key."""
+    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
+    return await make_proxy(
+        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
+        client_key_digests=[digest_of(CLIENT_KEY)],
+        **settings,
+    )
+
+
 async def ask(client: anthropic.AsyncAnthropic, **extra: Any) -> str:
     reply = await client.messages.create(
         model=CLAUDE, max_tokens=64, messages=[{"role": "user", "content": "hi"}], **extra
@@ -49,11 +64,7 @@ async def test_a_routes_key_goes_as_x_api_key_and_the_clients_own_key_never(
     fake: FakeUpstream,
     header: str,
 ) -> None:
-    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
-    proxy = await make_proxy(
-        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
-        client_key_digests=[digest_of(CLIENT_KEY)],
-    )
+    proxy = await holding_a_key(make_proxy, upstream_url, monkeypatch)
     async with messages(proxy, CLIENT_KEY, header) as client:
         assert await ask(client) == "Done."
         async with client.messages.stream(
@@ -76,11 +87,7 @@ async def test_a_routes_key_goes_as_x_api_key_and_the_clients_own_key_never(
 async def test_a_client_key_sent_as_x_api_key_is_checked_like_a_bearer_token(
     make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
 ) -> None:
-    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
-    proxy = await make_proxy(
-        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
-        client_key_digests=[digest_of(CLIENT_KEY)],
-    )
+    proxy = await holding_a_key(make_proxy, upstream_url, monkeypatch)
     async with messages(proxy, "cpk-not-a-key-of-ours") as stranger:
         with pytest.raises(anthropic.AuthenticationError):
             await ask(stranger)
@@ -123,11 +130,8 @@ async def test_the_default_routes_openai_key_never_goes_to_anthropic(
 async def test_message_batches_stay_an_account_endpoint_under_a_held_key(
     make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
 ) -> None:
-    monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
-    proxy = await make_proxy(
-        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
-        client_key_digests=[digest_of(CLIENT_KEY)],
-        anthropic_base_url=upstream_url,
+    proxy = await holding_a_key(
+        make_proxy, upstream_url, monkeypatch, anthropic_base_url=upstream_url
     )
     async with messages(proxy, CLIENT_KEY) as client:
         with pytest.raises(anthropic.PermissionDeniedError):
