@@ -187,7 +187,10 @@ async def two_workers(
         supervisor,
         base,
     ):
+        deadline = asyncio.get_running_loop().time() + 60  # a worker waits 60 s to listen
         while len(workers := children_of(supervisor.pid)) < 2:  # the second may be starting
+            if asyncio.get_running_loop().time() > deadline:
+                pytest.fail(f"one worker of two after 60 s: {sorted(workers)}")
             await asyncio.sleep(0.1)
         yield supervisor, base, workers
 
