@@ -208,7 +208,10 @@ class Settings(BaseSettings):
         default=AnyHttpUrl(DEFAULT_ANTHROPIC_UPSTREAM),
         validation_alias=AliasChoices("anthropic_base_url", "COMPACTION_PROXY_ANTHROPIC_BASE_URL"),
     )
-    # The default route's account_endpoints (see Route).
+    # The key (an environment variable's name) sent as x-api-key on the Anthropic catch-all
+    # route: what reaches the model list, message batches and unrouted models under it.
+    anthropic_api_key_env: str | None = None
+    # The catch-all routes' account_endpoints (see Route).
     account_endpoints: Literal["refused", "shared", "owned"] = "refused"
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
@@ -269,7 +272,13 @@ class Settings(BaseSettings):
     policy: Policy = Policy()
     routes: list[Route] = []
 
-    @field_validator("tenant_secret", "admin_token", "upstream_api_key_env", mode="before")
+    @field_validator(
+        "tenant_secret",
+        "admin_token",
+        "upstream_api_key_env",
+        "anthropic_api_key_env",
+        mode="before",
+    )
     @classmethod
     def _empty_means_unset(cls, value: Any) -> Any:
         # Compose files and charts pass ``VAR: ${VAR:-}``: an empty secret is no secret.
@@ -331,7 +340,12 @@ class Settings(BaseSettings):
     def anthropic_route(self) -> Route:
         """Catch-all route for Anthropic-format requests whose model no route matches: the
         client's own credentials go with them."""
-        return Route(model="*", base_url=self.anthropic_base_url)
+        return Route(
+            model="*",
+            base_url=self.anthropic_base_url,
+            api_key_env=self.anthropic_api_key_env,
+            account_endpoints=self.account_endpoints,
+        )
 
     @property
     def default_route(self) -> Route:

@@ -1,4 +1,6 @@
-"""Client-facing errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Client-facing errors in the caller's API shape: OpenAI's ``{"error": {"message", "type",
+"param", "code"}}``, or, for a Messages client (``/v1/messages...``), Anthropic's ``{"type":
+"error", "error": {"type", "message"}}`` with the type Anthropic gives that status."""
 
 from __future__ import annotations
 
@@ -13,6 +15,24 @@ from compaction_proxy.formats.bad_request import BadRequest
 log = logging.getLogger(__name__)
 
 
+# Anthropic's error type for each status it answers with (docs: "Errors"); api_error else.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error")
+
+
 def error_response(
     status: int,
     message: str,
@@ -20,37 +40,34 @@ def error_response(
     error_type: str = "invalid_request_error",
     param: str | None = None,
     code: str | None = None,
+    anthropic: bool = False,
 ) -> web.Response:
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    body: dict[str, object]
+    if anthropic:
+        body = {
+            "type": "error",
+            "error": {"type": anthropic_error_type(status), "message": message},
+        }
+    else:
+        body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-def bad_request_response(error: BadRequest) -> web.Response:
+def bad_request_response(error: BadRequest, *, anthropic: bool = False) -> web.Response:
     response = error_response(
         error.status,
         error.message,
         error_type=error.error_type,
         param=error.param,
         code=error.code,
+        anthropic=anthropic,
     )
     if error.close_connection:
         response.force_close()
     return response
 
 
-def anthropic_bad_request_response(error: BadRequest) -> web.Response:
-    """``error`` in Anthropic's shape, for a Messages client."""
-    kind = "invalid_request_error" if error.status == 400 else error.error_type
-    body = {"type": "error", "error": {"type": kind, "message": error.message}}
-    response = web.Response(
-        status=error.status, body=orjson.dumps(body), content_type="application/json"
-    )
-    if error.close_connection:
-        response.force_close()
-    return response
-
-
-def upstream_failed(base: str, exc: BaseException) -> web.Response:
+def upstream_failed(base: str, exc: BaseException, *, anthropic: bool = False) -> web.Response:
     """The client's answer when the upstream at ``base`` did not answer in time (504) or could
     not be reached (502); logged, without the request's content."""
     if isinstance(exc, TimeoutError):
@@ -60,6 +77,7 @@ def upstream_failed(base: str, exc: BaseException) -> web.Response:
             "The upstream did not answer in time.",
             error_type="upstream_error",
             code="upstream_timeout",
+            anthropic=anthropic,
         )
     log.warning("upstream %s failed: %s", base, type(exc).__name__)
     # Reached, but what came back was not valid HTTP (or was cut off): a fault of its own.
@@ -70,4 +88,5 @@ def upstream_failed(base: str, exc: BaseException) -> web.Response:
         f"The upstream {what}: {type(exc).__name__}.",
         error_type="upstream_error",
         code="upstream_unavailable",
+        anthropic=anthropic,
     )

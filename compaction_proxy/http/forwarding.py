@@ -30,7 +30,7 @@ from compaction_proxy.http.upstream import (
 )
 from compaction_proxy.metrics import UPSTREAM_DURATION, child
 from compaction_proxy.offload import is_big, off_loop_if
-from compaction_proxy.security.outbound import upstream_headers, upstream_url
+from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
 
 log = logging.getLogger(__name__)
 
@@ -117,4 +117,5 @@ async def forward(
                 await claim_created(claim, body)
             return Reply(response, upstream.status, answer=body)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        return Reply(upstream_failed(route.base, exc), 0)
+        anthropic = speaks_anthropic(request.path, request.headers)
+        return Reply(upstream_failed(route.base, exc, anthropic=anthropic), 0)

@@ -30,11 +30,7 @@ from compaction_proxy.formats.responses import (
     stateful,
 )
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import (
-    anthropic_bad_request_response,
-    bad_request_response,
-    upstream_failed,
-)
+from compaction_proxy.http.errors import bad_request_response, upstream_failed
 from compaction_proxy.http.forwarding import Reply, forward, usage_of
 from compaction_proxy.http.intake import check_headers, read_body
 from compaction_proxy.http.ownership import claimer
@@ -53,7 +49,7 @@ from compaction_proxy.metrics import (
     child,
 )
 from compaction_proxy.offload import is_big, off_loop_if
-from compaction_proxy.security.outbound import upstream_headers, upstream_url
+from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import prepare
 from compaction_proxy.service.record import RequestRecord, write_record
@@ -140,7 +136,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         )
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
-        return anthropic_bad_request_response(error)
+        return bad_request_response(error, anthropic=True)
     return await _serve(request, client_request, session_id, started)
 
 
@@ -297,18 +293,23 @@ async def _record(
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/models``: the default route's list, or, asked by an Anthropic client, the
+    Anthropic upstream's (in its shape)."""
     settings = request.app[SERVICES].settings
-    route = settings.default_route
+    anthropic = speaks_anthropic(request.path, request.headers)
+    route = settings.anthropic_route if anthropic else settings.default_route
     session = request.app[SERVICES].http_client
     proxy_keys = request.app[SERVICES].client_keys.required
-    headers = upstream_headers(request.headers, route.api_key_env, proxy_keys=proxy_keys)
+    headers = upstream_headers(
+        request.headers, route.api_key_env, proxy_keys=proxy_keys, anthropic=anthropic
+    )
     try:
         url = upstream_url(route.base, "/models", client_query(request))
         async with session.get(url, headers=headers, allow_redirects=False) as upstream:
             body = await upstream.read()
             return buffered_response(upstream.status, client_headers(upstream), body)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        return upstream_failed(route.base, exc)
+        return upstream_failed(route.base, exc, anthropic=anthropic)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from compaction_proxy.config.settings import Route
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import error_response
 from compaction_proxy.http.upstream import Claim
+from compaction_proxy.security.outbound import speaks_anthropic
 from compaction_proxy.security.owned_objects import (
     LISTS,
     created_objects,
@@ -51,13 +52,14 @@ async def _tenant(request: web.Request) -> str:
     return tenant_of(secret, api_key_of(request.headers))
 
 
-def _unavailable() -> web.Response:
+def _unavailable(anthropic: bool) -> web.Response:
     return error_response(
         503,
         "The proxy cannot tell who owns this account's objects right now (its store is "
         "unavailable): try again shortly.",
         error_type="server_error",
         code="store_unavailable",
+        anthropic=anthropic,
     )
 
 
@@ -68,16 +70,18 @@ async def refused_unless_owned(
     not own (503 when the store cannot say)."""
     if not ids:
         return None
+    anthropic = speaks_anthropic(request.path, request.headers)
     try:
         tenant = await _tenant(request)
         asked = [object_id for object_id in ids if is_object_id(object_id)]
         found = await request.app[SERVICES].store.object_owners(asked)
         owners = dict(zip(asked, found, strict=True))
     except StoreUnavailable:
-        return _unavailable()
+        return _unavailable(anthropic)
     for object_id in ids:
         if owners.get(object_id) != tenant:
-            return error_response(404, not_found_message(object_id), param=param)
+            message = not_found_message(object_id)
+            return error_response(404, message, param=param, anthropic=anthropic)
     return None
 
 

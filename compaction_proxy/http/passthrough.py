@@ -59,7 +59,7 @@ from compaction_proxy.security.account_endpoints import (
     is_stateless,
     refused_account_endpoint,
 )
-from compaction_proxy.security.outbound import is_anthropic_path, upstream_headers
+from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers
 from compaction_proxy.security.owned_objects import addressed_object, stateful_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import client_of
@@ -215,7 +215,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     app = request.app
     settings = app[SERVICES].settings
-    anthropic = is_anthropic_path(request.path)
+    anthropic = speaks_anthropic(request.path, request.headers)
     route: Route = settings.anthropic_route if anthropic else settings.default_route
     data: bytes | aiohttp.StreamReader = request.content
     try:
@@ -233,10 +233,10 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             elif model is not None:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
-        return bad_request_response(error), "bad_request"
+        return bad_request_response(error, anthropic=anthropic), "bad_request"
     template, held = path_template(request.path), holds_key(request, route)
     if refused_account_endpoint(template, request.method, held, route.account_endpoints):
-        return account_endpoint_refused(), "refused"
+        return account_endpoint_refused(anthropic), "refused"
     reading: Reading | None = None
     if owned_mode(request, route) and not is_stateless(template, request.method):
         addressed = addressed_object(request.path, template)
@@ -256,6 +256,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 f"At most {settings.max_uploads_per_client} uploads at once per client: "
                 "wait for one to finish.",
                 code="too_many_uploads",
+                anthropic=anthropic,
             )
             refused.force_close()  # its body was not read
             return refused, "too_many_uploads"
@@ -272,7 +273,7 @@ async def relay_as_sent(
     endpoint, served in owned mode only to the tenant that created it."""
     held = holds_key(request, route)
     if refused_account_endpoint("/v1/responses/{id}", "GET", held, route.account_endpoints):
-        return account_endpoint_refused()
+        return account_endpoint_refused(anthropic=False)
     claim = claimer(request, route)
     if claim is None:
         response, _ = await _send_on(request, route, raw, request.app[SERVICES].http_client)
@@ -284,9 +285,13 @@ async def relay_as_sent(
     return reply.response
 
 
-def account_endpoint_refused() -> web.Response:
+def account_endpoint_refused(anthropic: bool) -> web.Response:
     return error_response(
-        403, REFUSAL, error_type="permission_error", code="account_endpoint_refused"
+        403,
+        REFUSAL,
+        error_type="permission_error",
+        code="account_endpoint_refused",
+        anthropic=anthropic,
     )
 
 
@@ -299,12 +304,12 @@ async def _send_on(
 ) -> tuple[web.StreamResponse, str]:
     """Relay the answer as it arrives; with ``reading``, a successful JSON answer is read
     whole and passed through it first (owned mode)."""
-    app = request.app
+    app, anthropic = request.app, speaks_anthropic(request.path, request.headers)
     headers = upstream_headers(
         request.headers,
         route.api_key_env,
         proxy_keys=app[SERVICES].client_keys.required,
-        anthropic=is_anthropic_path(request.path),
+        anthropic=anthropic,
     )
     coding = request.headers.get("Content-Encoding")
     if coding and not isinstance(data, bytes):
@@ -334,15 +339,17 @@ async def _send_on(
             return response, f"{upstream.status // 100}xx"
     except (TimeoutError, aiohttp.ClientError, UploadStalled) as exc:
         if isinstance(data, IdleBoundedBody) and data.stalled:
-            return _stalled(app[SERVICES].settings.upload_idle_timeout_seconds), "client_timeout"
-        return upstream_failed(route.base, exc), "upstream_unavailable"
+            idle = app[SERVICES].settings.upload_idle_timeout_seconds
+            return _stalled(idle, anthropic), "client_timeout"
+        return upstream_failed(route.base, exc, anthropic=anthropic), "upstream_unavailable"
 
 
-def _stalled(idle_seconds: float) -> web.Response:
+def _stalled(idle_seconds: float, anthropic: bool) -> web.Response:
     response = error_response(
         408,
         f"The request body stalled: no byte for {idle_seconds:g} seconds.",
         code="request_timeout",
+        anthropic=anthropic,
     )
     response.force_close()  # the rest of the body will not be read
     return response

@@ -37,7 +37,7 @@ from compaction_proxy.security.client_keys import (
     load_client_key_digests,
 )
 from compaction_proxy.security.credentials import ConfigProblem, credential_problems
-from compaction_proxy.security.outbound import HOP_HEADER
+from compaction_proxy.security.outbound import HOP_HEADER, speaks_anthropic
 from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
 from compaction_proxy.security.tenant import TenantSecret, api_key_of
@@ -193,7 +193,9 @@ def refusal(request: web.Request) -> web.StreamResponse | None:
         return None
     status, code, outcome, message = refused
     REQUESTS.labels(route="", outcome=outcome).inc()
-    return error_response(status, message, code=code)
+    return error_response(
+        status, message, code=code, anthropic=speaks_anthropic(request.path, request.headers)
+    )
 
 
 def guarded(handler: Handler) -> Handler:

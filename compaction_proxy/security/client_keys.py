@@ -60,7 +60,8 @@ def load_client_key_digests(settings: Settings) -> frozenset[str]:
 
 
 def holds_upstream_keys(settings: Settings) -> bool:
-    return any(route.api_key_env for route in [*settings.routes, settings.default_route])
+    catch_alls = [settings.default_route, settings.anthropic_route]
+    return any(route.api_key_env for route in [*settings.routes, *catch_alls])
 
 
 class ClientKeys:

@@ -52,13 +52,15 @@ class ConfigProblem:
 
 
 def all_routes(settings: Settings) -> list[tuple[str, Route]]:
-    """Every route with the setting that configures it, the catch-all last."""
+    """Every route with the setting that configures it, the catch-alls last."""
     named = [(f"routes[{i}]", route) for i, route in enumerate(settings.routes)]
-    return [*named, ("upstream", settings.default_route)]
+    return [*named, ("anthropic", settings.anthropic_route), ("upstream", settings.default_route)]
 
 
 def _key_setting(setting: str) -> str:
-    return "upstream_api_key_env" if setting == "upstream" else f"{setting}.api_key_env"
+    if setting in ("upstream", "anthropic"):
+        return f"{setting}_api_key_env"
+    return f"{setting}.api_key_env"
 
 
 def _models_of(route: Route) -> Iterator[str]:
@@ -79,6 +81,8 @@ def credential_problems(settings: Settings, environ: Mapping[str, str]) -> list[
                     f"sent to {route.base} instead",
                 )
             )
+        if setting == "anthropic":
+            continue  # matches no model of its own: the routes it stands behind are checked
         for model in _models_of(route):
             summary_model = resolve_policy(settings, route, model).summary_model
             if summary_model is None:

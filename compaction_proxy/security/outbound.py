@@ -78,6 +78,16 @@ def is_anthropic_path(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
+def speaks_anthropic(path: str, headers: Mapping[str, str]) -> bool:
+    """Whether a request is of Anthropic's API: a Messages path, or the model list (a path
+    both APIs share) asked with the ``anthropic-version`` header every Anthropic client
+    sends."""
+    if is_anthropic_path(path):
+        return True
+    models = path == "/v1/models" or path.startswith("/v1/models/")
+    return models and "anthropic-version" in headers
+
+
 def upstream_url(base: str, path: str, query: str = "") -> URL:
     """``base`` + ``path``, with the client's query string (``api-version=...``, a gateway's
     parameters) as the client encoded it."""

@@ -33,6 +33,7 @@ _CREATES = frozenset(
         "/v1/threads",
         "/v1/evals",
         "/v1/containers",
+        "/v1/messages/batches",
     }
 )
 
@@ -47,6 +48,7 @@ LISTS = frozenset(
         "/v1/assistants",
         "/v1/evals",
         "/v1/containers",
+        "/v1/messages/batches",
     }
 )
 

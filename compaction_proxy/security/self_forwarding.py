@@ -29,6 +29,12 @@ def _own_names(listen_host: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _base_setting(setting: str) -> str:
+    if setting in ("upstream", "anthropic"):
+        return f"{setting}_base_url"
+    return f"{setting}.base_url"
+
+
 def self_loop_problems(settings: Settings) -> list[ConfigProblem]:
     """Routes whose upstream is this proxy's own listen address."""
     own = _own_names(settings.host)
@@ -40,7 +46,7 @@ def self_loop_problems(settings: Settings) -> list[ConfigProblem]:
         if port == settings.port and host in own:
             problems.append(
                 ConfigProblem(
-                    "upstream_base_url" if setting == "upstream" else f"{setting}.base_url",
+                    _base_setting(setting),
                     f"{route.base} is this proxy's own address ({settings.host}:"
                     f"{settings.port}): every request would come back to it. Is "
                     "OPENAI_BASE_URL set for clients in the proxy's environment?",

@@ -1,9 +1,9 @@
-"""The fake provider's Anthropic Messages API: ``POST /v1/messages`` (whole or streamed) and
-``/v1/messages/count_tokens``, answering as Anthropic does and refusing, in its words, what it
-refuses: a first turn not the user's, a ``tool_use`` without its ``tool_result`` in the next
-turn, an orphan ``tool_result``, more than 4 ``cache_control`` breakpoints, a prompt over the
-window. A summary request (the proxy's instruction last) is answered with a summary keeping
-every ``FACT-n`` line.
+"""The fake provider's Anthropic Messages API: ``POST /v1/messages`` (whole or streamed),
+``/v1/messages/count_tokens`` and message batches, answering as Anthropic does and refusing, in
+its words, what it refuses: a first turn not the user's, a ``tool_use`` without its
+``tool_result`` in the next turn, an orphan ``tool_result``, more than 4 ``cache_control``
+breakpoints, a prompt over the window. A summary request (the proxy's instruction last) is
+answered with a summary keeping every ``FACT-n`` line.
 
 It asks for a key the way the API does (``x-api-key``, or a bearer token for OAuth) and keeps
 every request's headers and body, so tests can see what reached it.
@@ -28,6 +28,16 @@ Script = Callable[[dict[str, Any]], list[dict[str, Any]]]
 def anthropic_error(status: int, kind: str, message: str) -> web.Response:
     body = {"type": "error", "error": {"type": kind, "message": message}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def anthropic_models(models: list[str]) -> dict[str, Any]:
+    """``GET /v1/models`` as Anthropic answers it."""
+    data = [
+        {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
+        for m in models
+    ]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"data": data, "has_more": False, "first_id": first, "last_id": last}
 
 
 def _blocks(turn: Any) -> list[Any]:
@@ -111,25 +121,78 @@ class FakeMessages:
     reply_text: str = "Done."
     # Set by a test: the blocks of each answer (a scripted agent's moves), from the request
     script: Script | None = None
+    batches: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/messages", self._create),
             web.post("/v1/messages/count_tokens", self._count_tokens),
+            web.post("/v1/messages/batches", self._create_batch),
+            web.get("/v1/messages/batches", self._list_batches),
+            web.get("/v1/messages/batches/{batch}", self._batch),
+            web.get("/v1/messages/batches/{batch}/results", self._batch_results),
         ]
+
+    async def _create_batch(self, request: web.Request) -> web.Response:
+        body = await self._read(request, needs_model=False)
+        if isinstance(body, web.Response):
+            return body
+        batch_id = f"msgbatch_{len(self.batches):024d}"
+        requests = body.get("requests")
+        self.batches[batch_id] = {
+            "id": batch_id,
+            "type": "message_batch",
+            "processing_status": "ended",
+            "request_counts": {
+                "processing": 0,
+                "succeeded": len(requests) if isinstance(requests, list) else 0,
+                "errored": 0,
+                "canceled": 0,
+                "expired": 0,
+            },
+            "created_at": "2025-01-01T00:00:00Z",
+            "expires_at": "2025-01-02T00:00:00Z",
+            "ended_at": "2025-01-01T00:00:01Z",
+            "archived_at": None,
+            "cancel_initiated_at": None,
+            "results_url": f"{request.url.origin()}/v1/messages/batches/{batch_id}/results",
+        }
+        return web.json_response(self.batches[batch_id])
+
+    async def _list_batches(self, request: web.Request) -> web.Response:
+        data = list(self.batches.values())
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return web.json_response(
+            {"data": data, "has_more": False, "first_id": first, "last_id": last}
+        )
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        batch = self.batches.get(request.match_info["batch"])
+        if batch is None:
+            return anthropic_error(404, "not_found_error", "Not found")
+        return web.json_response(batch)
+
+    async def _batch_results(self, request: web.Request) -> web.Response:
+        batch_id = request.match_info["batch"]
+        if batch_id not in self.batches:
+            return anthropic_error(404, "not_found_error", "Not found")
+        line = {"custom_id": "0", "result": {"type": "succeeded", "message": {"id": batch_id}}}
+        return web.Response(body=orjson.dumps(line) + b"\n", content_type="application/binary")
 
     @property
     def summary_requests(self) -> list[MessagesRequest]:
         return [r for r in self.received if is_summary_request(r.body)]
 
-    async def _read(self, request: web.Request) -> dict[str, Any] | web.Response:
+    async def _read(
+        self, request: web.Request, needs_model: bool = True
+    ) -> dict[str, Any] | web.Response:
         if not (request.headers.get("x-api-key") or request.headers.get("Authorization")):
             return anthropic_error(401, "authentication_error", "x-api-key header is required")
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             return anthropic_error(400, "invalid_request_error", "Invalid JSON in request body")
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        if not isinstance(body, dict) or (needs_model and not isinstance(body.get("model"), str)):
             return anthropic_error(400, "invalid_request_error", "model: Field required")
         self.received.append(MessagesRequest(request.path, dict(request.headers), body))
         return body

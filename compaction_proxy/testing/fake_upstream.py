@@ -30,7 +30,7 @@ from compaction_proxy.testing.fake_answers import (
     text_of,
 )
 from compaction_proxy.testing.fake_endpoints import FakeEndpoints
-from compaction_proxy.testing.fake_messages import FakeMessages
+from compaction_proxy.testing.fake_messages import FakeMessages, anthropic_models
 from compaction_proxy.testing.fake_responses import FakeResponses
 
 IMAGE_PART_TOKENS = 85
@@ -196,6 +196,8 @@ class FakeUpstream:
     async def _models(self, request: web.Request) -> web.Response:
         self._remember(request, None)
         models = sorted({*self.windows, "fake-model"})
+        if "anthropic-version" in request.headers:  # Anthropic's list, in its shape
+            return web.json_response(anthropic_models(models))
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in models]
         return web.json_response({"object": "list", "data": data}, headers=self._headers())
 

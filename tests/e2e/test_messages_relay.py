@@ -1,7 +1,7 @@
 """Anthropic-format clients (Claude Code, the anthropic SDK) through the proxy: ``/v1/messages``
-routed by model, credentials as Anthropic takes them, never another tenant's or a client key.
-
-(Compaction of Messages requests is not here yet: they are relayed as sent.)"""
+routed by model, credentials as Anthropic takes them, never another tenant's or a client key;
+the model list and message batches from the Anthropic upstream, the proxy's own errors in
+Anthropic's shape. (Compaction of Messages requests: ``test_messages_compaction``.)"""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.helpers import route
 
 CLAUDE = "claude-sonnet-4-5"
 CLIENT_KEY = "cpk-claude-0123456789"
+OTHER_CLIENT_KEY = "cpk-other-0123456789"
 
 
 def messages(
@@ -40,10 +41,9 @@ async def holding_a_key(
 ) -> RunningProxy:
     """A proxy whose ``claude-*`` route holds the upstream key, and one client key."""
     monkeypatch.setenv("ANTHROPIC_ROUTE_KEY", "sk-ant-held")
+    settings.setdefault("client_key_digests", [digest_of(CLIENT_KEY)])
     return await make_proxy(
-        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")],
-        client_key_digests=[digest_of(CLIENT_KEY)],
-        **settings,
+        routes=[route(upstream_url, "claude-*", api_key_env="ANTHROPIC_ROUTE_KEY")], **settings
     )
 
 
@@ -136,3 +136,75 @@ async def test_message_batches_stay_an_account_endpoint_under_a_held_key(
     async with messages(proxy, CLIENT_KEY) as client:
         with pytest.raises(anthropic.PermissionDeniedError):
             await client.messages.batches.list()
+
+
+async def test_the_proxys_own_refusals_come_in_anthropics_error_shape(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await holding_a_key(
+        make_proxy, upstream_url, monkeypatch, anthropic_base_url=upstream_url
+    )
+    async with messages(proxy, "cpk-not-a-key-of-ours") as stranger:
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            await ask(stranger)
+    async with messages(proxy, CLIENT_KEY) as client:
+        with pytest.raises(anthropic.PermissionDeniedError) as account:
+            await client.messages.batches.list()
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await client.messages.create(model=CLAUDE, max_tokens=8, messages="not a list")  # type: ignore[arg-type]
+    for error, kind in (
+        (refused, "authentication_error"),
+        (account, "permission_error"),
+        (bad, "invalid_request_error"),
+    ):
+        body = error.value.body
+        assert isinstance(body, dict)
+        assert body["type"] == "error"
+        assert body["error"]["type"] == kind
+        assert body["error"]["message"]
+
+
+async def test_an_anthropic_clients_model_list_comes_from_the_anthropic_upstream(
+    make_proxy: ProxyFactory, upstream_url: str
+) -> None:
+    proxy = await make_proxy(
+        upstream_base_url="http://127.0.0.1:9/v1",  # nothing listens: it must not be asked
+        anthropic_base_url=upstream_url,
+    )
+    async with messages(proxy, "sk-ant-own") as client:
+        listed = [model async for model in client.models.list()]
+    assert "fake-model" in [model.id for model in listed]
+    assert {model.type for model in listed} == {"model"}
+
+
+async def test_owned_keeps_each_client_keys_message_batches_its_own(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = await holding_a_key(
+        make_proxy,
+        upstream_url,
+        monkeypatch,
+        anthropic_base_url=upstream_url,
+        anthropic_api_key_env="ANTHROPIC_ROUTE_KEY",
+        account_endpoints="owned",
+        client_key_digests=[digest_of(CLIENT_KEY), digest_of(OTHER_CLIENT_KEY)],
+    )
+    request = {
+        "custom_id": "0",
+        "params": {
+            "model": CLAUDE,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    }
+    async with messages(proxy, CLIENT_KEY) as mine, messages(proxy, OTHER_CLIENT_KEY) as other:
+        batch = await mine.messages.batches.create(requests=[request])  # type: ignore[list-item]
+        theirs = await other.messages.batches.create(requests=[request])  # type: ignore[list-item]
+        assert [b.id async for b in mine.messages.batches.list()] == [batch.id]
+        assert [b.id async for b in other.messages.batches.list()] == [theirs.id]
+        assert (await mine.messages.batches.retrieve(batch.id)).id == batch.id
+        for call in (other.messages.batches.retrieve, other.messages.batches.results):
+            with pytest.raises(anthropic.NotFoundError) as missing:
+                await call(batch.id)
+            assert isinstance(missing.value.body, dict)
+            assert missing.value.body["error"]["type"] == "not_found_error"
