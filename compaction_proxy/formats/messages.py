@@ -39,6 +39,7 @@ from compaction_proxy.parsing import jsonio
 
 ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 THINKING = frozenset({"thinking", "redacted_thinking"})
+LONG_CONTEXT_WINDOW = 1_000_000  # with the 1M-context beta (anthropic-beta: context-1m-...)
 
 
 def _invalid(param: str, expected: str) -> BadRequest:
@@ -231,8 +232,18 @@ def _no_check(message: Message, index: int) -> None:
     """Blocks were validated as they were translated."""
 
 
-def parse_messages_request(raw: bytes, known: KnownMessages) -> ClientRequest:
-    """A Messages body as a request for the shared core (translated whole, each time)."""
+def declared_window(beta: Sequence[str]) -> int | None:
+    """The window an ``anthropic-beta`` header (or several: each a comma-separated list)
+    asks for: 1M tokens with ``context-1m-*``, else None (the model's own)."""
+    features = (part.strip() for value in beta for part in value.split(","))
+    return LONG_CONTEXT_WINDOW if any(f.startswith("context-1m") for f in features) else None
+
+
+def parse_messages_request(
+    raw: bytes, known: KnownMessages, beta: Sequence[str] = ()
+) -> ClientRequest:
+    """A Messages body as a request for the shared core (translated whole, each time);
+    ``beta``: the request's ``anthropic-beta`` headers."""
     body = parse_object_with_model(raw)
     translated = translate_messages(body)
     return ClientRequest(
@@ -245,6 +256,7 @@ def parse_messages_request(raw: bytes, known: KnownMessages) -> ClientRequest:
         api="messages",
         groups=translated.groups,
         translation=translated,
+        declared_window=declared_window(beta),
     )
 
 

@@ -56,6 +56,9 @@ class ClientRequest:
     groups: list[tuple[int, ...]] | None = None
     translation: Any = None  # the Messages translation, written back from (formats.messages)
     lineage: Lineage | None = None  # what it takes from a body it extends, leaves for the next
+    # A window the request itself declares, in force instead of the model map's: Anthropic's
+    # 1M-context beta (formats.messages.declared_window).
+    declared_window: int | None = None
 
     @property
     def upstream_path(self) -> str:

@@ -37,6 +37,7 @@ from compaction_proxy.http.ownership import claimer
 from compaction_proxy.http.passthrough import relay_as_sent
 from compaction_proxy.http.upstream import buffered_response, client_headers, client_query
 from compaction_proxy.metering.overflow import classify_overflow
+from compaction_proxy.metering.windows import window_key
 from compaction_proxy.metrics import (
     BYPASSES,
     CLIENT_DISCONNECTS,
@@ -131,8 +132,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, request.app[SERVICES].settings.max_body_bytes)
         session_id = _session_id(request.headers, CLAUDE_CODE_SESSION_HEADER)
         known = request.app[SERVICES].known_messages
+        beta = request.headers.getall("anthropic-beta", [])
         client_request = await off_loop_if(
-            is_big(len(raw)), lambda: parse_messages_request(raw, known)
+            is_big(len(raw)), lambda: parse_messages_request(raw, known, beta)
         )
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
@@ -218,7 +220,8 @@ async def _forward_with_recovery(
         if not verdict.is_overflow:
             break
         if verdict.limit is not None:
-            services.learned_windows.learn(route.model, client_request.model, verdict.limit)
+            named = window_key(client_request.model, client_request.declared_window)
+            services.learned_windows.learn(route.model, named, verdict.limit)
         retry, overflowed_at = None, time.time()
         if record is not None and retries < model_policy.policy.max_overflow_retries:
             retries += 1

@@ -25,6 +25,13 @@ def resolve_window(configured: int | None, mapped: int | None, learned: int | No
     return learned if base is None else min(base, learned)
 
 
+def window_key(model: str, declared: int | None) -> str:
+    """The name a learned window is kept under: the model's, or, for requests that declare a
+    window of their own, the model's with that window (a limit stated to a 1M-context request
+    says nothing of the model's own window, nor the other way)."""
+    return model if declared is None else f"{model} [{declared}]"
+
+
 @cache
 def model_map() -> dict[str, dict[str, object]]:
     """litellm's bundled model map, read from its package data without importing litellm

@@ -208,7 +208,9 @@ async def prepare(
     state = await services.store.load(view.conversation, view.chain)
     now = time.time()
     record = RequestRecord.start(view, state, client_request.model, tenant, session_id, now)
-    window = services.model_window(model_policy, client_request.model)
+    window = services.model_window(
+        model_policy, client_request.model, client_request.declared_window
+    )
     if window is None:
         services.learned_windows.warn_unknown_once(route.model, client_request.model)
     messages = client_request.api == "messages"

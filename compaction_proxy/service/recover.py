@@ -75,7 +75,9 @@ async def recover_overflow(
     if job is None or state is None or failed is None:
         return None
     settings, engine = services.settings, services.engine
-    window = services.model_window(model_policy, client_request.model)
+    window = services.model_window(
+        model_policy, client_request.model, client_request.declared_window
+    )
     window_is_a_guess = window is None and forwarded.measurement is not None
     if window is None and forwarded.measurement is not None:
         # The upstream stated no limit and none is known, but the request that overflowed is

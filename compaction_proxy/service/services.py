@@ -19,7 +19,7 @@ from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.model_policy import ModelPolicy, PolicyBook
 from compaction_proxy.config.settings import Settings
 from compaction_proxy.formats.known_messages import KnownMessages
-from compaction_proxy.metering.windows import LearnedWindows, resolve_window
+from compaction_proxy.metering.windows import LearnedWindows, resolve_window, window_key
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.client_keys import ClientKeys
@@ -52,8 +52,12 @@ class Services:
     in_flight: Counter[str] = field(default_factory=Counter)
     admin_guesses: AdminGuesses = field(default_factory=AdminGuesses)
 
-    def model_window(self, model_policy: ModelPolicy, model: str) -> int | None:
-        """The window in force for ``model``: configured, else litellm's map, never above a
-        limit the upstream stated."""
-        learned = self.learned_windows.get(model_policy.route.model, model)
-        return resolve_window(model_policy.configured_window, model_policy.mapped_window, learned)
+    def model_window(
+        self, model_policy: ModelPolicy, model: str, declared: int | None = None
+    ) -> int | None:
+        """The window in force for ``model``: configured, else the one the request declares
+        (``ClientRequest.declared_window``), else litellm's map; never above a limit the
+        upstream stated."""
+        learned = self.learned_windows.get(model_policy.route.model, window_key(model, declared))
+        mapped = declared if declared is not None else model_policy.mapped_window
+        return resolve_window(model_policy.configured_window, mapped, learned)

@@ -148,3 +148,42 @@ async def test_bad_input_is_answered_in_anthropics_error_shape(
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
     assert fake.messages.received == []
+
+
+async def test_the_1m_context_beta_header_raises_the_window_compaction_starts_at(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """claude-sonnet-4-5 has 200k in the model map: a 190k-token history is over its 160k
+    threshold. Sent with ``anthropic-beta: context-1m-...`` it is far below 1M: as sent."""
+    sonnet = "claude-sonnet-4-5"
+    fake.windows[sonnet] = 1_000_000
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", precompact_ratio=0)])
+    turns: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
+    for index in range(60):
+        call = f"toolu_{index:03d}"
+        use = {"type": "tool_use", "id": call, "name": "bash", "input": {"n": index}}
+        turns.append({"role": "assistant", "content": [use]})
+        log = f"log {index} " + "line of the importer's log " * 480
+        turns.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call, "content": log}],
+            }
+        )
+    turns.append({"role": "user", "content": "Where are we?"})
+    statuses = {}
+    async with client_of(proxy) as client:
+        for beta in ("context-1m-2025-08-07", None):
+            headers = {"anthropic-beta": f"interleaved-thinking-2025-05-14, {beta}"} if beta else {}
+            raw = await client.messages.with_raw_response.create(
+                model=sonnet,
+                max_tokens=512,
+                messages=turns,  # type: ignore[arg-type]
+                extra_headers=headers,
+            )
+            statuses[beta] = raw.headers["x-compaction-status"]
+            if beta:  # over 200k's threshold as sent
+                assert 160_000 < int(raw.headers["x-compaction-tokens"]) < 200_000
+    assert statuses["context-1m-2025-08-07"] == "none"
+    assert statuses[None] != "none"
+    assert fake.messages.refused == []

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.formats.bad_request import BadRequest
-from compaction_proxy.formats.messages import translate_messages, turns_for
+from compaction_proxy.formats.messages import (
+    LONG_CONTEXT_WINDOW,
+    declared_window,
+    translate_messages,
+    turns_for,
+)
 
 SUMMARY = {"role": "user", "content": "<compacted-summary>earlier work</compacted-summary>"}
 
@@ -157,3 +162,18 @@ def test_any_conversation_is_written_back_as_sent_when_nothing_replaces_it(
     body: dict[str, Any],
 ) -> None:
     assert written(body, []) == body["messages"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "window"),
+    [
+        ([], None),
+        (["context-1m-2025-08-07"], LONG_CONTEXT_WINDOW),
+        (["interleaved-thinking-2025-05-14,context-1m-2025-08-07"], LONG_CONTEXT_WINDOW),
+        (["interleaved-thinking-2025-05-14", " context-1m-2025-08-07 "], LONG_CONTEXT_WINDOW),
+        (["fine-grained-tool-streaming-2025-05-14"], None),
+        (["not-context-1m"], None),
+    ],
+)
+def test_only_the_1m_context_beta_declares_a_window(headers: list[str], window: int | None) -> None:
+    assert declared_window(headers) == window
