@@ -80,6 +80,7 @@ SLOW_FILES = frozenset(
         "test_redis_resilience.py",
         "test_replicas.py",
         "test_responses_replay.py",
+        "test_messages_replay.py",
         "test_transcript_replay.py",
     }
 )

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from compaction_proxy.formats.messages import summary_messages_body
 from tests.synthetic import agent_conversation, synthetic_transcripts
 
 Message = dict[str, Any]
@@ -118,3 +119,40 @@ VARIANTS = {
     "observations": observation_style,
     "reused-ids": reused_ids,
 }
+
+
+# -- Anthropic's Messages form -------------------------------------------------------------
+
+# The transcripts' shell tool as Anthropic declares tools, Claude Code's breakpoint on it.
+ANTHROPIC_BASH = {
+    "name": "bash",
+    "description": "Run a shell command.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+    "cache_control": {"type": "ephemeral"},
+}
+
+
+def as_messages_body(model: str, history: list[Message], max_tokens: int = 512) -> dict[str, Any]:
+    """A chat history as the Messages request Claude Code would send for it: the system
+    prompt and tool carrying a breakpoint each, calls and results as ``tool_use`` and
+    ``tool_result`` blocks (the results of one round in one user turn), and a third breakpoint
+    moving on the newest user block."""
+    body = summary_messages_body({"model": model, "messages": history, "max_tokens": max_tokens})
+    body.pop("tool_choice", None)
+    body["tools"] = [ANTHROPIC_BASH]
+    body["system"] = [
+        {
+            "type": "text",
+            "text": body.get("system") or "You are an agent.",
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
+    newest = body["messages"][-1]
+    if isinstance(newest["content"], str):
+        newest["content"] = [{"type": "text", "text": newest["content"] or "(empty)"}]
+    newest["content"][-1] = {**newest["content"][-1], "cache_control": {"type": "ephemeral"}}
+    return body

@@ -18,7 +18,8 @@ not replace reaches the upstream exactly as sent:
   proxy does not know is a part of it, kept in place, never pruned.
 
 Written back, each turn keeps its role and its blocks; a checkpoint is a user turn of its own
-(the API allows consecutive user turns, and the first turn stays the user's). Raises
+(the API allows consecutive user turns, and the first turn stays the user's), ending in a
+``cache_control`` breakpoint when the client caches and has fewer than the API's 4. Raises
 ``BadRequest`` for what the upstream would reject anyway.
 """
 
@@ -40,6 +41,8 @@ from compaction_proxy.parsing import jsonio
 ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 THINKING = frozenset({"thinking", "redacted_thinking"})
 LONG_CONTEXT_WINDOW = 1_000_000  # with the 1M-context beta (anthropic-beta: context-1m-...)
+MAX_BREAKPOINTS = 4  # cache_control blocks the API accepts in one request
+EPHEMERAL = {"type": "ephemeral"}
 
 
 def _invalid(param: str, expected: str) -> BadRequest:
@@ -212,20 +215,63 @@ def turns_for(surface: Surface, translated: TranslatedMessages) -> list[dict[str
     """The ``messages`` to send for ``surface``: the client's own blocks wherever the surface
     keeps a message, in their turns; a user turn of its own where a checkpoint stands; pruned
     content where a prune does."""
+    return _written_turns(surface, translated)[0]
+
+
+def _written_turns(
+    surface: Surface, translated: TranslatedMessages
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """``turns_for``, and the indices of the checkpoints' turns in it."""
     kept = written_back(
         surface, translated.groups, translated.entries, _pruned_entry, _summary_entry
     )
     turns: list[dict[str, Any]] = []
+    checkpoints: list[int] = []
     last: int | None = None
     for entry in kept:
         if entry.turn is not None and entry.turn == last:
             turns[-1]["content"].append(entry.content)
             continue
+        if entry.turn is None:
+            checkpoints.append(len(turns))
         whole = isinstance(entry.content, str | list)  # the turn's content, as sent
         content = entry.content if whole else [entry.content]
         turns.append({"role": entry.role, "content": content})
         last = entry.turn
-    return turns
+    return turns, checkpoints
+
+
+def _marked(value: Any) -> int:
+    return 1 if isinstance(value, dict) and value.get("cache_control") else 0
+
+
+def breakpoints_in(body: dict[str, Any], turns: Sequence[Any]) -> int:
+    """The ``cache_control`` breakpoints a request with ``body``'s other fields and
+    ``turns`` as its messages carries: in the system prompt, the tools and the turns' blocks,
+    and the top-level one of automatic caching."""
+    found = 1 if body.get("cache_control") else 0
+    for field in ("system", "tools"):
+        value = body.get(field)
+        found += sum(_marked(item) for item in value) if isinstance(value, list) else 0
+    for turn in turns:
+        content = turn.get("content") if isinstance(turn, dict) else None
+        found += sum(_marked(block) for block in content) if isinstance(content, list) else 0
+    return found
+
+
+def with_checkpoint_breakpoint(
+    body: dict[str, Any], turns: list[dict[str, Any]], checkpoints: Sequence[int]
+) -> list[dict[str, Any]]:
+    """``turns`` with a breakpoint at the end of the last checkpoint's turn, so the
+    compacted prefix is read from cache whatever the tail after it does, when the client
+    caches (it sent a breakpoint of its own) and the API's limit leaves room for one more.
+    The client's breakpoints are never moved; those of a shadowed span went with it."""
+    if not checkpoints or not 0 < breakpoints_in(body, turns) < MAX_BREAKPOINTS:
+        return turns
+    index = checkpoints[-1]
+    blocks = turns[index]["content"]
+    marked = [*blocks[:-1], {**blocks[-1], "cache_control": EPHEMERAL}]
+    return [*turns[:index], {**turns[index], "content": marked}, *turns[index + 1 :]]
 
 
 def _no_check(message: Message, index: int) -> None:
@@ -269,7 +315,9 @@ def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
         body = jsonio.loads(request.raw)
         translated = translate_messages(body)
     assert isinstance(translated, TranslatedMessages)
-    return jsonio.dumps({**body, "messages": turns_for(surface, translated)})
+    turns, checkpoints = _written_turns(surface, translated)
+    turns = with_checkpoint_breakpoint(body, turns, checkpoints)
+    return jsonio.dumps({**body, "messages": turns})
 
 
 # -- summary calls in Messages format ------------------------------------------------------

@@ -12,12 +12,18 @@ from hypothesis import strategies as st
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.messages import (
     LONG_CONTEXT_WINDOW,
+    MAX_BREAKPOINTS,
+    breakpoints_in,
     declared_window,
+    messages_payload,
+    parse_messages_request,
     translate_messages,
     turns_for,
 )
+from compaction_proxy.parsing import jsonio
 
 SUMMARY = {"role": "user", "content": "<compacted-summary>earlier work</compacted-summary>"}
 
@@ -177,3 +183,44 @@ def test_any_conversation_is_written_back_as_sent_when_nothing_replaces_it(
 )
 def test_only_the_1m_context_beta_declares_a_window(headers: list[str], window: int | None) -> None:
     assert declared_window(headers) == window
+
+
+def claude_code_session(breakpoints: int) -> dict[str, Any]:
+    """``session()`` with ``breakpoints`` breakpoints placed as Claude Code places them: the
+    system prompt, the last tool, the newest user block, then an older note."""
+    body = session()
+    body["tools"] = [{"name": "bash", "input_schema": {"type": "object"}}]
+    body["messages"][-1] = {"role": "user", "content": [{"type": "text", "text": "Where?"}]}
+    for turn in body["messages"]:  # session()'s own notes carry none here
+        if isinstance(turn["content"], list):
+            for block in turn["content"]:
+                block.pop("cache_control", None)
+    places = [
+        body["system"][-1],
+        body["tools"][-1],
+        body["messages"][-1]["content"][-1],
+        body["messages"][-2]["content"][-1],
+    ]
+    for place in places[:breakpoints]:
+        place["cache_control"] = {"type": "ephemeral"}
+    return body
+
+
+@pytest.mark.parametrize("breakpoints", [0, 1, 2, 3, 4])
+def test_a_checkpoint_gets_a_breakpoint_only_for_a_caching_client_and_never_a_fifth(
+    breakpoints: int,
+) -> None:
+    body = claude_code_session(breakpoints)
+    translated = translate_messages(body)
+    view = RequestView.of("tenant", "claude", translated.messages, None)
+    checkpoint = Checkpoint(0, 2, view.root, view.chain[2], SUMMARY, tokens=10, shadowed_tokens=99)
+    request = parse_messages_request(jsonio.dumps(body), KnownMessages())
+    sent = jsonio.loads(messages_payload(request, view.surface([checkpoint])))
+    assert breakpoints_in(body, body["messages"]) == breakpoints
+    added = 1 if 0 < breakpoints < MAX_BREAKPOINTS else 0
+    assert breakpoints_in(sent, sent["messages"]) == breakpoints + added
+    summary_block = sent["messages"][0]["content"][-1]
+    assert ("cache_control" in summary_block) == bool(added)
+    assert {k: v for k, v in sent.items() if k != "messages"} == {
+        k: v for k, v in body.items() if k != "messages"
+    }
