@@ -5,6 +5,7 @@ same conversation started with is read from cache (billed at a tenth on Anthropi
 example), and the rest is written to it (billed at 1.25x). Compaction changes the forwarded
 prefix, so it trades fewer tokens against cache misses; these helpers measure both sides.
 Prefixes are compared message by message, as cache breakpoints fall on message boundaries.
+Anthropic caches only where the client places breakpoints: ``BreakpointCache`` models that.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
+from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 
 CACHE_READ = 0.1
@@ -32,12 +33,19 @@ class Bill:
     """Prompt tokens split by the cache, and summary output, for one conversation."""
 
     cached: int = 0
-    uncached: int = 0
+    uncached: int = 0  # written to the cache
     output: int = 0
+    plain: int = 0  # after the last breakpoint (Anthropic): neither read nor written
 
     @property
     def prompt(self) -> int:
-        return self.cached + self.uncached
+        return self.cached + self.uncached + self.plain
+
+    def add(self, other: Bill) -> None:
+        self.cached += other.cached
+        self.uncached += other.uncached
+        self.output += other.output
+        self.plain += other.plain
 
     @property
     def hit_ratio(self) -> float:
@@ -46,7 +54,12 @@ class Bill:
     @property
     def units(self) -> float:
         """Billed input units: cached reads, cache writes, output at its price."""
-        return self.cached * CACHE_READ + self.uncached * CACHE_WRITE + self.output * OUTPUT
+        return (
+            self.cached * CACHE_READ
+            + self.uncached * CACHE_WRITE
+            + self.plain
+            + self.output * OUTPUT
+        )
 
 
 class PrefixCache:
@@ -95,4 +108,71 @@ def bills_by_conversation(
         cache.send(conversation, received.body["messages"], bill)
         if is_summary_request(received.body):
             bill.output += fake.count_text(fake_summary(received.body))
+    return dict(bills)
+
+
+# -- Anthropic: explicit breakpoints -------------------------------------------------------
+
+LOOKBACK_BLOCKS = 20  # how far before a breakpoint Anthropic looks for a cached prefix
+
+
+def _blocks(body: dict[str, Any]) -> list[Any]:
+    """A Messages request as the cache sees it: tools, system blocks, then every turn's
+    blocks, in order."""
+    def as_blocks(content: Any) -> list[Any]:  # a string is the one text block it stands for
+        return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+    blocks: list[Any] = list(body.get("tools") or [])
+    blocks += as_blocks(body["system"]) if body.get("system") else []
+    for turn in body.get("messages") or []:
+        blocks += as_blocks(turn.get("content"))
+    return blocks
+
+
+class BreakpointCache:
+    """Anthropic's prompt cache, per conversation: a prefix is written at each breakpoint
+    (a block with ``cache_control``); a request reads the longest prefix written before that
+    ends at most ``LOOKBACK_BLOCKS`` blocks before one of its breakpoints; what lies after
+    its last breakpoint is billed plain."""
+
+    def __init__(self, fake: FakeUpstream) -> None:
+        self._fake = fake
+        self._seen: dict[str, set[bytes]] = defaultdict(set)
+
+    def send(self, conversation: str, body: dict[str, Any], bill: Bill) -> None:
+        blocks = _blocks(body)
+        chain = hashlib.sha256()
+        ends: list[bytes] = []
+        tokens: list[int] = []
+        for block in blocks:
+            content = block
+            if isinstance(block, dict):  # a breakpoint marks a block, it is not its content
+                content = {k: v for k, v in block.items() if k != "cache_control"}
+            chain.update(orjson.dumps(content, option=orjson.OPT_SORT_KEYS))
+            ends.append(chain.copy().digest())
+            tokens.append(self._fake.count_text(text_of(block)))
+        marks = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
+        written = self._seen[conversation]
+        read = 0  # blocks read from cache
+        for mark in marks:
+            for end in range(mark, max(-1, mark - LOOKBACK_BLOCKS - 1), -1):
+                if ends[end] in written:
+                    read = max(read, end + 1)
+                    break
+        last = marks[-1] + 1 if marks else 0
+        bill.cached += sum(tokens[:read])
+        bill.uncached += sum(tokens[read:last]) if last > read else 0
+        bill.plain += sum(tokens[max(read, last) :])
+        written.update(ends[mark] for mark in marks)
+
+
+def breakpoint_bills(fake: FakeUpstream, key: str = "x-api-key") -> dict[str, Bill]:
+    """``bills_by_conversation`` for what reached the fake's Messages API."""
+    cache = BreakpointCache(fake)
+    bills: dict[str, Bill] = defaultdict(Bill)
+    for received in fake.messages.received:
+        conversation = received.headers.get(key, "")
+        cache.send(conversation, received.body, bills[conversation])
+        if is_summary_request(received.body):
+            bills[conversation].output += fake.count_text(fake_summary(received.body))
     return dict(bills)

@@ -1,13 +1,18 @@
 """What compaction costs and saves on a provider that caches prompt prefixes.
 
-Run: ``python -m tests.bench.cost [--window 32000] [--upstream-window 128000]``. Not collected
-by pytest. Every transcript is replayed through a proxy process whose route caps the context at
-``--window`` in front of a model with a larger one, so nothing overflows and the raw history is
-a fair baseline. Printed per transcript: forwarded/raw prompt tokens, the provider-cache hit
-ratio of what was forwarded (summary calls included) next to the raw history's, and the bill:
-cache reads at 0.1x, writes at 1.25x, summary output at 4x, against the raw history billed the
-same way. Token savings alone mislead: a compactor that breaks prefix caching can cost more than
-sending everything.
+Run: ``python -m tests.bench.cost [--window 32000] [--upstream-window 128000] [--format
+messages]``. Not collected by pytest. Every transcript is replayed through a proxy process whose
+route caps the context at ``--window`` in front of a model with a larger one, so nothing
+overflows and the raw history is a fair baseline. Printed per transcript: forwarded/raw prompt
+tokens, the provider-cache hit ratio of what was forwarded (summary calls included) next to the
+raw history's, and the bill: cache reads at 0.1x, writes at 1.25x, summary output at 4x, against
+the raw history billed the same way. Token savings alone mislead: a compactor that breaks prefix
+caching can cost more than sending everything.
+
+With ``--format messages`` the conversations go as Anthropic Messages requests with breakpoints
+where Claude Code places them (the system prompt, the tool, the newest user block), billed by
+Anthropic's rules (``caching.BreakpointCache``): read at a breakpoint or up to 20 blocks before
+one, written up to the last one, plain after it.
 """
 
 from __future__ import annotations
@@ -15,34 +20,46 @@ from __future__ import annotations
 import argparse
 import asyncio
 import uuid
+from typing import Any
 
 import aiohttp
 import orjson
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.bench.caching import Bill, PrefixCache, bills_by_conversation
+from tests.bench.caching import (
+    Bill,
+    BreakpointCache,
+    PrefixCache,
+    bills_by_conversation,
+    breakpoint_bills,
+)
 from tests.bench.precompaction import serve
 from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
 from tests.processes import proxy_process
-from tests.transcripts import Transcript, replay_requests, transcripts
+from tests.transcripts import Transcript, as_messages_body, replay_requests, transcripts
 
 MODEL = "bench-model"
 
 
 async def replay(
-    http: aiohttp.ClientSession, base: str, transcript: Transcript, gap: float
-) -> tuple[str, list[list[dict[str, object]]]]:
-    """One conversation as its agent sent it; its key and the raw prompts."""
+    http: aiohttp.ClientSession, base: str, transcript: Transcript, gap: float, messages_api: bool
+) -> tuple[str, list[dict[str, Any]]]:
+    """One conversation as its agent sent it; its key and the raw request bodies."""
     messages = plant_facts(transcript.messages, "cost")
     extra = {"tools": BASH_TOOL} if any(m.get("tool_calls") for m in messages) else {}
-    key = f"Bearer sk-{uuid.uuid4().hex}"
+    key = f"sk-{uuid.uuid4().hex}"
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    path = "/chat/completions"
+    if messages_api:
+        headers, path = {"x-api-key": key, "anthropic-version": "2023-06-01"}, "/messages"
     sent = []
     for history in replay_requests(messages):
-        body = orjson.dumps({"model": MODEL, "messages": history, **extra})
-        headers = {"Authorization": key, "Content-Type": "application/json"}
-        async with http.post(f"{base}/chat/completions", data=body, headers=headers) as reply:
+        body: dict[str, Any] = {"model": MODEL, "messages": history, **extra}
+        if messages_api:
+            body = as_messages_body(MODEL, history)
+        async with http.post(f"{base}{path}", data=orjson.dumps(body), headers=headers) as reply:
             assert reply.status == 200, (reply.status, await reply.text())
-        sent.append(history)
+        sent.append(body)
         await asyncio.sleep(gap)  # the agent's turn: background compaction runs meanwhile
     return key, sent
 
@@ -61,27 +78,34 @@ async def run(args: argparse.Namespace) -> None:
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
         ):
             every = transcripts()
+            messages_api = args.format == "messages"
             replays = await asyncio.gather(
-                *(replay(http, f"{base}/v1", t, args.gap) for t in every)
+                *(replay(http, f"{base}/v1", t, args.gap, messages_api) for t in every)
             )
-    forwarded = bills_by_conversation(fake, fake.received)
-    raw_cache = PrefixCache(fake)
+    raw_cache: BreakpointCache | PrefixCache
+    if messages_api:
+        forwarded, raw_cache = breakpoint_bills(fake), BreakpointCache(fake)
+    else:
+        forwarded = bills_by_conversation(fake, fake.received, "Authorization")
+        forwarded = {key.removeprefix("Bearer "): bill for key, bill in forwarded.items()}
+        raw_cache = PrefixCache(fake)
     print(
-        f"window {args.window // 1000}k on a {args.upstream_window // 1000}k model; cache reads "
-        "0.1x, writes 1.25x, summary output 4x"
+        f"{args.format}: window {args.window // 1000}k on a {args.upstream_window // 1000}k "
+        "model; cache reads 0.1x, writes 1.25x, summary output 4x"
     )
     header = f"{'transcript':<48}{'fwd/raw':>9}{'hit':>7}{'raw hit':>9}{'billed/raw':>12}"
     print(header)
     totals, raw_totals = Bill(), Bill()
     for transcript, (key, sent) in zip(every, replays, strict=True):
         raw = Bill()
-        for history in sent:
-            raw_cache.send(key, history, raw)
+        for body in sent:
+            if isinstance(raw_cache, BreakpointCache):
+                raw_cache.send(key, body, raw)
+            else:
+                raw_cache.send(key, body["messages"], raw)
         bill = forwarded[key]
-        for total, part in ((totals, bill), (raw_totals, raw)):
-            total.cached += part.cached
-            total.uncached += part.uncached
-            total.output += part.output
+        totals.add(bill)
+        raw_totals.add(raw)
         print(
             f"{transcript.name[:47]:<48}{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>7.2f}"
             f"{raw.hit_ratio:>9.2f}{bill.units / raw.units:>11.2f}x"
@@ -97,6 +121,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32_000, help="the route's context_window")
     parser.add_argument("--upstream-window", type=int, default=128_000)
     parser.add_argument("--gap", type=float, default=0.2, help="seconds between an agent's turns")
+    parser.add_argument("--format", choices=["chat", "messages"], default="chat")
     asyncio.run(run(parser.parse_args()))
 
 
