@@ -2,8 +2,9 @@
 ``/v1/messages/count_tokens`` and message batches, answering as Anthropic does and refusing, in
 its words, what it refuses: a first turn not the user's, a ``tool_use`` without its
 ``tool_result`` in the next turn, an orphan ``tool_result``, more than 4 ``cache_control``
-breakpoints, a prompt over the window. A summary request (the proxy's instruction last) is
-answered with a summary keeping every ``FACT-n`` line.
+breakpoints, an edited or missing signed thinking block where the API checks one, a prompt over
+the window. With thinking enabled it thinks first and signs what it thought. A summary request
+(the proxy's instruction last) is answered with a summary keeping every ``FACT-n`` line.
 
 It asks for a key the way the API does (``x-api-key``, or a bearer token for OAuth) and keeps
 every request's headers and body, so tests can see what reached it.
@@ -11,6 +12,7 @@ every request's headers and body, so tests can see what reached it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +101,43 @@ def refusal(body: dict[str, Any]) -> str | None:
                 f"messages.{len(turns) - 1}: `tool_use` ids were found without `tool_result` "
                 "blocks immediately after."
             )
+    return None
+
+
+def sign(thinking: str) -> str:
+    """The signature the fake gives a thinking block: what an edited block no longer has."""
+    return "sig-" + hashlib.blake2b(thinking.encode(), digest_size=12).hexdigest()
+
+
+def thinking_refusal(body: dict[str, Any]) -> str | None:
+    """With thinking enabled, the API checks the assistant turn of the tool round in progress
+    (the last one, answered by the last user turn's ``tool_result`` blocks): it must start with
+    its thinking, every thinking block as signed. Older turns' thinking may be left out."""
+    thinking = body.get("thinking")
+    turns = body.get("messages")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    if not isinstance(turns, list) or len(turns) < 2:
+        return None
+    last = _blocks(turns[-1])
+    results = [b for b in last if isinstance(b, dict) and b.get("type") == "tool_result"]
+    index = len(turns) - 2
+    final = turns[index]
+    if not results or not isinstance(final, dict) or final.get("role") != "assistant":
+        return None
+    blocks = [b for b in _blocks(final) if isinstance(b, dict)]
+    first = blocks[0].get("type") if blocks else None
+    if first not in ("thinking", "redacted_thinking"):
+        return (
+            f"messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+            f"found `{first}`. When `thinking` is enabled, a final `assistant` message must "
+            "start with a thinking block (preceeding the lastmost set of `tool_use` and "
+            "`tool_result` blocks)."
+        )
+    for position, block in enumerate(blocks):
+        signed = sign(str(block.get("thinking")))
+        if block.get("type") == "thinking" and block.get("signature") != signed:
+            return f"messages.{index}.content.{position}: Invalid `signature` in `thinking` block"
     return None
 
 
@@ -243,7 +282,7 @@ class FakeMessages:
         body = await self._read(request)
         if isinstance(body, web.Response):
             return body
-        problem = refusal(body)
+        problem = refusal(body) or thinking_refusal(body)
         if problem is not None:
             self.refused.append(problem)
             return anthropic_error(400, "invalid_request_error", problem)
@@ -267,6 +306,11 @@ class FakeMessages:
             content = self.script(body)
         else:
             content = [{"type": "text", "text": self.reply_text}]
+        thinking = body.get("thinking")
+        if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+            thought = f"Thinking over turn {len(self.received)}."
+            signed = {"type": "thinking", "thinking": thought, "signature": sign(thought)}
+            content = [signed, *content]
         calls = any(block.get("type") == "tool_use" for block in content)
         number = len(self.received)
         message_body = {
@@ -307,18 +351,27 @@ class FakeMessages:
 
 def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """A content block as Anthropic streams it: opened empty, filled by deltas, closed."""
+    deltas: list[dict[str, Any]]
     if block.get("type") == "tool_use":
         opened = {**block, "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+        arguments = orjson.dumps(block["input"]).decode()
+        deltas = [{"type": "input_json_delta", "partial_json": arguments}]
+    elif block.get("type") == "thinking":
+        opened = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            {"type": "thinking_delta", "thinking": block["thinking"]},
+            {"type": "signature_delta", "signature": block["signature"]},
+        ]
     else:
         opened = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": block.get("text", "")}
+        deltas = [{"type": "text_delta", "text": block.get("text", "")}]
+    started = {"type": "content_block_start", "index": index, "content_block": opened}
     return [
-        (
-            "content_block_start",
-            {"type": "content_block_start", "index": index, "content_block": opened},
+        ("content_block_start", started),
+        *(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
         ),
-        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
         ("content_block_stop", {"type": "content_block_stop", "index": index}),
     ]
 

@@ -119,6 +119,7 @@ LOOKBACK_BLOCKS = 20  # how far before a breakpoint Anthropic looks for a cached
 def _blocks(body: dict[str, Any]) -> list[Any]:
     """A Messages request as the cache sees it: tools, system blocks, then every turn's
     blocks, in order."""
+
     def as_blocks(content: Any) -> list[Any]:  # a string is the one text block it stands for
         return content if isinstance(content, list) else [{"type": "text", "text": content}]
 

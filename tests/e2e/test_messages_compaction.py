@@ -4,12 +4,15 @@ too), the live turn as sent, the API's pairing rules kept, facts kept."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import anthropic
 import pytest
 
+from compaction_proxy.testing.fake_answers import is_summary_request
+from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import counter, route
@@ -187,3 +190,98 @@ async def test_the_1m_context_beta_header_raises_the_window_compaction_starts_at
     assert statuses["context-1m-2025-08-07"] == "none"
     assert statuses[None] != "none"
     assert fake.messages.refused == []
+
+
+BASH = {
+    "name": "bash",
+    "description": "Run a shell command.",
+    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+}
+FILES = [f"data_{index}.csv" for index in range(12)]
+
+
+def data_file(name: str) -> str:
+    """About 2.5k tokens of one data file, as the shell tool prints it."""
+    return "\n".join(f"{name} row {row}: " + "value " * 10 for row in range(160))
+
+
+def next_turns(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The assistant's turn as the SDK returned it, and the tool results answering it."""
+    turns = [{"role": "assistant", "content": blocks}]
+    results = [
+        {"type": "tool_result", "tool_use_id": b["id"], "content": data_file(b["input"]["command"])}
+        for b in blocks
+        if b["type"] == "tool_use"
+    ]
+    return turns + ([{"role": "user", "content": results}] if results else [])
+
+
+Sent = list[list[dict[str, Any]]]  # the turns of every request the agent made
+
+
+def sync_loop(base: str, first: str) -> Sent:
+    """The agent loop with the synchronous client (run in a thread: the proxy serves in the
+    test's event loop)."""
+    turns: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    sent: Sent = []
+    with anthropic.Anthropic(base_url=base, api_key="sk-ant-own", max_retries=0) as client:
+        while turns[-1]["role"] == "user":
+            sent.append(list(turns))
+            reply = client.messages.create(
+                model=MODEL,
+                max_tokens=2048,
+                thinking={"type": "enabled", "budget_tokens": 1024},
+                tools=[BASH],  # type: ignore[list-item]
+                messages=turns,  # type: ignore[arg-type]
+            )
+            turns += next_turns([b.model_dump(exclude_none=True) for b in reply.content])
+    return [*sent, turns]
+
+
+async def async_loop(base: str, first: str, stream: bool) -> Sent:
+    turns: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    sent: Sent = []
+    async with anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant-own", max_retries=0) as c:
+        while turns[-1]["role"] == "user":
+            sent.append(list(turns))
+            ask: dict[str, Any] = {
+                "model": MODEL,
+                "max_tokens": 2048,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "tools": [BASH],
+                "messages": turns,
+            }
+            if stream:
+                async with c.messages.stream(**ask) as answer:
+                    reply = await answer.get_final_message()
+            else:
+                reply = await c.messages.create(**ask)
+            turns += next_turns([b.model_dump(exclude_none=True) for b in reply.content])
+    return [*sent, turns]
+
+
+@pytest.mark.parametrize("client", ["sync", "async", "streamed"])
+async def test_an_sdk_agent_loop_with_thinking_and_tools_is_compacted_and_never_refused(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, client: str
+) -> None:
+    """Twelve files of 2.5k tokens through a 16k window: the history outgrows it three times
+    over. The thinking of the round in progress must reach the upstream as signed."""
+    proxy = await start(make_proxy, upstream_url, fake)
+    fake.messages.script = shell_agent(FILES, tool="bash")
+    base = proxy.url.removesuffix("/v1")
+    first = f"FACT-7: the ticket is {uuid.uuid4().hex[:6]}. Print every data file."
+    if client == "sync":
+        *asked, turns = await asyncio.to_thread(sync_loop, base, first)
+    else:
+        *asked, turns = await async_loop(base, first, stream=client == "streamed")
+    assert turns[-1]["content"][-1]["text"].startswith("Read all")
+    assert fake.messages.refused == [] and fake.messages.overflows == []
+    forwarded = [r.body for r in fake.messages.received if not is_summary_request(r.body)]
+    assert fake.messages.summary_requests, "the history outgrew the window: compacted"
+    assert any("<compacted-summary>" in str(body["messages"]) for body in forwarded)
+    assert len(forwarded) == len(asked)
+    for body, history in zip(forwarded, asked, strict=True):
+        # The round in progress as sent: the call, its thinking as signed, and the results.
+        live = history[-2:] if len(history) > 1 else history
+        assert body["messages"][-len(live) :] == live
+    assert "FACT-7" in str(forwarded[-1]["messages"])

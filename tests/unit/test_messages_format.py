@@ -24,6 +24,7 @@ from compaction_proxy.formats.messages import (
     turns_for,
 )
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.testing.fake_messages import sign, thinking_refusal
 
 SUMMARY = {"role": "user", "content": "<compacted-summary>earlier work</compacted-summary>"}
 
@@ -224,3 +225,29 @@ def test_a_checkpoint_gets_a_breakpoint_only_for_a_caching_client_and_never_a_fi
     assert {k: v for k, v in sent.items() if k != "messages"} == {
         k: v for k, v in body.items() if k != "messages"
     }
+
+
+def test_the_fake_refuses_an_edited_or_missing_thinking_block_of_the_round_in_progress() -> None:
+    thought = "Let me look."
+    call = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1"}]}
+
+    def body(*blocks: dict[str, Any]) -> dict[str, Any]:
+        turns = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [*blocks, call]},
+        ]
+        return {"thinking": {"type": "enabled"}, "messages": [*turns, result]}
+
+    signed = {"type": "thinking", "thinking": thought, "signature": sign(thought)}
+    assert thinking_refusal(body(signed)) is None
+    assert "Invalid `signature`" in str(thinking_refusal(body({**signed, "thinking": "Edited."})))
+    assert "must start with a thinking block" in str(thinking_refusal(body()))
+    # An older round's thinking may be left out: only the round in progress is checked.
+    older = body(signed)
+    older["messages"] += [
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "?"},
+    ]
+    older["messages"][1]["content"] = [call]
+    assert thinking_refusal(older) is None
