@@ -285,7 +285,9 @@ async def _record(
         if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
             anchor = measurement.anchor_for(prompt_tokens)
             if not measurement.anchored:
-                METER_ERROR.observe((measurement.estimated - prompt_tokens) / prompt_tokens)
+                METER_ERROR.observe((measurement.tokens - prompt_tokens) / prompt_tokens)
+                model = record.log.view.model
+                services.engine.meter.calibrate(model, measurement.estimated, prompt_tokens)
     # A lost record is counted by the instrumented store; not worth failing a request.
     try:
         await write_record(services.store, services.settings, record, anchor)

@@ -8,13 +8,21 @@ so a request's metering cost grows with its new messages, not with its history.
 **Anchoring**: after an answer, the upstream's ``usage.prompt_tokens`` for a forwarded surface
 becomes the conversation's anchor. A later surface that extends the anchored one (same tools,
 same head and replacements, same body chain up to the anchored tip) is measured as
-``anchor + estimate(new messages)``.
+``anchor + estimate(new messages) x ratio``, the ratio being what the upstream counted of the
+anchored surface over what the meter did.
+
+**Calibration**: a tokenizer the meter lacks (Anthropic's is not public) is stood in for by the
+nearest it has, which counts the same text differently. Before a conversation is anchored, its
+estimate is scaled by what the upstream reported over what the meter estimated for the model's
+earlier conversations (``calibrate``), or, before any, by ``STAND_IN_MARGIN`` for a model
+counted with a stand-in: an estimate under the truth compacts too late, one over it only early.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +47,13 @@ REPLY_PRIMING_TOKENS = 3
 IMAGE_PART_TOKENS = 85
 # Usage below the estimate by more than this share is taken as under-reporting and ignored.
 UNDER_REPORT_MARGIN = 0.2
+# Before a model's first answer, the estimate of a model counted with a stand-in tokenizer is
+# scaled by this: Claude's tokenizers count up to a fifth more than the stand-ins on code.
+STAND_IN_MARGIN = 1.2
+_STAND_IN_MODELS = re.compile(r"^(anthropic/|bedrock/)?(claude|anthropic\.claude)", re.IGNORECASE)
+# What the upstream counts over what the meter does, as learned: the newest weighs this much.
+_CALIBRATION_WEIGHT = 0.3
+_RATIO_BOUNDS = (1 - UNDER_REPORT_MARGIN, 3.0)
 
 # Models counted with cl100k_base; everything else OpenAI-like uses o200k_base.
 _CL100K_MODELS = re.compile(r"^(gpt-4(?!o|\.|-?5)|gpt-3\.5|text-embedding-(ada|3))", re.IGNORECASE)
@@ -215,14 +230,38 @@ class Measurement:
         )
 
 
+def _bounded(ratio: float) -> float:
+    low, high = _RATIO_BOUNDS
+    return min(high, max(low, ratio))
+
+
 class TokenMeter:
     """Counts prompt tokens with bounded LRUs: per message (by content digest) and per body
     prefix (by chain hash, cumulative). Measuring a request costs its head, its replacements
     and its new messages; the history already seen is two cache lookups."""
 
-    def __init__(self, cache_size: int = 100_000) -> None:
+    def __init__(self, cache_size: int = 100_000, models: int = 4096) -> None:
         self._messages: LRU[tuple[str, str], int] = LRU(cache_size)
         self._prefixes: LRU[tuple[str, str], int] = LRU(cache_size)
+        self._ratios: LRU[str, float] = LRU(models)
+
+    def calibrate(self, model: str, estimated: int, reported: int) -> None:
+        """Learn from an unanchored request what the upstream counts of ``model``'s prompts
+        over the meter's estimate."""
+        if estimated <= 0 or reported <= 0:
+            return
+        ratio = _bounded(reported / estimated)
+        known = self._ratios.get(model)
+        if known is not None:
+            ratio = known + _CALIBRATION_WEIGHT * (ratio - known)
+        self._ratios.put(model, ratio)
+
+    def first_contact_ratio(self, model: str) -> float:
+        """The scale of an unanchored estimate for ``model`` (see Calibration above)."""
+        learned = self._ratios.get(model)
+        if learned is not None:
+            return learned
+        return STAND_IN_MARGIN if _STAND_IN_MODELS.match(model) else 1.0
 
     def message(self, message: Message, count: TextCounter, digest: str | None = None) -> int:
         key = (count.name, digest or message_digest(message))
@@ -303,12 +342,12 @@ class TokenMeter:
         estimated = fixed + self._body_tokens_after(request, surface, -1, count)
         tip = len(request.body) - 1
         key = prefix_key(request, surface, tip)
-        tokens, anchored = estimated, False
+        tokens = math.ceil(estimated * self.first_contact_ratio(request.model))
+        anchored = False
         if anchor is not None and prefix_key(request, surface, anchor.tip) == anchor.key:
-            tokens = anchor.prompt_tokens + self._body_tokens_after(
-                request, surface, anchor.tip, count
-            )
-            anchored = True
+            ratio = _bounded(anchor.prompt_tokens / max(1, anchor.estimated_tokens))
+            after = self._body_tokens_after(request, surface, anchor.tip, count)
+            tokens, anchored = anchor.prompt_tokens + math.ceil(after * ratio), True
         return Measurement(tokens, estimated, anchored, key, tip, request.chain[tip] if key else "")
 
     def node_tokens(self, request: MeteredRequest, surface: Surface) -> list[int]:

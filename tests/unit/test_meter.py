@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -57,17 +58,18 @@ def conversation() -> list[dict[str, Any]]:
     return [system(), user("Fix the bug"), *agent_turns(4)]
 
 
-def test_anchor_plus_delta_when_the_surface_extends_the_anchored_one() -> None:
+def test_anchor_plus_delta_scaled_as_the_upstream_counted_the_anchored_surface() -> None:
     meter = TokenMeter()
     first = conversation()
     measured = measure(meter, first, TOOLS)
-    anchor = measured.anchor_for(measured.estimated + 500)
+    reported = measured.estimated * 5 // 4  # the upstream counts a quarter more
+    anchor = measured.anchor_for(reported)
     assert anchor is not None
     later = [*first, user("and now the tests")]
     again = measure(meter, later, TOOLS, anchor)
     assert again.anchored
     new_message = meter.message(later[-1], counter_for("fake-model"))
-    assert again.tokens == measured.estimated + 500 + new_message
+    assert again.tokens == reported + math.ceil(new_message * reported / measured.estimated)
     assert again.estimated == measured.estimated + new_message
 
 
@@ -220,13 +222,13 @@ def test_surface_with_replacements_is_priced_as_its_messages() -> None:
         == measured.estimated
     )
 
-    anchor = measured.anchor_for(measured.estimated + 40)
+    reported = measured.estimated + 40
+    anchor = measured.anchor_for(reported)
     later = RequestView.of("tenant", "fake-model", [*messages, user("next")], None, TOOLS)
     again = meter.measure(later, later.surface(records), anchor)
     assert again.anchored
-    assert again.tokens == measured.estimated + 40 + meter.message(
-        user("next"), counter_for("fake-model")
-    )
+    delta = meter.message(user("next"), counter_for("fake-model"))
+    assert again.tokens == reported + math.ceil(delta * reported / measured.estimated)
     # A new checkpoint inside the anchored prefix changes what was forwarded: no anchor.
     deeper = Checkpoint(
         0, 8, view.root, view.chain[8], user("<compacted-summary>t</compacted-summary>"), tokens=12
