@@ -128,9 +128,11 @@ def request_event(
     context: str | None = None,
     digests: Sequence[str] | None = None,
     client_tokens: int | None = None,
+    api: str = "chat",
 ) -> Event:
     """What was forwarded: ``estimated_tokens`` of the surface sent, ``client_tokens`` of the
-    client's own messages (the same when nothing was replaced)."""
+    client's own messages (the same when nothing was replaced); ``api``, the API it came in,
+    is logged when it is not chat (a request logged without it was chat)."""
     event: Event = {
         "type": "request",
         "ts": now,
@@ -148,6 +150,8 @@ def request_event(
     }
     if digests is not None:
         event["digests"] = list(digests)
+    if api != "chat":
+        event["api"] = api
     return event
 
 

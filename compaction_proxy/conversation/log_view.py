@@ -22,6 +22,7 @@ class LoggedRequest:
     tools: Any
     body: list[Message]
     has_content: bool  # False when the log kept hashes only (log_content off)
+    api: str = "chat"  # the API the request came in: its summary calls are made in it
 
 
 def latest_request(events: Iterable[Event]) -> LoggedRequest | None:
@@ -79,4 +80,5 @@ def latest_request(events: Iterable[Event]) -> LoggedRequest | None:
         tools=context.get("tools"),
         body=[e.get("message") or {"role": e.get("role")} for e in chain],
         has_content=has_content,
+        api=str(latest.get("api", "chat")),
     )

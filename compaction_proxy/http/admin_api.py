@@ -38,6 +38,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _CONVERSATION_ID = re.compile(r"[a-z0-9]{1,80}")
 UPSTREAM_AUTH_HEADER = "X-Upstream-Authorization"
+UPSTREAM_API_KEY_HEADER = "X-Upstream-Api-Key"  # an Anthropic key, sent as x-api-key
 UPSTREAM_QUERY_HEADER = "X-Upstream-Query"  # e.g. Azure's api-version, for the summary call
 _OUTCOME_STATUS = {
     Outcome.COMMITTED: 200,
@@ -346,12 +347,15 @@ def _job(
     request: web.Request, logged: LoggedRequest, view: RequestView, query: str
 ) -> CompactionJob:
     services = request.app[SERVICES]
-    model_policy = services.policies.for_model(logged.model)
+    messages = logged.api == "messages"
+    model_policy = services.policies.for_model(logged.model, messages)
     window = services.model_window(model_policy, logged.model)
     credentials = {}
     if UPSTREAM_AUTH_HEADER in request.headers:
         credentials["Authorization"] = request.headers[UPSTREAM_AUTH_HEADER]
-    return compaction_job(services, view, model_policy, window, credentials, query)
+    if UPSTREAM_API_KEY_HEADER in request.headers:
+        credentials["x-api-key"] = request.headers[UPSTREAM_API_KEY_HEADER]
+    return compaction_job(services, view, model_policy, window, credentials, query, messages)
 
 
 def _round_result(result: Round, generation: int) -> web.Response:

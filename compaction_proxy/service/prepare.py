@@ -207,7 +207,9 @@ async def prepare(
     await services.pending_records.settled(view.conversation)
     state = await services.store.load(view.conversation, view.chain)
     now = time.time()
-    record = RequestRecord.start(view, state, client_request.model, tenant, session_id, now)
+    record = RequestRecord.start(
+        view, state, client_request.model, tenant, session_id, now, client_request.api
+    )
     window = services.model_window(
         model_policy, client_request.model, client_request.declared_window
     )

@@ -60,6 +60,7 @@ class RequestRecord:
     attributes: ConversationAttributes
     events: list[Event] = field(default_factory=list)
     reached: tuple[ReplacementRecord, ...] = ()
+    api: str = "chat"  # the API the request came in (``ClientRequest.api``)
 
     @classmethod
     def start(
@@ -70,6 +71,7 @@ class RequestRecord:
         tenant: str,
         session_id: str | None,
         now: float,
+        api: str = "chat",
     ) -> RequestRecord:
         """What ``view`` has to log, given the conversation's state read before forwarding.
 
@@ -87,7 +89,7 @@ class RequestRecord:
             session=session_id,  # the client's name for it, for operators
         )
         new_context = state.attributes.context != context
-        return cls(PendingLog(view, start, by_content, new_context, now), attributes)
+        return cls(PendingLog(view, start, by_content, new_context, now), attributes, api=api)
 
     def add(self, event: Event) -> None:
         self.events.append(event)
@@ -119,6 +121,7 @@ class RequestRecord:
                 context=view.context_digest,
                 digests=view.body_digests if self.log.by_content else None,
                 client_tokens=forwarded.tokens_before,
+                api=self.api,
             )
         )
 

@@ -18,6 +18,9 @@ from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.e2e.test_admin import AUTH as ADMIN_AUTH
+from tests.e2e.test_admin import TOKEN as ADMIN_TOKEN
+from tests.e2e.test_admin import admin
 from tests.helpers import counter, route
 
 MODEL = "claude-small"
@@ -321,3 +324,40 @@ async def test_the_meter_is_never_far_under_on_first_contact_and_close_once_anch
     assert first_contact > -0.10
     assert abs(anchored) < 0.05 and abs(anchored_again) < 0.05
     assert abs(learned) < 0.05
+
+
+async def test_manual_compaction_of_a_messages_conversation_summarizes_in_messages_form(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    fake.windows[MODEL] = 64_000
+    proxy = await make_proxy(
+        admin_token=ADMIN_TOKEN, routes=[route(upstream_url, "claude-*", 64_000)]
+    )
+    turns = history(rounds=10)  # well under the threshold: nothing compacted on its own
+    async with client_of(proxy) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=512,
+            messages=turns,  # type: ignore[arg-type]
+        )
+        conversation = raw.headers["x-compaction-conversation"]
+        headers = {**ADMIN_AUTH, "X-Upstream-Api-Key": "sk-ant-operator"}
+        status, result = await admin(
+            proxy, "POST", f"/conversations/{conversation}/compact", headers=headers
+        )
+        assert (status, result["outcome"]) == (200, "committed")
+        (summary,) = fake.messages.summary_requests
+        assert summary.path == "/v1/messages"
+        assert summary.headers["x-api-key"] == "sk-ant-operator"
+        await client.messages.create(
+            model=MODEL,
+            max_tokens=512,
+            messages=[
+                *turns,
+                {"role": "assistant", "content": "Ok."},
+                {"role": "user", "content": "Go on."},
+            ],  # type: ignore[list-item]
+        )
+    sent = fake.messages.received[-1].body["messages"]
+    assert "<compacted-summary>" in str(sent[0]) and "FACT-5" in str(sent[0])
+    assert fake.messages.refused == []
