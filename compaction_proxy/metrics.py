@@ -37,8 +37,16 @@ def child(metric: M, *label_values: str) -> M:
 
 REQUESTS = Counter(
     "compaction_proxy_requests_total",
-    "Chat and Responses requests by route and outcome.",
+    "Chat, Responses and Messages requests by route and outcome.",
     ["route", "outcome"],
+)
+FORMATS = ("chat", "responses", "messages")
+STATUSES = ("none", "pruned", "compacted", "precompacting", "recovered", "bypass")
+FORMAT_REQUESTS = Counter(
+    "compaction_proxy_format_requests_total",
+    "Forwarded requests by the API they came in (chat, responses, messages) and what the proxy "
+    "did to them (their X-Compaction-Status).",
+    ["format", "status"],
 )
 BYPASSES = Counter(
     "compaction_proxy_bypassed_requests_total",
@@ -225,6 +233,9 @@ def initialize_label_sets() -> None:
         LEASE_WAITS.labels(result=result)
     for guard in GUARDS:
         GUARD_TRIPS.labels(guard=guard)
+    for api in FORMATS:
+        for status in STATUSES:
+            FORMAT_REQUESTS.labels(format=api, status=status)
 
 
 def exposition_registry() -> CollectorRegistry:

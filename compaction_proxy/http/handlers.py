@@ -41,6 +41,7 @@ from compaction_proxy.metering.windows import window_key
 from compaction_proxy.metrics import (
     BYPASSES,
     CLIENT_DISCONNECTS,
+    FORMAT_REQUESTS,
     METER_ERROR,
     OVERFLOW_RECOVERIES,
     PROMPT_TOKENS_FORWARDED,
@@ -197,6 +198,7 @@ async def _serve(
         # Counted however the request ended, a client that left included.
         outcome = _outcome(reply, forwarded.status)
         child(REQUESTS, route.model, outcome).inc()
+        child(FORMAT_REQUESTS, client_request.api, forwarded.status.value).inc()
         child(REQUEST_DURATION, route.model).observe(time.perf_counter() - started)
         if outcome == "client_disconnected":
             CLIENT_DISCONNECTS.labels(route=route.model).inc()

@@ -71,6 +71,8 @@ async def test_a_long_history_is_compacted_in_messages_form(
     proxy = await start(make_proxy, upstream_url, fake)
     turns = history()
     summaries = counter("compaction_proxy_summary_duration_seconds_count", result="ok")
+    labels = {"format": "messages", "status": "compacted"}
+    compacted = counter("compaction_proxy_format_requests_total", **labels)
     async with client_of(proxy) as client:
         if stream:
             async with client.messages.stream(
@@ -90,6 +92,7 @@ async def test_a_long_history_is_compacted_in_messages_form(
             assert parsed.content[0].text == "Done."  # type: ignore[union-attr]
             status = raw.headers["x-compaction-status"]
     assert status == "compacted"
+    assert counter("compaction_proxy_format_requests_total", **labels) == compacted + 1
     assert fake.messages.refused == []
     (summary,) = fake.messages.summary_requests
     # The summary call went as Messages, to the same host with the client's key.
