@@ -160,6 +160,8 @@ class FakeMessages:
     reply_text: str = "Done."
     # Set by a test: the blocks of each answer (a scripted agent's moves), from the request
     script: Script | None = None
+    # Set by a test: streams break off after their first block with this error event
+    stream_error: dict[str, Any] | None = None
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
@@ -338,15 +340,25 @@ class FakeMessages:
         ]
         for index, block in enumerate(message["content"]):
             events += _block_events(index, block)
-        final = {"output_tokens": message["usage"]["output_tokens"]}
-        delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-        events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": final}))
-        events.append(("message_stop", {"type": "message_stop"}))
+            if self.stream_error is not None:  # as Anthropic sends it mid-stream: then nothing
+                events.append(("error", {"type": "error", "error": self.stream_error}))
+                break
+        else:
+            events += self._ending(message)
         for name, data in events:
             event = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
             await response.write(event)
         await response.write_eof()
         return response
+
+    @staticmethod
+    def _ending(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        final = {"output_tokens": message["usage"]["output_tokens"]}
+        delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+        return [
+            ("message_delta", {"type": "message_delta", "delta": delta, "usage": final}),
+            ("message_stop", {"type": "message_stop"}),
+        ]
 
 
 def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

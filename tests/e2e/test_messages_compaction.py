@@ -364,3 +364,34 @@ async def test_manual_compaction_of_a_messages_conversation_summarizes_in_messag
     sent = fake.messages.received[-1].body["messages"]
     assert "<compacted-summary>" in str(sent[0]) and "FACT-5" in str(sent[0])
     assert fake.messages.refused == []
+
+
+async def test_prompt_is_too_long_is_recovered_from_and_the_window_learned(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """The route says 64k, the upstream holds 16k: the first request goes as sent and is
+    refused ("prompt is too long: N tokens > 16000 maximum"); the proxy compacts under the
+    window stated and retries once, and the next request is compacted before it goes."""
+    fake.windows[MODEL] = WINDOW
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", 64_000, precompact_ratio=0)])
+    retried = counter("compaction_proxy_overflow_recoveries_total", result="retried")
+    turns = history(rounds=40)
+    async with client_of(proxy) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=512,
+            messages=turns,  # type: ignore[arg-type]
+        )
+        assert (await raw.parse()).content[0].text == "Done."  # type: ignore[union-attr]
+        assert raw.headers["x-compaction-status"] == "recovered"
+        refused_first = len(fake.messages.received)
+        more = [*turns, {"role": "assistant", "content": "Ok."}, {"role": "user", "content": "On."}]
+        again = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=512,
+            messages=more,  # type: ignore[arg-type]
+        )
+    assert counter("compaction_proxy_overflow_recoveries_total", result="retried") == retried + 1
+    assert again.headers["x-compaction-status"] != "recovered"
+    assert len(fake.messages.received) == refused_first + 1  # no overflow the second time
+    assert fake.messages.refused == []

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import anthropic
+import orjson
 import pytest
 
 from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import route
+from tests.processes import free_port
 
 CLAUDE = "claude-sonnet-4-5"
 CLIENT_KEY = "cpk-claude-0123456789"
@@ -208,3 +211,60 @@ async def test_owned_keeps_each_client_keys_message_batches_its_own(
                 await call(batch.id)
             assert isinstance(missing.value.body, dict)
             assert missing.value.body["error"]["type"] == "not_found_error"
+
+
+async def test_a_stream_is_relayed_event_by_event_with_its_pings_and_its_error(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """An error inside a stream (``overloaded_error``) reaches the client as sent, after the
+    events before it, ``event:`` lines and ``ping`` included."""
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*")])
+    overloaded = {"type": "overloaded_error", "message": "Overloaded"}
+    fake.messages.stream_error = overloaded
+    body = {
+        "model": CLAUDE,
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    headers = {"x-api-key": "sk-ant-own", "anthropic-version": "2023-06-01"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/messages", json=body, headers=headers) as reply:
+            assert reply.status == 200
+            relayed = (await reply.read()).decode()
+    events = [block for block in relayed.split("\n\n") if block]
+    names = [block.split("\n")[0] for block in events]
+    assert names == [
+        "event: message_start",
+        "event: ping",
+        "event: content_block_start",
+        "event: content_block_delta",
+        "event: content_block_stop",
+        "event: error",
+    ]
+    assert orjson.loads(events[-1].split("data: ", 1)[1]) == {"type": "error", "error": overloaded}
+    async with messages(proxy, "sk-ant-own") as client:  # the SDK raises it as Anthropic's
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            async with client.messages.stream(
+                model=CLAUDE, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            ) as stream:
+                await stream.get_final_text()
+        assert "overloaded_error" in str(raised.value)
+
+
+async def test_a_store_that_is_down_forwards_a_messages_request_as_sent(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    nothing_listens = f"redis://127.0.0.1:{free_port()}"
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*")], store_url=nothing_listens)
+    raw = (  # its odd spacing goes as it came
+        b'{"model": "claude-sonnet-4-5",  "max_tokens": 8,'
+        b' "messages": [{"role": "user", "content": "hi"}]}'
+    )
+    headers = {"x-api-key": "sk-ant-own", "content-type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/messages", data=raw, headers=headers) as reply:
+            assert reply.status == 200
+            assert reply.headers["X-Compaction-Status"] == "bypass"
+            assert (await reply.json())["content"][0]["text"] == "Done."
+    assert fake.messages.received[-1].body == orjson.loads(raw)
