@@ -21,10 +21,20 @@ class RequestStatus(StrEnum):
 
     NONE = "none"  # the client's messages went as sent
     PRUNED = "pruned"  # prunes alone changed them
-    COMPACTED = "compacted"  # the surface carries a checkpoint committed for this request
+    COMPACTED = "compacted"  # the surface carries a checkpoint (new or committed earlier)
     PRECOMPACTING = "precompacting"  # as sent, with a checkpoint on its way in the background
     RECOVERED = "recovered"  # a retry after an overflow, compacted harder
     BYPASS = "bypass"  # the store or the proxy failed: the client's bytes as they came
+
+
+def status_of(surface: Surface) -> RequestStatus:
+    """What the header says of a forwarded surface: ``compacted`` whenever it carries a
+    checkpoint, this request's or an earlier one's (a 22-message history sent as 6 messages is
+    compacted, whoever made the checkpoint); ``pruned`` when prunes alone changed it; ``none``
+    only when the client's messages went as sent."""
+    if surface.checkpoints:
+        return RequestStatus.COMPACTED
+    return RequestStatus.PRUNED if surface.prunes else RequestStatus.NONE
 
 
 @dataclass(frozen=True)

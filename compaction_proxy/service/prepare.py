@@ -36,7 +36,7 @@ from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.credentials import summary_call_headers, summary_call_query
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.security.tenant import api_key_of, tenant_of
-from compaction_proxy.service.forwarded import Forwarded, RequestStatus
+from compaction_proxy.service.forwarded import Forwarded, status_of
 from compaction_proxy.service.pending_records import shielded
 from compaction_proxy.service.record import RequestRecord
 from compaction_proxy.service.services import Services
@@ -235,13 +235,7 @@ async def prepare(
             checkpoint_misses=misses, last_pressure=pressure, over_threshold=reason
         )
     )
-    status = (
-        RequestStatus.COMPACTED
-        if relief.compacted
-        else RequestStatus.PRUNED
-        if relief.pruned
-        else RequestStatus.NONE
-    )
+    status = status_of(surface)
     precompacting = proactive and maybe_precompact(services.background, job, relief, limits)
 
     tokens_before = None

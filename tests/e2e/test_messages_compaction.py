@@ -132,7 +132,7 @@ async def test_the_next_request_reuses_the_checkpoint_anchored_on_streamed_usage
             max_tokens=512,
             messages=more,  # type: ignore[arg-type]
         )
-    assert raw.headers["x-compaction-status"] != "compacted"
+    assert raw.headers["x-compaction-status"] == "compacted"  # the checkpoint, reused
     assert len(fake.messages.summary_requests) == 1
     assert "<compacted-summary>" in str(fake.messages.received[-1].body["messages"][0])
     events = await proxy.read_log(raw.headers["x-compaction-conversation"])

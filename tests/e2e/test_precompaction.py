@@ -111,17 +111,18 @@ async def test_the_threshold_request_finds_its_checkpoint_ready(
     assert "precompacting" in statuses and fake.summary_requests
     count, seconds = (a - b for a, b in zip(rounds_timed("committed"), timed_before, strict=True))
     assert count == len(fake.summary_requests) and seconds >= count * SUMMARY_SECONDS
-    # No request waited on a summary call: none compacted synchronously, none waited on the
-    # lease of a background round (and, loosely, none took as long as one summary call).
-    assert "compacted" not in statuses and lease_waits() == waits_before
+    # No request waited on a summary call: every summary was a background round's, none
+    # waited on the lease of one (and, loosely, none took as long as one summary call).
+    assert lease_waits() == waits_before
     assert max(latencies) < SUMMARY_SECONDS, latencies
-    # Every request after the first that carried the checkpoint still carries one, and none
-    # was forwarded at or above the threshold.
+    # Every request after the first that carried the checkpoint still carries one, says so,
+    # and none was forwarded at or above the threshold.
     carried = [
         any(framed_summary_text(m) is not None for m in (r.body or {}).get("messages", []))
         for r in fake.chat_requests
     ]
     assert all(carried[carried.index(True) :])
+    assert [status == "compacted" for status in statuses] == carried
     assert all(r.prompt_tokens < 0.8 * WINDOW for r in fake.chat_requests)
 
 
@@ -217,7 +218,7 @@ async def test_a_request_that_outgrew_the_round_in_flight_goes_at_once_over_the_
     assert 0.8 * WINDOW <= fake.chat_requests[-1].prompt_tokens < 0.9 * WINDOW
     assert not carries_a_checkpoint(fake) and lease_waits() == waits_before
     await proxy.app[SERVICES].background.idle()
-    assert (await send(proxy, tool_rounds(30)))[0] == "none"
+    assert (await send(proxy, tool_rounds(30)))[0] == "compacted"  # the round's checkpoint
     assert carries_a_checkpoint(fake) and fake.chat_requests[-1].prompt_tokens < 0.8 * WINDOW
     assert len(fake.summary_requests) == 1
 
@@ -283,7 +284,7 @@ async def test_from_must_compact_on_a_request_goes_at_once_with_older_observatio
     records = (await proxy.store.load(conversation)).records
     assert not any(isinstance(r, Prune) for r in records), "the cuts are not committed"
     await proxy.app[SERVICES].background.idle()
-    assert (await send(proxy, tool_rounds(35)))[0] == "none"
+    assert (await send(proxy, tool_rounds(35)))[0] == "compacted"
     after = (fake.chat_requests[-1].body or {})["messages"]
     assert carries_a_checkpoint(fake) and not any(cut_by_the_proxy(m) for m in after)
     assert len(fake.summary_requests) == 1, "it did not start a second round"
@@ -337,7 +338,7 @@ async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_
     assert 0.9 * WINDOW <= fake.chat_requests[-1].prompt_tokens < WINDOW - WINDOW // 32
     assert not carries_a_checkpoint(fake) and lease_waits() == waits_before
     await proxy.app[SERVICES].background.idle()
-    assert (await send(proxy, tool_rounds(33)))[0] == "none"
+    assert (await send(proxy, tool_rounds(33)))[0] == "compacted"
     assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
 
 
