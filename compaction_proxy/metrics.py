@@ -40,6 +40,12 @@ REQUESTS = Counter(
     "Chat, Responses and Messages requests by route and outcome.",
     ["route", "outcome"],
 )
+CLIENT_COMPACTIONS = Counter(
+    "compaction_proxy_client_compactions_total",
+    "Requests in which the client summarizes its own history (its own compaction): compacted "
+    "only as far as they must to fit, and a background round for that branch is cancelled.",
+    ["route"],
+)
 FORMATS = ("chat", "responses", "messages")
 STATUSES = ("none", "pruned", "compacted", "precompacting", "recovered", "bypass")
 FORMAT_REQUESTS = Counter(

@@ -221,10 +221,16 @@ async def client(proxy_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the transcript replay figures (raw vs forwarded tokens) after the run."""
+    """Print the transcript replay figures (raw vs forwarded tokens) and the real agents'
+    (the proxy's summary calls when an agent compacts on its own) after the run."""
+    from tests.e2e.test_real_agents import SUMMARY_REPORT
     from tests.e2e.test_transcript_replay import REPLAY_REPORT
 
-    if REPLAY_REPORT:
-        terminalreporter.section("transcript replay through the proxy")
-        for line in sorted(REPLAY_REPORT):
-            terminalreporter.write_line(line)
+    for title, lines in (
+        ("transcript replay through the proxy", sorted(REPLAY_REPORT)),
+        ("real agents through the proxy", SUMMARY_REPORT),
+    ):
+        if lines:
+            terminalreporter.section(title)
+            for line in lines:
+                terminalreporter.write_line(line)

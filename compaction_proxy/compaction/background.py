@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.engine import Engine, Outcome
@@ -59,6 +60,7 @@ class BackgroundCompactions:
         self._engine = engine
         self._concurrency = concurrency
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._chains: dict[str, list[str]] = {}  # the body chain each round was started from
 
     @property
     def in_flight(self) -> int:
@@ -75,10 +77,12 @@ class BackgroundCompactions:
         retain = precompaction_retain(tokens, limits)
         task = asyncio.create_task(self._round(job, state, tokens, retain))
         self._running[conversation] = task
+        self._chains[conversation] = job.view.chain
         PRECOMPACTIONS_IN_FLIGHT.inc()
 
         def finished(_: asyncio.Task[None]) -> None:
             self._running.pop(conversation, None)
+            self._chains.pop(conversation, None)
             PRECOMPACTIONS_IN_FLIGHT.dec()
 
         task.add_done_callback(finished)
@@ -97,11 +101,26 @@ class BackgroundCompactions:
                 await triggers.remember_failure(engine, job, tokens)
         except asyncio.CancelledError:
             outcome = "cancelled"
-            raise  # shutting down: the engine closed the attempt and released the lease
+            # Shutting down, or the client abandoned the branch: the engine closed the
+            # attempt and released the lease.
+            raise
         except Exception:
             log.exception("background compaction failed; the threshold request will compact")
         finally:
             PRECOMPACTION_DURATION.labels(outcome=outcome).observe(time.perf_counter() - started)
+
+    def abandon(self, conversation: str, chain: Sequence[str]) -> bool:
+        """Cancel the round in flight for the branch ``chain`` extends (the client is about to
+        replace that history with a summary of its own: the checkpoint would never be used).
+        Whether one was cancelled; the engine closes its attempt and frees the lease."""
+        task, started = self._running.get(conversation), self._chains.get(conversation)
+        if task is None or started is None or not started:
+            return False
+        tip = len(started) - 1
+        if len(chain) <= tip or chain[tip] != started[tip]:
+            return False  # another branch's round (a twin's): not this client's to end
+        task.cancel()
+        return True
 
     async def idle(self) -> None:
         """Wait until no round is running (tests and benchmarks settle on it)."""

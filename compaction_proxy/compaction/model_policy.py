@@ -51,6 +51,18 @@ class Budgets:
     def with_answer_reserve(self, reserve: int | None) -> Budgets:
         return Budgets(self.window, self.threshold, self.retain, self.precompact, reserve)
 
+    def without_precompaction(self) -> Budgets:
+        """These budgets with nothing prepared in the background: compaction from the
+        threshold, synchronously."""
+        return Budgets(self.window, self.threshold, self.retain, 0, self.answer_reserve)
+
+    def for_client_compaction(self) -> Budgets:
+        """These budgets for a client's own compaction request (``conversation.
+        client_compaction``): its history is about to be replaced, so it is compacted only as
+        far as it must to fit with its answer (from ``must_compact``, not the threshold) and
+        nothing is prepared in the background."""
+        return Budgets(self.window, self.must_compact, self.retain, 0, self.answer_reserve)
+
     def under_declared_cap(self, cap: int | None) -> Budgets:
         """These budgets for a request that declares its answer's cap: the provider refuses a
         prompt that leaves less than the cap, so the threshold is at most the window less it

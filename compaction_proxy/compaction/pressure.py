@@ -44,15 +44,26 @@ def pressure_limits(
     window: int | None,
     client_request: ClientRequest,
     state: ConversationState,
+    client_compacting: bool = False,
 ) -> Budgets | None:
     """The budgets pressure is measured against, the answer's reserve included; None when
-    the proxy does not compact this request by pressure (unknown window, ``auto`` off)."""
+    the proxy does not compact this request by pressure (unknown window, ``auto`` off).
+    ``client_compacting``: the client is summarizing its own history (``Budgets.
+    for_client_compaction``)."""
     if window is None or not model_policy.policy.auto:
         return None
     largest = state.attributes.largest_answer_tokens
     cap = client_request.answer_cap
     reserve = answer_reserve(window, cap, largest)
-    return model_policy.budgets(window).with_answer_reserve(reserve).under_declared_cap(cap)
+    limits = model_policy.budgets(window).with_answer_reserve(reserve).under_declared_cap(cap)
+    if client_compacting:
+        return limits.for_client_compaction()
+    if state.attributes.client_compactions:
+        # A client that compacts on its own is left to it: a round prepared ahead would
+        # summarize a branch it is about to replace. From the threshold the proxy still
+        # compacts (synchronously), so nothing over it reaches the upstream.
+        return limits.without_precompaction()
+    return limits
 
 
 def maybe_precompact(

@@ -26,12 +26,19 @@ from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limi
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from compaction_proxy.config.settings import Route
+from compaction_proxy.conversation.client_compaction import is_client_compaction
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.messages import ANTHROPIC_VERSION, summary_messages_body
 from compaction_proxy.formats.payload import payload_for
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.metering.meter import TokenMeter
-from compaction_proxy.metrics import COMPACTION_ERRORS, PRESSURE, TOKENS_SAVED, child
+from compaction_proxy.metrics import (
+    CLIENT_COMPACTIONS,
+    COMPACTION_ERRORS,
+    PRESSURE,
+    TOKENS_SAVED,
+    child,
+)
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.credentials import summary_call_headers, summary_call_query
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
@@ -221,7 +228,14 @@ async def prepare(
     )
     misses = checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
-    limits = pressure_limits(model_policy, window, client_request, state)
+    client_compacting = is_client_compaction(view.body, view.tools)
+    if client_compacting:
+        CLIENT_COMPACTIONS.labels(route=route.model).inc()
+        # The branch being summarized is about to be replaced: a round for it is wasted.
+        services.background.abandon(view.conversation, view.chain)
+        seen = state.attributes.client_compactions or 0
+        record.set(ConversationAttributes(client_compactions=seen + 1))
+    limits = pressure_limits(model_policy, window, client_request, state, client_compacting)
     relief = await _relieve(engine, job, state, limits, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     pressure = reason = None

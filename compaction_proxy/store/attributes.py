@@ -83,6 +83,7 @@ class ConversationAttributes:
     compaction_failed_at: float | None = None  # the last failed summary (the cooldown's start)
     compaction_failed_tokens: int | None = None  # the request's tokens when it failed
     overflow_recovery_at: float | None = None  # the last overflow recovery of a miss-guarded one
+    client_compactions: int | None = None  # summarization requests of the client's own
 
     @classmethod
     def read(cls, stored: Mapping[str, str]) -> ConversationAttributes:
@@ -133,6 +134,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "compaction_failed_at": _seconds,
     "compaction_failed_tokens": _count,
     "overflow_recovery_at": _seconds,
+    "client_compactions": _count,
 }
 _FORMATS: dict[str, Callable[[Any], str]] = {
     "last_seen": lambda v: f"{v:.3f}",

@@ -21,6 +21,13 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.testing.fake_agent import (
+    FileReader,
+    last_user_text,
+    responses_item,
+    text_of_request,
+    tool_names,
+)
 
 CountText = Callable[[str], int]
 
@@ -81,6 +88,9 @@ class FakeResponses:
     stream_pieces: int = 4
     tool_rounds: int = 3  # tool calls it makes in all before it answers with text
     calls_made: int = 0
+    agent: FileReader | None = None  # set by a test: a scripted agent's model instead
+    refused: list[str] = field(default_factory=list)  # pairing problems, in its words
+    overflows: list[int] = field(default_factory=list)  # prompts refused as over the window
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def routes(self) -> list[web.RouteDef]:
@@ -114,13 +124,20 @@ class FakeResponses:
         stateful = body.get("previous_response_id") is not None
         problem = None if stateful else pairing_problem(items)
         if problem is not None:
+            self.refused.append(problem)
             return _error(400, problem, "input", None, self.headers())
         tokens = self.input_tokens(body)
         cap = int(body.get("max_output_tokens") or 0)
         if tokens + cap > self.window_of(model):
+            self.overflows.append(tokens)
             return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded", self.headers())
         number = next(self._ids)
         item = self._output(body, items, number)
+        if self.agent is not None:
+            tools = tool_names(body.get("tools"))
+            text = text_of_request(items)
+            move = self.agent.move(text, last_user_text(items), tools, number)
+            item = responses_item(move, number)
         produced = self.count_text(_text(item.get("content") or item.get("arguments")))
         usage = {
             "input_tokens": tokens,

@@ -22,6 +22,15 @@ from aiohttp import web
 
 from compaction_proxy.metering.tokenizers import encoding
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.testing.fake_agent import (
+    FileReader,
+    Move,
+    chat_answer,
+    chat_deltas,
+    last_user_text,
+    text_of_request,
+    tool_names,
+)
 from compaction_proxy.testing.fake_answers import (
     fake_summary,
     is_summary_request,
@@ -70,6 +79,7 @@ class FakeUpstream:
     default_window: int = DEFAULT_WINDOW
     encoding_name: str = "o200k_base"
     reply: ReplyFunction | None = None
+    agent: FileReader | None = None  # set by a test: a scripted agent's model (tool calls)
     stream_pieces: int = 4
     stream_delay: float = 0.0
     response_delay: float = 0.0
@@ -289,14 +299,23 @@ class FakeUpstream:
                 finish = "length"
         else:
             text = self.reply(body) if self.reply is not None else "ok"
+        move: Move = text
+        if self.agent is not None and not summarizing:
+            messages, tools = body.get("messages"), tool_names(body.get("tools"))
+            move = self.agent.move(
+                text_of_request(messages), last_user_text(messages), tools, len(self.received)
+            )
+            text = move if isinstance(move, str) else move.arguments
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": self.count_text(text),
             "total_tokens": prompt_tokens + self.count_text(text),
         }
         completion_id = f"chatcmpl-fake{next(self._ids)}"
+        message, finish = chat_answer(move) if finish == "stop" else ({}, finish)
         if body.get("stream"):
-            return await self._stream(request, body, completion_id, model, text, usage)
+            deltas = chat_deltas(move)
+            return await self._stream(request, body, completion_id, model, deltas, finish, usage)
         return web.json_response(
             {
                 "id": completion_id,
@@ -306,7 +325,7 @@ class FakeUpstream:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text},
+                        "message": message or {"role": "assistant", "content": text},
                         "finish_reason": finish,
                     }
                 ],
@@ -322,7 +341,8 @@ class FakeUpstream:
         body: dict[str, Any],
         completion_id: str,
         model: str,
-        text: str,
+        deltas: list[dict[str, Any]],
+        finish: str,
         usage: dict[str, int],
     ) -> web.StreamResponse:
         options = body.get("stream_options") or {}
@@ -345,8 +365,10 @@ class FakeUpstream:
                 event["usage"] = None
             return b"data: " + orjson.dumps(event) + b"\n\n"
 
-        size = max(1, -(-len(text) // self.stream_pieces))
-        pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+        if len(deltas) == 1 and "content" in deltas[0]:  # text, in pieces
+            text = str(deltas[0]["content"])
+            size = max(1, -(-len(text) // self.stream_pieces))
+            deltas = [{"content": text[i : i + size]} for i in range(0, len(text), size)]
         try:
             await response.write(chunk({"role": "assistant", "content": ""}, None))
             if self.cut_streams:
@@ -354,11 +376,11 @@ class FakeUpstream:
                 assert request.transport is not None
                 request.transport.abort()  # the provider's end of the stream, cut short
                 return response
-            for piece in pieces:
+            for delta in deltas or [{"content": ""}]:
                 if self.stream_delay:
                     await asyncio.sleep(self.stream_delay)
-                await response.write(chunk({"content": piece}, None))
-            await response.write(chunk({}, "stop"))
+                await response.write(chunk(delta, None))
+            await response.write(chunk({}, finish))
             if include_usage:
                 final = {
                     "id": completion_id,

@@ -120,3 +120,19 @@ def test_a_declared_answer_cap_lowers_the_threshold_to_what_the_provider_accepts
         retain,
     )
     assert configured.threshold == 51_200  # the budgets themselves are left as they were
+
+
+def test_a_clients_own_compaction_is_compacted_only_to_fit_and_prepares_nothing() -> None:
+    limits = Budgets(window=16_000, threshold=12_800, retain=2_560, precompact=11_200)
+    own = limits.for_client_compaction()
+    assert own.threshold == limits.must_compact > limits.threshold
+    assert own.precompact == 0 and own.must_compact == limits.must_compact
+    assert not wants_precompaction(limits.precompact, own)
+
+
+def test_a_client_that_compacts_on_its_own_gets_no_background_round() -> None:
+    limits = Budgets(window=16_000, threshold=12_800, retain=2_560, precompact=11_200)
+    left_to_it = limits.without_precompaction()
+    assert (left_to_it.threshold, left_to_it.precompact) == (limits.threshold, 0)
+    assert left_to_it.must_compact == limits.threshold  # from there, synchronously
+    assert not wants_precompaction(12_000, left_to_it)

@@ -68,6 +68,7 @@ def test_every_attribute_has_a_reader_and_the_stored_names_never_change() -> Non
         "compaction_failed_at",
         "compaction_failed_tokens",
         "overflow_recovery_at",
+        "client_compactions",
     ]
     everything = {name: "1" for name in names} | {"over_threshold": "ahead"}
     assert set(ConversationAttributes.read(everything).to_stored()) == set(names)

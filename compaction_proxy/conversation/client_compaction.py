@@ -1,0 +1,51 @@
+"""Agents that compact on their own: telling their summarization request (pure).
+
+Codex, Claude Code and opencode each summarize their own history when they judge it long: one
+request whose last user turn asks the model for a summary of the conversation, usually with no
+tools offered, after which the agent replaces its history by that summary. A summary the proxy
+prepares for the history being summarized would never be used: the branch is abandoned the
+moment the answer arrives. So such a request starts no background round and ends the one in
+flight for its branch (``service.prepare``). It is still made to fit the window like any other
+request: an agent's compaction request that overflows is the one it cannot recover from.
+
+Known by the agents' own prompts, or, generically, by a last user turn asking for a summary of
+the conversation in a request that offers no tools.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.text import text_of
+
+# The opening words of each agent's compaction prompt, as it sends them.
+KNOWN_PROMPTS = (
+    "You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex
+    "Your task is to create a detailed summary of the conversation so far",  # Claude Code
+    "Provide a detailed prompt for continuing our conversation",  # opencode
+)
+_KNOWN = re.compile("|".join(re.escape(prompt) for prompt in KNOWN_PROMPTS), re.IGNORECASE)
+_ASKS = re.compile(
+    r"\b(summar(y|ize|ise)|recap|condense)\b[^.\n]{0,80}\b(conversation|chat|session|history|"
+    r"work so far|discussion)\b",
+    re.IGNORECASE,
+)
+_SCANNED_CHARS = 4096  # a compaction prompt states its request up front
+
+
+def last_user_text(body: Sequence[Message]) -> str:
+    for message in reversed(body):
+        if message.get("role") == "user":
+            return (text_of(message.get("content")) or "")[:_SCANNED_CHARS]
+    return ""
+
+
+def is_client_compaction(body: Sequence[Message], tools: Any) -> bool:
+    """Whether the request asks the model to summarize the conversation for the client."""
+    text = last_user_text(body)
+    if _KNOWN.search(text):
+        return True
+    return not tools and bool(_ASKS.search(text))

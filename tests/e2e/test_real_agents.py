@@ -1,0 +1,260 @@
+"""Codex and opencode as their users run them, through the proxy, against a scripted model
+whose 16k window their history outgrows (``testing.fake_agent``: one ~24 KB data file printed
+per turn, then an answer). Each run completes with nothing over the window reaching the model,
+pairing valid, the proxy having compacted, no request counted as a client disconnect and usage
+recorded; pointed straight at the model, the same run overflows. Skipped, with the reason,
+where the pinned agents are not installed (``.ci/run`` installs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.testing.fake_agent import FileReader, data_file
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import counter, route
+
+pytestmark = pytest.mark.slow
+
+MODEL = "agent-scripted"
+WINDOW = 16_000
+FILES = 5
+AGENTS = Path(__file__).parents[2] / ".ci" / "agents" / "node_modules" / ".bin"
+TASK = "Print each data file with the shell, one per turn, then say you are done."
+SUMMARY_REPORT: list[str] = []
+# opencode's prompt (10 tools) is about 9.8k tokens and it asks for 4,096 of answer: in a 16k
+# window a 24 KB output would not fit even as the only one; 12 KB outputs do, and their
+# history outgrows the window by the third.
+OPENCODE_FILE_CHARS = 12_000
+
+
+def binary(name: str, package: str) -> str:
+    found = shutil.which(name, path=f"{AGENTS}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs {package})")
+    return found
+
+
+def data_files(folder: Path, size: int = 24_000) -> list[str]:
+    """The data files (``size`` characters each), written into ``folder``: their absolute
+    paths (an agent's shell may run elsewhere than where it was started)."""
+    paths = []
+    for index in range(FILES):
+        path = folder / f"data_{index}.txt"
+        path.write_text(data_file(index, size))
+        paths.append(str(path))
+    return paths
+
+
+def codex_config(home: Path, base_url: str, own_window: int | None = None) -> Path:
+    """A fresh ``CODEX_HOME``: the provider at ``base_url``, speaking Responses, and windows
+    set so that compaction is left to the proxy (Codex never compacts on its own), or, with
+    ``own_window``, so that Codex compacts on its own as it nears that window."""
+    codex_home = home / "codex"
+    codex_home.mkdir(parents=True)
+    window = own_window or 1_000_000
+    (codex_home / "config.toml").write_text(
+        f'model = "{MODEL}"\n'
+        'model_provider = "proxy"\n'
+        f"model_context_window = {window}\n"
+        f"model_auto_compact_token_limit = {window * 8 // 10}\n"
+        "[model_providers.proxy]\n"
+        'name = "compaction-proxy"\n'
+        f'base_url = "{base_url}"\n'
+        'wire_api = "responses"\n'
+        'env_key = "PROXY_API_KEY"\n'
+    )
+    return codex_home
+
+
+async def run(command: list[str], env: dict[str, str], workdir: Path) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=workdir,
+        env={**os.environ, **env},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    assert process.returncode is not None
+    return process.returncode, output.decode(errors="replace")
+
+
+async def run_codex(
+    base_url: str, home: Path, workdir: Path, own_window: int | None = None
+) -> tuple[int, str]:
+    codex_home = codex_config(home, base_url, own_window)
+    command = [
+        binary("codex", "@openai/codex"),
+        "exec",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "danger-full-access",
+        TASK,
+    ]
+    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "PROXY_API_KEY": "sk-codex"}
+    return await run(command, env, workdir)
+
+
+def carried_checkpoints(fake: FakeUpstream) -> set[str]:
+    """The distinct checkpoints the requests forwarded for the agent carried."""
+    found: set[str] = set()
+    for body in fake.responses.received:
+        found.update(re.findall(r"<compacted-summary>(.*?)</compacted-summary>", str(body), re.S))
+    return found
+
+
+def opencode_env(home: Path, base_url: str) -> dict[str, str]:
+    """Isolated XDG directories, and an ``@ai-sdk/openai-compatible`` provider at
+    ``base_url`` whose model declares a window large enough that compaction is left to the
+    proxy."""
+    config = home / "config" / "opencode"
+    config.mkdir(parents=True)
+    model = {"name": MODEL, "limit": {"context": 1_000_000, "output": 4096}}
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "compaction-proxy",
+        "options": {"baseURL": base_url, "apiKey": "sk-opencode"},
+        "models": {MODEL: model},
+    }
+    settings = {
+        "provider": {"proxy": provider},
+        "model": f"proxy/{MODEL}",
+        "autoupdate": False,
+        "permission": {"bash": "allow", "external_directory": "allow"},  # headless: no one asks
+    }
+    (config / "opencode.json").write_text(json.dumps(settings))
+    return {
+        "HOME": str(home),
+        **{
+            f"XDG_{kind.upper()}_HOME": str(home / kind)
+            for kind in ("config", "data", "cache", "state")
+        },
+    }
+
+
+async def run_opencode(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
+    command = [binary("opencode", "opencode-ai"), "run", TASK]
+    return await run(command, opencode_env(home, base_url), workdir)
+
+
+def disconnects() -> float:
+    return counter("compaction_proxy_client_disconnects_total", route="agent-*")
+
+
+def forwarded_compacted(bodies: list[Any]) -> bool:
+    return any(
+        "removed by compaction-proxy" in str(b) or "<compacted-summary>" in str(b) for b in bodies
+    )
+
+
+async def assert_usage_recorded(proxy: RunningProxy) -> None:
+    """Every request forwarded has its usage in the log (an agent that left at the terminal
+    event without reading the stream's end included)."""
+    for listed in await proxy.store.list_conversations():
+        events = await proxy.read_log(listed.conversation, limit=10_000)
+        usage = [e for e in events if e["type"] == "usage"]
+        assert len(usage) == len([e for e in events if e["type"] == "request"]) > 0
+
+
+async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path))
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    left_before = disconnects()
+    code, output = await run_codex(proxy.url, tmp_path / "home", tmp_path)
+    assert code == 0, output
+    assert f"Read all {FILES} files." in output, output
+    received = fake.responses.received
+    assert fake.responses.refused == [] and fake.responses.overflows == []
+    assert forwarded_compacted(received)
+    assert disconnects() == left_before
+    await assert_usage_recorded(proxy)
+
+
+async def test_codex_compacting_on_its_own_wastes_no_summary_of_the_proxy(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Codex told its window is 16k compacts its own history (a summarization request with no
+    tools, then a history replaced by its summary). The proxy prepares checkpoints from half
+    the window, with a summarizer that takes a second: the round in flight when Codex asks for
+    its summary is cancelled, and once Codex has compacted on its own, nothing more is
+    prepared in the background. No checkpoint is committed that no request carries."""
+    binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path))
+    fake.summary_delay = 1.0
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW, precompact_ratio=0.5)])
+    own = counter("compaction_proxy_client_compactions_total", route="agent-*")
+    code, output = await run_codex(proxy.url, tmp_path / "home", tmp_path, own_window=WINDOW)
+    assert code == 0, output
+    assert f"Read all {FILES} files." in output, output
+    assert fake.responses.refused == [] and fake.responses.overflows == []
+    await proxy.app[SERVICES].background.idle()
+    client_compactions = counter("compaction_proxy_client_compactions_total", route="agent-*") - own
+    assert client_compactions >= 1
+    committed = [
+        e
+        for e in await proxy.read_log((await proxy.store.list_conversations())[0].conversation)
+        if e["type"] == "compaction/end"
+        and e.get("outcome") == "committed"
+        and e.get("kind") == "summary"
+    ]
+    assert len(committed) <= len(carried_checkpoints(fake))  # every checkpoint used
+    SUMMARY_REPORT.append(
+        f"codex compacting on its own: {client_compactions:.0f} client compactions, "
+        f"{len(fake.summary_requests)} summary calls of the proxy, {len(committed)} committed, "
+        f"{len(carried_checkpoints(fake))} carried"
+    )
+
+
+async def test_codex_pointed_straight_at_the_model_runs_out_of_window(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """The witness: without the proxy the same run overflows."""
+    binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path))
+    _, output = await run_codex(upstream_url, tmp_path / "home", tmp_path)
+    assert fake.responses.overflows, output
+
+
+async def test_opencode_completes_through_the_proxy_a_task_that_outgrows_its_window(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    binary("opencode", "opencode-ai")
+    fake.windows[MODEL] = WINDOW
+    fake.agent = FileReader(data_files(tmp_path, OPENCODE_FILE_CHARS))
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    left_before = disconnects()
+    code, output = await run_opencode(proxy.url, tmp_path / "home", tmp_path)
+    assert code == 0, output
+    assert f"Read all {FILES} files." in output, output
+    assert fake.rejected == [] and fake.overflows == []
+    assert forwarded_compacted([r.body for r in fake.chat_requests])
+    assert disconnects() == left_before
+    await assert_usage_recorded(proxy)
+
+
+async def test_opencode_pointed_straight_at_the_model_runs_out_of_window(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """The witness: without the proxy the same run overflows."""
+    binary("opencode", "opencode-ai")
+    fake.windows[MODEL] = WINDOW
+    fake.agent = FileReader(data_files(tmp_path, OPENCODE_FILE_CHARS))
+    _, output = await run_opencode(upstream_url, tmp_path / "home", tmp_path)
+    assert fake.overflows, output
