@@ -6,11 +6,14 @@ the seconds of a summary call, the freeze precompaction is there to avoid. Conve
 outgrow a summary call: a 3 s call spans three agent turns, and one tool output can be a sixth
 of a small window.
 
-The bridge cuts the conversation's older observations, those before the retain budget (the
-part the coming checkpoint replaces), harder than the pruner does: oldest first, only as many
-as it takes to go under ``must_compact``. The cuts are this request's alone and are never
-committed: the request after the checkpoint forwards the checkpoint and the retained tail in
-full, and the summary is written from the observations as they were. The live turn and the
+The bridge cuts the conversation's older observations, those before the retain budget and,
+while a summary is being written for the branch, inside its span (the part the coming
+checkpoint replaces), harder than the pruner does: oldest first, only as many as it takes to go
+under ``must_compact``. The cuts are this request's alone and are never committed: the request
+after the checkpoint forwards the checkpoint (which shadows every cut) and the retained tail in
+full, and the summary is written from the observations as they were. A cut outside the span
+would go out whole again once the checkpoint lands, and a provider's prompt cache would miss
+twice for it. The live turn and the
 retain budget are never cut; a request that no such cut brings under ``must_compact`` waits
 as before. The same request is cut the same way by every replica, and consecutive requests
 cut the same oldest observations first, so the provider's prefix cache holds between them.

@@ -163,6 +163,10 @@ async def _bridge(
     view, meter = job.view, engine.meter
     count = counter_for(view.model)
     limit = min(before, view.live_start)
+    if state.lease_end is not None:
+        # Only what the summary being written will shadow: an observation cut here and sent
+        # whole once the checkpoint lands would break the provider's prompt cache twice.
+        limit = min(limit, state.lease_end + 1)
     need = measurement.tokens - limits.must_compact + 1
     cuts = await engine.off_loop(
         job,

@@ -55,6 +55,9 @@ class ConversationState:
     generation: int = 0
     anchor: Anchor | None = None
     lease_owner: str | None = None
+    # The body position where the live lease's compaction ends (its span's last message), when
+    # the lease lies on this branch and says (a summary being written: what it will shadow)
+    lease_end: int | None = None
     logged_tip: tuple[int, str] | None = None
     attributes: ConversationAttributes = field(default_factory=ConversationAttributes)
     # The conversation's last few checkpoints, on any branch (see ``CheckpointEnd``)

@@ -192,12 +192,18 @@ class AnchoredLeases:
 
     def holder(self, chain: Sequence[str] | None, now: float) -> str | None:
         """The owner of a live lease on ``chain``, if any; expired ones are dropped."""
+        found = self.holding(chain, now)
+        return None if found is None else found[0]
+
+    def holding(self, chain: Sequence[str] | None, now: float) -> tuple[str, int] | None:
+        """The owner of a live lease on ``chain`` and where its compaction ends (a body
+        position; ``WHOLE_CONVERSATION`` when not known), if any; expired ones are dropped."""
         found = None
         for owner, lease in list(self.by_owner.items()):
             if lease.expires <= now:
                 del self.by_owner[owner]
             elif found is None and on_chain(chain, lease.position, lease.chain_hash):
-                found = owner
+                found = owner, lease.position
         return found
 
     def live(self, owner: str, now: float) -> AnchoredLease | None:

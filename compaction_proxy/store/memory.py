@@ -224,11 +224,13 @@ class MemoryStore:
         placed, generation = entry.records.branch(chain)
         if chain is None:
             generation = entry.generation
+        lease = entry.leases.holding(chain, now)
         return ConversationState(
             records=tuple(p.record for p in placed),
             generation=generation,
             anchor=entry.anchor,
-            lease_owner=entry.leases.holder(chain, now),
+            lease_owner=None if lease is None else lease[0],
+            lease_end=None if lease is None or lease[1] < 0 else lease[1],
             logged_tip=entry.logged_tip,
             attributes=entry.attributes,
             recent_ends=entry.recent_ends,

@@ -8,6 +8,7 @@ the conversation's keys. No lock is held across an LLM call: the lease is a key 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections import OrderedDict
@@ -48,6 +49,7 @@ from compaction_proxy.store.redis_forms import (
     anchor_field,
     as_json,
     chain_args,
+    lease_end_of,
     messages_as_two_args,
     state_of,
 )
@@ -171,9 +173,11 @@ class RedisStore:
         keys = self._keys(conversation, "state", "records", "anchored", "positions", "leases")
         args = chain_args(chain)
         async with self._bounded("load"):
-            state_flat, raw_records, values, lease = await self._load(keys=keys, args=args)
+            loaded = await self._load(keys=keys, args=args)
+        state_flat, raw_records, values, lease, lease_position = loaded
         parse = self._parsed_records
-        return state_of(state_flat, raw_records, values, lease, parse, chain is None)
+        snapshot = state_of(state_flat, raw_records, values, lease, parse, chain is None)
+        return dataclasses.replace(snapshot, lease_end=lease_end_of(lease_position))
 
     async def _append(
         self,

@@ -63,6 +63,16 @@ def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:
         return ()
 
 
+def lease_end_of(position: str | None) -> int | None:
+    """Where the live lease's compaction ends, as the load script returns it (false, read as
+    None, when no lease lies on the branch; negative when the lease is the whole
+    conversation's)."""
+    if not position or not position.lstrip("-").isdigit():
+        return None
+    end = int(position)
+    return end if end >= 0 else None
+
+
 def logged_tip_of(raw: str | None) -> tuple[int, str] | None:
     if not raw:
         return None

@@ -44,11 +44,11 @@ def binary(name: str, package: str) -> str:
     return found
 
 
-def data_files(folder: Path, size: int = 24_000) -> list[str]:
-    """The data files (``size`` characters each), written into ``folder``: their absolute
-    paths (an agent's shell may run elsewhere than where it was started)."""
+def data_files(folder: Path, size: int = 24_000, count: int = FILES) -> list[str]:
+    """``count`` data files (``size`` characters each), written into ``folder``: their
+    absolute paths (an agent's shell may run elsewhere than where it was started)."""
     paths = []
-    for index in range(FILES):
+    for index in range(count):
         path = folder / f"data_{index}.txt"
         path.write_text(data_file(index, size))
         paths.append(str(path))
@@ -158,6 +158,41 @@ def forwarded_compacted(bodies: list[Any]) -> bool:
     )
 
 
+def assert_pruned_bytes_stay_pruned(outputs: list[dict[str, str]]) -> None:
+    """``outputs``: per forwarded request, each tool output it carried by call id. Once an
+    output went out cut by the proxy, every later request that carries it carries the same
+    bytes (the provider's prompt cache holds, as the README promises)."""
+    cut: dict[str, str] = {}
+    for request in outputs:
+        for call_id, sent in request.items():
+            if call_id in cut:
+                assert sent == cut[call_id], f"{call_id} went out cut, then otherwise"
+            elif "removed by compaction-proxy" in sent:
+                cut[call_id] = sent
+
+
+def responses_outputs(bodies: list[Any]) -> list[dict[str, str]]:
+    return [
+        {
+            str(item.get("call_id")): json.dumps(item.get("output"))
+            for item in body.get("input", [])
+            if isinstance(item, dict) and item.get("type") == "function_call_output"
+        }
+        for body in bodies
+    ]
+
+
+def chat_outputs(bodies: list[Any]) -> list[dict[str, str]]:
+    return [
+        {
+            str(m.get("tool_call_id")): json.dumps(m.get("content"))
+            for m in body.get("messages", [])
+            if m.get("role") == "tool"
+        }
+        for body in bodies
+    ]
+
+
 async def assert_usage_recorded(proxy: RunningProxy) -> None:
     """Every request forwarded has its usage in the log (an agent that left at the terminal
     event without reading the stream's end included)."""
@@ -170,17 +205,21 @@ async def assert_usage_recorded(proxy: RunningProxy) -> None:
 async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
 ) -> None:
+    """Eight files, a summarizer that takes a second (checkpoints are prepared while Codex
+    goes on, and requests go at once with the bridge's cuts meanwhile)."""
     binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
-    fake.responses.agent = FileReader(data_files(tmp_path))
+    fake.summary_delay = 1.0
+    fake.responses.agent = FileReader(data_files(tmp_path, count=8))
     proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
     left_before = disconnects()
     code, output = await run_codex(proxy.url, tmp_path / "home", tmp_path)
     assert code == 0, output
-    assert f"Read all {FILES} files." in output, output
+    assert "Read all 8 files." in output, output
     received = fake.responses.received
     assert fake.responses.refused == [] and fake.responses.overflows == []
     assert forwarded_compacted(received)
+    assert_pruned_bytes_stay_pruned(responses_outputs(received))
     assert disconnects() == left_before
     await assert_usage_recorded(proxy)
 
@@ -245,6 +284,7 @@ async def test_opencode_completes_through_the_proxy_a_task_that_outgrows_its_win
     assert f"Read all {FILES} files." in output, output
     assert fake.rejected == [] and fake.overflows == []
     assert forwarded_compacted([r.body for r in fake.chat_requests])
+    assert_pruned_bytes_stay_pruned(chat_outputs([r.body for r in fake.chat_requests]))
     assert disconnects() == left_before
     await assert_usage_recorded(proxy)
 

@@ -25,6 +25,7 @@ from compaction_proxy.store.redis import RedisStore
 from tests.conftest import REDIS_URL
 
 START = {"type": "compaction/start"}
+END = {"type": "compaction/end", "outcome": "summary_failed"}
 BEGUN, BUSY, STALE = BeginResult.BEGUN, BeginResult.BUSY, BeginResult.STALE
 
 
@@ -255,3 +256,17 @@ def test_both_backends_read_every_branch_alike_and_no_generation_goes_back(
             await redis.close()
 
     asyncio.run(check())
+
+
+async def test_a_branch_reads_where_the_summary_being_written_ends(
+    store: Store, conversation: str
+) -> None:
+    """The bridge cuts only what the coming checkpoint will shadow: it reads the span's end
+    from the lease on its branch."""
+    a = chain("a", 20)
+    assert await store.begin_compaction(conversation, "a1", 30, START, 0, a, 12) is BEGUN
+    later = chain("a", 26)
+    assert (await store.load(conversation, later)).lease_end == 12
+    assert (await store.load(conversation, chain("b", 26))).lease_end is None  # a twin's
+    await store.end_compaction(conversation, "a1", END)
+    assert (await store.load(conversation, later)).lease_end is None

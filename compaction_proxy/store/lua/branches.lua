@@ -47,19 +47,20 @@ local function branch_generation(state, legacy, anchored, positions, blob, width
   return newest
 end
 
--- The owner of a live lease on the chain, or false; expired leases are dropped when `prune`.
+-- The owner of a live lease on the chain (or false) and the position its compaction ends at;
+-- expired leases are dropped when `prune`.
 local function lease_on(leases, blob, width, now, prune)
   local entries = redis.call('HGETALL', leases)
-  local found = false
+  local found, position = false, false
   for i = 1, #entries, 2 do
     local p, hash, expires = string.match(entries[i + 1], '^(-?%d+):(.*):(%d+)$')
     if not p or tonumber(expires) <= now then
       if prune then redis.call('HDEL', leases, entries[i]) end
     elseif not found and chain_holds(blob, width, tonumber(p), hash) then
-      found = entries[i]
+      found, position = entries[i], p
     end
   end
-  return found
+  return found, position
 end
 
 -- Forget one anchor's field and its bookkeeping.
