@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
@@ -310,3 +311,31 @@ async def test_with_log_content_off_the_summary_is_kept_only_in_its_record(
     assert all("message" not in e for e in events if e["type"] == "message")
     (record,) = (await proxy.store.load(conversation)).records
     assert "<compacted-summary>" in str(record.message["content"])  # type: ignore[union-attr]
+
+
+CODEX_COMPACTION = (
+    "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another "
+    "LLM that will resume the task."
+)
+
+
+async def test_an_agents_own_compaction_prepares_nothing_and_is_made_to_fit(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Codex's summarization request between the watermarks starts no background round (the
+    history is about to be replaced) and goes as sent; one over the window is made to fit,
+    where sent directly it would fail."""
+    proxy = await make_proxy(routes=[route(upstream_url, "small-*", WINDOW)])  # precompacting
+    own = counter("compaction_proxy_client_compactions_total", route="small-*")
+    between = [*history(26)[:-1], user(CODEX_COMPACTION)]
+    reply = await ask(proxy.url, between)
+    assert 0.7 * WINDOW < int(reply.headers["x-compaction-tokens"]) < 0.8 * WINDOW
+    assert reply.headers["x-compaction-status"] == "none"
+    assert proxy.app[SERVICES].background.in_flight == 0 and fake.summary_requests == []
+    over = [*history(36)[:-1], user(CODEX_COMPACTION)]
+    assert fake.prompt_tokens({"messages": over}) > WINDOW
+    reply = await ask(proxy.url, over)
+    assert reply.headers["x-compaction-status"] in ("pruned", "compacted")
+    assert fake.chat_requests[-1].prompt_tokens < WINDOW and fake.overflows == []
+    assert fake.chat_requests[-1].body["messages"][-1] == user(CODEX_COMPACTION)
+    assert counter("compaction_proxy_client_compactions_total", route="small-*") == own + 2
