@@ -109,16 +109,19 @@ class BackgroundCompactions:
         finally:
             PRECOMPACTION_DURATION.labels(outcome=outcome).observe(time.perf_counter() - started)
 
-    def abandon(self, conversation: str, chain: Sequence[str]) -> bool:
-        """Cancel the round in flight for the branch ``chain`` extends (the client is about to
-        replace that history with a summary of its own: the checkpoint would never be used).
-        Whether one was cancelled; the engine closes its attempt and frees the lease."""
+    def abandon(self, conversation: str, chain: Sequence[str], *, replaced: bool = False) -> bool:
+        """Cancel the round in flight for the branch ``chain`` extends: the client is about to
+        replace that history with a summary of its own, and the checkpoint would never be
+        used. With ``replaced``, ``chain`` is the history that replaced it: the round is
+        cancelled when ``chain`` does not extend its branch. Whether one was cancelled; the
+        engine closes its attempt and frees the lease."""
         task, started = self._running.get(conversation), self._chains.get(conversation)
-        if task is None or started is None or not started:
+        if task is None or not started:
             return False
         tip = len(started) - 1
-        if len(chain) <= tip or chain[tip] != started[tip]:
-            return False  # another branch's round (a twin's): not this client's to end
+        extends = len(chain) > tip and chain[tip] == started[tip]
+        if extends == replaced:
+            return False  # another branch's round (a twin's), or the one still in use
         task.cancel()
         return True
 

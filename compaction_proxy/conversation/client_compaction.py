@@ -9,7 +9,9 @@ flight for its branch (``service.prepare``). It is still made to fit the window 
 request: an agent's compaction request that overflows is the one it cannot recover from.
 
 Known by the agents' own prompts, or, generically, by a last user turn asking for a summary of
-the conversation in a request that offers no tools.
+the conversation in a request that offers no tools. The history that replaces the old one is
+known too, by the words each agent opens its summary with (``is_continued_history``): its
+first request abandons the old branch, whose round in flight is then ended.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ _ASKS = re.compile(
 )
 _SCANNED_CHARS = 4096  # a compaction prompt states its request up front
 
+# The words each agent opens the summary that replaces its history with.
+CONTINUATION_PREFIXES = (
+    "Another language model started to solve this problem",  # Codex
+    "This session is being continued from a previous conversation",  # Claude Code
+)
+_CONTINUED_WITHIN = 8  # the summary sits at the start of the new history
+
 
 def last_user_text(body: Sequence[Message]) -> str:
     for message in reversed(body):
@@ -49,3 +58,13 @@ def is_client_compaction(body: Sequence[Message], tools: Any) -> bool:
     if _KNOWN.search(text):
         return True
     return not tools and bool(_ASKS.search(text))
+
+
+def is_continued_history(body: Sequence[Message]) -> bool:
+    """Whether ``body`` is a history an agent rebuilt from its own summary: one of its first
+    messages opens with the agent's continuation words."""
+    for message in body[:_CONTINUED_WITHIN]:
+        text = (text_of(message.get("content")) or "")[:_SCANNED_CHARS].lstrip()
+        if text.startswith(CONTINUATION_PREFIXES):
+            return True
+    return False

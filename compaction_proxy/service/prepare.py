@@ -26,7 +26,10 @@ from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limi
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
 from compaction_proxy.config.settings import Route
-from compaction_proxy.conversation.client_compaction import is_client_compaction
+from compaction_proxy.conversation.client_compaction import (
+    is_client_compaction,
+    is_continued_history,
+)
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.messages import ANTHROPIC_VERSION, summary_messages_body
 from compaction_proxy.formats.payload import payload_for
@@ -134,6 +137,14 @@ async def _relieve(
         return dataclasses.replace(as_it_is, shortfall=ShortfallReason.ERROR)
 
 
+def _replaced_history(view: RequestView, state: ConversationState) -> bool:
+    """Whether the request is the first of a history the client rebuilt from its own summary:
+    it opens with the agent's continuation words and does not extend what was answered."""
+    anchor = state.anchor
+    answered = anchor is not None and anchor.answered(view.chain)
+    return not answered and is_continued_history(view.body)
+
+
 async def _view_of(
     meter: TokenMeter, tenant: str, client_request: ClientRequest, session_id: str | None
 ) -> RequestView:
@@ -229,12 +240,19 @@ async def prepare(
     misses = checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
     client_compacting = is_client_compaction(view.body, view.tools)
+    seen = state.attributes.client_compactions or 0
     if client_compacting:
         CLIENT_COMPACTIONS.labels(route=route.model).inc()
         # The branch being summarized is about to be replaced: a round for it is wasted.
         services.background.abandon(view.conversation, view.chain)
-        seen = state.attributes.client_compactions or 0
         record.set(ConversationAttributes(client_compactions=seen + 1))
+    elif _replaced_history(view, state):
+        # The first request of a history the client rebuilt from its own summary (its
+        # summarization request, if any, went unrecognized when ``seen`` is 0).
+        services.background.abandon(view.conversation, view.chain, replaced=True)
+        if not seen:
+            CLIENT_COMPACTIONS.labels(route=route.model).inc()
+            record.set(ConversationAttributes(client_compactions=1))
     limits = pressure_limits(model_policy, window, client_request, state, client_compacting)
     relief = await _relieve(engine, job, state, limits, proactive)
     state, surface, measurement = relief.state, relief.surface, relief.measurement

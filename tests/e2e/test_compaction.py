@@ -339,3 +339,30 @@ async def test_an_agents_own_compaction_prepares_nothing_and_is_made_to_fit(
     assert fake.chat_requests[-1].prompt_tokens < WINDOW and fake.overflows == []
     assert fake.chat_requests[-1].body["messages"][-1] == user(CODEX_COMPACTION)
     assert counter("compaction_proxy_client_compactions_total", route="small-*") == own + 2
+
+
+async def test_a_history_rebuilt_from_the_agents_summary_ends_the_round_for_the_old_one(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """A round is being prepared for a long history when the agent replaces it by its own
+    summary (its summarization request went unseen): the round is cancelled, and from then on
+    the conversation's compaction is left to the agent."""
+    fake.summary_delay = 2.0
+    proxy = await make_proxy(routes=[route(upstream_url, "small-*", WINDOW)])  # precompacting
+    cancelled = counter(
+        "compaction_proxy_precompaction_duration_seconds_count", outcome="cancelled"
+    )
+    long = history(26)
+    first = await ask(proxy.url, long)
+    assert first.headers["x-compaction-status"] == "precompacting"
+    summary = "Another language model started to solve this problem and produced a summary."
+    rebuilt = [*long[:2], user(f"{summary}\nFACT-5 kept."), user("Go on.")]
+    again = await ask(proxy.url, rebuilt)
+    await proxy.app[SERVICES].background.idle()
+    after = counter("compaction_proxy_precompaction_duration_seconds_count", outcome="cancelled")
+    assert after == cancelled + 1 and fake.summary_requests != []  # started, then ended
+    grown = [*rebuilt, *agent_turns(24, output="importer log line " * 150), user("Next?")]
+    later = await ask(proxy.url, grown)
+    assert 0.7 * WINDOW < int(later.headers["x-compaction-tokens"]) < 0.8 * WINDOW
+    assert later.headers["x-compaction-status"] == "none"  # nothing prepared in the background
+    assert again.headers["x-compaction-conversation"] == first.headers["x-compaction-conversation"]

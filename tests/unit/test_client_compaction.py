@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from compaction_proxy.conversation.client_compaction import is_client_compaction
+from compaction_proxy.conversation.client_compaction import (
+    is_client_compaction,
+    is_continued_history,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
 CODEX = (
@@ -52,3 +55,22 @@ def test_only_the_last_user_turn_counts() -> None:
     history = [*body(CODEX), {"role": "assistant", "content": "Summary."}]
     history.append({"role": "user", "content": "Go on with the next file."})
     assert not is_client_compaction(history, None)
+
+
+@pytest.mark.parametrize(
+    ("opening", "continued"),
+    [
+        ("Another language model started to solve this problem and produced a summary", True),
+        ("This session is being continued from a previous conversation that ran out", True),
+        ("Let me continue from where we were.", False),
+    ],
+)
+def test_a_history_rebuilt_from_an_agents_summary_is_told_by_its_opening(
+    opening: str, continued: bool
+) -> None:
+    history = [
+        {"role": "user", "content": "Fix the importer."},
+        {"role": "user", "content": opening},
+    ]
+    assert is_continued_history(history) is continued
+    assert not is_continued_history([{"role": "user", "content": "Fix it."}] * 9 + history[1:])
