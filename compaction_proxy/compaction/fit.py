@@ -24,6 +24,9 @@ ESTIMATE_MARGIN = 0.97
 # One message takes at most this share of the span budget inside the summary call.
 MESSAGE_SHARE = 0.5
 HEAD_SHARE_OF_CUT = 0.75
+# A span smaller than this is not worth a summary call: a summary of it saves next to nothing,
+# and its call costs a round trip and the call's whole prompt.
+MIN_SUMMARIZED_TOKENS = 1000
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,16 @@ def summary_budget(
     cap = max(1, min(cap, available // 2))
     span = available - cap
     return SummaryBudget(cap, span, max(1, int(span * MESSAGE_SHARE)) if span > 0 else None)
+
+
+def summary_cap(budget_cap: int, span_tokens: int) -> int | None:
+    """The max tokens a summary of a span of ``span_tokens`` is given: at most half the span,
+    so it saves at least as much as it costs; None when the span cannot pay for a summary
+    call (below ``MIN_SUMMARIZED_TOKENS``, such as one short user message, or an agent's head
+    on its first request)."""
+    if span_tokens < MIN_SUMMARIZED_TOKENS:
+        return None
+    return max(1, min(budget_cap, span_tokens // 2))
 
 
 def clip_for_call(

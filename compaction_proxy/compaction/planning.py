@@ -11,7 +11,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction_proxy.compaction.fit import SummaryBudget, clipped_span, summary_budget
+from compaction_proxy.compaction.fit import (
+    SummaryBudget,
+    clipped_span,
+    summary_budget,
+    summary_cap,
+)
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.select import (
@@ -134,7 +139,9 @@ class Planner:
         )
         if span is None:
             return None
-        cap = max(1, min(budget.cap, span.tokens))
+        cap = summary_cap(budget.cap, span.tokens)
+        if cap is None:
+            return None  # no_range: a summary of it could not pay for its call
         return Plan(span, cap, carried[span.first : span.last + 1])
 
     def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:

@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from compaction_proxy.compaction.fit import clip_for_call, clipped_span, summary_budget
+from compaction_proxy.compaction.fit import (
+    MIN_SUMMARIZED_TOKENS,
+    clip_for_call,
+    clipped_span,
+    summary_budget,
+    summary_cap,
+)
 from compaction_proxy.conversation.text import text_of
 from tests.builders import tool, user
 
@@ -78,3 +84,26 @@ def test_only_clippable_messages_are_cut() -> None:
     carried, prices = clipped_span([big, big], [2_000, 2_000], [False, True], 500, price)
     assert carried[0] is big and prices[0] == 2_000
     assert prices[1] <= 500
+
+
+@pytest.mark.parametrize(
+    ("budget_cap", "span_tokens", "cap"),
+    [
+        # Seen: a conversation switching from gpt-4o to gpt-3.5-turbo at 14k tokens, whose
+        # only span was one 8-token user message.
+        (2_000, 8, None),
+        # Seen: Codex's first request, an 8.7k-token head, over its environment context and
+        # prompt, with max_tokens 153.
+        (153, 310, None),
+        (2_000, 999, None),
+        (8_192, 1_000, 500),  # at least half the span saved
+        (2_000, 3_000, 1_500),
+        (2_000, 40_000, 2_000),  # the budget's cap when the span is large
+    ],
+)
+def test_a_span_is_summarized_only_when_the_summary_can_pay_for_its_call(
+    budget_cap: int, span_tokens: int, cap: int | None
+) -> None:
+    given = summary_cap(budget_cap, span_tokens)
+    assert given == cap
+    assert given is None or (span_tokens >= 2 * given and span_tokens >= MIN_SUMMARIZED_TOKENS)
