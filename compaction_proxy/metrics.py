@@ -47,7 +47,7 @@ CLIENT_COMPACTIONS = Counter(
     ["route"],
 )
 FORMATS = ("chat", "responses", "messages")
-STATUSES = ("none", "pruned", "compacted", "precompacting", "recovered", "bypass")
+STATUSES = ("none", "pruned", "compacted", "precompacting", "recovered", "rescued", "bypass")
 FORMAT_REQUESTS = Counter(
     "compaction_proxy_format_requests_total",
     "Forwarded requests by the API they came in (chat, responses, messages) and what the proxy "

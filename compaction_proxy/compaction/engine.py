@@ -85,6 +85,7 @@ class Relief:
     shortfall: ShortfallReason | None = None  # why the request is still at or above its threshold
     # The tokens before the bridge (compaction/bridge.py) when the surface carries its cuts.
     bridged_from: int | None = None
+    rescued: bool = False  # the live turn's observations cut to fit (compaction/rescue.py)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from compaction_proxy.compaction.engine import (
     Round,
     prune_records,
 )
+from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.compaction.rescue import rescue_cuts
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import Measurement, counter_for
@@ -146,6 +148,41 @@ def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -
     if not limits.precompact or anchor is None or not anchor.answered(job.view.chain):
         return None
     return job.bridge
+
+
+async def rescue(
+    engine: Engine, job: CompactionJob, relief: Relief, window: int, answer_cap: int | None
+) -> Relief:
+    """``relief`` with its live turn's observations cut to fit (``compaction/rescue.py``) when
+    as it stands the upstream would certainly refuse it: over the window, or over it with the
+    answer it declares. Unchanged when it fits, or when no cut makes it fit."""
+    need = relief.measurement.tokens + (answer_cap or 0) - window
+    if need <= 0:
+        return relief
+    view, meter = job.view, engine.meter
+    count = counter_for(view.model)
+    target = need + int(window * (1 - ESTIMATE_MARGIN))  # land a little under: estimates differ
+    cuts = await engine.off_loop(
+        job,
+        lambda: rescue_cuts(
+            relief.surface.nodes,
+            view.body,
+            view.live_start,
+            job.pruner,
+            lambda m: meter.message(m, count),
+            target,
+        ),
+    )
+    outcome = "applied" if cuts is not None else "not_enough"
+    COMPACTIONS.labels(trigger="pressure", mechanism="rescue", outcome=outcome).inc()
+    if cuts is None:
+        return relief
+    kept: list[Checkpoint | Prune] = [*relief.surface.checkpoints, *relief.surface.prunes]
+    # Sent with their own marker, as cut (no offsets: a pruner's cut would be re-applied).
+    cut = [dataclasses.replace(r, head_end=None, tail_start=None) for r in prune_records(job, cuts)]
+    rescued = view.surface((*kept, *cut))
+    measurement = await engine.measure(job, relief.state, rescued)
+    return dataclasses.replace(relief, surface=rescued, measurement=measurement, rescued=True)
 
 
 async def _bridge(

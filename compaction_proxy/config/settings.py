@@ -91,6 +91,7 @@ class PolicyOverrides(_Strict):
     auto: bool | None = None
     summary_model: str | None = None
     pruner: PrunerPolicy | None = None
+    rescue_live_turn: bool | None = None
 
     @model_validator(mode="after")
     def _one_retain_form(self) -> Self:
@@ -117,6 +118,9 @@ class Policy(_Strict):
     auto: bool = True
     summary_model: str | None = None
     pruner: PrunerPolicy = PrunerPolicy()
+    # A request whose live turn alone cannot fit the window has its largest live observations
+    # cut to fit, rather than fail for certain (compaction/rescue.py); false: sent as it came.
+    rescue_live_turn: bool = True
 
     @model_validator(mode="before")
     @classmethod

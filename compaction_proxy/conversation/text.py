@@ -50,10 +50,11 @@ def safe_cut(text: str, index: int) -> int:
     return index
 
 
-def cut(content: Any, head_end: int, tail_start: int) -> Any:
+def cut(content: Any, head_end: int, tail_start: int, marker_text: str = MARKER) -> Any:
     """``content`` with joined-text code points ``head_end..tail_start`` replaced by a marker
-    saying how many were removed. Text parts left empty are dropped."""
-    marker = MARKER.format(removed=tail_start - head_end)
+    (``marker_text``, formatted with ``removed``) saying how many were removed. Text parts
+    left empty are dropped."""
+    marker = marker_text.format(removed=tail_start - head_end)
     if isinstance(content, str):
         return content[:head_end] + marker + content[tail_start:]
     whole = text_of(content) or ""

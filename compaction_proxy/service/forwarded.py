@@ -24,6 +24,7 @@ class RequestStatus(StrEnum):
     COMPACTED = "compacted"  # the surface carries a checkpoint (new or committed earlier)
     PRECOMPACTING = "precompacting"  # as sent, with a checkpoint on its way in the background
     RECOVERED = "recovered"  # a retry after an overflow, compacted harder
+    RESCUED = "rescued"  # the live turn's observations cut: whole, it could never fit
     BYPASS = "bypass"  # the store or the proxy failed: the client's bytes as they came
 
 

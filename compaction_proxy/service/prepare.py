@@ -46,7 +46,7 @@ from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.credentials import summary_call_headers, summary_call_query
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.security.tenant import api_key_of, tenant_of
-from compaction_proxy.service.forwarded import Forwarded, status_of
+from compaction_proxy.service.forwarded import Forwarded, RequestStatus, status_of
 from compaction_proxy.service.pending_records import shielded
 from compaction_proxy.service.record import RequestRecord
 from compaction_proxy.service.services import Services
@@ -255,6 +255,8 @@ async def prepare(
             record.set(ConversationAttributes(client_compactions=1))
     limits = pressure_limits(model_policy, window, client_request, state, client_compacting)
     relief = await _relieve(engine, job, state, limits, proactive)
+    if window is not None and model_policy.policy.rescue_live_turn:
+        relief = await triggers.rescue(engine, job, relief, window, client_request.answer_cap)
     state, surface, measurement = relief.state, relief.surface, relief.measurement
     pressure = reason = None
     if window is not None:
@@ -267,7 +269,7 @@ async def prepare(
             checkpoint_misses=misses, last_pressure=pressure, over_threshold=reason
         )
     )
-    status = status_of(surface)
+    status = RequestStatus.RESCUED if relief.rescued else status_of(surface)
     precompacting = proactive and maybe_precompact(services.background, job, relief, limits)
 
     tokens_before = None

@@ -15,7 +15,7 @@ import pytest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.builders import agent_turns, system, user
+from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory
 from tests.helpers import chat, counter, route
 from tests.processes import proxy_process
@@ -366,3 +366,70 @@ async def test_a_history_rebuilt_from_the_agents_summary_ends_the_round_for_the_
     assert 0.7 * WINDOW < int(later.headers["x-compaction-tokens"]) < 0.8 * WINDOW
     assert later.headers["x-compaction-status"] == "none"  # nothing prepared in the background
     assert again.headers["x-compaction-conversation"] == first.headers["x-compaction-conversation"]
+
+
+async def test_a_live_turn_that_could_never_fit_is_rescued_and_then_pruned_as_history(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """A 128k-character tool output in an 8k window: sent as it is, refused every time the
+    agent retries. Its head and tail go, marked; the agent's next request, where it is
+    history, has it pruned as usual."""
+    window = 8_000
+    fake.windows["tiny-model"] = window
+    proxy = await make_proxy(routes=[route(upstream_url, "tiny-*", window, precompact_ratio=0)])
+    output = "".join(f"line {i}: " + "x" * 60 + "\n" for i in range(1_900))
+    assert len(output) > 128_000
+    turn = [
+        user("Find the failing test."),
+        assistant(None, ("call_0", "bash", '{"command": "pytest -q"}')),
+        tool("call_0", output),
+    ]
+    rescued = counter(
+        "compaction_proxy_compactions_total",
+        trigger="pressure",
+        mechanism="rescue",
+        outcome="applied",
+    )
+    first = await chat(proxy.url, turn, "tiny-model")
+    assert first.headers["x-compaction-status"] == "rescued"
+    sent = fake.chat_requests[-1]
+    assert sent.prompt_tokens < window and fake.overflows == []
+    cut = sent.body["messages"][-1]["content"]
+    assert (
+        "Run a narrower command" in cut
+        and cut.startswith("line 0: ")
+        and cut.endswith("line 1899: " + "x" * 60 + "\n")
+    )
+    assert sent.body["messages"][0] == user("Find the failing test.")  # the user's own words
+    assert (
+        counter(
+            "compaction_proxy_compactions_total",
+            trigger="pressure",
+            mechanism="rescue",
+            outcome="applied",
+        )
+        == rescued + 1
+    )
+    later = [*turn, assistant("It is test_importer."), user("Fix it.")]
+    second = await chat(proxy.url, later, "tiny-model")
+    assert second.headers["x-compaction-status"] in ("pruned", "compacted")
+    forwarded = fake.chat_requests[-1].body["messages"]
+    assert "characters removed by compaction-proxy" in str(forwarded)
+    assert fake.overflows == []
+
+
+async def test_without_rescue_the_live_turn_goes_as_sent_and_the_upstream_refuses_it(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    window = 8_000
+    fake.windows["tiny-model"] = window
+    policy = {"precompact_ratio": 0, "rescue_live_turn": False}
+    proxy = await make_proxy(routes=[route(upstream_url, "tiny-*", window, **policy)])
+    turn = [
+        user("Find the failing test."),
+        assistant(None, ("call_0", "bash", '{"command": "pytest -q"}')),
+        tool("call_0", "x" * 128_000),
+    ]
+    with pytest.raises(openai.BadRequestError):
+        await chat(proxy.url, turn, "tiny-model")
+    assert fake.overflows

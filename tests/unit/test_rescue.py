@@ -1,0 +1,64 @@
+"""Rescue cuts: the live turn's observations, largest first, only as far as needed (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.compaction.rescue import RESCUE_MARKER, rescue_cuts
+from compaction_proxy.conversation.surface import SurfaceNode
+from compaction_proxy.conversation.text import text_of
+from tests.builders import assistant, tool, user
+
+
+def chars(message: dict[str, Any]) -> int:
+    """A price of four characters a token."""
+    return len(text_of(message.get("content")) or "") // 4 + 1
+
+
+def nodes(body: list[dict[str, Any]]) -> list[SurfaceNode]:
+    return [SurfaceNode(m, "body", i, i) for i, m in enumerate(body)]
+
+
+PRUNER = Pruner()
+
+
+def cut_sizes(body: list[dict[str, Any]], live: int, need: int, pruner: Pruner = PRUNER) -> Any:
+    cuts = rescue_cuts(nodes(body), body, live, pruner, chars, need)
+    return None if cuts is None else {c.position: c.pruned.chars_after for c in cuts}
+
+
+def test_the_largest_observation_is_cut_first_and_only_as_far_as_needed() -> None:
+    body = [
+        user("Run both."),
+        assistant(None, ("a", "bash", "{}"), ("b", "bash", "{}")),
+        tool("a", "a" * 40_000),
+        tool("b", "b" * 100_000),
+    ]
+    sizes = cut_sizes(body, 2, need=5_000)  # 20,000 characters at four a token
+    assert sizes is not None and list(sizes) == [3]
+    assert 100_000 - 20_000 * 1.2 < sizes[3] < 100_000 - 20_000
+    cut = rescue_cuts(nodes(body), body, 2, Pruner(), chars, 5_000)
+    assert cut is not None and "Run a narrower command" in text_of(cut[0].pruned.content)
+
+
+def test_several_are_cut_when_one_is_not_enough_and_none_when_all_are_not() -> None:
+    body = [user("Go."), assistant(None, ("a", "bash", "{}"), ("b", "bash", "{}"))]
+    body += [tool("a", "a" * 40_000), tool("b", "b" * 40_000)]
+    sizes = cut_sizes(body, 2, need=15_000)
+    assert sizes is not None and set(sizes) == {2, 3}
+    assert cut_sizes(body, 2, need=25_000) is None  # 80,000 characters cannot save 100,000
+
+
+def test_the_users_typed_text_beside_tool_results_is_never_cut() -> None:
+    body = [user("Go."), assistant(None, ("a", "bash", "{}")), tool("a", "small output")]
+    body.append(user("Also read this: " + "y" * 60_000))
+    assert cut_sizes(body, 2, need=1_000) is None
+
+
+def test_an_observation_style_output_is_a_user_message_and_is_cut() -> None:
+    body = [user("Go."), assistant("ls -R /"), user("/\n" + "z" * 60_000)]
+    sizes = cut_sizes(body, 2, need=5_000)
+    assert sizes is not None and list(sizes) == [2]
+    assert cut_sizes(body, 2, need=5_000, pruner=Pruner(user_messages=False)) is None
+    assert "{removed}" in RESCUE_MARKER
