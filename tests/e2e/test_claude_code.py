@@ -5,15 +5,13 @@ pinned ``@anthropic-ai/claude-code`` is not installed (``.ci/run`` installs it).
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.agents import agent_binary, run_agent
 from tests.conftest import ProxyFactory
 from tests.helpers import route
 
@@ -22,14 +20,10 @@ pytestmark = pytest.mark.slow
 MODEL = "claude-scripted"
 WINDOW = 64_000  # Claude Code asks for 32k of answer: 10.9k of its own prompt leaves ~20k
 FILES = 6  # about 6k tokens each: the history outgrows the window by the fifth
-AGENTS = Path(__file__).parents[2] / ".ci" / "agents" / "node_modules" / ".bin"
 
 
 def claude_binary() -> str:
-    found = shutil.which("claude", path=f"{AGENTS}{os.pathsep}{os.environ.get('PATH', '')}")
-    if found is None:
-        pytest.skip("Claude Code is not installed (.ci/run installs @anthropic-ai/claude-code)")
-    return found
+    return agent_binary("claude", "@anthropic-ai/claude-code")
 
 
 def data_files(folder: Path) -> list[str]:
@@ -46,7 +40,6 @@ def data_files(folder: Path) -> list[str]:
 
 async def run_claude(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
     env = {
-        **os.environ,
         "HOME": str(home),
         "IS_SANDBOX": "1",  # lets --dangerously-skip-permissions run as root
         "ANTHROPIC_BASE_URL": base_url,
@@ -55,21 +48,15 @@ async def run_claude(base_url: str, home: Path, workdir: Path) -> tuple[int, str
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
     }
-    process = await asyncio.create_subprocess_exec(
+    command = [
         claude_binary(),
         "-p",
         "Print each data file with the shell, one per turn, then say you are done.",
         "--model",
         MODEL,
         "--dangerously-skip-permissions",
-        cwd=workdir,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
-    assert process.returncode is not None
-    return process.returncode, output.decode(errors="replace")
+    ]
+    return await run_agent(command, env, workdir)
 
 
 async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_window(

@@ -7,11 +7,8 @@ where the pinned agents are not installed (``.ci/run`` installs them)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import pytest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_agent import FileReader, data_file
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.agents import agent_binary, run_agent
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import counter, route
 
@@ -28,20 +26,12 @@ pytestmark = pytest.mark.slow
 MODEL = "agent-scripted"
 WINDOW = 16_000
 FILES = 5
-AGENTS = Path(__file__).parents[2] / ".ci" / "agents" / "node_modules" / ".bin"
 TASK = "Print each data file with the shell, one per turn, then say you are done."
 SUMMARY_REPORT: list[str] = []
 # opencode's prompt (10 tools) is about 9.8k tokens and it asks for 4,096 of answer: in a 16k
 # window a 24 KB output would not fit even as the only one; 12 KB outputs do, and their
 # history outgrows the window by the third.
 OPENCODE_FILE_CHARS = 12_000
-
-
-def binary(name: str, package: str) -> str:
-    found = shutil.which(name, path=f"{AGENTS}{os.pathsep}{os.environ.get('PATH', '')}")
-    if found is None:
-        pytest.skip(f"{name} is not installed (.ci/run installs {package})")
-    return found
 
 
 def data_files(folder: Path, size: int = 24_000, count: int = FILES) -> list[str]:
@@ -76,26 +66,12 @@ def codex_config(home: Path, base_url: str, own_window: int | None = None) -> Pa
     return codex_home
 
 
-async def run(command: list[str], env: dict[str, str], workdir: Path) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        cwd=workdir,
-        env={**os.environ, **env},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
-    assert process.returncode is not None
-    return process.returncode, output.decode(errors="replace")
-
-
 async def run_codex(
     base_url: str, home: Path, workdir: Path, own_window: int | None = None
 ) -> tuple[int, str]:
     codex_home = codex_config(home, base_url, own_window)
     command = [
-        binary("codex", "@openai/codex"),
+        agent_binary("codex", "@openai/codex"),
         "exec",
         "--skip-git-repo-check",
         "--sandbox",
@@ -103,7 +79,7 @@ async def run_codex(
         TASK,
     ]
     env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "PROXY_API_KEY": "sk-codex"}
-    return await run(command, env, workdir)
+    return await run_agent(command, env, workdir)
 
 
 def carried_checkpoints(fake: FakeUpstream) -> set[str]:
@@ -144,8 +120,8 @@ def opencode_env(home: Path, base_url: str) -> dict[str, str]:
 
 
 async def run_opencode(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
-    command = [binary("opencode", "opencode-ai"), "run", TASK]
-    return await run(command, opencode_env(home, base_url), workdir)
+    command = [agent_binary("opencode", "opencode-ai"), "run", TASK]
+    return await run_agent(command, opencode_env(home, base_url), workdir)
 
 
 def disconnects() -> float:
@@ -207,7 +183,7 @@ async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window
 ) -> None:
     """Eight files, a summarizer that takes a second (checkpoints are prepared while Codex
     goes on, and requests go at once with the bridge's cuts meanwhile)."""
-    binary("codex", "@openai/codex")
+    agent_binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
     fake.summary_delay = 1.0
     fake.responses.agent = FileReader(data_files(tmp_path, count=8))
@@ -232,7 +208,7 @@ async def test_codex_compacting_on_its_own_wastes_no_summary_of_the_proxy(
     the window, with a summarizer that takes a second: the round in flight when Codex asks for
     its summary is cancelled, and once Codex has compacted on its own, nothing more is
     prepared in the background. No checkpoint is committed that no request carries."""
-    binary("codex", "@openai/codex")
+    agent_binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
     fake.responses.agent = FileReader(data_files(tmp_path))
     fake.summary_delay = 1.0
@@ -264,7 +240,7 @@ async def test_codex_pointed_straight_at_the_model_runs_out_of_window(
     fake: FakeUpstream, upstream_url: str, tmp_path: Path
 ) -> None:
     """The witness: without the proxy the same run overflows."""
-    binary("codex", "@openai/codex")
+    agent_binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
     fake.responses.agent = FileReader(data_files(tmp_path))
     _, output = await run_codex(upstream_url, tmp_path / "home", tmp_path)
@@ -274,7 +250,7 @@ async def test_codex_pointed_straight_at_the_model_runs_out_of_window(
 async def test_opencode_completes_through_the_proxy_a_task_that_outgrows_its_window(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
 ) -> None:
-    binary("opencode", "opencode-ai")
+    agent_binary("opencode", "opencode-ai")
     fake.windows[MODEL] = WINDOW
     fake.agent = FileReader(data_files(tmp_path, OPENCODE_FILE_CHARS))
     proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
@@ -293,7 +269,7 @@ async def test_opencode_pointed_straight_at_the_model_runs_out_of_window(
     fake: FakeUpstream, upstream_url: str, tmp_path: Path
 ) -> None:
     """The witness: without the proxy the same run overflows."""
-    binary("opencode", "opencode-ai")
+    agent_binary("opencode", "opencode-ai")
     fake.windows[MODEL] = WINDOW
     fake.agent = FileReader(data_files(tmp_path, OPENCODE_FILE_CHARS))
     _, output = await run_opencode(upstream_url, tmp_path / "home", tmp_path)

@@ -1,0 +1,39 @@
+"""Running the real coding agents the end-to-end suite drives (Claude Code, Codex, opencode):
+where ``.ci/run`` installs them, and one headless run as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+AGENTS = Path(__file__).parents[1] / ".ci" / "agents" / "node_modules" / ".bin"
+RUN_SECONDS = 240
+
+
+def agent_binary(name: str, package: str) -> str:
+    """The agent's executable, installed by ``.ci/run`` (or on ``PATH``); the test is skipped,
+    naming the package, where it is not."""
+    found = shutil.which(name, path=f"{AGENTS}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs {package})")
+    return found
+
+
+async def run_agent(command: list[str], env: dict[str, str], workdir: Path) -> tuple[int, str]:
+    """Run ``command`` in ``workdir`` with ``env`` over this process's environment, no input;
+    its exit status and everything it printed."""
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=workdir,
+        env={**os.environ, **env},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=RUN_SECONDS)
+    assert process.returncode is not None
+    return process.returncode, output.decode(errors="replace")
