@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, run_agent
 from tests.conftest import ProxyFactory
-from tests.helpers import route
+from tests.helpers import counter, route
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,8 @@ def data_files(folder: Path) -> list[str]:
     return paths
 
 
-async def run_claude(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
+async def run_claude(base_url: str, home: Path, workdir: Path, *arguments: str) -> tuple[int, str]:
+    """``claude -p`` with the task, or with ``arguments`` instead when given."""
     env = {
         "HOME": str(home),
         "IS_SANDBOX": "1",  # lets --dangerously-skip-permissions run as root
@@ -48,14 +50,9 @@ async def run_claude(base_url: str, home: Path, workdir: Path) -> tuple[int, str
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
     }
-    command = [
-        claude_binary(),
-        "-p",
-        "Print each data file with the shell, one per turn, then say you are done.",
-        "--model",
-        MODEL,
-        "--dangerously-skip-permissions",
-    ]
+    task = "Print each data file with the shell, one per turn, then say you are done."
+    asked = list(arguments) or [task]
+    command = [claude_binary(), "-p", *asked, "--model", MODEL, "--dangerously-skip-permissions"]
     return await run_agent(command, env, workdir)
 
 
@@ -88,3 +85,25 @@ async def test_claude_code_pointed_straight_at_the_model_runs_out_of_window(
     fake.messages.script = shell_agent(data_files(tmp_path))
     _, output = await run_claude(upstream_url.removesuffix("/v1"), tmp_path / "b", tmp_path)
     assert fake.messages.overflows, output
+
+
+async def test_claude_codes_own_compaction_is_recognized_and_prepares_nothing(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """``/compact`` in the session just run: Claude Code's summarization request (tools
+    offered, "CRITICAL: Respond with TEXT ONLY", then its summary instructions) is its own
+    compaction to the proxy."""
+    claude_binary()
+    fake.windows[MODEL] = WINDOW
+    fake.messages.script = shell_agent(data_files(tmp_path)[:1])
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW)])
+    base, home = proxy.url.removesuffix("/v1"), tmp_path / "c"
+    own = counter("compaction_proxy_client_compactions_total", route="claude-*")
+    code, output = await run_claude(base, home, tmp_path)
+    assert code == 0, output
+    assert counter("compaction_proxy_client_compactions_total", route="claude-*") == own
+    code, output = await run_claude(base, home, tmp_path, "--continue", "/compact")
+    assert code == 0, output
+    # Each summarization request counts (Claude Code may ask twice for one /compact).
+    assert counter("compaction_proxy_client_compactions_total", route="claude-*") >= own + 1
+    assert proxy.app[SERVICES].background.in_flight == 0
