@@ -23,7 +23,8 @@ from typing import Any
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.text import text_of
 
-# The opening words of each agent's compaction prompt, as it sends them.
+# Words of each agent's compaction prompt, within its first few thousand characters (Claude
+# Code's opens with "CRITICAL: Respond with TEXT ONLY" and offers its tools all the same).
 KNOWN_PROMPTS = (
     "You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex
     "Your task is to create a detailed summary of the conversation so far",  # Claude Code
