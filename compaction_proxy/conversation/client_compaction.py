@@ -28,7 +28,9 @@ from compaction_proxy.conversation.text import text_of
 KNOWN_PROMPTS = (
     "You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex
     "Your task is to create a detailed summary of the conversation so far",  # Claude Code
-    "Provide a detailed prompt for continuing our conversation",  # opencode
+    # opencode 1.18: the whole conversation in one user message, then its summary template
+    "Here is the conversation so far:\n\n<conversation>",
+    "Provide a detailed prompt for continuing our conversation",  # opencode, earlier
 )
 _KNOWN = re.compile("|".join(re.escape(prompt) for prompt in KNOWN_PROMPTS), re.IGNORECASE)
 _ASKS = re.compile(

@@ -21,6 +21,10 @@ CLAUDE_CODE = (
     "attention to the user's explicit requests and your previous actions."
 )
 OPENCODE = "Provide a detailed prompt for continuing our conversation above."
+OPENCODE_1_18 = (
+    "Here is the conversation so far:\n\n<conversation>\n[User]: Print each data file.\n"
+    "[Assistant tool call]: bash(...)\n</conversation>\n\nSummarize it in this template: ..."
+)
 
 
 def body(last: Any) -> list[dict[str, Any]]:
@@ -38,6 +42,7 @@ def body(last: Any) -> list[dict[str, Any]]:
         ([{"type": "text", "text": CODEX}], None, True),  # parts (Responses, Messages)
         (CLAUDE_CODE, TOOLS, True),  # a known prompt, tools offered or not
         (OPENCODE, None, True),
+        (OPENCODE_1_18, None, True),
         ("Please summarize the conversation so far for a handoff.", None, True),
         ("Please summarize the conversation so far for a handoff.", TOOLS, False),
         ("Summarize this file for me.", None, False),
