@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import RunningProxy
+
 AGENTS = Path(__file__).parents[1] / ".ci" / "agents" / "node_modules" / ".bin"
 RUN_SECONDS = 240
 
@@ -37,3 +39,12 @@ async def run_agent(command: list[str], env: dict[str, str], workdir: Path) -> t
     output, _ = await asyncio.wait_for(process.communicate(), timeout=RUN_SECONDS)
     assert process.returncode is not None
     return process.returncode, output.decode(errors="replace")
+
+
+async def assert_usage_recorded(proxy: RunningProxy) -> None:
+    """Every request forwarded has its usage in the log (an agent that left at the terminal
+    event without reading the stream's end included)."""
+    for listed in await proxy.store.list_conversations():
+        events = await proxy.read_log(listed.conversation, limit=10_000)
+        usage = [e for e in events if e["type"] == "usage"]
+        assert len(usage) == len([e for e in events if e["type"] == "request"]) > 0

@@ -12,7 +12,7 @@ import pytest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.agents import agent_binary, run_agent
+from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
 from tests.helpers import counter, route
 
@@ -64,6 +64,7 @@ async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_
     fake.windows[MODEL] = WINDOW
     fake.messages.script = shell_agent(files)
     proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW)])
+    left = counter("compaction_proxy_client_disconnects_total", route="claude-*")
     code, output = await run_claude(proxy.url.removesuffix("/v1"), tmp_path / "a", tmp_path)
     assert code == 0, output
     assert f"Read all {FILES} files." in output
@@ -74,6 +75,8 @@ async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_
         b for b in forwarded if "removed by compaction-proxy" in b or "<compacted-summary>" in b
     ]
     assert compacted  # the proxy is what kept it inside
+    assert counter("compaction_proxy_client_disconnects_total", route="claude-*") == left
+    await assert_usage_recorded(proxy)
 
 
 async def test_claude_code_pointed_straight_at_the_model_runs_out_of_window(

@@ -17,8 +17,8 @@ import pytest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_agent import FileReader, data_file
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.agents import agent_binary, run_agent
-from tests.conftest import ProxyFactory, RunningProxy
+from tests.agents import agent_binary, assert_usage_recorded, run_agent
+from tests.conftest import ProxyFactory
 from tests.helpers import counter, route
 
 pytestmark = pytest.mark.slow
@@ -167,15 +167,6 @@ def chat_outputs(bodies: list[Any]) -> list[dict[str, str]]:
         }
         for body in bodies
     ]
-
-
-async def assert_usage_recorded(proxy: RunningProxy) -> None:
-    """Every request forwarded has its usage in the log (an agent that left at the terminal
-    event without reading the stream's end included)."""
-    for listed in await proxy.store.list_conversations():
-        events = await proxy.read_log(listed.conversation, limit=10_000)
-        usage = [e for e in events if e["type"] == "usage"]
-        assert len(usage) == len([e for e in events if e["type"] == "request"]) > 0
 
 
 async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window(
