@@ -87,8 +87,9 @@ async def relieve_pressure(
        short to fit the summary call;
     4. only if the request would still not fit its window, prune inside the retain budget.
 
-    The live turn is never touched, and when it alone (with head and tools) cannot fit the
-    window nothing is done: the request goes as sent and the upstream answers. A request left
+    The live turn is never touched here. When it alone (with head and tools) cannot fit the
+    window, the history is compacted all the same if the rescue is on (``rescue`` then cuts
+    the live turn), else nothing is done: the request goes as sent and the upstream answers. A request left
     at or above the threshold carries the reason (``Relief.shortfall``)."""
     threshold, retain = limits.threshold, limits.retain
     surface = job.view.surface(state.records)
@@ -97,8 +98,10 @@ async def relieve_pressure(
         return Relief(state, surface, measurement)
     planner = engine.planner
     irreducible = await engine.off_loop(job, lambda: planner.irreducible_tokens(job, surface))
-    if irreducible > limits.window:
+    if irreducible > limits.window and not job.policy.rescue_live_turn:
         return Relief(state, surface, measurement, shortfall=ShortfallReason.LIVE_TURN)
+    # With the rescue on, the history is compacted as usual: the live turn is cut after
+    # (``rescue``), and the less history is left, the less of it has to go.
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
     bridge = _bridge_for(job, state, limits)
     # Under must_compact nothing waits: a round in the background may hold the lease. Over
@@ -154,10 +157,19 @@ async def rescue(
     engine: Engine, job: CompactionJob, relief: Relief, window: int, answer_cap: int | None
 ) -> Relief:
     """``relief`` with its live turn's observations cut to fit (``compaction/rescue.py``) when
-    as it stands the upstream would certainly refuse it: over the window, or over it with the
-    answer it declares. Unchanged when it fits, or when no cut makes it fit."""
-    need = relief.measurement.tokens + (answer_cap or 0) - window
+    the live turn alone (with head and tools) cannot fit the window with the answer the request
+    declares: the upstream would refuse it whatever the history. Unchanged otherwise (a request
+    over the window for its history is the compaction's, then the overflow recovery's), and
+    when no cut makes it fit."""
+    room = answer_cap or 0
+    need = relief.measurement.tokens + room - window
     if need <= 0:
+        return relief
+    planner = engine.planner
+    irreducible = await engine.off_loop(
+        job, lambda: planner.irreducible_tokens(job, relief.surface)
+    )
+    if irreducible + room <= window:
         return relief
     view, meter = job.view, engine.meter
     count = counter_for(view.model)
