@@ -89,8 +89,8 @@ async def relieve_pressure(
 
     The live turn is never touched here. When it alone (with head and tools) cannot fit the
     window, the history is compacted all the same if the rescue is on (``rescue`` then cuts
-    the live turn), else nothing is done: the request goes as sent and the upstream answers. A request left
-    at or above the threshold carries the reason (``Relief.shortfall``)."""
+    the live turn), else nothing is done: the request goes as sent and the upstream answers.
+    A request left at or above the threshold carries the reason (``Relief.shortfall``)."""
     threshold, retain = limits.threshold, limits.retain
     surface = job.view.surface(state.records)
     measurement = await engine.measure(job, state, surface)
