@@ -44,6 +44,17 @@ def _observations(
     return [p for p in live if body[p].get("role") == "user"]
 
 
+def rescuable(
+    nodes: Sequence[SurfaceNode], body: Sequence[Message], live_start: int, pruner: Pruner
+) -> bool:
+    """Whether the live turn holds an observation a rescue could cut (else nothing is worth
+    doing for a live turn that cannot fit: not even compacting the history)."""
+    return any(
+        len(text_of(body[p].get("content")) or "") > 2 * MIN_KEPT_CHARS
+        for p in _observations(nodes, body, live_start, pruner)
+    )
+
+
 def rescue_cuts(
     nodes: Sequence[SurfaceNode],
     body: Sequence[Message],

@@ -21,7 +21,7 @@ from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
-from compaction_proxy.compaction.rescue import rescue_cuts
+from compaction_proxy.compaction.rescue import rescuable, rescue_cuts
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import Measurement, counter_for
@@ -98,10 +98,13 @@ async def relieve_pressure(
         return Relief(state, surface, measurement)
     planner = engine.planner
     irreducible = await engine.off_loop(job, lambda: planner.irreducible_tokens(job, surface))
-    if irreducible > limits.window and not job.policy.rescue_live_turn:
+    if irreducible > limits.window and not (
+        job.policy.rescue_live_turn
+        and rescuable(surface.nodes, job.view.body, job.view.live_start, job.pruner)
+    ):
         return Relief(state, surface, measurement, shortfall=ShortfallReason.LIVE_TURN)
-    # With the rescue on, the history is compacted as usual: the live turn is cut after
-    # (``rescue``), and the less history is left, the less of it has to go.
+    # A live turn the rescue can cut: the history is compacted as usual, the live turn cut
+    # after (``rescue``), and the less history is left, the less of it has to go.
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
     bridge = _bridge_for(job, state, limits)
     # Under must_compact nothing waits: a round in the background may hold the lease. Over

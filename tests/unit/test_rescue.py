@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from compaction_proxy.compaction.prune import Pruner
-from compaction_proxy.compaction.rescue import RESCUE_MARKER, rescue_cuts
+from compaction_proxy.compaction.rescue import RESCUE_MARKER, rescuable, rescue_cuts
 from compaction_proxy.conversation.surface import SurfaceNode
 from compaction_proxy.conversation.text import text_of
 from tests.builders import assistant, tool, user
@@ -54,6 +54,7 @@ def test_the_users_typed_text_beside_tool_results_is_never_cut() -> None:
     body = [user("Go."), assistant(None, ("a", "bash", "{}")), tool("a", "small output")]
     body.append(user("Also read this: " + "y" * 60_000))
     assert cut_sizes(body, 2, need=1_000) is None
+    assert not rescuable(nodes(body), body, 2, PRUNER)  # so the history is not compacted for it
 
 
 def test_an_observation_style_output_is_a_user_message_and_is_cut() -> None:
