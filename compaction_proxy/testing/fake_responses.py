@@ -23,6 +23,8 @@ from aiohttp import web
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.testing.fake_agent import (
     FileReader,
+    Move,
+    ShellCall,
     last_user_text,
     responses_item,
     text_of_request,
@@ -132,12 +134,7 @@ class FakeResponses:
             self.overflows.append(tokens)
             return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded", self.headers())
         number = next(self._ids)
-        item = self._output(body, items, number)
-        if self.agent is not None:
-            tools = tool_names(body.get("tools"))
-            text = text_of_request(items)
-            move = self.agent.move(text, last_user_text(items), tools, number)
-            item = responses_item(move, number)
+        item = responses_item(self._move(body, items, number), number)
         produced = self.count_text(_text(item.get("content") or item.get("arguments")))
         usage = {
             "input_tokens": tokens,
@@ -154,7 +151,13 @@ class FakeResponses:
             return await self._stream(request, response)
         return web.Response(body=encoded, content_type="application/json", headers=self.headers())
 
-    def _output(self, body: dict[str, Any], items: list[Any], number: int) -> dict[str, Any]:
+    def _move(self, body: dict[str, Any], items: list[Any], number: int) -> Move:
+        """The scripted agent's move when one is set; else a call of the first tool while
+        ``tool_rounds`` last, then an answer."""
+        if self.agent is not None:
+            tools = tool_names(body.get("tools"))
+            text = text_of_request(items)
+            return self.agent.move(text, last_user_text(items), tools, number)
         last = items[-1] if items else {}
         tools = body.get("tools") or []
         wants_tool = last.get("type", "message") == "function_call_output" or (
@@ -167,22 +170,10 @@ class FakeResponses:
             and isinstance(tools[0], dict)
         ):
             self.calls_made += 1
-            return {
-                "type": "function_call",
-                "id": f"fc_fake{number}",
-                "call_id": f"call_fake{number}",
-                "name": str(tools[0].get("name", "tool")),
-                "arguments": orjson.dumps({"step": number}).decode(),
-                "status": "completed",
-            }
-        text = f"Done ({len(items)} items read)."
-        return {
-            "type": "message",
-            "id": f"msg_fake{number}",
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }
+            name = str(tools[0].get("name", "tool"))
+            arguments = orjson.dumps({"step": number}).decode()
+            return ShellCall(call_id=f"call_fake{number}", name=name, arguments=arguments)
+        return f"Done ({len(items)} items read)."
 
     async def _stream(self, request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
         stream = web.StreamResponse(headers={**self.headers(), "Content-Type": "text/event-stream"})
