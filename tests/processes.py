@@ -62,6 +62,23 @@ async def proxy_process(
         await wait_until_ready(f"{base}/healthz")
         yield process, base
     finally:
-        if process.returncode is None:
-            process.terminate()
-            await process.wait()
+        await stop(process)
+
+
+STOP_SECONDS = 60.0  # past the proxy's own shutdown_timeout (30 s) and a little more
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, as an operator's orchestrator sends it; SIGKILL if the process has not exited
+    ``STOP_SECONDS`` later, so a test never waits on it forever (and says so)."""
+    if process.returncode is not None:
+        return
+    process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), STOP_SECONDS)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError(
+            f"the proxy did not stop within {STOP_SECONDS:.0f} s of SIGTERM"
+        ) from None

@@ -131,7 +131,7 @@ def _services_context(
                 _http_client(settings, settings.relay_pool_size)
             )
             pending_records = PendingRecords()
-            stack.push_async_callback(pending_records.drain)
+            stack.push_async_callback(pending_records.drain, settings.shutdown_timeout)
             app[SERVICES] = Services(
                 settings=settings,
                 store=store,

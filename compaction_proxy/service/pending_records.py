@@ -73,7 +73,15 @@ class PendingRecords:
         if self._tails:
             await asyncio.wait(list(self._tails.values()))
 
-    async def drain(self) -> None:
-        """Wait for every write spawned so far (at shutdown, before the store closes)."""
+    async def drain(self, within: float | None = None) -> None:
+        """Wait for every write spawned so far (at shutdown, before the store closes), at most
+        ``within`` seconds: a process told to stop must stop, and a write still waiting then
+        is logged and left (its request was answered; only its log and anchor are lost)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if within is None else loop.time() + within
         while self._tails:
-            await asyncio.wait(list(self._tails.values()))
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            _, pending = await asyncio.wait(list(self._tails.values()), timeout=left)
+            if pending and deadline is not None and loop.time() >= deadline:
+                log.warning("shutdown: %d record writes still pending are left", len(pending))
+                return

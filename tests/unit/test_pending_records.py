@@ -50,3 +50,17 @@ async def test_a_failed_write_does_not_block_the_next_one() -> None:
     pending.spawn("a", write(log, "a2", 0.0))
     await pending.drain()
     assert log == ["a2"]
+
+
+async def test_draining_at_shutdown_gives_up_on_a_write_that_never_ends() -> None:
+    """A process told to stop must stop: a stuck write is left after the timeout."""
+    pending, log, never = PendingRecords(), [], asyncio.Event()
+    pending.spawn("a", write(log, "quick", 0.0))
+    pending.spawn("b", write(log, "stuck", 0.0, never))
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(pending.drain(within=0.2), 5)
+    assert 0.2 <= asyncio.get_running_loop().time() - started < 2
+    assert log == ["quick"] and len(pending) == 1
+    never.set()
+    await pending.drain()
+    assert log == ["quick", "stuck"]
