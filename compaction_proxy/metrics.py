@@ -47,7 +47,16 @@ CLIENT_COMPACTIONS = Counter(
     ["route"],
 )
 FORMATS = ("chat", "responses", "messages")
-STATUSES = ("none", "pruned", "compacted", "precompacting", "recovered", "rescued", "bypass")
+STATUSES = (
+    "none",
+    "pruned",
+    "masked",
+    "compacted",
+    "precompacting",
+    "recovered",
+    "rescued",
+    "bypass",
+)
 FORMAT_REQUESTS = Counter(
     "compaction_proxy_format_requests_total",
     "Forwarded requests by the API they came in (chat, responses, messages) and what the proxy "
@@ -117,7 +126,7 @@ PROMPT_TOKENS_FORWARDED = Counter(
 TOKENS_SAVED = Counter(
     "compaction_proxy_tokens_saved_total",
     "Estimated prompt tokens not sent upstream because of compaction, counted on every "
-    "forwarded request, by mechanism (summary, prune).",
+    "forwarded request, by mechanism (summary, mask, prune).",
     ["route", "mechanism"],
 )
 COMPACTIONS = Counter(

@@ -66,14 +66,22 @@ class BackgroundCompactions:
     def in_flight(self) -> int:
         return len(self._running)
 
-    def start(
-        self, job: CompactionJob, state: ConversationState, tokens: int, limits: Budgets
-    ) -> bool:
+    def could_start(self, job: CompactionJob, state: ConversationState) -> bool:
+        """Whether a round for ``job`` would find a slot and a free lease (cheap: asked before
+        the costlier checks that precede ``start``)."""
         conversation = job.view.conversation
         if conversation in self._running or len(self._running) >= self._concurrency:
             return False
-        if state.lease_owner is not None or triggers.cooling_down(self._engine, state, tokens):
+        return state.lease_owner is None
+
+    def start(
+        self, job: CompactionJob, state: ConversationState, tokens: int, limits: Budgets
+    ) -> bool:
+        if not self.could_start(job, state):
             return False
+        if triggers.cooling_down(self._engine, state, tokens):
+            return False
+        conversation = job.view.conversation
         retain = precompaction_retain(tokens, limits)
         task = asyncio.create_task(self._round(job, state, tokens, retain))
         self._running[conversation] = task

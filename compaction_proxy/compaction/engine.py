@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from compaction_proxy.compaction.guards.breaker import FailureScope, SummaryBreaker, failure_scope
 from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
 from compaction_proxy.compaction.guards.trips import trip
+from compaction_proxy.compaction.masking import MaskCandidate
 from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner
 from compaction_proxy.compaction.prune import PruneCandidate, prune_candidates
 from compaction_proxy.compaction.select import Span
@@ -130,6 +131,23 @@ def prune_records(job: CompactionJob, candidates: Sequence[PruneCandidate]) -> l
             head_end=c.pruned.head_end,
             tail_start=c.pruned.tail_start,
             context=view.context_fingerprint,
+        )
+        for c in candidates
+    ]
+
+
+def mask_records(job: CompactionJob, candidates: Sequence[MaskCandidate]) -> list[Prune]:
+    """The mask records of ``candidates`` (``masking.py``), addressed like prunes."""
+    view = job.view
+    return [
+        Prune(
+            position=c.position,
+            hash=view.chain[c.position],
+            content=c.placeholder,
+            chars_before=c.chars_before,
+            chars_after=len(c.placeholder),
+            context=view.context_fingerprint,
+            masked=True,
         )
         for c in candidates
     ]
@@ -335,10 +353,12 @@ class Engine:
         async with self._held(attempt):
             return await self._commit_pruned(attempt, records)
 
-    async def _commit_pruned(self, attempt: Attempt, records: Sequence[Prune]) -> Outcome:
+    async def _commit_pruned(
+        self, attempt: Attempt, records: Sequence[Prune], superseded: Sequence[Prune] = ()
+    ) -> Outcome:
         events = [
             _event(
-                "prune",
+                "mask" if r.masked else "prune",
                 position=r.position,
                 hash=r.hash,
                 chars_before=r.chars_before,
@@ -348,10 +368,55 @@ class Engine:
             )
             for r in records
         ]
-        if await self._commit(attempt, records, events) is None:
+        if await self._commit(attempt, records, events, superseded) is None:
             await self._fail(attempt, Outcome.COMMIT_FAILED)
             return Outcome.COMMIT_FAILED
         return Outcome.COMMITTED
+
+    # -- masking ---------------------------------------------------------------------------
+
+    async def mask(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        candidates: Sequence[MaskCandidate],
+        trigger: str,
+        wait_if_busy: bool = True,
+    ) -> tuple[ConversationState, Surface, bool]:
+        """Commit masks for ``candidates`` (``masking.py``); each drops the prune of its own
+        branch at its position, which it replaces. Returns the state and surface to go on with
+        and whether the masks committed; a busy conversation is waited for (bounded) if
+        ``wait_if_busy``, else left as it is."""
+        if not candidates:
+            return state, job.view.surface(state.records), False
+        records = mask_records(job, candidates)
+        chain, context = job.view.chain, job.view.context_fingerprint
+        cleared = {r.position for r in records}
+        superseded = [
+            r
+            for r in state.records
+            if isinstance(r, Prune)
+            and r.position in cleared
+            and r.context == context
+            and chain[r.position] == r.hash
+        ]
+        end = max(cleared)
+        began, attempt = await self._begin(job, state, trigger, "mask", end)
+        outcome = Outcome.BUSY
+        if began is BeginResult.BEGUN:
+            async with self._held(attempt):
+                outcome = await self._commit_pruned(attempt, records, superseded)
+        COMPACTIONS.labels(trigger=trigger, mechanism="mask", outcome=outcome.value).inc()
+        if outcome is Outcome.BUSY and not wait_if_busy:
+            return state, job.view.surface(state.records), False
+        if outcome is Outcome.BUSY:
+            fresh, fresh_surface = await self.wait_and_reload(job)
+        else:
+            fresh, fresh_surface = await self.reload(job)
+        if outcome is Outcome.COMMITTED:
+            saved = sum(c.chars_before for c in candidates)
+            log.debug("masked %d observations (%d characters)", len(candidates), saved)
+        return fresh, fresh_surface, outcome is Outcome.COMMITTED
 
     # -- summarizing -----------------------------------------------------------------------
 

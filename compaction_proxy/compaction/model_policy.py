@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from compaction_proxy.compaction.masking import Masker
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.config.policy import (
     configured_window,
@@ -125,6 +126,19 @@ def bridge_pruner(settings: PrunerPolicy) -> Pruner | None:
     )
 
 
+def masker_for(policy: Policy) -> Masker | None:
+    """The masking step's settings (``compaction/masking.py``), or None when it is off."""
+    masking = policy.masking
+    if not masking.enabled:
+        return None
+    return Masker(
+        keep=masking.keep,
+        exclude_tools=frozenset(masking.exclude_tools),
+        clear_at_least=masking.clear_at_least,
+        user_messages=policy.pruner.user_messages,
+    )
+
+
 @dataclass(frozen=True)
 class ModelPolicy:
     """Everything static the proxy needs to know about one model name."""
@@ -135,6 +149,7 @@ class ModelPolicy:
     configured_window: int | None
     mapped_window: int | None
     bridge: Pruner | None = None  # the harder cut of a request that must not wait (None: off)
+    masker: Masker | None = None  # old observations cleared before a summary (None: off)
     _budgets: dict[int, Budgets] = field(default_factory=dict, compare=False, repr=False)
 
     def budgets(self, window: int) -> Budgets:
@@ -185,6 +200,7 @@ class PolicyBook:
             configured_window(route, model),
             mapped_window(model),
             bridge_pruner(policy.pruner),
+            masker_for(policy),
         )
         self._cache.put(key, resolved)
         return resolved

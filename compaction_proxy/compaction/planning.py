@@ -17,6 +17,7 @@ from compaction_proxy.compaction.fit import (
     summary_budget,
     summary_cap,
 )
+from compaction_proxy.compaction.masking import Masker
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.select import (
@@ -50,6 +51,7 @@ class CompactionJob:
     summary_window: int | None = None  # the summary model's window when it differs
     summary_route: str = ""  # names the summarizer for its breaker
     bridge: Pruner | None = None  # the harder cut of a request that must not wait (bridge.py)
+    masker: Masker | None = None  # old observations cleared before a summary (masking.py)
 
     @property
     def summarizer(self) -> str:

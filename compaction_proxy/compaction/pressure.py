@@ -13,8 +13,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.background import BackgroundCompactions, wants_precompaction
-from compaction_proxy.compaction.engine import Relief
+from compaction_proxy.compaction.engine import Engine, Relief
 from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy, answer_reserve
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.request_view import RequestView
@@ -66,18 +67,30 @@ def pressure_limits(
     return limits
 
 
-def maybe_precompact(
-    background: BackgroundCompactions, job: CompactionJob, relief: Relief, limits: Budgets | None
+async def maybe_precompact(
+    engine: Engine,
+    background: BackgroundCompactions,
+    job: CompactionJob,
+    relief: Relief,
+    limits: Budgets | None,
 ) -> bool:
     """Between the watermarks, or over them with the bridge's cuts, prepare the next
-    checkpoint in the background; this request goes on at once. Whether a round was started."""
+    checkpoint in the background, unless masking will relieve the conversation at its
+    threshold (``triggers.masking_ahead``); this request goes on at once. Whether a round
+    was started."""
     if limits is None or relief.compacted or relief.shortfall not in (None, ShortfallReason.AHEAD):
         return False
     if relief.bridged_from is not None:
         # The round summarizes the conversation as it is, not as the bridge cut it.
         return background.start(job, relief.state, relief.bridged_from, limits)
     tokens = relief.measurement.tokens
-    if not wants_precompaction(tokens, limits):
+    if not wants_precompaction(tokens, limits) or not background.could_start(job, relief.state):
+        return False
+    # Under the threshold, masking may yet relieve the conversation there; at or over it, it
+    # was tried (``relieve_pressure``) and could not.
+    if tokens < limits.threshold and await triggers.masking_ahead(
+        engine, job, relief.surface, limits
+    ):
         return False
     return background.start(job, relief.state, tokens, limits)
 

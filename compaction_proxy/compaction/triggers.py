@@ -18,6 +18,7 @@ from compaction_proxy.compaction.engine import (
     prune_records,
 )
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
+from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
@@ -79,13 +80,15 @@ async def relieve_pressure(
     """The ``pressure`` trigger, cheapest first, the newest messages last:
 
     1. prune observations older than the retain budget; stop if below the threshold;
-    2. with precompaction on, stop if below ``must_compact`` (shortfall ``ahead``: the caller
+    2. mask observations older than the retain budget (``masking.py``) when that frees enough
+       to leave ``clear_at_least`` of room under the threshold; stop if below it;
+    3. with precompaction on, stop if below ``must_compact`` (shortfall ``ahead``: the caller
        prepares the checkpoint in the background); over it, unless on first contact, stop if
        the bridge's cuts, for this request alone, bring it below (``compaction/bridge.py``);
-    3. summarize head spans while the surface stays at or above the threshold:
+    4. summarize head spans while the surface stays at or above the threshold:
        ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
        short to fit the summary call;
-    4. only if the request would still not fit its window, prune inside the retain budget.
+    5. only if the request would still not fit its window, prune inside the retain budget.
 
     The live turn is never touched here. When it alone (with head and tools) cannot fit the
     window, the history is compacted all the same if the rescue is on (``rescue`` then cuts
@@ -119,6 +122,17 @@ async def relieve_pressure(
     measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned, compacted=meanwhile.compacted)
+    plan = await mask_plan(engine, job, surface, before)
+    if plan is not None and mask_relieves(
+        measurement.tokens, plan.saved, threshold, plan.clear_at_least
+    ):
+        state, surface, masked = await engine.mask(
+            job, state, plan.candidates, "pressure", must_wait
+        )
+        pruned = pruned or masked
+        measurement = await engine.measure(job, state, surface)
+        if measurement.tokens < threshold:
+            return Relief(state, surface, measurement, pruned=pruned, compacted=meanwhile.compacted)
 
     if measurement.tokens < limits.must_compact:
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
@@ -143,6 +157,56 @@ async def relieve_pressure(
         compacted=rounds.compacted or meanwhile.compacted,
         shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskPlan:
+    """What a masking step would clear, the tokens it would free, and the least it must."""
+
+    candidates: list[MaskCandidate]
+    saved: int
+    clear_at_least: int
+
+
+async def mask_plan(
+    engine: Engine, job: CompactionJob, surface: Surface, before: int
+) -> MaskPlan | None:
+    """The masking step over ``surface``'s observations before body position ``before``
+    (``masking.py``); None when masking is off, the window unknown or nothing qualifies."""
+    masker, window = job.masker, job.window
+    if masker is None or window is None:
+        return None
+    view, meter = job.view, engine.meter
+    count = counter_for(view.model)
+    masked = {record.position for record in surface.masks}
+
+    def plan() -> MaskPlan | None:
+        limit = min(before, view.live_start)
+        candidates = mask_candidates(surface.nodes, view.body, limit, masker, masked.__contains__)
+        if not candidates:
+            return None
+        shown = {n.start: n.message for n in surface.nodes if n.start is not None}
+        saved = 0
+        for candidate in candidates:
+            message = shown[candidate.position]
+            cleared = {**message, "content": candidate.placeholder}
+            saved += meter.message(message, count) - meter.message(cleared, count)
+        return MaskPlan(candidates, saved, masker.clear_at_least_for(window))
+
+    return await engine.off_loop(job, plan)
+
+
+async def masking_ahead(
+    engine: Engine, job: CompactionJob, surface: Surface, limits: Budgets
+) -> bool:
+    """Whether masking, not a summary, will relieve this request's conversation when it
+    reaches its threshold: what it could clear now already frees ``clear_at_least`` (and
+    only grows as the conversation does). No round is prepared in the background then."""
+    before = await engine.off_loop(
+        job, lambda: engine.planner.retained_from(job, surface, limits.retain)
+    )
+    plan = await mask_plan(engine, job, surface, before)
+    return plan is not None and plan.saved >= plan.clear_at_least
 
 
 def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:
@@ -291,7 +355,8 @@ async def recover_overflow(
     threshold: int | None,
     window_is_a_guess: bool = False,
 ) -> None:
-    """The ``context-overflow`` trigger: prune; unless that is clearly enough, summarize
+    """The ``context-overflow`` trigger: prune, then mask (``masking.py``, before the live
+    turn); unless that is clearly enough, summarize
     with ``retain = 0`` (the last node is still kept), more rounds while each was cut short
     to fit the summary call. When the window is only a guess and the summary call itself
     overflows, the guess shrinks (to the limit that error states, else by 40 %) and the round
@@ -299,12 +364,17 @@ async def recover_overflow(
     caller decides from what the store committed."""
     state, surface = await engine.reload(job)
     state, surface, pruned = await engine.prune(job, state, surface, "context-overflow")
-    if (
-        pruned
-        and threshold is not None
-        and (await engine.measure(job, state, surface)).tokens < threshold
-    ):
-        return
+    if threshold is not None:
+        tokens = (await engine.measure(job, state, surface)).tokens
+        if pruned and tokens < threshold:
+            return
+        plan = await mask_plan(engine, job, surface, job.view.live_start)
+        if plan is not None and mask_relieves(tokens, plan.saved, threshold, plan.clear_at_least):
+            state, surface, masked = await engine.mask(
+                job, state, plan.candidates, "context-overflow"
+            )
+            if masked and (await engine.measure(job, state, surface)).tokens < threshold:
+                return
     waits = shrinks = 0
     for _ in range(engine.settings.max_rounds):
         result = await engine.summarize_round(job, state, surface, 0, "context-overflow")

@@ -78,6 +78,18 @@ class PrunerPolicy(_Strict):
         return self
 
 
+class MaskingPolicy(_Strict):
+    """Old observations cleared to a one-line placeholder before any summary is paid for
+    (compaction/masking.py): ``keep`` newest observations are never cleared, nor those
+    of the tools in ``exclude_tools``; a step is taken only when it frees at least
+    ``clear_at_least`` tokens (unset: a tenth of the window)."""
+
+    enabled: bool = True
+    keep: int = Field(default=3, ge=0)
+    exclude_tools: tuple[str, ...] = ()
+    clear_at_least: int | None = Field(default=None, ge=0)
+
+
 class PolicyOverrides(_Strict):
     """A partial policy: any key left out keeps the value it overrides."""
 
@@ -91,6 +103,7 @@ class PolicyOverrides(_Strict):
     auto: bool | None = None
     summary_model: str | None = None
     pruner: PrunerPolicy | None = None
+    masking: MaskingPolicy | None = None
     rescue_live_turn: bool | None = None
 
     @model_validator(mode="after")
@@ -118,6 +131,7 @@ class Policy(_Strict):
     auto: bool = True
     summary_model: str | None = None
     pruner: PrunerPolicy = PrunerPolicy()
+    masking: MaskingPolicy = MaskingPolicy()
     # A request whose live turn alone cannot fit the window has its largest live observations
     # cut to fit, rather than fail for certain (compaction/rescue.py); false: sent as it came.
     rescue_live_turn: bool = True

@@ -44,6 +44,10 @@ class Prune:
     the message as the request sends it, so the client's own part fields (``cache_control``
     moved to another part, say) survive; ``content`` is the result at commit time, used for
     records made before offsets were kept.
+
+    A ``masked`` record clears the observation (``compaction.masking``): ``content`` is its
+    placeholder, with no offsets, so a version that does not know the flag still sends it.
+    At one position a mask wins over a prune, and commits drop the prune it replaces.
     """
 
     position: int
@@ -54,6 +58,7 @@ class Prune:
     head_end: int | None = None
     tail_start: int | None = None
     context: str = ""  # context_fingerprint it was made under ("" before contexts were kept)
+    masked: bool = False
     kind: Literal["prune"] = "prune"
 
 
@@ -122,7 +127,12 @@ RECENT_CHECKPOINT_ENDS = 16  # how many a conversation keeps
 
 
 def record_to_dict(record: ReplacementRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in record.__dataclass_fields__}
+    """The stored form; a prune's ``masked`` only when set (a plain prune is stored as
+    versions before masking stored it)."""
+    stored = {name: getattr(record, name) for name in record.__dataclass_fields__}
+    if stored.get("masked") is False:
+        del stored["masked"]
+    return stored
 
 
 class UnreadableRecord(ValueError):
@@ -146,6 +156,8 @@ def _well_typed(name: str, value: Any) -> bool:
         return isinstance(value, str)
     if name == "message":
         return isinstance(value, dict)
+    if name == "masked":
+        return isinstance(value, bool)
     return True
 
 

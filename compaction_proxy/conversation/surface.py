@@ -86,6 +86,11 @@ class Surface:
         return [node.message for node in self.nodes]
 
     @property
+    def masks(self) -> tuple[Prune, ...]:
+        """The applied prunes that clear an observation (``compaction.masking``)."""
+        return tuple(p for p in self.prunes if p.masked)
+
+    @property
     def changed(self) -> bool:
         """True when the surface differs from the request's own messages."""
         return bool(self.checkpoints or self.prunes)
@@ -102,7 +107,8 @@ def derive_surface(
 
     Checkpoints are chosen deepest first (then widest), skipping any that overlap one already
     chosen; prunes apply only outside the chosen checkpoints. Among records that would replace
-    the same position, the first committed wins, so forwarded bytes stay stable.
+    the same position, a mask wins over a prune, else the first committed wins, so forwarded
+    bytes stay stable.
     """
     if len(chain) != len(body):
         raise ValueError("chain and body differ in length")
@@ -125,7 +131,9 @@ def derive_surface(
             ):
                 candidates.append(record)
         elif shares_prefix(record.position, record.hash):
-            prunes.setdefault(record.position, record)
+            held = prunes.get(record.position)
+            if held is None or (record.masked and not held.masked):
+                prunes[record.position] = record
 
     chosen: list[Checkpoint] = []
     for candidate in sorted(candidates, key=lambda r: (-r.end, r.start)):

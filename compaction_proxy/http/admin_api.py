@@ -146,7 +146,7 @@ def _record_view(record: ReplacementRecord) -> dict[str, Any]:
             "shadowed_tokens": record.shadowed_tokens,
         }
     return {
-        "kind": "prune",
+        "kind": "mask" if record.masked else "prune",
         "position": record.position,
         "chars_before": record.chars_before,
         "chars_after": record.chars_after,
@@ -319,6 +319,7 @@ async def conversation_surface(request: web.Request) -> web.StreamResponse:
         replaced[("pruned", prune.position)] = {
             "chars_before": prune.chars_before,
             "chars_after": prune.chars_after,
+            "masked": prune.masked,
         }
     return _json(
         {

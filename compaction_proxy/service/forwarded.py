@@ -21,6 +21,7 @@ class RequestStatus(StrEnum):
 
     NONE = "none"  # the client's messages went as sent
     PRUNED = "pruned"  # prunes alone changed them
+    MASKED = "masked"  # old observations cleared to placeholders (and maybe pruned), no checkpoint
     COMPACTED = "compacted"  # the surface carries a checkpoint (new or committed earlier)
     PRECOMPACTING = "precompacting"  # as sent, with a checkpoint on its way in the background
     RECOVERED = "recovered"  # a retry after an overflow, compacted harder
@@ -31,10 +32,13 @@ class RequestStatus(StrEnum):
 def status_of(surface: Surface) -> RequestStatus:
     """What the header says of a forwarded surface: ``compacted`` whenever it carries a
     checkpoint, this request's or an earlier one's (a 22-message history sent as 6 messages is
-    compacted, whoever made the checkpoint); ``pruned`` when prunes alone changed it; ``none``
-    only when the client's messages went as sent."""
+    compacted, whoever made the checkpoint); ``masked`` when, without one, old observations
+    are cleared; ``pruned`` when prunes alone changed it; ``none`` only when the client's
+    messages went as sent."""
     if surface.checkpoints:
         return RequestStatus.COMPACTED
+    if surface.masks:
+        return RequestStatus.MASKED
     return RequestStatus.PRUNED if surface.prunes else RequestStatus.NONE
 
 

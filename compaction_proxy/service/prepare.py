@@ -98,15 +98,24 @@ def summary_call(
 
 
 def _count_savings(route: str, surface: Surface, saved: int) -> None:
-    """Split a request's saved tokens between its checkpoints and its prunes."""
+    """Split a request's saved tokens between its checkpoints, then its masks and prunes (by
+    the characters each cleared: their tokens are not priced apart)."""
     if saved <= 0:
         return
     by_summary = sum(max(0, c.shadowed_tokens - c.tokens) for c in surface.checkpoints)
     by_summary = min(by_summary, saved)
     if by_summary:
         TOKENS_SAVED.labels(route=route, mechanism="summary").inc(by_summary)
-    if saved > by_summary:
-        TOKENS_SAVED.labels(route=route, mechanism="prune").inc(saved - by_summary)
+    rest = saved - by_summary
+    if rest <= 0:
+        return
+    cleared = [max(0, p.chars_before - p.chars_after) for p in surface.prunes]
+    masked = sum(c for c, p in zip(cleared, surface.prunes, strict=True) if p.masked)
+    by_mask = rest * masked // sum(cleared) if masked else 0
+    if by_mask:
+        TOKENS_SAVED.labels(route=route, mechanism="mask").inc(by_mask)
+    if rest > by_mask:
+        TOKENS_SAVED.labels(route=route, mechanism="prune").inc(rest - by_mask)
 
 
 async def _relieve(
@@ -205,6 +214,7 @@ def compaction_job(
         summary_window=summary_window,
         summary_route=summary_policy.route.model,
         bridge=model_policy.bridge,
+        masker=model_policy.masker,
     )
 
 
@@ -270,7 +280,9 @@ async def prepare(
         )
     )
     status = RequestStatus.RESCUED if relief.rescued else status_of(surface)
-    precompacting = proactive and maybe_precompact(services.background, job, relief, limits)
+    precompacting = proactive and await maybe_precompact(
+        engine, services.background, job, relief, limits
+    )
 
     tokens_before = None
     payload = client_request.raw

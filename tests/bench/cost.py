@@ -1,13 +1,15 @@
 """What compaction costs and saves on a provider that caches prompt prefixes.
 
 Run: ``python -m tests.bench.cost [--window 32000] [--upstream-window 128000] [--format
-messages]``. Not collected by pytest. Every transcript is replayed through a proxy process whose
-route caps the context at ``--window`` in front of a model with a larger one, so nothing
-overflows and the raw history is a fair baseline. Printed per transcript: forwarded/raw prompt
-tokens, the provider-cache hit ratio of what was forwarded (summary calls included) next to the
-raw history's, and the bill: cache reads at 0.1x, writes at 1.25x, summary output at 4x, against
-the raw history billed the same way. Token savings alone mislead: a compactor that breaks prefix
-caching can cost more than sending everything.
+messages] [--masking both|on|off]``. Not collected by pytest. Every transcript is replayed
+through a proxy process whose route caps the context at ``--window`` in front of a model with
+a larger one, so nothing overflows and the raw history is a fair baseline. Printed per
+transcript: forwarded/raw prompt tokens, the provider-cache hit ratio of what was forwarded
+(summary calls included) next to the raw history's, the bill (cache reads at 0.1x, writes at
+1.25x, summary output at 4x, against the raw history billed the same way) and the summary
+calls made. By default every transcript is replayed twice, with observation masking off and
+on, side by side. Token savings alone mislead: a compactor that breaks prefix caching can cost
+more than sending everything.
 
 With ``--format messages`` the conversations go as Anthropic Messages requests with breakpoints
 where Claude Code places them (the system prompt, the tool, the newest user block), billed by
@@ -20,11 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import uuid
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
+from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.caching import (
     Bill,
@@ -64,10 +69,33 @@ async def replay(
     return key, sent
 
 
-async def run(args: argparse.Namespace) -> None:
+@dataclass
+class Outcome:
+    """One configuration's replay of every transcript: per transcript, the forwarded bill,
+    the raw history's bill and the summary calls made."""
+
+    forwarded: list[Bill]
+    raw: list[Bill]
+    summaries: list[int]
+
+    def total(self, bills: list[Bill]) -> Bill:
+        whole = Bill()
+        for bill in bills:
+            whole.add(bill)
+        return whole
+
+
+async def measure(args: argparse.Namespace, every: list[Transcript], masking: bool) -> Outcome:
+    """Every transcript replayed through a proxy with masking on or off."""
     fake = FakeUpstream(default_window=args.upstream_window)
+    messages_api = args.format == "messages"
     async with serve(fake) as upstream:
-        route = {"model": MODEL, "base_url": upstream, "context_window": args.window}
+        route = {
+            "model": MODEL,
+            "base_url": upstream,
+            "context_window": args.window,
+            "policy": {"masking": {"enabled": masking}},
+        }
         env = {
             "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
             "COMPACTION_PROXY_TENANT_SECRET": "bench-cost",
@@ -77,43 +105,65 @@ async def run(args: argparse.Namespace) -> None:
             proxy_process(env) as (_, base),
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
         ):
-            every = transcripts()
-            messages_api = args.format == "messages"
             replays = await asyncio.gather(
                 *(replay(http, f"{base}/v1", t, args.gap, messages_api) for t in every)
             )
     raw_cache: BreakpointCache | PrefixCache
+    header = "x-api-key" if messages_api else "Authorization"
     if messages_api:
         forwarded, raw_cache = breakpoint_bills(fake), BreakpointCache(fake)
     else:
-        forwarded = bills_by_conversation(fake, fake.received, "Authorization")
+        forwarded = bills_by_conversation(fake, fake.received, header)
         forwarded = {key.removeprefix("Bearer "): bill for key, bill in forwarded.items()}
         raw_cache = PrefixCache(fake)
-    print(
-        f"{args.format}: window {args.window // 1000}k on a {args.upstream_window // 1000}k "
-        "model; cache reads 0.1x, writes 1.25x, summary output 4x"
-    )
-    header = f"{'transcript':<48}{'fwd/raw':>9}{'hit':>7}{'raw hit':>9}{'billed/raw':>12}"
-    print(header)
-    totals, raw_totals = Bill(), Bill()
-    for transcript, (key, sent) in zip(every, replays, strict=True):
+    summaries: Counter[str] = Counter()
+    for received in fake.received:
+        if received.body is not None and is_summary_request(received.body):
+            summaries[received.headers.get(header, "").removeprefix("Bearer ")] += 1
+    outcome = Outcome([], [], [])
+    for key, sent in replays:
         raw = Bill()
         for body in sent:
             if isinstance(raw_cache, BreakpointCache):
                 raw_cache.send(key, body, raw)
             else:
                 raw_cache.send(key, body["messages"], raw)
-        bill = forwarded[key]
-        totals.add(bill)
-        raw_totals.add(raw)
-        print(
-            f"{transcript.name[:47]:<48}{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>7.2f}"
-            f"{raw.hit_ratio:>9.2f}{bill.units / raw.units:>11.2f}x"
-        )
-    print(
-        f"{'all':<48}{totals.prompt / raw_totals.prompt:>9.1%}{totals.hit_ratio:>7.2f}"
-        f"{raw_totals.hit_ratio:>9.2f}{totals.units / raw_totals.units:>11.2f}x"
+        outcome.forwarded.append(forwarded[key])
+        outcome.raw.append(raw)
+        outcome.summaries.append(summaries[key])
+    return outcome
+
+
+def columns(bill: Bill, raw: Bill, summaries: int) -> str:
+    return (
+        f"{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>6.2f}"
+        f"{bill.units / raw.units:>8.2f}x{summaries:>5}"
     )
+
+
+async def run(args: argparse.Namespace) -> None:
+    every = transcripts()
+    configurations = {"on": [True], "off": [False], "both": [False, True]}[args.masking]
+    outcomes = [await measure(args, every, masking) for masking in configurations]
+    print(
+        f"{args.format}: window {args.window // 1000}k on a {args.upstream_window // 1000}k "
+        "model; cache reads 0.1x, writes 1.25x, summary output 4x"
+    )
+    labels = ["masking " + ("on" if masking else "off") for masking in configurations]
+    print(f"{'':<44}" + "".join(f"{label:^33}" for label in labels))
+    row = f"{'fwd/raw':>9}{'hit':>6}{'billed':>9}{'sums':>5}"
+    print(f"{'transcript':<40}{'raw hit':>8}" + "     ".join(row for _ in outcomes))
+    for index, transcript in enumerate(every):
+        raw = outcomes[0].raw[index]
+        cells = "     ".join(
+            columns(o.forwarded[index], o.raw[index], o.summaries[index]) for o in outcomes
+        )
+        print(f"{transcript.name[:39]:<40}{raw.hit_ratio:>8.2f}{cells}")
+    raw_total = outcomes[0].total(outcomes[0].raw)
+    cells = "     ".join(
+        columns(o.total(o.forwarded), o.total(o.raw), sum(o.summaries)) for o in outcomes
+    )
+    print(f"{'all':<40}{raw_total.hit_ratio:>8.2f}{cells}")
 
 
 def main() -> None:
@@ -122,6 +172,12 @@ def main() -> None:
     parser.add_argument("--upstream-window", type=int, default=128_000)
     parser.add_argument("--gap", type=float, default=0.2, help="seconds between an agent's turns")
     parser.add_argument("--format", choices=["chat", "messages"], default="chat")
+    parser.add_argument(
+        "--masking",
+        choices=["both", "on", "off"],
+        default="both",
+        help="replay with observation masking off, on, or both side by side",
+    )
     asyncio.run(run(parser.parse_args()))
 
 

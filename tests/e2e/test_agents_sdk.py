@@ -11,6 +11,7 @@ from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_traci
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
+from tests.helpers import MASKING_OFF
 
 MODEL = "agent-small"
 WINDOW = 16_000
@@ -26,7 +27,7 @@ async def test_a_tool_using_agent_runs_through_the_proxy_and_is_compacted(
     fake.windows[MODEL] = WINDOW
     fake.responses.tool_rounds = TOOL_ROUNDS
     route = {"model": "agent-*", "base_url": upstream_url, "context_window": WINDOW}
-    proxy = await make_proxy(routes=[{**route, "policy": {"precompact_ratio": 0}}])
+    proxy = await make_proxy(routes=[{**route, "policy": {"precompact_ratio": 0, **MASKING_OFF}}])
     steps: list[int] = []
 
     @function_tool

@@ -17,7 +17,7 @@ from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory
-from tests.helpers import chat, counter, route
+from tests.helpers import MASKING_OFF, chat, counter, route
 from tests.processes import proxy_process
 
 MODEL = "small-model"
@@ -25,9 +25,11 @@ WINDOW = 16_000
 
 
 def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
-    """Precompaction off: these tests are about the request that compacts (compaction ahead of
-    need has tests/e2e/test_precompaction.py)."""
-    return [route(upstream_url, "small-*", WINDOW, **{"precompact_ratio": 0, **policy})]
+    """Precompaction and masking off: these tests are about the request that summarizes
+    (compaction ahead of need has tests/e2e/test_precompaction.py, masking test_masking.py)."""
+    return [
+        route(upstream_url, "small-*", WINDOW, **{"precompact_ratio": 0, **MASKING_OFF, **policy})
+    ]
 
 
 def history(tool_rounds: int = 30) -> list[dict[str, Any]]:
@@ -139,7 +141,11 @@ async def test_summary_model_is_routed_to_its_own_route(
                 "model": "small-*",
                 "base_url": upstream_url,
                 "context_window": WINDOW,
-                "policy": {"summary_model": "summarizer-model", "precompact_ratio": 0},
+                "policy": {
+                    "summary_model": "summarizer-model",
+                    "precompact_ratio": 0,
+                    **MASKING_OFF,
+                },
             },
             {"model": "summarizer-model", "base_url": upstream_url, "context_window": 64_000},
         ]
@@ -245,7 +251,11 @@ async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_heade
                 "base_url": upstream_url,
                 "api_key_env": "MAIN_KEY",
                 "context_window": WINDOW,
-                "policy": {"summary_model": "summarizer-model", "precompact_ratio": 0},
+                "policy": {
+                    "summary_model": "summarizer-model",
+                    "precompact_ratio": 0,
+                    **MASKING_OFF,
+                },
             },
             {"model": "summarizer-model", "base_url": elsewhere, "api_key_env": "SUMMARIZER_KEY"},
         ],
@@ -325,7 +335,9 @@ async def test_an_agents_own_compaction_prepares_nothing_and_is_made_to_fit(
     """Codex's summarization request between the watermarks starts no background round (the
     history is about to be replaced) and goes as sent; one over the window is made to fit,
     where sent directly it would fail."""
-    proxy = await make_proxy(routes=[route(upstream_url, "small-*", WINDOW)])  # precompacting
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "small-*", WINDOW, **MASKING_OFF)]  # precompacting
+    )
     own = counter("compaction_proxy_client_compactions_total", route="small-*")
     between = [*history(26)[:-1], user(CODEX_COMPACTION)]
     reply = await ask(proxy.url, between)
@@ -348,7 +360,9 @@ async def test_a_history_rebuilt_from_the_agents_summary_ends_the_round_for_the_
     summary (its summarization request went unseen): the round is cancelled, and from then on
     the conversation's compaction is left to the agent."""
     fake.summary_delay = 2.0
-    proxy = await make_proxy(routes=[route(upstream_url, "small-*", WINDOW)])  # precompacting
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "small-*", WINDOW, **MASKING_OFF)]  # precompacting
+    )
     cancelled = counter(
         "compaction_proxy_precompaction_duration_seconds_count", outcome="cancelled"
     )

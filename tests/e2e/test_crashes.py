@@ -16,6 +16,7 @@ from compaction_proxy.config.settings import Settings
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
+from tests.helpers import MASKING_OFF
 from tests.processes import proxy_process
 from tests.redis_server import RedisServer
 
@@ -46,7 +47,14 @@ async def test_a_proxy_killed_mid_summary_blocks_the_next_request_only_briefly(
     lease_ttl = 3.0
     fake.windows[MODEL] = WINDOW
     fake.summary_delay = 60.0  # the first proxy dies long before its summary returns
-    routes = [{"model": MODEL, "base_url": upstream_url, "context_window": WINDOW}]
+    routes = [
+        {
+            "model": MODEL,
+            "base_url": upstream_url,
+            "context_window": WINDOW,
+            "policy": MASKING_OFF,
+        }
+    ]
     env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
         "REDIS_URL": private_redis.url,
@@ -83,7 +91,14 @@ async def test_a_dead_summarizer_costs_one_wait_per_cooldown(
     fake.summary_delay = 30.0  # never answers in time
     proxy = await make_proxy(
         summary_timeout_seconds=1.0,
-        routes=[{"model": MODEL, "base_url": upstream_url, "context_window": WINDOW}],
+        routes=[
+            {
+                "model": MODEL,
+                "base_url": upstream_url,
+                "context_window": WINDOW,
+                "policy": MASKING_OFF,
+            }
+        ],
     )
     waits = []
     for run in range(6):  # six conversations under pressure

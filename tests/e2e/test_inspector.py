@@ -24,6 +24,7 @@ import pytest
 
 from compaction_proxy.http.inspector import SECURITY_HEADERS
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.helpers import MASKING_OFF
 from tests.processes import proxy_process
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
@@ -167,7 +168,14 @@ async def test_the_inspector_shows_a_compacted_conversation_and_compacts_a_regio
     browser: Any, fake: FakeUpstream, upstream_url: str
 ) -> None:
     fake.windows[MODEL] = WINDOW
-    routes = [{"model": "ui-*", "base_url": upstream_url, "context_window": WINDOW}]
+    routes = [
+        {
+            "model": "ui-*",
+            "base_url": upstream_url,
+            "context_window": WINDOW,
+            "policy": MASKING_OFF,
+        }
+    ]
     env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
         "COMPACTION_PROXY_TENANT_SECRET": "ui",

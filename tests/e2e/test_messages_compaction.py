@@ -21,7 +21,7 @@ from tests.conftest import ProxyFactory, RunningProxy
 from tests.e2e.test_admin import AUTH as ADMIN_AUTH
 from tests.e2e.test_admin import TOKEN as ADMIN_TOKEN
 from tests.e2e.test_admin import admin
-from tests.helpers import counter, route
+from tests.helpers import MASKING_OFF, counter, route
 
 MODEL = "claude-small"
 WINDOW = 16_000
@@ -51,7 +51,7 @@ def history(rounds: int = 30) -> list[dict[str, Any]]:
 
 async def start(make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream) -> RunningProxy:
     fake.windows[MODEL] = WINDOW
-    policy = {"precompact_ratio": 0}
+    policy = {"precompact_ratio": 0, **MASKING_OFF}
     return await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW, **policy)])
 
 
@@ -169,7 +169,9 @@ async def test_the_1m_context_beta_header_raises_the_window_compaction_starts_at
     threshold. Sent with ``anthropic-beta: context-1m-...`` it is far below 1M: as sent."""
     sonnet = "claude-sonnet-4-5"
     fake.windows[sonnet] = 1_000_000
-    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", precompact_ratio=0)])
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", precompact_ratio=0, **MASKING_OFF)]
+    )
     turns: list[dict[str, Any]] = [{"role": "user", "content": "Read the logs."}]
     for index in range(60):
         call = f"toolu_{index:03d}"
@@ -303,7 +305,9 @@ async def test_the_meter_is_never_far_under_on_first_contact_and_close_once_anch
     proxy's stand-in for Claude. First contact: never more than 10 % under (about 20 % without
     calibration). Anchored: within 5 %. A new conversation of the same model starts from what
     the first one taught: within 5 % too."""
-    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", precompact_ratio=0)])
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", precompact_ratio=0, **MASKING_OFF)]
+    )
     await lazy_litellm.loaded()
     stand_in = counter_for("claude-sonnet-4-5")
     fake.messages.count_text = lambda text: math.ceil(1.3 * stand_in(text))
@@ -334,7 +338,7 @@ async def test_manual_compaction_of_a_messages_conversation_summarizes_in_messag
 ) -> None:
     fake.windows[MODEL] = 64_000
     proxy = await make_proxy(
-        admin_token=ADMIN_TOKEN, routes=[route(upstream_url, "claude-*", 64_000)]
+        admin_token=ADMIN_TOKEN, routes=[route(upstream_url, "claude-*", 64_000, **MASKING_OFF)]
     )
     turns = history(rounds=10)  # well under the threshold: nothing compacted on its own
     async with client_of(proxy) as client:
@@ -373,7 +377,9 @@ async def test_prompt_is_too_long_is_recovered_from_and_the_window_learned(
     refused ("prompt is too long: N tokens > 16000 maximum"); the proxy compacts under the
     window stated and retries once, and the next request is compacted before it goes."""
     fake.windows[MODEL] = WINDOW
-    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", 64_000, precompact_ratio=0)])
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", 64_000, precompact_ratio=0, **MASKING_OFF)]
+    )
     retried = counter("compaction_proxy_overflow_recoveries_total", result="retried")
     turns = history(rounds=40)
     async with client_of(proxy) as client:

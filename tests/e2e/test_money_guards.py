@@ -11,7 +11,7 @@ import openai
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
-from tests.helpers import counter, route
+from tests.helpers import MASKING_OFF, counter, route
 from tests.redis_server import RedisServer
 
 MODEL = "small-model"
@@ -19,7 +19,7 @@ WINDOW = 16_000
 
 
 def routes(upstream_url: str) -> list[dict[str, Any]]:
-    return [route(upstream_url, "small-*", WINDOW)]
+    return [route(upstream_url, "small-*", WINDOW, **MASKING_OFF)]
 
 
 def history(opening: str) -> list[dict[str, Any]]:
@@ -86,7 +86,12 @@ async def test_a_fixed_session_rewriting_a_message_pays_one_recovery_per_cooldow
     # A 13k window: the ~14k history overflows whenever it goes uncompacted, so overflow
     # recovery is exercised once the miss guard stops proactive compaction.
     fake.windows["tight-model"] = 13_000
-    route = {"model": "tight-model", "base_url": upstream_url, "context_window": 13_000}
+    route = {
+        "model": "tight-model",
+        "base_url": upstream_url,
+        "context_window": 13_000,
+        "policy": MASKING_OFF,
+    }
     proxy = await make_proxy(routes=[route], checkpoint_miss_limit=3)
     before = trips("recovery_cooldown")
     base = history("Make the importer idempotent.")

@@ -24,7 +24,7 @@ from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import counter, route
+from tests.helpers import MASKING_OFF, counter, route
 from tests.processes import proxy_process
 from tests.redis_server import RedisServer
 
@@ -35,7 +35,7 @@ THINK_SECONDS = 0.6  # an agent's time between requests (the model answering, to
 
 
 def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
-    return [route(upstream_url, MODEL, WINDOW, **policy)]
+    return [route(upstream_url, MODEL, WINDOW, **{**MASKING_OFF, **policy})]
 
 
 def lease_waits() -> float:

@@ -17,7 +17,7 @@ from compaction_proxy.testing.fake_answers import pairing_error
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
-from tests.helpers import chat, counter, route
+from tests.helpers import MASKING_OFF, chat, counter, route
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
 
@@ -30,7 +30,7 @@ def synchronous(
     upstream_url: str, window: int, model: str = MODEL, **policy: Any
 ) -> dict[str, Any]:
     """Precompaction off: these tests look at the request that compacts."""
-    return route(upstream_url, model, window, **{"precompact_ratio": 0, **policy})
+    return route(upstream_url, model, window, **{"precompact_ratio": 0, **MASKING_OFF, **policy})
 
 
 async def post(proxy: RunningProxy, messages: list[Message], **extra: Any) -> Any:

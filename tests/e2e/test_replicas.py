@@ -4,6 +4,7 @@ and parallel runs with identical openings, replaying real transcripts concurrent
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import openai
 import orjson
 
+from compaction_proxy.compaction.masking import observations, placeholder
 from compaction_proxy.compaction.model_policy import bridge_pruner
 from compaction_proxy.compaction.prune import prune_content
 from compaction_proxy.compaction.request_view import RequestView
@@ -19,6 +21,7 @@ from compaction_proxy.config.settings import PrunerPolicy
 from compaction_proxy.conversation.log_view import latest_request
 from compaction_proxy.conversation.replacements import Checkpoint, Prune, ReplacementRecord
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.conversation.text import text_of
 from compaction_proxy.security.tenant import TenantSecret, tenant_of
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
@@ -140,7 +143,7 @@ def bridged(view: RequestView, surface: Surface, sent: list[dict[str, Any]]) -> 
 def identity(record: ReplacementRecord) -> tuple[Any, ...]:
     if isinstance(record, Checkpoint):
         return ("checkpoint", record.start, record.end, record.end_hash)
-    return ("prune", record.position, record.hash)
+    return ("mask" if record.masked else "prune", record.position, record.hash)
 
 
 def record_sets(
@@ -180,22 +183,46 @@ def record_sets(
                 )
             ]
             held.append(new)
-        elif e["type"] == "prune":
-            held.append(
-                Prune(
-                    e["position"],
-                    e["hash"],
-                    None,
-                    e["chars_before"],
-                    e["chars_after"],
-                    e["head_end"],
-                    e["tail_start"],
-                )
+        elif e["type"] in ("prune", "mask"):
+            record = Prune(
+                e["position"],
+                e["hash"],
+                None,
+                e["chars_before"],
+                e["chars_after"],
+                e["head_end"],
+                e["tail_start"],
+                masked=e["type"] == "mask",
             )
+            if record.masked:  # a mask's commit drops the prune it replaces
+                held = [
+                    r
+                    for r in held
+                    if not (
+                        isinstance(r, Prune) and (r.position, r.hash) == (e["position"], e["hash"])
+                    )
+                ]
+            held.append(record)
         else:
             continue
         snapshots.append(tuple(held))
     return snapshots
+
+
+def with_placeholders(
+    view: RequestView, records: tuple[ReplacementRecord, ...]
+) -> tuple[ReplacementRecord, ...]:
+    """``records`` with each mask of ``view``'s branch given its placeholder (its log event
+    does not carry it), as ``compaction.masking`` words it for that observation."""
+    found = {o.position: o for o in observations(view.body, True)}
+
+    def filled(record: ReplacementRecord) -> ReplacementRecord:
+        if not isinstance(record, Prune) or not record.masked or record.position not in found:
+            return record
+        text = text_of(view.body[record.position].get("content")) or ""
+        return dataclasses.replace(record, content=placeholder(found[record.position], text))
+
+    return tuple(filled(r) for r in records)
 
 
 async def check_replicas(
@@ -231,7 +258,7 @@ async def check_replicas(
             marker, history, _, _ = client.sent[index]
             view = RequestView.of(tenant, MODEL, history, None)
             expected_hashes |= set(view.chain)
-            surfaces = [view.surface(records) for records in snapshots]
+            surfaces = [view.surface(with_placeholders(view, records)) for records in snapshots]
             sent = forwarded[marker]
             assert sent in [s.messages for s in surfaces] or any(
                 bridged(view, s, sent) for s in surfaces

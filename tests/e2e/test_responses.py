@@ -18,7 +18,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.encodings import compressed
-from tests.helpers import counter, route
+from tests.helpers import MASKING_OFF, counter, route
 
 MODEL = "resp-small"
 WINDOW = 16_000
@@ -40,7 +40,7 @@ OPENING = "FACT-1: the release branch is release-7. Fix the flaky importer test.
 
 def routes(upstream_url: str, window: int | None = WINDOW) -> list[dict[str, Any]]:
     # Synchronous compaction: the tests read what the request that crossed was sent.
-    return [route(upstream_url, "resp-*", window or None, precompact_ratio=0)]
+    return [route(upstream_url, "resp-*", window or None, precompact_ratio=0, **MASKING_OFF)]
 
 
 @pytest.fixture
@@ -309,7 +309,14 @@ async def test_an_agent_loop_outgrowing_its_background_round_goes_on_through_the
     fake.responses.tool_rounds = 1_000
     fake.summary_delay = 3.0
     proxy = await make_proxy(
-        routes=[{"model": "resp-*", "base_url": upstream_url, "context_window": WINDOW}]
+        routes=[
+            {
+                "model": "resp-*",
+                "base_url": upstream_url,
+                "context_window": WINDOW,
+                "policy": MASKING_OFF,
+            }
+        ]
     )
     items: list[Any] = [{"role": "user", "content": OPENING}]
     statuses, latencies = [], []

@@ -17,7 +17,7 @@ from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import route
+from tests.helpers import MASKING_OFF, route
 
 WINDOW = 16_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -83,7 +83,9 @@ async def test_a_tenant_rate_limited_on_its_summaries_does_not_stop_anothers_com
     make_proxy: ProxyFactory, summary_keys: tuple[str, list[str]]
 ) -> None:
     upstream, keys = summary_keys
-    proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0)])
+    proxy = await make_proxy(
+        routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0, **MASKING_OFF)]
+    )
     for _ in range(3):
         assert (await ask(proxy, "sk-attacker"))[1] != "compacted"
     # Its Retry-After is honoured: one summary call, then it waits.
@@ -96,7 +98,7 @@ async def test_keys_nobody_checked_cannot_burn_the_routes_summary_ceiling(
 ) -> None:
     upstream, keys = summary_keys
     proxy = await make_proxy(
-        routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0)],
+        routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0, **MASKING_OFF)],
         summaries_per_minute_per_route=10,
     )
     for n in range(25):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import openai
@@ -28,7 +27,6 @@ import pytest
 from compaction_proxy.compaction.summarize import framed_summary_text
 from compaction_proxy.conversation.messages import live_turn_start, split_head
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.metering.tokenizers import encoding
 from compaction_proxy.testing.fake_answers import pairing_error
 from compaction_proxy.testing.fake_upstream import FakeUpstream, Received
 from tests.conftest import ProxyFactory
@@ -73,29 +71,14 @@ def cap_of(received: Received) -> int:
     return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
 
 
-@cache
-def _largest_observation(name: str) -> int:
-    """Tokens of the largest non-assistant message the agent ever sent."""
-    transcript = next(t for t in transcripts() if t.name == name)
-    sent = max(len(history) for history in replay_requests(transcript.messages))
-    count = encoding("o200k_base")
-    return max(
-        len(count.encode(str(m.get("content") or ""), disallowed_special=()))
-        for m in transcript.messages[:sent]
-        if m.get("role") != "assistant"
-    )
-
-
 def replays() -> list[Any]:
-    """Every transcript in every window, except windows too small for a single message of the
-    transcript (a client could not send that turn directly either); its variants in the two
-    smaller windows, where they are compacted most (in the largest, a variant compacts about
-    as the transcript as sent does, and a replay costs the suite as much as any other)."""
+    """Every transcript in every window, those with a message too big for the window on its
+    own included (the rescue answers them: sent directly they would fail); its variants in the
+    two smaller windows, where they are compacted most (in the largest, a variant compacts
+    about as the transcript as sent does, and a replay costs the suite as much as any other)."""
     params = []
     for transcript in transcripts():
         for window in WINDOWS:
-            if _largest_observation(transcript.name) > 0.75 * window:
-                continue
             calls = any(m.get("tool_calls") for m in transcript.messages)
             varied = calls and window < max(WINDOWS)  # the variants change calls only
             for variant in VARIANTS if varied else ["as-sent"]:
@@ -138,12 +121,24 @@ async def test_replay_on_a_redis_cluster(
     )
 
 
-def assert_live_turn_as_sent(history: list[dict[str, Any]], forwarded: list[Any]) -> None:
+def assert_live_turn_as_sent(
+    history: list[dict[str, Any]], forwarded: list[Any], rescued: bool = False
+) -> None:
+    """The live turn byte for byte; ``rescued``: but for observations cut by the rescue, each
+    keeping its head and saying what was cut."""
     live = history[live_turn_start(history) :]
     if not live:
         return
     sent = forwarded[-len(live) :]
-    assert [orjson.dumps(m) for m in sent] == [orjson.dumps(m) for m in live], "live turn altered"
+    if not rescued:
+        assert [orjson.dumps(m) for m in sent] == [orjson.dumps(m) for m in live], "altered"
+        return
+    assert any(m != original for m, original in zip(sent, live, strict=True))
+    for message, original in zip(sent, live, strict=True):
+        if message != original:
+            content, whole = str(message["content"]), str(original["content"])
+            assert "were cut by compaction-proxy" in content and len(content) < len(whole)
+            assert content[:256] == whole[:256]
 
 
 async def replay(
@@ -182,7 +177,8 @@ async def replay(
             conversation = reply.headers["x-compaction-conversation"]
             for received in fake.chat_requests[seen:]:
                 assert received.body is not None
-                assert_live_turn_as_sent(history, received.body["messages"])
+                rescued = statuses[-1] == "rescued"
+                assert_live_turn_as_sent(history, received.body["messages"], rescued)
             raw = fake.prompt_tokens({"messages": history, **extra})
             raw_tokens += raw
             largest = max(largest, raw)
@@ -214,7 +210,7 @@ async def replay(
         assert committed == [] and raw_tokens == forwarded_tokens
     elif largest >= THRESHOLD * window:
         # Compacted on the request that crossed, or ahead of it in the background.
-        compacted = {"compacted", "pruned"} & set(statuses) or committed
+        compacted = {"compacted", "masked", "pruned"} & set(statuses) or committed
         assert compacted, "crossing the threshold must compact"
         assert len(fake.summary_requests) * 3 < len(fake.chat_requests)
 
@@ -239,5 +235,6 @@ async def replay(
         f"{name:<60} {window // 1000:>3}k  requests {len(statuses):>3}"
         f"  raw {raw_tokens:>9,}  forwarded {forwarded_tokens:>9,}"
         f"  ({forwarded_tokens / raw_tokens:.0%})  summary calls {len(committed):>2}"
-        f"  prunes {statuses.count('pruned'):>2}"
+        f"  prunes {statuses.count('pruned'):>2}  masked {statuses.count('masked'):>3}"
+        f"  rescued {statuses.count('rescued'):>2}"
     )

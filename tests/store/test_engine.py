@@ -11,16 +11,17 @@ import pytest
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.engine import Engine, EngineSettings, Outcome
+from compaction_proxy.compaction.masking import Masker, mask_candidates
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFailed
 from compaction_proxy.config.settings import Policy
-from compaction_proxy.conversation.replacements import Checkpoint
+from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.store import BeginResult, Store, StoreUnavailable
-from tests.builders import agent_turns, system, user
+from tests.builders import agent_turns, assistant, system, user
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 WINDOW = 4_000
@@ -389,3 +390,107 @@ async def test_a_request_that_waited_on_another_ones_prune_reports_it_pruned(
     assert summarizer.calls == []
     assert second.pruned and not second.compacted
     assert second.measurement.tokens == first.measurement.tokens < limits.threshold
+
+
+# -- masking ---------------------------------------------------------------------------------
+
+
+def masking_job(
+    conversation: str, messages: list[dict[str, Any]], summarizer: Summarizer, keep: int = 3
+) -> CompactionJob:
+    return dataclasses.replace(
+        job_for(conversation, messages, summarizer), masker=Masker(keep=keep)
+    )
+
+
+async def test_pressure_masks_old_observations_before_paying_for_a_summary(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    job = masking_job(conversation, long_conversation(), summarizer)
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
+
+    assert summarizer.calls == [] and not relief.compacted
+    floor = job.masker.clear_at_least_for(WINDOW) if job.masker else 0
+    assert relief.measurement.tokens <= LIMITS.threshold - floor
+    masks = relief.surface.masks
+    assert masks and all(isinstance(r, Prune) and r.masked for r in relief.state.records)
+    # Outside the retained tail, and never the newest three observations.
+    observed = [i for i, m in enumerate(job.view.body) if m["role"] == "tool"]
+    assert {m.position for m in masks}.isdisjoint(observed[-3:])
+    for mask in masks:
+        assert relief.surface.messages[1 + mask.position] == {
+            **job.view.body[mask.position],
+            "content": mask.content,
+        }
+        assert "output of bash(command='step" in mask.content
+    events = await log_of(store, conversation)
+    assert [e["type"] for e in events] == [
+        "compaction/start",
+        *["mask"] * len(masks),
+        "compaction/end",
+    ]
+    assert events[0]["kind"] == "mask" and events[-1]["outcome"] == "committed"
+
+
+async def test_the_next_request_of_the_branch_sends_the_same_masked_bytes(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    history = long_conversation()
+    first = masking_job(conversation, history, summarizer)
+    relief = await triggers.relieve_pressure(engine, first, await store.load(conversation), LIMITS)
+    later = masking_job(
+        conversation, [*history, assistant("Looking."), user("and now?")], summarizer
+    )
+    state = await store.load(conversation, later.view.chain)
+    again = await triggers.relieve_pressure(engine, later, state, LIMITS)
+    assert (
+        again.surface.messages[: len(relief.surface.messages) - 1] == (relief.surface.messages[:-1])
+    )
+    assert again.state.generation == relief.state.generation  # nothing new to commit
+
+
+async def test_a_mask_replaces_the_prune_at_its_position(store: Store, conversation: str) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    job = dataclasses.replace(
+        job_for(conversation, long_conversation(), summarizer),
+        pruner=Pruner(threshold_chars=1_000, head_chars=400, tail_chars=100),
+    )
+    state, surface, pruned = await engine.prune(
+        job, await store.load(conversation), job.view.surface(()), "pressure"
+    )
+    assert pruned and not surface.masks
+    candidates = mask_candidates(surface.nodes, job.view.body, 10, Masker(keep=0), lambda _: False)
+    state, surface, masked = await engine.mask(job, state, candidates, "pressure")
+    assert masked
+    at = {c.position for c in candidates}
+    held = [r for r in state.records if isinstance(r, Prune) and r.position in at]
+    assert held and all(r.masked for r in held)  # the prunes there were dropped
+    assert {p.position for p in surface.masks} == at
+
+
+async def test_when_masking_cannot_leave_room_under_the_threshold_a_summary_is_made(
+    store: Store, conversation: str
+) -> None:
+    """Small observations: clearing them all frees less than ``clear_at_least``."""
+    engine, summarizer = engine_on(store), Summarizer()
+    messages = [system(), user("Fix it."), *agent_turns(30, output="ok " * 80), user("status?")]
+    job = masking_job(conversation, messages, summarizer)
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
+    assert relief.compacted and len(summarizer.calls) >= 1
+    assert not any(isinstance(r, Prune) and r.masked for r in relief.state.records)
+
+
+async def test_overflow_recovery_masks_before_it_pays_for_a_summary(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    job = masking_job(conversation, long_conversation(), summarizer)
+    state = await store.load(conversation)
+    await triggers.recover_overflow(engine, job, state, LIMITS.threshold)
+    after = await store.load(conversation)
+    assert summarizer.calls == [] and after.generation == 1
+    assert after.records and all(isinstance(r, Prune) and r.masked for r in after.records)
+    surface = job.view.surface(after.records)
+    assert (await engine.measure(job, after, surface)).tokens < LIMITS.threshold

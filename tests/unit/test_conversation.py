@@ -25,6 +25,7 @@ from compaction_proxy.conversation.replacements import (
     CheckpointEnd,
     Prune,
     ReplacementRecord,
+    UnreadableRecord,
     pruned_message,
     record_from_dict,
     record_to_dict,
@@ -250,10 +251,22 @@ def test_conversation_id_without_header_follows_the_first_message() -> None:
     [
         Checkpoint(0, 3, "aa", "bb", user("s"), tokens=5, shadowed_tokens=50),
         Prune(4, "cc", [{"type": "text", "text": "x"}], chars_before=10, chars_after=2),
+        Prune(5, "dd", "[cleared]", chars_before=900, chars_after=9, masked=True),
     ],
 )
 def test_records_round_trip_through_plain_dicts(record: ReplacementRecord) -> None:
     assert record_from_dict(record_to_dict(record)) == record
+
+
+def test_a_plain_prune_is_stored_as_before_masking_and_a_mask_reads_as_a_prune_without_it() -> None:
+    plain = Prune(4, "cc", "x", chars_before=10, chars_after=2)
+    assert "masked" not in record_to_dict(plain)
+    mask = Prune(5, "dd", "[cleared]", chars_before=900, chars_after=9, masked=True)
+    # A version that does not know the flag reads the placeholder as a prune's content.
+    older = {k: v for k, v in record_to_dict(mask).items() if k != "masked"}
+    assert record_from_dict(older).content == "[cleared]"
+    with pytest.raises(UnreadableRecord):
+        record_from_dict({**record_to_dict(mask), "masked": "yes"})
 
 
 # -- surface derivation --------------------------------------------------------------------
@@ -413,6 +426,16 @@ def test_first_committed_prune_wins_at_one_position() -> None:
     body = conversation()
     first, second = prune_at(body, 2, "first"), prune_at(body, 2, "second")
     assert surface_of(body, [first, second]).messages[2]["content"] == "first"
+
+
+def test_a_mask_wins_over_a_prune_at_its_position_whichever_came_first() -> None:
+    body = conversation()
+    prune = prune_at(body, 2, "head [...] tail")
+    mask = dataclasses.replace(prune_at(body, 2, "[cleared]"), masked=True)
+    for records in ([prune, mask], [mask, prune]):
+        surface = surface_of(body, records)
+        assert surface.messages[2] == {**body[2], "content": "[cleared]"}
+        assert surface.prunes == surface.masks == (mask,)
 
 
 def test_derivation_never_mutates_its_input() -> None:

@@ -205,7 +205,9 @@ function renderSurface({ status, data }) {
     meta.append(element("span", message.role, "role"));
     meta.append(element("span", node.kind === "head" ? "head" : span(node)));
     meta.append(element("span", `${node.tokens} tokens`));
-    if (node.kind === "pruned") {
+    if (node.kind === "pruned" && node.masked) {
+      meta.append(element("span", `masked: ${node.chars_before} characters cleared`, "masked"));
+    } else if (node.kind === "pruned") {
       meta.append(element("span", `pruned: ${node.chars_before} → ${node.chars_after} characters`));
     }
     const pairs = partner.get(index);

@@ -1,0 +1,202 @@
+"""Observation masking (pure): old observations cleared to a one-line placeholder.
+
+Between pruning and summarizing. Replacing old tool outputs with a placeholder keeps an agent
+as able as an LLM summary of them does, at a fraction of the cost and without lengthening its
+runs (README, "Observation masking"); Anthropic's ``clear_tool_uses`` and Claude Code's
+microcompact make the same move. The call stays; its output becomes one line naming the tool,
+a short form of its arguments and the size cleared, and saying the tool can be run again.
+
+**Which observations.** Tool and legacy function results; in a body holding none of those,
+the user messages an observation-style agent returns its outputs in (when the pruner counts
+user messages as observations), all but the first (the task). Only those before ``before``
+(the retained tail and the live turn are never offered; neither are the head and checkpoints,
+which are not body nodes), oldest first, never one of the newest ``keep`` observations of the
+body, never one of a tool in ``exclude_tools``, never one already masked, and only where the
+placeholder is less than half of what it replaces.
+
+**How much.** The step is worth a cache miss only when it frees at least ``clear_at_least``
+tokens and leaves the request that much under its threshold (``mask_relieves``): every
+observation that qualifies is cleared at once, so the provider's prefix cache breaks once,
+from the oldest, and the next step (newer observations aging out of the tail) breaks it only
+near the end. Inputs are never mutated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import orjson
+
+from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.surface import SurfaceNode
+from compaction_proxy.conversation.text import text_of
+
+DEFAULT_CLEAR_SHARE = 10  # clear_at_least defaults to a tenth of the window
+ARGUMENTS_CHARS = 120  # the short form of a call's arguments
+OPENING_CHARS = 80  # the short form of an observation-style message's opening
+
+TOOL_PLACEHOLDER = (
+    "[compaction-proxy cleared this output of {call} to save context: {size:,} characters. "
+    "Run the tool again if you need it.]"
+)
+OBSERVATION_PLACEHOLDER = (
+    "[compaction-proxy cleared this earlier observation to save context: {size:,} characters, "
+    'beginning "{opening}". Run the command again if you need it.]'
+)
+
+
+@dataclass(frozen=True)
+class Masker:
+    """Masking settings, resolved for one model (``config.settings.MaskingPolicy``)."""
+
+    keep: int = 3
+    exclude_tools: frozenset[str] = frozenset()
+    clear_at_least: int | None = None  # tokens; None: a tenth of the window
+    user_messages: bool = True  # the pruner's: user messages count as observations
+
+    def __post_init__(self) -> None:
+        if self.keep < 0:
+            raise ValueError("keep must be non-negative")
+        if self.clear_at_least is not None and self.clear_at_least < 0:
+            raise ValueError("clear_at_least must be non-negative")
+
+    def clear_at_least_for(self, window: int) -> int:
+        """The fewest tokens a masking step must free in ``window``."""
+        if self.clear_at_least is not None:
+            return self.clear_at_least
+        return window // DEFAULT_CLEAR_SHARE
+
+
+class MaskCandidate(NamedTuple):
+    """The observation at body ``position``: its placeholder, the tool it answered (None for
+    an observation-style user message) and the size of the text it clears."""
+
+    position: int
+    placeholder: str
+    tool: str | None
+    chars_before: int
+
+
+def mask_relieves(tokens: int, saved: int, threshold: int, clear_at_least: int) -> bool:
+    """Whether a step saving ``saved`` of a request's ``tokens`` is worth its cache miss: it
+    frees at least ``clear_at_least`` and leaves at least that much room under ``threshold``
+    (else a summary would follow within a turn or two, and the miss bought nothing)."""
+    return saved >= clear_at_least and tokens - saved <= threshold - clear_at_least
+
+
+def short(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def call_form(name: str, arguments: Any) -> str:
+    """``name(key=value, ...)`` from a call's JSON arguments, shortened; the raw string when
+    they are not a JSON object."""
+    parsed: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            parsed = arguments
+    if isinstance(parsed, dict):
+        inner = ", ".join(
+            f"{key}={orjson.dumps(value).decode() if not isinstance(value, str) else repr(value)}"
+            for key, value in parsed.items()
+        )
+    else:
+        inner = arguments if isinstance(arguments, str) else ""
+    return f"{short(name, 64)}({short(inner, ARGUMENTS_CHARS)})"
+
+
+class Observation(NamedTuple):
+    position: int
+    tool: str | None  # the tool's name; None for an observation-style user message
+    call: str | None  # the call's short form
+
+
+def _calls(message: Message) -> Iterator[tuple[str, str, Any]]:
+    """(id, name, arguments) of an assistant message's tool calls."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(call.get("id"), str):
+            name = function.get("name")
+            yield call["id"], name if isinstance(name, str) else "tool", function.get("arguments")
+
+
+def observations(body: Sequence[Message], user_messages: bool) -> list[Observation]:
+    """The body's observations in order, each with the call it answers. Call ids repeat in
+    real agents' histories: a result answers the latest call of its id before it."""
+    found: list[Observation] = []
+    calls: dict[str, tuple[str, Any]] = {}
+    legacy: tuple[str, Any] | None = None
+    for position, message in enumerate(body):
+        role = message.get("role")
+        if role == "assistant":
+            for call_id, name, arguments in _calls(message):
+                calls[call_id] = (name, arguments)
+            function_call = message.get("function_call")
+            if isinstance(function_call, dict):
+                legacy = (
+                    str(function_call.get("name", "function")),
+                    function_call.get("arguments"),
+                )
+        elif role == "tool":
+            answered = message.get("tool_call_id")
+            key = answered if isinstance(answered, str) else ""
+            tool, arguments = calls.get(key, ("tool", None))
+            found.append(Observation(position, tool, call_form(tool, arguments)))
+        elif role == "function":
+            named: Any = message.get("name")
+            if not isinstance(named, str):
+                named = legacy[0] if legacy is not None else "function"
+            tool = str(named)
+            arguments = legacy[1] if legacy is not None and legacy[0] == tool else None
+            found.append(Observation(position, tool, call_form(tool, arguments)))
+    if found or not user_messages:
+        return found
+    users = [p for p, m in enumerate(body) if m.get("role") == "user"]
+    return [Observation(p, None, None) for p in users[1:]]
+
+
+def placeholder(observation: Observation, text: str) -> str:
+    if observation.call is not None:
+        return TOOL_PLACEHOLDER.format(call=observation.call, size=len(text))
+    opening = short(text[: 4 * OPENING_CHARS], OPENING_CHARS)
+    return OBSERVATION_PLACEHOLDER.format(size=len(text), opening=opening.replace('"', "'"))
+
+
+def mask_candidates(
+    nodes: Sequence[SurfaceNode],
+    body: Sequence[Message],
+    before: int,
+    masker: Masker,
+    masked: Callable[[int], bool],
+) -> list[MaskCandidate]:
+    """Every observation ``masker`` may clear before body position ``before``, oldest first.
+    ``nodes`` is the surface (only its body and pruned nodes are offered), ``body`` the
+    client's messages, ``masked(position)`` whether one is masked already."""
+    found = observations(body, masker.user_messages)
+    protected = {o.position for o in found[len(found) - masker.keep :]} if masker.keep else set()
+    by_position = {o.position: o for o in found}
+    candidates: list[MaskCandidate] = []
+    for node in nodes:
+        position = node.start
+        if node.kind not in ("body", "pruned") or position is None or position >= before:
+            continue
+        observation = by_position.get(position)
+        if observation is None or position in protected or masked(position):
+            continue
+        if observation.tool is not None and observation.tool in masker.exclude_tools:
+            continue
+        text = text_of(body[position].get("content")) or ""
+        line = placeholder(observation, text)
+        if 2 * len(line) >= len(text_of(node.message.get("content")) or ""):
+            continue
+        candidates.append(MaskCandidate(position, line, observation.tool, len(text)))
+    return candidates
