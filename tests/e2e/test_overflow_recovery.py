@@ -16,7 +16,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import counter
+from tests.helpers import MASKING_OFF, counter
 
 MODEL = "tight-model"
 REAL_WINDOW = 16_000
@@ -28,11 +28,19 @@ def recoveries(result: str) -> float:
 
 @pytest.fixture
 async def proxy(make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream) -> RunningProxy:
-    """The route claims 128k; the upstream really has 16k, so pressure never fires first."""
+    """The route claims 128k; the upstream really has 16k, so pressure never fires first.
+    Masking off: these tests are about the summaries recovery makes."""
     fake.windows[MODEL] = REAL_WINDOW
-    return await make_proxy(
-        routes=[{"model": "tight-*", "base_url": upstream_url, "context_window": 128_000}]
-    )
+    return await make_proxy(routes=[tight_route(upstream_url, **MASKING_OFF)])
+
+
+def tight_route(upstream_url: str, **policy: Any) -> dict[str, Any]:
+    return {
+        "model": "tight-*",
+        "base_url": upstream_url,
+        "context_window": 128_000,
+        "policy": policy,
+    }
 
 
 def long_history(turns: int = 40, *, last: str = "Carry on.") -> list[dict[str, Any]]:
@@ -244,7 +252,7 @@ async def test_zero_overflow_retries_disables_recovery(
                 "model": "tight-*",
                 "base_url": upstream_url,
                 "context_window": 128_000,
-                "policy": {"max_overflow_retries": 0},
+                "policy": {"max_overflow_retries": 0, **MASKING_OFF},
             }
         ]
     )
@@ -263,7 +271,9 @@ async def test_overflow_without_a_stated_limit_on_an_unknown_model_recovers(
     own size bounds the summary calls, and the bound shrinks when a summary call overflows."""
     fake.windows["mystery-model"] = REAL_WINDOW
     fake.overflow_states_limit = False
-    proxy = await make_proxy(routes=[{"model": "mystery-*", "base_url": upstream_url}])
+    proxy = await make_proxy(
+        routes=[{"model": "mystery-*", "base_url": upstream_url, "policy": MASKING_OFF}]
+    )
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-o", max_retries=0) as client:
         raw = await client.chat.completions.with_raw_response.create(
             model="mystery-model",
@@ -279,3 +289,20 @@ async def test_overflow_without_a_stated_limit_on_an_unknown_model_recovers(
 def cap_of(received: Any) -> int:
     body = received.body or {}
     return int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+
+
+async def test_an_overflow_is_recovered_by_masking_without_a_summary(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Masking on (the default): the cheapest relief that fits comes first in recovery too."""
+    fake.windows[MODEL] = REAL_WINDOW
+    proxy = await make_proxy(routes=[tight_route(upstream_url)])
+    history = long_history(turns=40)
+    for index in range(3, 40, 2):  # bigger outputs: clearing the old ones frees plenty
+        history[index] = {**history[index], "content": history[index]["content"] * 2}
+    raw = await ask(proxy, history)
+    assert raw.headers["x-compaction-status"] == "recovered"
+    assert fake.summary_requests == [] and len(fake.overflows) == 1
+    sent = fake.chat_requests[-1].body["messages"]
+    assert any("compaction-proxy cleared this output of bash(" in str(m["content"]) for m in sent)
+    assert sent[-1] == history[-1]
