@@ -75,9 +75,8 @@ async def maybe_precompact(
     limits: Budgets | None,
 ) -> bool:
     """Between the watermarks, or over them with the bridge's cuts, prepare the next
-    checkpoint in the background, unless masking will relieve the conversation at its
-    threshold (``triggers.masking_ahead``); this request goes on at once. Whether a round
-    was started."""
+    checkpoint in the background, unless masking relieves the conversation instead
+    (``triggers.mask_ahead``); this request goes on at once. Whether a round was started."""
     if limits is None or relief.compacted or relief.shortfall not in (None, ShortfallReason.AHEAD):
         return False
     if relief.bridged_from is not None:
@@ -86,11 +85,9 @@ async def maybe_precompact(
     tokens = relief.measurement.tokens
     if not wants_precompaction(tokens, limits) or not background.could_start(job, relief.state):
         return False
-    # Under the threshold, masking may yet relieve the conversation there; at or over it, it
-    # was tried (``relieve_pressure``) and could not.
-    if tokens < limits.threshold and await triggers.masking_ahead(
-        engine, job, relief.surface, limits
-    ):
+    # Under the threshold, masking comes first; at or over it, it was tried
+    # (``relieve_pressure``) and could not relieve the request.
+    if tokens < limits.threshold and await triggers.mask_ahead(engine, job, relief.state, limits):
         return False
     return background.start(job, relief.state, tokens, limits)
 

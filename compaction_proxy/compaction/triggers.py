@@ -196,17 +196,25 @@ async def mask_plan(
     return await engine.off_loop(job, plan)
 
 
-async def masking_ahead(
-    engine: Engine, job: CompactionJob, surface: Surface, limits: Budgets
+async def mask_ahead(
+    engine: Engine, job: CompactionJob, state: ConversationState, limits: Budgets
 ) -> bool:
-    """Whether masking, not a summary, will relieve this request's conversation when it
-    reaches its threshold: what it could clear now already frees ``clear_at_least`` (and
-    only grows as the conversation does). No round is prepared in the background then."""
+    """Where a summary would be prepared in the background (between the watermarks), mask
+    first: when that frees ``clear_at_least`` and leaves that much room under the precompaction
+    watermark, the masks are committed (applied from the next request, as a checkpoint
+    prepared ahead would be) and no summary is prepared. Whether they were."""
+    surface = job.view.surface(state.records)
+    measurement = await engine.measure(job, state, surface)
     before = await engine.off_loop(
         job, lambda: engine.planner.retained_from(job, surface, limits.retain)
     )
     plan = await mask_plan(engine, job, surface, before)
-    return plan is not None and plan.saved >= plan.clear_at_least
+    if plan is None or not mask_relieves(
+        measurement.tokens, plan.saved, limits.precompact, plan.clear_at_least
+    ):
+        return False
+    _, _, masked = await engine.mask(job, state, plan.candidates, "precompact", False)
+    return masked
 
 
 def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:

@@ -52,6 +52,11 @@ class Bill:
         return self.cached / self.prompt if self.prompt else 0.0
 
     @property
+    def uncached_units(self) -> float:
+        """What the same tokens cost on a provider that caches nothing."""
+        return self.prompt + self.output * OUTPUT
+
+    @property
     def units(self) -> float:
         """Billed input units: cached reads, cache writes, output at its price."""
         return (

@@ -2,14 +2,14 @@
 
 Run: ``python -m tests.bench.cost [--window 32000] [--upstream-window 128000] [--format
 messages] [--masking both|on|off]``. Not collected by pytest. Every transcript is replayed
-through a proxy process whose route caps the context at ``--window`` in front of a model with
-a larger one, so nothing overflows and the raw history is a fair baseline. Printed per
-transcript: forwarded/raw prompt tokens, the provider-cache hit ratio of what was forwarded
-(summary calls included) next to the raw history's, the bill (cache reads at 0.1x, writes at
-1.25x, summary output at 4x, against the raw history billed the same way) and the summary
-calls made. By default every transcript is replayed twice, with observation masking off and
-on, side by side. Token savings alone mislead: a compactor that breaks prefix caching can cost
-more than sending everything.
+through a proxy process whose route caps the context at ``--window`` in front of a model with a
+larger one, so nothing overflows and the raw history is a fair baseline. Printed per transcript:
+forwarded/raw prompt tokens, the provider-cache hit ratio of what was forwarded (summary calls
+included) next to the raw history's, the bill (cache reads at 0.1x, writes at 1.25x, summary
+output at 4x, against the raw history billed the same way), the bill on a provider that caches
+nothing (every prompt token at 1x) and the summary calls made. By default every transcript is
+replayed twice, with observation masking off and on, side by side. Token savings alone mislead:
+a compactor that breaks prefix caching can cost more than sending everything.
 
 With ``--format messages`` the conversations go as Anthropic Messages requests with breakpoints
 where Claude Code places them (the system prompt, the tool, the newest user block), billed by
@@ -94,7 +94,7 @@ async def measure(args: argparse.Namespace, every: list[Transcript], masking: bo
             "model": MODEL,
             "base_url": upstream,
             "context_window": args.window,
-            "policy": {"masking": {"enabled": masking}},
+            "policy": {"masking": {"enabled": masking, "clear_at_least": args.clear_at_least}},
         }
         env = {
             "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
@@ -137,7 +137,8 @@ async def measure(args: argparse.Namespace, every: list[Transcript], masking: bo
 def columns(bill: Bill, raw: Bill, summaries: int) -> str:
     return (
         f"{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>6.2f}"
-        f"{bill.units / raw.units:>8.2f}x{summaries:>5}"
+        f"{bill.units / raw.units:>8.2f}x{bill.uncached_units / raw.uncached_units:>8.2f}x"
+        f"{summaries:>5}"
     )
 
 
@@ -150,8 +151,8 @@ async def run(args: argparse.Namespace) -> None:
         "model; cache reads 0.1x, writes 1.25x, summary output 4x"
     )
     labels = ["masking " + ("on" if masking else "off") for masking in configurations]
-    print(f"{'':<44}" + "".join(f"{label:^33}" for label in labels))
-    row = f"{'fwd/raw':>9}{'hit':>6}{'billed':>9}{'sums':>5}"
+    print(f"{'':<44}" + "".join(f"{label:^42}" for label in labels))
+    row = f"{'fwd/raw':>9}{'hit':>6}{'billed':>9}{'uncached':>9}{'sums':>5}"
     print(f"{'transcript':<40}{'raw hit':>8}" + "     ".join(row for _ in outcomes))
     for index, transcript in enumerate(every):
         raw = outcomes[0].raw[index]
@@ -177,6 +178,9 @@ def main() -> None:
         choices=["both", "on", "off"],
         default="both",
         help="replay with observation masking off, on, or both side by side",
+    )
+    parser.add_argument(
+        "--clear-at-least", type=int, default=None, help="policy.masking.clear_at_least"
     )
     asyncio.run(run(parser.parse_args()))
 

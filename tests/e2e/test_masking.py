@@ -9,6 +9,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from compaction_proxy.conversation.replacements import Prune
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
@@ -132,22 +133,27 @@ async def test_excluded_tools_and_keep_are_honoured(
     assert tools[-1] not in cleared  # the newest (keep: 1)
 
 
-async def test_between_the_watermarks_no_round_is_prepared_when_masking_will_do(
+async def test_between_the_watermarks_masks_are_prepared_instead_of_a_summary(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    """Precompaction on: at 70 % a summary would be prepared in the background; masking will
-    relieve the conversation at its threshold, so none is."""
+    """Precompaction on: at 70 % a summary would be prepared in the background. Masking frees
+    enough, so the masks are committed instead, for the next request, and no summary is."""
     proxy = await start(make_proxy, upstream_url, fake)
+    prepared = counter(MASKS, trigger="precompact", mechanism="mask", outcome="committed")
     history = agent_history(rounds=5, words=600)  # about 76 % of the window
     reply = await chat(proxy.url, history, MODEL)
     tokens = int(reply.headers["x-compaction-tokens"])
     assert 0.7 * WINDOW <= tokens < 0.8 * WINDOW
-    assert reply.headers["x-compaction-status"] == "none"
-    assert fake.summary_requests == []
-    more = agent_history(rounds=6, words=600)
-    more[:12] = history[:12]
+    assert reply.headers["x-compaction-status"] == "none"  # this one goes as it came
+    assert counter(MASKS, trigger="precompact", mechanism="mask", outcome="committed") == (
+        prepared + 1
+    )
+    state = await proxy.store.load(reply.headers["x-compaction-conversation"])
+    assert state.records and all(isinstance(r, Prune) and r.masked for r in state.records)
+    more = [*history, assistant("Reading on."), user("Go on.")]
     reply = await chat(proxy.url, more, MODEL)
     assert reply.headers["x-compaction-status"] == "masked"
+    assert int(reply.headers["x-compaction-tokens"]) <= 0.6 * WINDOW
     assert fake.summary_requests == []
 
 
