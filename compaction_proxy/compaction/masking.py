@@ -1,10 +1,11 @@
 """Observation masking (pure): old observations cleared to a one-line placeholder.
 
-Between pruning and summarizing. Replacing old tool outputs with a placeholder keeps an agent
-as able as an LLM summary of them does, at a fraction of the cost and without lengthening its
-runs (README, "Observation masking"); Anthropic's ``clear_tool_uses`` and Claude Code's
-microcompact make the same move. The call stays; its output becomes one line naming the tool,
-a short form of its arguments and the size cleared, and saying the tool can be run again.
+Between pruning and summarizing, with no model call: an agent whose old tool outputs are
+replaced by a placeholder solves as many tasks as one given LLM summaries of them (README,
+"Observation masking", for the study and for what it costs here); Anthropic's
+``clear_tool_uses`` and Claude Code's microcompact make the same move. The call stays; its
+output becomes one line naming the tool, a short form of its arguments and the size cleared,
+and saying the tool can be run again.
 
 **Which observations.** Tool and legacy function results; in a body holding none of those,
 the user messages an observation-style agent returns its outputs in (when the pruner counts

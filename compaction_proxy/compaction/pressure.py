@@ -13,9 +13,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.background import BackgroundCompactions, wants_precompaction
 from compaction_proxy.compaction.engine import Engine, Relief
+from compaction_proxy.compaction.mask_step import mask_ahead
 from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy, answer_reserve
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.request_view import RequestView
@@ -76,7 +76,7 @@ async def maybe_precompact(
 ) -> bool:
     """Between the watermarks, or over them with the bridge's cuts, prepare the next
     checkpoint in the background, unless masking relieves the conversation instead
-    (``triggers.mask_ahead``); this request goes on at once. Whether a round was started."""
+    (``mask_step.mask_ahead``); this request goes on at once. Whether a round was started."""
     if limits is None or relief.compacted or relief.shortfall not in (None, ShortfallReason.AHEAD):
         return False
     if relief.bridged_from is not None:
@@ -87,7 +87,7 @@ async def maybe_precompact(
         return False
     # Under the threshold, masking comes first; at or over it, it was tried
     # (``relieve_pressure``) and could not relieve the request.
-    if tokens < limits.threshold and await triggers.mask_ahead(engine, job, relief.state, limits):
+    if tokens < limits.threshold and await mask_ahead(engine, job, relief.state, limits):
         return False
     return background.start(job, relief.state, tokens, limits)
 

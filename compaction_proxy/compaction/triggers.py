@@ -18,7 +18,8 @@ from compaction_proxy.compaction.engine import (
     prune_records,
 )
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
-from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, mask_relieves
+from compaction_proxy.compaction.mask_step import mask_plan
+from compaction_proxy.compaction.masking import mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
@@ -157,64 +158,6 @@ async def relieve_pressure(
         compacted=rounds.compacted or meanwhile.compacted,
         shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskPlan:
-    """What a masking step would clear, the tokens it would free, and the least it must."""
-
-    candidates: list[MaskCandidate]
-    saved: int
-    clear_at_least: int
-
-
-async def mask_plan(
-    engine: Engine, job: CompactionJob, surface: Surface, before: int
-) -> MaskPlan | None:
-    """The masking step over ``surface``'s observations before body position ``before``
-    (``masking.py``); None when masking is off, the window unknown or nothing qualifies."""
-    masker, window = job.masker, job.window
-    if masker is None or window is None:
-        return None
-    view, meter = job.view, engine.meter
-    count = counter_for(view.model)
-    masked = {record.position for record in surface.masks}
-
-    def plan() -> MaskPlan | None:
-        limit = min(before, view.live_start)
-        candidates = mask_candidates(surface.nodes, view.body, limit, masker, masked.__contains__)
-        if not candidates:
-            return None
-        shown = {n.start: n.message for n in surface.nodes if n.start is not None}
-        saved = 0
-        for candidate in candidates:
-            message = shown[candidate.position]
-            cleared = {**message, "content": candidate.placeholder}
-            saved += meter.message(message, count) - meter.message(cleared, count)
-        return MaskPlan(candidates, saved, masker.clear_at_least_for(window))
-
-    return await engine.off_loop(job, plan)
-
-
-async def mask_ahead(
-    engine: Engine, job: CompactionJob, state: ConversationState, limits: Budgets
-) -> bool:
-    """Where a summary would be prepared in the background (between the watermarks), mask
-    first: when that frees ``clear_at_least`` and leaves that much room under the precompaction
-    watermark, the masks are committed (applied from the next request, as a checkpoint
-    prepared ahead would be) and no summary is prepared. Whether they were."""
-    surface = job.view.surface(state.records)
-    measurement = await engine.measure(job, state, surface)
-    before = await engine.off_loop(
-        job, lambda: engine.planner.retained_from(job, surface, limits.retain)
-    )
-    plan = await mask_plan(engine, job, surface, before)
-    if plan is None or not mask_relieves(
-        measurement.tokens, plan.saved, limits.precompact, plan.clear_at_least
-    ):
-        return False
-    _, _, masked = await engine.mask(job, state, plan.candidates, "precompact", False)
-    return masked
 
 
 def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:
