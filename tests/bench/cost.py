@@ -117,7 +117,7 @@ async def measure(args: argparse.Namespace, every: list[Transcript], masking: bo
         forwarded = {key.removeprefix("Bearer "): bill for key, bill in forwarded.items()}
         raw_cache = PrefixCache(fake)
     summaries: Counter[str] = Counter()
-    for received in fake.received:
+    for received in fake.messages.received if messages_api else fake.received:
         if received.body is not None and is_summary_request(received.body):
             summaries[received.headers.get(header, "").removeprefix("Bearer ")] += 1
     outcome = Outcome([], [], [])

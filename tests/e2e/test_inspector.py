@@ -24,6 +24,7 @@ import pytest
 
 from compaction_proxy.http.inspector import SECURITY_HEADERS
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.e2e.test_masking import agent_history
 from tests.helpers import MASKING_OFF
 from tests.processes import proxy_process
 from tests.synthetic import agent_conversation
@@ -214,3 +215,47 @@ async def test_the_page_is_served_with_a_strict_policy_and_only_with_the_admin_a
     async with proxy_process({"COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url}) as (_, base):
         async with aiohttp.ClientSession() as http, http.get(base + "/admin/ui") as response:
             assert response.status == 404
+
+
+def drive_masked(driver: Any, base: str) -> None:
+    """A masked conversation in the browser: each masked message says what was cleared."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as seen
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 20, ignored_exceptions=[StaleElementReferenceException])
+    driver.get(f"{base}/admin/ui")
+    wait.until(seen.visibility_of_element_located((By.ID, "token"))).send_keys(TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    wait.until(seen.visibility_of_element_located((By.CSS_SELECTOR, "#conversations tbody tr")))
+    driver.find_element(By.CSS_SELECTOR, "#conversations tbody tr").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "li.node span.masked"))
+    for label in driver.find_elements(By.CSS_SELECTOR, "li.node span.masked"):
+        assert re.fullmatch(r"masked: \d{4,} characters cleared", label.text), label.text
+        node = label.find_element(By.XPATH, "ancestor::li[1]")
+        assert "compaction-proxy cleared this output of read_file(" in node.text
+
+
+async def test_the_inspector_shows_what_a_masked_message_cleared(
+    browser: Any, fake: FakeUpstream, upstream_url: str
+) -> None:
+    fake.windows[MODEL] = WINDOW
+    routes = [{"model": "ui-*", "base_url": upstream_url, "context_window": WINDOW}]
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "ui",
+        "COMPACTION_PROXY_ADMIN_TOKEN": TOKEN,
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+    }
+    async with proxy_process(env) as (_, base):
+        async with openai.AsyncOpenAI(
+            base_url=f"{base}/v1", api_key="sk-ui", max_retries=0
+        ) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=agent_history(),  # type: ignore[arg-type]
+            )
+        assert raw.headers["x-compaction-status"] == "masked"
+        await asyncio.to_thread(drive_masked, browser, base)
