@@ -57,6 +57,7 @@ async def test_old_outputs_are_masked_instead_of_summarized_and_stay_masked(
         routes=[route(upstream_url, "mask-*", WINDOW)],
     )
     committed = counter(MASKS, trigger="pressure", mechanism="mask", outcome="committed")
+    saved = counter("compaction_proxy_tokens_saved_total", route="mask-*", mechanism="mask")
     history = agent_history()
     first = await chat(proxy.url, history, MODEL)
     assert first.headers["x-compaction-status"] == "masked"
@@ -65,6 +66,9 @@ async def test_old_outputs_are_masked_instead_of_summarized_and_stay_masked(
     assert counter(MASKS, trigger="pressure", mechanism="mask", outcome="committed") == (
         committed + 1
     )
+    tokens_before = int(first.headers["x-compaction-tokens-before"])
+    saved_now = counter("compaction_proxy_tokens_saved_total", route="mask-*", mechanism="mask")
+    assert 0.5 * (tokens_before - int(first.headers["x-compaction-tokens"])) < saved_now - saved
     sent = fake.chat_requests[-1].body["messages"]
     cleared = [i for i, m in enumerate(history) if m["role"] == "tool" and sent[i] != m]
     assert cleared
