@@ -10,6 +10,7 @@ from compaction_proxy.service.forwarded import RequestStatus, status_of
 
 CHECKPOINT = Checkpoint(0, 3, "root", "h3", {"role": "user", "content": "summary"}, tokens=5)
 PRUNE = Prune(5, "h5", "cut")
+MASK = Prune(7, "h7", "[cleared]", masked=True)
 
 
 @pytest.mark.parametrize(
@@ -19,6 +20,9 @@ PRUNE = Prune(5, "h5", "cut")
         ((), (PRUNE,), RequestStatus.PRUNED),
         ((CHECKPOINT,), (), RequestStatus.COMPACTED),
         ((CHECKPOINT,), (PRUNE,), RequestStatus.COMPACTED),
+        ((), (MASK,), RequestStatus.MASKED),
+        ((), (PRUNE, MASK), RequestStatus.MASKED),
+        ((CHECKPOINT,), (MASK,), RequestStatus.COMPACTED),
     ],
 )
 def test_the_status_names_what_the_forwarded_surface_carries(
