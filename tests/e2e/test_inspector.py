@@ -165,25 +165,23 @@ def drive(driver: Any, base: str, requests: int, screenshots: Path | None) -> No
     assert "committed" in driver.find_element(By.ID, "action-result").text
 
 
+def inspected_proxy(upstream_url: str, policy: dict[str, Any]) -> dict[str, str]:
+    """The environment of a proxy process with the admin API on, its route under ``policy``."""
+    route = {"model": "ui-*", "base_url": upstream_url, "context_window": WINDOW, "policy": policy}
+    return {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "ui",
+        "COMPACTION_PROXY_ADMIN_TOKEN": TOKEN,
+        "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+    }
+
+
 async def test_the_inspector_shows_a_compacted_conversation_and_compacts_a_region(
     browser: Any, fake: FakeUpstream, upstream_url: str
 ) -> None:
     fake.windows[MODEL] = WINDOW
-    routes = [
-        {
-            "model": "ui-*",
-            "base_url": upstream_url,
-            "context_window": WINDOW,
-            "policy": MASKING_OFF,
-        }
-    ]
-    env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "COMPACTION_PROXY_TENANT_SECRET": "ui",
-        "COMPACTION_PROXY_ADMIN_TOKEN": TOKEN,
-        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
-        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
-    }
+    env = inspected_proxy(upstream_url, MASKING_OFF)
     folder = os.environ.get("INSPECTOR_SCREENSHOTS")
     screenshots = Path(folder) if folder else None
     async with proxy_process(env) as (_, base):
@@ -241,15 +239,7 @@ async def test_the_inspector_shows_what_a_masked_message_cleared(
     browser: Any, fake: FakeUpstream, upstream_url: str
 ) -> None:
     fake.windows[MODEL] = WINDOW
-    routes = [{"model": "ui-*", "base_url": upstream_url, "context_window": WINDOW}]
-    env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "COMPACTION_PROXY_TENANT_SECRET": "ui",
-        "COMPACTION_PROXY_ADMIN_TOKEN": TOKEN,
-        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
-        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
-    }
-    async with proxy_process(env) as (_, base):
+    async with proxy_process(inspected_proxy(upstream_url, {})) as (_, base):
         async with openai.AsyncOpenAI(
             base_url=f"{base}/v1", api_key="sk-ui", max_retries=0
         ) as client:
