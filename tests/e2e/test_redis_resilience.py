@@ -150,9 +150,9 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
     assert set(statuses[:5]) == {"none"}
     assert set(statuses[5:15]) == {"bypass"}
     assert "bypass" not in statuses[15:]
-    # Compaction resumed on the restarted Redis (in the background or on the request).
-    assert {"compacted", "precompacting"} & set(statuses[15:])
-    assert fake.summary_requests
+    # Compaction resumed on the restarted Redis: masks, or a summary (in the background or on
+    # the request), whichever relieved the conversation.
+    assert {"compacted", "precompacting", "masked"} & set(statuses[15:])
     assert all(r.prompt_tokens <= 16_000 for r in fake.chat_requests)
     # The restarted Redis holds the whole body again, though this process remembered a tip.
     from compaction_proxy.conversation.log_view import latest_request
