@@ -53,20 +53,24 @@ async def mask_plan(
 
 
 async def mask_ahead(
-    engine: Engine, job: CompactionJob, state: ConversationState, limits: Budgets
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    tokens: int,
+    limits: Budgets,
 ) -> bool:
     """Where a summary would be prepared in the background (between the watermarks), mask
     first: when that frees ``clear_at_least`` and leaves that much room under the precompaction
     watermark, the masks are committed (applied from the next request, as a checkpoint
-    prepared ahead would be) and no summary is prepared. Whether they were."""
-    surface = job.view.surface(state.records)
-    measurement = await engine.measure(job, state, surface)
+    prepared ahead would be) and no summary is prepared. ``surface`` is the request's as
+    derived from ``state``, measured at ``tokens``. Whether they were."""
     before = await engine.off_loop(
         job, lambda: engine.planner.retained_from(job, surface, limits.retain)
     )
     plan = await mask_plan(engine, job, surface, before)
     if plan is None or not mask_relieves(
-        measurement.tokens, plan.saved, limits.precompact, plan.clear_at_least
+        tokens, plan.saved, limits.precompact, plan.clear_at_least
     ):
         return False
     _, _, masked = await engine.mask(job, state, plan.candidates, "precompact", False)

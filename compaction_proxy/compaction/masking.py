@@ -183,7 +183,7 @@ def mask_candidates(
     ``nodes`` is the surface (only its body and pruned nodes are offered), ``body`` the
     client's messages, ``masked(position)`` whether one is masked already."""
     found = observations(body, masker.user_messages)
-    protected = {o.position for o in found[len(found) - masker.keep :]} if masker.keep else set()
+    protected = {o.position for o in found[-masker.keep :]} if masker.keep else set()
     by_position = {o.position: o for o in found}
     candidates: list[MaskCandidate] = []
     for node in nodes:

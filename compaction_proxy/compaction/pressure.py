@@ -87,7 +87,9 @@ async def maybe_precompact(
         return False
     # Under the threshold, masking comes first; at or over it, it was tried
     # (``relieve_pressure``) and could not relieve the request.
-    if tokens < limits.threshold and await mask_ahead(engine, job, relief.state, limits):
+    if tokens < limits.threshold and await mask_ahead(
+        engine, job, relief.state, relief.surface, tokens, limits
+    ):
         return False
     return background.start(job, relief.state, tokens, limits)
 

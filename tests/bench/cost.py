@@ -78,12 +78,6 @@ class Outcome:
     raw: list[Bill]
     summaries: list[int]
 
-    def total(self, bills: list[Bill]) -> Bill:
-        whole = Bill()
-        for bill in bills:
-            whole.add(bill)
-        return whole
-
 
 async def measure(args: argparse.Namespace, every: list[Transcript], masking: bool) -> Outcome:
     """Every transcript replayed through a proxy with masking on or off."""
@@ -134,6 +128,13 @@ async def measure(args: argparse.Namespace, every: list[Transcript], masking: bo
     return outcome
 
 
+def total(bills: list[Bill]) -> Bill:
+    whole = Bill()
+    for bill in bills:
+        whole.add(bill)
+    return whole
+
+
 def columns(bill: Bill, raw: Bill, summaries: int) -> str:
     return (
         f"{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>6.2f}"
@@ -160,9 +161,9 @@ async def run(args: argparse.Namespace) -> None:
             columns(o.forwarded[index], o.raw[index], o.summaries[index]) for o in outcomes
         )
         print(f"{transcript.name[:39]:<40}{raw.hit_ratio:>8.2f}{cells}")
-    raw_total = outcomes[0].total(outcomes[0].raw)
+    raw_total = total(outcomes[0].raw)
     cells = "     ".join(
-        columns(o.total(o.forwarded), o.total(o.raw), sum(o.summaries)) for o in outcomes
+        columns(total(o.forwarded), total(o.raw), sum(o.summaries)) for o in outcomes
     )
     print(f"{'all':<40}{raw_total.hit_ratio:>8.2f}{cells}")
 

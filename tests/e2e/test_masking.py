@@ -119,7 +119,7 @@ async def test_with_masking_off_the_history_is_summarized(
     assert len(fake.summary_requests) == 1
 
 
-async def test_excluded_tools_and_keep_are_honoured(
+async def test_an_excluded_tools_outputs_are_never_cleared(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     proxy = await start(
@@ -134,7 +134,7 @@ async def test_excluded_tools_and_keep_are_honoured(
     assert cleared and 5 not in cleared  # the bash output stays
     assert all("output of read_file(" in sent[i]["content"] for i in cleared)
     tools = [i for i, m in enumerate(history) if m["role"] == "tool"]
-    assert tools[-1] not in cleared  # the newest (keep: 1)
+    assert tools[-1] not in cleared  # the newest is never cleared
 
 
 async def test_between_the_watermarks_masks_are_prepared_instead_of_a_summary(

@@ -69,6 +69,7 @@ def test_the_newest_keep_observations_are_never_cleared() -> None:
     assert cleared(body, masker=Masker(keep=0)) == observed
     assert cleared(body, masker=Masker(keep=3)) == observed[:2]
     assert cleared(body, masker=Masker(keep=5)) == []
+    assert cleared(body, masker=Masker(keep=9)) == []  # more than there are: all kept
 
 
 def test_nothing_at_or_after_before_is_offered() -> None:
@@ -229,7 +230,7 @@ def test_candidates_are_old_observations_outside_the_newest_keep(
             body.append({"role": role, "content": "z" * size})
     found = mask_candidates(nodes(body), body, before, Masker(keep=keep), lambda _: False)
     observed = [o.position for o in observations(body, True)]
-    newest = set(observed[len(observed) - keep :]) if keep else set()
+    newest = set(observed[-keep:]) if keep else set()
     positions = [c.position for c in found]
     assert positions == sorted(positions)
     for candidate in found:
