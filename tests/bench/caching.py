@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -29,6 +29,25 @@ Message = dict[str, Any]
 
 
 @dataclass
+class Spend:
+    """Where a bill's units go. ``new``: prompt tokens the conversation never sent before,
+    written to the cache (or billed plain): what any client pays for its growing history.
+    ``rewrites``: tokens sent before, written again because something ahead of them changed.
+    ``reads``: cache reads. ``summaries``: the summary calls, prompt and output."""
+
+    new: float = 0.0
+    rewrites: float = 0.0
+    reads: float = 0.0
+    summaries: float = 0.0
+
+    def add(self, other: Spend) -> None:
+        self.new += other.new
+        self.rewrites += other.rewrites
+        self.reads += other.reads
+        self.summaries += other.summaries
+
+
+@dataclass
 class Bill:
     """Prompt tokens split by the cache, and summary output, for one conversation."""
 
@@ -36,6 +55,7 @@ class Bill:
     uncached: int = 0  # written to the cache
     output: int = 0
     plain: int = 0  # after the last breakpoint (Anthropic): neither read nor written
+    spend: Spend = field(default_factory=Spend)
 
     @property
     def prompt(self) -> int:
@@ -46,6 +66,26 @@ class Bill:
         self.uncached += other.uncached
         self.output += other.output
         self.plain += other.plain
+        self.spend.add(other.spend)
+
+    def charge(self, cached: int, written: int, plain: int, sent_before: bool) -> None:
+        """Add one message's (or block's) tokens: ``cached`` read, ``written`` to the cache,
+        ``plain`` neither; ``sent_before``: whether the conversation sent it earlier."""
+        self.cached += cached
+        self.uncached += written
+        self.plain += plain
+        self.spend.reads += cached * CACHE_READ
+        paid = written * CACHE_WRITE + plain
+        if sent_before:
+            self.spend.rewrites += paid
+        else:
+            self.spend.new += paid
+
+    def as_summary_call(self, output: int) -> Bill:
+        """This bill, of a summary call that wrote ``output`` tokens, counted as one."""
+        self.output += output
+        self.spend = Spend(summaries=self.units)
+        return self
 
     @property
     def hit_ratio(self) -> float:
@@ -73,6 +113,7 @@ class PrefixCache:
     def __init__(self, fake: FakeUpstream) -> None:
         self._fake = fake
         self._seen: dict[str, set[bytes]] = defaultdict(set)
+        self._sent: dict[str, set[bytes]] = defaultdict(set)  # messages, wherever they stood
         self._tokens: dict[bytes, int] = {}
 
     def _message_tokens(self, encoded: bytes, message: Message) -> int:
@@ -82,7 +123,7 @@ class PrefixCache:
 
     def send(self, conversation: str, messages: list[Message], bill: Bill) -> None:
         """Add one prompt to ``bill``: the leading messages seen before are cache reads."""
-        prefixes = self._seen[conversation]
+        prefixes, sent = self._seen[conversation], self._sent[conversation]
         chain = hashlib.sha256()
         cached_run = True
         for message in messages:
@@ -92,10 +133,11 @@ class PrefixCache:
             tokens = self._message_tokens(encoded, message)
             cached_run = cached_run and digest in prefixes
             if cached_run:
-                bill.cached += tokens
+                bill.charge(tokens, 0, 0, True)
             else:
-                bill.uncached += tokens
+                bill.charge(0, tokens, 0, encoded in sent)
             prefixes.add(digest)
+            sent.add(encoded)
 
 
 def bills_by_conversation(
@@ -109,10 +151,11 @@ def bills_by_conversation(
         if received.body is None or not received.path.endswith("/chat/completions"):
             continue
         conversation = received.headers.get(key, "")
-        bill = bills[conversation]
+        bill = Bill()
         cache.send(conversation, received.body["messages"], bill)
         if is_summary_request(received.body):
-            bill.output += fake.count_text(fake_summary(received.body))
+            bill.as_summary_call(fake.count_text(fake_summary(received.body)))
+        bills[conversation].add(bill)
     return dict(bills)
 
 
@@ -144,17 +187,20 @@ class BreakpointCache:
     def __init__(self, fake: FakeUpstream) -> None:
         self._fake = fake
         self._seen: dict[str, set[bytes]] = defaultdict(set)
+        self._sent: dict[str, set[bytes]] = defaultdict(set)  # blocks, wherever they stood
 
     def send(self, conversation: str, body: dict[str, Any], bill: Bill) -> None:
         blocks = _blocks(body)
         chain = hashlib.sha256()
         ends: list[bytes] = []
         tokens: list[int] = []
+        contents: list[bytes] = []
         for block in blocks:
             content = block
             if isinstance(block, dict):  # a breakpoint marks a block, it is not its content
                 content = {k: v for k, v in block.items() if k != "cache_control"}
-            chain.update(orjson.dumps(content, option=orjson.OPT_SORT_KEYS))
+            contents.append(orjson.dumps(content, option=orjson.OPT_SORT_KEYS))
+            chain.update(contents[-1])
             ends.append(chain.copy().digest())
             tokens.append(self._fake.count_text(text_of(block)))
         marks = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
@@ -166,9 +212,15 @@ class BreakpointCache:
                     read = max(read, end + 1)
                     break
         last = marks[-1] + 1 if marks else 0
-        bill.cached += sum(tokens[:read])
-        bill.uncached += sum(tokens[read:last]) if last > read else 0
-        bill.plain += sum(tokens[max(read, last) :])
+        sent = self._sent[conversation]
+        for index, (count, content) in enumerate(zip(tokens, contents, strict=True)):
+            if index < read:
+                bill.charge(count, 0, 0, True)
+            elif index < last:
+                bill.charge(0, count, 0, content in sent)
+            else:
+                bill.charge(0, 0, count, content in sent)
+        sent.update(contents)
         written.update(ends[mark] for mark in marks)
 
 
@@ -178,7 +230,9 @@ def breakpoint_bills(fake: FakeUpstream, key: str = "x-api-key") -> dict[str, Bi
     bills: dict[str, Bill] = defaultdict(Bill)
     for received in fake.messages.received:
         conversation = received.headers.get(key, "")
-        cache.send(conversation, received.body, bills[conversation])
+        bill = Bill()
+        cache.send(conversation, received.body, bill)
         if is_summary_request(received.body):
-            bills[conversation].output += fake.count_text(fake_summary(received.body))
+            bill.as_summary_call(fake.count_text(fake_summary(received.body)))
+        bills[conversation].add(bill)
     return dict(bills)

@@ -7,7 +7,10 @@ larger one, so nothing overflows and the raw history is a fair baseline. Printed
 forwarded/raw prompt tokens, the provider-cache hit ratio of what was forwarded (summary calls
 included) next to the raw history's, the bill (cache reads at 0.1x, writes at 1.25x, summary
 output at 4x, against the raw history billed the same way), the bill on a provider that caches
-nothing (every prompt token at 1x) and the summary calls made. By default every transcript is
+nothing (every prompt token at 1x) and the summary calls made. Then where the bill goes, raw
+and forwarded (``caching.Spend``): the new tokens every client pays for (a floor no compactor
+goes under), the tokens written again behind a changed prefix, the cache reads and the summary
+calls. By default every transcript is
 replayed twice, with observation masking off and on, side by side. Token savings alone mislead:
 a compactor that breaks prefix caching can cost more than sending everything.
 
@@ -88,7 +91,10 @@ async def measure(args: argparse.Namespace, every: list[Transcript], masking: bo
             "model": MODEL,
             "base_url": upstream,
             "context_window": args.window,
-            "policy": {"masking": {"enabled": masking, "clear_at_least": args.clear_at_least}},
+            "policy": {
+                **orjson.loads(args.policy),
+                "masking": {"enabled": masking, "clear_at_least": args.clear_at_least},
+            },
         }
         env = {
             "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
@@ -126,6 +132,9 @@ async def measure(args: argparse.Namespace, every: list[Transcript], masking: bo
         outcome.raw.append(raw)
         outcome.summaries.append(summaries[key])
     return outcome
+
+
+SPLIT = ["new", "rewrites", "reads", "summaries", "total"]
 
 
 def total(bills: list[Bill]) -> Bill:
@@ -166,6 +175,19 @@ async def run(args: argparse.Namespace) -> None:
         columns(total(o.forwarded), total(o.raw), sum(o.summaries)) for o in outcomes
     )
     print(f"{'all':<40}{raw_total.hit_ratio:>8.2f}{cells}")
+    print()
+    print(f"{'where the bill goes, x the raw bill':<40}" + "".join(f"{h:>10}" for h in SPLIT))
+    bills = [
+        ("raw history", raw_total),
+        *(
+            (f"forwarded, {label}", total(o.forwarded))
+            for label, o in zip(labels, outcomes, strict=True)
+        ),
+    ]
+    for name, bill in bills:
+        spend = bill.spend
+        parts = [spend.new, spend.rewrites, spend.reads, spend.summaries, bill.units]
+        print(f"{name:<40}" + "".join(f"{part / raw_total.units:>10.3f}" for part in parts))
 
 
 def main() -> None:
@@ -182,6 +204,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--clear-at-least", type=int, default=None, help="policy.masking.clear_at_least"
+    )
+    parser.add_argument(
+        "--policy", default="{}", help="more of the route's policy, as JSON (thresholds, ...)"
     )
     asyncio.run(run(parser.parse_args()))
 
