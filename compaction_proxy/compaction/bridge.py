@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from compaction_proxy.compaction.prune import PruneCandidate, Pruner, prune_content
-from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.messages import Message, task_position
 from compaction_proxy.conversation.surface import SurfaceNode
 
 
@@ -49,6 +49,7 @@ def bridge_cuts(
     client sent it, ``body``); ``tokens`` prices a message. Inputs are never mutated."""
     cuts: list[PruneCandidate] = []
     saved = 0
+    task = task_position(body)
     for node in nodes:
         if saved >= need:
             break
@@ -56,7 +57,7 @@ def bridge_cuts(
         if node.kind not in ("body", "pruned") or position is None or position >= before:
             continue
         original = body[position]
-        if not pruner.observes(original):
+        if not pruner.may_cut(original, position, task):
             continue
         cut = prune_content(original.get("content"), pruner)
         if cut is None:

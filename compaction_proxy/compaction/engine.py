@@ -30,7 +30,7 @@ from compaction_proxy.compaction.prune import PruneCandidate, prune_candidates
 from compaction_proxy.compaction.select import Span
 from compaction_proxy.compaction.summarize import SummaryFailed, frame, summary_body
 from compaction_proxy.conversation.log_events import Event
-from compaction_proxy.conversation.messages import branch_fingerprint
+from compaction_proxy.conversation.messages import branch_fingerprint, task_position
 from compaction_proxy.conversation.replacements import (
     Checkpoint,
     Prune,
@@ -321,7 +321,10 @@ class Engine:
         body = [n for n in surface.nodes if n.kind == "body" and n.start is not None]
         body = [n for n in body if n.start is not None and n.start < limit]
         candidates = prune_candidates(
-            [n.start for n in body if n.start is not None], [n.message for n in body], job.pruner
+            [n.start for n in body if n.start is not None],
+            [n.message for n in body],
+            job.pruner,
+            task_position(job.view.body),
         )
         if not candidates:
             return state, surface, False

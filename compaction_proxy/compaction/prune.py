@@ -5,8 +5,9 @@ result, and (when the policy says so) a ``user`` message, since agents without n
 calling return their observations that way. One whose text exceeds ``threshold_chars`` Unicode
 code points keeps its first ``head_chars`` and last ``tail_chars`` around a marker saying how
 many were removed. In a content list the text parts are treated as one text; non-text parts
-keep their place. A ``<compacted-summary>`` checkpoint is never pruned, and callers never offer
-the live turn. Inputs are never mutated.
+keep their place. A ``<compacted-summary>`` checkpoint is never pruned, nor the task (the first
+user message: ``messages.task_position``), and callers never offer the live turn. Inputs are
+never mutated.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class Pruner:
         """Whether ``message`` is an observation this pruner may cut."""
         role = message.get("role")
         return role in ("tool", "function") or (role == "user" and self.user_messages)
+
+    def may_cut(self, message: Message, position: int, task: int | None) -> bool:
+        """Whether the message at body ``position`` is an observation to cut: never the task
+        (body position ``task``), however long, and however user messages count."""
+        return position != task and self.observes(message)
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,13 @@ def prune_content(content: Any, pruner: Pruner) -> PrunedContent | None:
 
 
 def prune_candidates(
-    positions: Sequence[int], messages: Sequence[Message], pruner: Pruner
+    positions: Sequence[int], messages: Sequence[Message], pruner: Pruner, task: int | None
 ) -> list[PruneCandidate]:
-    """Prunes for the observations among ``messages`` (body ``positions[i]`` each)."""
+    """Prunes for the observations among ``messages`` (body ``positions[i]`` each), the
+    task (body position ``task``) left whole."""
     candidates: list[PruneCandidate] = []
     for position, message in zip(positions, messages, strict=True):
-        if not pruner.observes(message):
+        if not pruner.may_cut(message, position, task):
             continue
         pruned = prune_content(message.get("content"), pruner)
         if pruned is not None:

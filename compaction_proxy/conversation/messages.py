@@ -119,6 +119,13 @@ def split_head(messages: Sequence[Message]) -> tuple[list[Message], list[Message
     return list(messages[:cut]), body if isinstance(body, list) else list(body)
 
 
+def task_position(body: Sequence[Message]) -> int | None:
+    """Body position of the first user message: the task an agent was given, or the user's
+    opening request. Everything after it is read in its light, so no cut (prune, mask, bridge)
+    ever touches it; only a checkpoint may take it in. None when the body has no user message."""
+    return next((i for i, m in enumerate(body) if m.get("role") == "user"), None)
+
+
 def live_turn_start(body: Sequence[Message]) -> int:
     """Body position where the live turn starts: everything after the last assistant message
     (the whole body when there is none). The live turn reaches the model exactly as sent."""

@@ -392,6 +392,21 @@ async def test_a_request_that_waited_on_another_ones_prune_reports_it_pruned(
     assert second.measurement.tokens == first.measurement.tokens < limits.threshold
 
 
+async def test_pressure_prunes_old_observations_but_never_the_long_task(
+    store: Store, conversation: str
+) -> None:
+    engine, summarizer = engine_on(store), Summarizer()
+    task = "FACT-1: reproduce the failure below, then fix it.\n" + "traceback line\n" * 150
+    messages = [system(), user(task), *long_conversation(12)[2:]]
+    job, limits = pruning_job(conversation, 12, summarizer)
+    job = dataclasses.replace(job, view=job_for(conversation, messages, summarizer).view)
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), limits)
+    assert relief.pruned and len(task) > job.pruner.threshold_chars
+    assert [n.start for n in relief.surface.nodes if n.kind == "pruned"]  # observations were
+    assert 0 not in {n.start for n in relief.surface.nodes if n.kind == "pruned"}
+    assert any(n.message.get("content") == task for n in relief.surface.nodes)
+
+
 # -- masking ---------------------------------------------------------------------------------
 
 

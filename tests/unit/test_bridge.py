@@ -67,14 +67,15 @@ def test_nothing_at_or_after_the_retained_tail_is_cut() -> None:
 
 def test_only_observations_long_enough_are_cut() -> None:
     body: list[Message] = [
+        user("the task"),
         assistant("x" * LONG),  # the model's own words: never an observation
         tool("call_0", "short"),  # under the bridge's threshold
         user("u" * LONG),  # an observation: agents without tool calls send them as user
         tool("call_1", "t" * LONG),
     ]
-    assert positions(bridge_cuts(body_nodes(body), body, 4, BRIDGE, chars, 1)) == [2]
+    assert positions(bridge_cuts(body_nodes(body), body, 5, BRIDGE, chars, 1)) == [3]
     no_users = Pruner(threshold_chars=40, head_chars=6, tail_chars=4, user_messages=False)
-    assert positions(bridge_cuts(body_nodes(body), body, 4, no_users, chars, 1)) == [3]
+    assert positions(bridge_cuts(body_nodes(body), body, 5, no_users, chars, 1)) == [4]
 
 
 def test_head_and_checkpoint_nodes_are_never_cut() -> None:
@@ -155,3 +156,10 @@ def test_an_anchor_tells_a_body_extending_the_answered_one(
     anchor = Anchor("key", 2, 1_000, 990, tip_hash="c2")
     assert anchor.answered(chain) is answered
     assert not Anchor("key", 2, 1_000, 990).answered(chain), "stored before tips were kept"
+
+
+def test_the_task_is_never_cut_even_when_the_bridge_needs_more() -> None:
+    body = [user("t" * LONG), assistant("on it"), *outputs(LONG)]
+    cuts = bridge_cuts(body_nodes(body), body, len(body), BRIDGE, chars, 2 * SAVED)
+    assert cuts is None  # the task alone could have saved it: it is not offered
+    assert positions(bridge_cuts(body_nodes(body), body, len(body), BRIDGE, chars, 1)) == [2]

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from compaction_proxy.compaction.prune import MARKER, Pruner, prune_candidates, prune_content
-from tests.builders import tool, user
+from compaction_proxy.conversation.messages import task_position
+from tests.builders import assistant, tool, user
 
 SMALL = Pruner(threshold_chars=20, head_chars=6, tail_chars=4)
 
@@ -93,7 +94,7 @@ def test_observations_in_any_role_are_pruned_and_inputs_never_change() -> None:
         {"role": "user", "content": [{"type": "text", "text": "p" * 50}]},
     ]
     before = copy.deepcopy(messages)
-    candidates = prune_candidates([3, 4, 5, 6, 7, 8, 9], messages, SMALL)
+    candidates = prune_candidates([3, 4, 5, 6, 7, 8, 9], messages, SMALL, None)
     assert messages == before
     assert [c.position for c in candidates] == [3, 4, 7, 9]
     assert candidates[0].pruned.chars_before == 50
@@ -102,12 +103,12 @@ def test_observations_in_any_role_are_pruned_and_inputs_never_change() -> None:
 def test_user_messages_are_observations_only_when_the_policy_says_so() -> None:
     tools_only = Pruner(threshold_chars=20, head_chars=6, tail_chars=4, user_messages=False)
     messages = [user("u" * 50), tool("c1", "t" * 50)]
-    assert [c.position for c in prune_candidates([0, 1], messages, tools_only)] == [1]
+    assert [c.position for c in prune_candidates([0, 1], messages, tools_only, None)] == [1]
 
 
 def test_a_checkpoint_is_never_pruned() -> None:
     checkpoint = user("<compacted-summary>\n" + "s" * 50 + "\n</compacted-summary>")
-    assert prune_candidates([0], [checkpoint], SMALL) == []
+    assert prune_candidates([0], [checkpoint], SMALL, None) == []
 
 
 def test_the_cut_offsets_reproduce_the_pruned_content() -> None:
@@ -126,3 +127,14 @@ def test_the_cut_offsets_reproduce_the_pruned_content() -> None:
 def test_invalid_pruner_settings_are_rejected(threshold: int, head: int, tail: int) -> None:
     with pytest.raises(ValueError):
         Pruner(threshold_chars=threshold, head_chars=head, tail_chars=tail)
+
+
+def test_the_task_is_never_pruned_however_long_and_later_user_messages_are() -> None:
+    messages = [user("task " * 30), assistant("ok"), user("observation " * 30)]
+    candidates = prune_candidates([0, 1, 2], messages, SMALL, task_position(messages))
+    assert [c.position for c in candidates] == [2]
+
+
+def test_the_task_is_the_first_user_message_of_the_body() -> None:
+    assert task_position([assistant("hello"), user("do this"), user("and this")]) == 1
+    assert task_position([assistant("nothing asked")]) is None
