@@ -28,8 +28,9 @@ import time
 from collections.abc import Sequence
 
 from compaction_proxy.compaction import triggers
-from compaction_proxy.compaction.engine import Engine, Outcome
+from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.outcomes import Outcome
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.metrics import PRECOMPACTION_DURATION, PRECOMPACTIONS_IN_FLIGHT
 from compaction_proxy.store.base import ConversationState

@@ -18,16 +18,16 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, TypeVar
 
+from compaction_proxy.compaction.cut_records import mask_records, prune_records
 from compaction_proxy.compaction.guards.breaker import FailureScope, SummaryBreaker, failure_scope
 from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
 from compaction_proxy.compaction.guards.trips import trip
 from compaction_proxy.compaction.masking import MaskCandidate
+from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner
-from compaction_proxy.compaction.prune import PruneCandidate, prune_candidates
-from compaction_proxy.compaction.select import Span
+from compaction_proxy.compaction.prune import prune_candidates
 from compaction_proxy.compaction.summarize import SummaryFailed, frame, summary_body
 from compaction_proxy.conversation.log_events import Event
 from compaction_proxy.conversation.messages import branch_fingerprint, task_position
@@ -41,61 +41,11 @@ from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import Measurement, TokenMeter, counter_for
 from compaction_proxy.metrics import COMPACTIONS, SUMMARY_DURATION
 from compaction_proxy.offload import off_loop_if
-from compaction_proxy.store.attributes import ShortfallReason
 from compaction_proxy.store.base import BeginResult, ConversationState, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class Outcome(StrEnum):
-    COMMITTED = "committed"
-    BUSY = "busy"
-    CHANGED = "changed"
-    NO_RANGE = "no_range"
-    NOT_SMALLER = "not_smaller"
-    SUMMARY_FAILED = "summary_failed"
-    COMMIT_FAILED = "commit_failed"
-    CEILING = "ceiling"  # the tenant reached its summary calls per minute
-    BREAKER = "breaker"  # the summary route failed recently: nobody waits for it now
-    ERROR = "error"  # an unexpected exception; the attempt was closed on the way out
-
-    @property
-    def is_failure(self) -> bool:
-        """A failure of the summarizer or the commit, after which the conversation cools
-        down before paying for another summary (triggers.cooling_down). No span to summarize,
-        a guard that refused the call, and another round holding the lease are not."""
-        return self not in _NOT_FAILURES
-
-
-_NOT_FAILURES = frozenset(
-    {Outcome.COMMITTED, Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER, Outcome.BUSY}
-)
-
-
-@dataclass(frozen=True)
-class Relief:
-    """Where a trigger left the request: state, surface and measurement to forward with."""
-
-    state: ConversationState
-    surface: Surface
-    measurement: Measurement
-    pruned: bool = False
-    compacted: bool = False
-    shortfall: ShortfallReason | None = None  # why the request is still at or above its threshold
-    # The tokens before the bridge (compaction/bridge.py) when the surface carries its cuts.
-    bridged_from: int | None = None
-    rescued: bool = False  # the live turn's observations cut to fit (compaction/rescue.py)
-
-
-@dataclass(frozen=True)
-class Round:
-    outcome: Outcome
-    span: Span | None = None
-    state: ConversationState | None = None
-    shadowed_tokens: int = 0
-    failure: SummaryFailed | None = None
 
 
 @dataclass(frozen=True)
@@ -116,41 +66,6 @@ class EngineSettings:
 
 def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
-
-
-def prune_records(job: CompactionJob, candidates: Sequence[PruneCandidate]) -> list[Prune]:
-    """The prune records of ``candidates``, addressed by ``job``'s chain and context."""
-    view = job.view
-    return [
-        Prune(
-            position=c.position,
-            hash=view.chain[c.position],
-            content=c.pruned.content,
-            chars_before=c.pruned.chars_before,
-            chars_after=c.pruned.chars_after,
-            head_end=c.pruned.head_end,
-            tail_start=c.pruned.tail_start,
-            context=view.context_fingerprint,
-        )
-        for c in candidates
-    ]
-
-
-def mask_records(job: CompactionJob, candidates: Sequence[MaskCandidate]) -> list[Prune]:
-    """The mask records of ``candidates`` (``masking.py``), addressed like prunes."""
-    view = job.view
-    return [
-        Prune(
-            position=c.position,
-            hash=view.chain[c.position],
-            content=c.placeholder,
-            chars_before=c.chars_before,
-            chars_after=len(c.placeholder),
-            context=view.context_fingerprint,
-            masked=True,
-        )
-        for c in candidates
-    ]
 
 
 @dataclass
@@ -302,7 +217,7 @@ class Engine:
         fresh, _ = await self.reload(attempt.job)
         return fresh
 
-    # -- pruning ---------------------------------------------------------------------------
+    # -- pruning and masking ---------------------------------------------------------------
 
     async def prune(
         self,
@@ -328,8 +243,55 @@ class Engine:
         )
         if not candidates:
             return state, surface, False
-        outcome = await self._commit_prunes(job, state, candidates, trigger)
-        COMPACTIONS.labels(trigger=trigger, mechanism="prune", outcome=outcome.value).inc()
+        records = prune_records(job, candidates)
+        return await self._cut(job, state, surface, records, (), trigger, wait_if_busy)
+
+    async def mask(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        candidates: Sequence[MaskCandidate],
+        trigger: str,
+        wait_if_busy: bool = True,
+    ) -> tuple[ConversationState, Surface, bool]:
+        """Commit masks for ``candidates`` (``masking.py``); each drops the prune of its own
+        branch at its position, which it replaces. Returns as ``prune`` does."""
+        surface = job.view.surface(state.records)
+        if not candidates:
+            return state, surface, False
+        records = mask_records(job, candidates)
+        chain, context = job.view.chain, job.view.context_fingerprint
+        cleared = {r.position for r in records}
+        superseded = [
+            r
+            for r in state.records
+            if isinstance(r, Prune)
+            and r.position in cleared
+            and r.context == context
+            and chain[r.position] == r.hash
+        ]
+        return await self._cut(job, state, surface, records, superseded, trigger, wait_if_busy)
+
+    async def _cut(
+        self,
+        job: CompactionJob,
+        state: ConversationState,
+        surface: Surface,
+        records: Sequence[Prune],
+        superseded: Sequence[Prune],
+        trigger: str,
+        wait_if_busy: bool,
+    ) -> tuple[ConversationState, Surface, bool]:
+        """One transaction committing prune (or mask) ``records`` and dropping ``superseded``;
+        the state and surface to go on with, and whether it committed."""
+        mechanism = "mask" if records[0].masked else "prune"
+        end = max(record.position for record in records)
+        began, attempt = await self._begin(job, state, trigger, mechanism, end)
+        outcome = Outcome.BUSY
+        if began is BeginResult.BEGUN:
+            async with self._held(attempt):
+                outcome = await self._commit_cuts(attempt, records, superseded)
+        COMPACTIONS.labels(trigger=trigger, mechanism=mechanism, outcome=outcome.value).inc()
         if outcome is Outcome.BUSY and not wait_if_busy:
             return state, surface, False
         if outcome is Outcome.BUSY:
@@ -337,27 +299,12 @@ class Engine:
         else:
             fresh, fresh_surface = await self.reload(job)
         if outcome is Outcome.COMMITTED:
-            saved = sum(c.pruned.chars_before - c.pruned.chars_after for c in candidates)
-            log.debug("pruned %d observations (%d characters)", len(candidates), saved)
+            saved = sum(r.chars_before - r.chars_after for r in records)
+            log.debug("%s: %d observations (%d characters)", mechanism, len(records), saved)
         return fresh, fresh_surface, outcome is Outcome.COMMITTED
 
-    async def _commit_prunes(
-        self,
-        job: CompactionJob,
-        state: ConversationState,
-        candidates: Sequence[PruneCandidate],
-        trigger: str,
-    ) -> Outcome:
-        records = prune_records(job, candidates)
-        end = max(record.position for record in records)
-        began, attempt = await self._begin(job, state, trigger, "prune", end)
-        if began is not BeginResult.BEGUN:
-            return Outcome.BUSY
-        async with self._held(attempt):
-            return await self._commit_pruned(attempt, records)
-
-    async def _commit_pruned(
-        self, attempt: Attempt, records: Sequence[Prune], superseded: Sequence[Prune] = ()
+    async def _commit_cuts(
+        self, attempt: Attempt, records: Sequence[Prune], superseded: Sequence[Prune]
     ) -> Outcome:
         events = [
             _event(
@@ -375,51 +322,6 @@ class Engine:
             await self._fail(attempt, Outcome.COMMIT_FAILED)
             return Outcome.COMMIT_FAILED
         return Outcome.COMMITTED
-
-    # -- masking ---------------------------------------------------------------------------
-
-    async def mask(
-        self,
-        job: CompactionJob,
-        state: ConversationState,
-        candidates: Sequence[MaskCandidate],
-        trigger: str,
-        wait_if_busy: bool = True,
-    ) -> tuple[ConversationState, Surface, bool]:
-        """Commit masks for ``candidates`` (``masking.py``); each drops the prune of its own
-        branch at its position, which it replaces. Returns the state and surface to go on with
-        and whether the masks committed; a busy conversation is waited for (bounded) if
-        ``wait_if_busy``, else left as it is."""
-        if not candidates:
-            return state, job.view.surface(state.records), False
-        records = mask_records(job, candidates)
-        chain, context = job.view.chain, job.view.context_fingerprint
-        cleared = {r.position for r in records}
-        superseded = [
-            r
-            for r in state.records
-            if isinstance(r, Prune)
-            and r.position in cleared
-            and r.context == context
-            and chain[r.position] == r.hash
-        ]
-        end = max(cleared)
-        began, attempt = await self._begin(job, state, trigger, "mask", end)
-        outcome = Outcome.BUSY
-        if began is BeginResult.BEGUN:
-            async with self._held(attempt):
-                outcome = await self._commit_pruned(attempt, records, superseded)
-        COMPACTIONS.labels(trigger=trigger, mechanism="mask", outcome=outcome.value).inc()
-        if outcome is Outcome.BUSY and not wait_if_busy:
-            return state, job.view.surface(state.records), False
-        if outcome is Outcome.BUSY:
-            fresh, fresh_surface = await self.wait_and_reload(job)
-        else:
-            fresh, fresh_surface = await self.reload(job)
-        if outcome is Outcome.COMMITTED:
-            saved = sum(c.chars_before for c in candidates)
-            log.debug("masked %d observations (%d characters)", len(candidates), saved)
-        return fresh, fresh_surface, outcome is Outcome.COMMITTED
 
     # -- summarizing -----------------------------------------------------------------------
 

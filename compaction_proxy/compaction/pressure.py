@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from compaction_proxy.compaction.background import BackgroundCompactions, wants_precompaction
-from compaction_proxy.compaction.engine import Engine, Relief
+from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.mask_step import mask_ahead
 from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy, answer_reserve
+from compaction_proxy.compaction.outcomes import Relief
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.formats.request import ClientRequest

@@ -10,17 +10,13 @@ import dataclasses
 import time
 
 from compaction_proxy.compaction.bridge import bridge_cuts
-from compaction_proxy.compaction.engine import (
-    Engine,
-    Outcome,
-    Relief,
-    Round,
-    prune_records,
-)
+from compaction_proxy.compaction.cut_records import prune_records
+from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
 from compaction_proxy.compaction.mask_step import mask_plan
 from compaction_proxy.compaction.masking import mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.outcomes import Outcome, Relief, Round
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.rescue import rescuable, rescue_cuts

@@ -15,9 +15,9 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.compaction import triggers
-from compaction_proxy.compaction.engine import Outcome, Round
 from compaction_proxy.compaction.guards.miss_guard import proactive_compaction_stopped
 from compaction_proxy.compaction.model_policy import budgets
+from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.select import call_pairs

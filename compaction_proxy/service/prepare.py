@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from compaction_proxy.compaction import triggers
-from compaction_proxy.compaction.engine import Engine, Relief
+from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.guards.miss_guard import (
     checkpoint_misses,
     proactive_compaction_stopped,
 )
 from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy
+from compaction_proxy.compaction.outcomes import Relief
 from compaction_proxy.compaction.planning import CompactionJob, SummaryCall
 from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limits, report_shortfall
 from compaction_proxy.compaction.request_view import RequestView

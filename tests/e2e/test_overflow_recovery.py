@@ -11,7 +11,7 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from compaction_proxy.compaction.engine import Outcome, Round
+from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from compaction_proxy.compaction import triggers
-from compaction_proxy.compaction.engine import Engine, EngineSettings, Outcome
+from compaction_proxy.compaction.engine import Engine, EngineSettings
 from compaction_proxy.compaction.masking import Masker, mask_candidates
 from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.outcomes import Outcome
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.request_view import RequestView
