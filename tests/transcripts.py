@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from compaction_proxy.formats.messages import summary_messages_body
+from compaction_proxy.formats.messages_summary import summary_messages_body
 from tests.synthetic import agent_conversation, synthetic_transcripts
 
 Message = dict[str, Any]

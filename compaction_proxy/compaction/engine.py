@@ -26,7 +26,7 @@ from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryC
 from compaction_proxy.compaction.guards.trips import trip
 from compaction_proxy.compaction.masking import MaskCandidate
 from compaction_proxy.compaction.outcomes import Outcome, Round
-from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner
+from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner, SummaryRequest
 from compaction_proxy.compaction.prune import prune_candidates
 from compaction_proxy.compaction.summarize import SummaryFailed, frame, summary_body
 from compaction_proxy.conversation.log_events import Event
@@ -386,7 +386,7 @@ class Engine:
         started = time.perf_counter()
         summarizer = job.summarizer
         try:
-            summary = await job.summarize(body)
+            summary = await job.summarize(SummaryRequest(body, plan.prefix))
         except SummaryFailed as failure:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)

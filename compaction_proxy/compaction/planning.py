@@ -34,7 +34,20 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import REPLY_PRIMING_TOKENS, TokenMeter, counter_for
 
-SummaryCall = Callable[[dict[str, Any]], Awaitable[Summary]]
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    """One summary call: ``body`` in chat form (head, span, instruction), and ``prefix``, the
+    surface from the head to the span's end, when the call carries it exactly as it was
+    forwarded (None when a message was cut to fit the call). With it, a call in the client's
+    own format can start as the conversation's next request would, and read its cached prefix
+    (``formats.messages_summary``)."""
+
+    body: dict[str, Any]
+    prefix: Surface | None = None
+
+
+SummaryCall = Callable[[SummaryRequest], Awaitable[Summary]]
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,7 @@ class Plan:
     span: Span
     cap: int
     messages: list[Message]
+    prefix: Surface | None = None  # head to span end as forwarded, when nothing was cut
 
 
 @dataclass(frozen=True)
@@ -144,7 +158,7 @@ class Planner:
         cap = summary_cap(budget.cap, span.tokens)
         if cap is None:
             return None  # no_range: a summary of it could not pay for its call
-        return Plan(span, cap, carried[span.first : span.last + 1])
+        return _plan(surface, span, cap, carried)
 
     def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:
         """The plan for body positions ``start..end``, or the reason there cannot be one."""
@@ -162,4 +176,16 @@ class Planner:
                 f"carry ({budget.span})"
             )
         cap = max(1, min(budget.cap, span.tokens))
-        return Plan(span, cap, carried[span.first : span.last + 1])
+        return _plan(surface, span, cap, carried)
+
+
+def _plan(surface: Surface, span: Span, cap: int, carried: Sequence[Message]) -> Plan:
+    """The plan of ``span``: the call carries ``carried`` (the surface's messages, some maybe
+    cut for the call); its prefix is the surface up to the span's end when none was cut and the
+    span follows the head (a span always does: ``select_span``)."""
+    messages = list(carried[span.first : span.last + 1])
+    nodes = surface.nodes
+    whole = all(m is n.message for m, n in zip(messages, nodes[span.first :], strict=False))
+    follows_head = all(n.kind == "head" for n in nodes[: span.first])
+    prefix = Surface(tuple(nodes[: span.last + 1])) if whole and follows_head else None
+    return Plan(span, cap, messages, prefix)

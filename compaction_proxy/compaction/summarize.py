@@ -19,7 +19,7 @@ import orjson
 from yarl import URL
 
 from compaction_proxy.conversation.messages import Message
-from compaction_proxy.formats.messages import summary_text_of
+from compaction_proxy.formats.messages_summary import summary_text_of
 from compaction_proxy.metering.overflow import classify_overflow, error_message
 from compaction_proxy.parsing import jsonio
 

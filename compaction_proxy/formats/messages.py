@@ -13,9 +13,10 @@ not replace reaches the upstream exactly as sent:
   (chat's pairing rule then keeps a call and its result on one side of every cut), and its
   other blocks, in runs, user messages (text as text parts, anything else kept as a part);
 * an assistant turn is one assistant message: its text, its ``tool_use`` blocks as tool calls,
-  and the identity of its ``thinking``/``redacted_thinking`` blocks in its name (their text is
-  never given to the summarizer; the blocks themselves go on byte for byte); any block the
-  proxy does not know is a part of it, kept in place, never pruned.
+  and the identity of its ``thinking``/``redacted_thinking`` blocks in its name (the chat form
+  never holds their text; the blocks themselves go on byte for byte, in summary calls too when
+  those start as the client's next request would: ``messages_summary``); any block the proxy
+  does not know is a part of it, kept in place, never pruned.
 
 Written back, each turn keeps its role and its blocks; a checkpoint is a user turn of its own
 (the API allows consecutive user turns, and the first turn stays the user's), ending in a
@@ -215,10 +216,10 @@ def turns_for(surface: Surface, translated: TranslatedMessages) -> list[dict[str
     """The ``messages`` to send for ``surface``: the client's own blocks wherever the surface
     keeps a message, in their turns; a user turn of its own where a checkpoint stands; pruned
     content where a prune does."""
-    return _written_turns(surface, translated)[0]
+    return written_turns(surface, translated)[0]
 
 
-def _written_turns(
+def written_turns(
     surface: Surface, translated: TranslatedMessages
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """``turns_for``, and the indices of the checkpoints' turns in it."""
@@ -315,97 +316,6 @@ def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
         body = jsonio.loads(request.raw)
         translated = translate_messages(body)
     assert isinstance(translated, TranslatedMessages)
-    turns, checkpoints = _written_turns(surface, translated)
+    turns, checkpoints = written_turns(surface, translated)
     turns = with_checkpoint_breakpoint(body, turns, checkpoints)
     return jsonio.dumps({**body, "messages": turns})
-
-
-# -- summary calls in Messages format ------------------------------------------------------
-
-CONTINUES = "(The conversation so far continues below.)"
-
-
-def _blocks_of(content: Any) -> list[Any]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    if isinstance(content, list):
-        return [
-            {"type": "text", "text": p["text"]} if p.get("type") == "text" else p
-            for p in content
-            if isinstance(p, dict)
-        ]
-    return []
-
-
-def _assistant_blocks(message: Message) -> list[Any]:
-    blocks = _blocks_of(message.get("content"))
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        try:
-            arguments = jsonio.loads(function.get("arguments") or "{}")
-        except ValueError:
-            arguments = {}
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "input": arguments if isinstance(arguments, dict) else {},
-            }
-        )
-    return blocks or [{"type": "text", "text": "(no text)"}]
-
-
-def summary_messages_body(chat_body: dict[str, Any]) -> dict[str, Any]:
-    """A chat summary request (``compaction.summarize.summary_body``) in Messages form: system
-    messages as ``system``, tool calls as ``tool_use`` blocks with their results in the next
-    user turn, the first turn the user's; thinking is not there to send (the chat messages only
-    name it)."""
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
-    for message in chat_body.get("messages", []):
-        role = message.get("role")
-        if role in ("system", "developer"):
-            system.append(text_of(message.get("content")) or "")
-        elif role == "assistant":
-            turns.append({"role": "assistant", "content": _assistant_blocks(message)})
-        elif role == "tool":
-            result = {
-                "type": "tool_result",
-                "tool_use_id": message.get("tool_call_id"),
-                "content": text_of(message.get("content")) or "",
-            }
-            if turns and turns[-1]["role"] == "user" and turns[-1].get("results"):
-                turns[-1]["content"].append(result)
-            else:
-                turns.append({"role": "user", "content": [result], "results": True})
-        else:
-            content = message.get("content")
-            if not isinstance(content, str):
-                content = _blocks_of(content)
-            turns.append({"role": "user", "content": content or "(empty)"})
-    for turn in turns:
-        turn.pop("results", None)
-    if not turns or turns[0]["role"] != "user":
-        turns.insert(0, {"role": "user", "content": CONTINUES})
-    cap = chat_body.get("max_tokens") or chat_body.get("max_completion_tokens")
-    body: dict[str, Any] = {"model": chat_body["model"], "max_tokens": cap, "messages": turns}
-    if system:
-        body["system"] = "\n\n".join(system)
-    if chat_body.get("tools"):
-        body["tools"] = chat_body["tools"]
-        body["tool_choice"] = {"type": "none"}
-    return body
-
-
-def summary_text_of(answer: Any) -> tuple[str, bool]:
-    """A Messages answer's text, and whether it stopped at its ``max_tokens``; raises
-    ``ValueError`` for what is not a Messages answer."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("content"), list):
-        raise ValueError("not a Messages answer")
-    text = "".join(
-        block.get("text", "")
-        for block in answer["content"]
-        if isinstance(block, dict) and block.get("type") == "text"
-    )
-    return text, answer.get("stop_reason") == "max_tokens"

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from compaction_proxy.compaction import triggers
@@ -22,7 +22,7 @@ from compaction_proxy.compaction.guards.miss_guard import (
 )
 from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy
 from compaction_proxy.compaction.outcomes import Relief
-from compaction_proxy.compaction.planning import CompactionJob, SummaryCall
+from compaction_proxy.compaction.planning import CompactionJob, SummaryCall, SummaryRequest
 from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limits, report_shortfall
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
@@ -32,7 +32,8 @@ from compaction_proxy.conversation.client_compaction import (
     is_continued_history,
 )
 from compaction_proxy.conversation.surface import Surface
-from compaction_proxy.formats.messages import ANTHROPIC_VERSION, summary_messages_body
+from compaction_proxy.formats.messages import ANTHROPIC_VERSION
+from compaction_proxy.formats.messages_summary import cache_safe_summary_body, summary_messages_body
 from compaction_proxy.formats.payload import payload_for
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.metering.meter import TokenMeter
@@ -57,6 +58,12 @@ from compaction_proxy.store.base import ConversationState, StoreUnavailable
 log = logging.getLogger(__name__)
 
 
+# Failures of the cache-safe Messages summary call after which the rebuilt one is made: no
+# text (the model, offered the client's tools, answered with a call), a body refused, or a
+# summary cut or refused for its length (the client's thinking budget took its share).
+REBUILT_AFTER = frozenset({"empty", "malformed", "http_400", "length", "overflow"})
+
+
 def summary_call(
     services: Services,
     client_headers: Mapping[str, str],
@@ -64,26 +71,20 @@ def summary_call(
     request_route: Route,
     summary_model: str,
     messages: bool = False,
+    client_request: ClientRequest | None = None,
 ) -> SummaryCall:
     """The summary call: the summary model's route, the configured timeout, and of the
     client's headers only those ``summary_call_headers`` allows (its credentials only when
     the summary goes to the host its request went to; the route's own key otherwise), with
     the client's query string on the same terms. ``messages``: made in Anthropic's Messages
-    format, as the request was."""
+    format, as the request was: first cache-safe (``formats.messages_summary``) when the
+    summary model is the request's and the span goes as forwarded, else (or when that gives
+    no summary) rebuilt from the chat form."""
     route = services.policies.for_model(summary_model, messages).route
     timeout = services.settings.summary_timeout_seconds
 
-    async def call(body: dict[str, Any]) -> Summary:
-        # Made here, not per request: most requests never call the summarizer.
-        allowed = summary_call_headers(client_headers, request_route, route)
-        keys = services.client_keys.required
-        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=messages)
-        headers["Content-Type"] = "application/json"
+    async def post(path: str, headers: MutableMapping[str, str], body: dict[str, Any]) -> Summary:
         query = summary_call_query(client_query, request_route, route)
-        path = "/chat/completions"
-        if messages:
-            path, body = "/messages", summary_messages_body(body)
-            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
         url = upstream_url(route.base, path, query)
         try:
             return await call_summarizer(
@@ -94,6 +95,31 @@ def summary_call(
                 # The summary model stated its window: later summary calls are sized to it.
                 services.learned_windows.learn(route.model, summary_model, failure.limit)
             raise
+
+    async def call(request: SummaryRequest) -> Summary:
+        # Made here, not per request: most requests never call the summarizer.
+        allowed = summary_call_headers(client_headers, request_route, route)
+        keys = services.client_keys.required
+        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=messages)
+        headers["Content-Type"] = "application/json"
+        if not messages:
+            return await post("/chat/completions", headers, request.body)
+        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        cache_safe = None
+        if (
+            client_request is not None
+            and request.prefix is not None
+            and client_request.model == summary_model
+        ):
+            cache_safe = cache_safe_summary_body(client_request, request.prefix, request.body)
+        if cache_safe is not None:
+            try:
+                return await post("/messages", headers, cache_safe)
+            except SummaryFailed as failure:
+                if failure.reason not in REBUILT_AFTER:
+                    raise
+                log.info("cache-safe summary call: %s; made again rebuilt", failure.reason)
+        return await post("/messages", headers, summary_messages_body(request.body))
 
     return call
 
@@ -193,10 +219,12 @@ def compaction_job(
     client_headers: Mapping[str, str],
     client_query: str = "",
     messages: bool = False,
+    client_request: ClientRequest | None = None,
 ) -> CompactionJob:
     """The compaction inputs for ``view``: its policy and window, and the summary route with
     its own window when the summary model is another model (``messages``: the request is in
-    Anthropic's format, and so are its summary calls)."""
+    Anthropic's format, and so are its summary calls; ``client_request``, when at hand, lets
+    them start as its own next request would)."""
     summary_model = model_policy.policy.summary_model or view.model
     summary_policy = services.policies.for_model(summary_model, messages)
     summary_window = None
@@ -209,7 +237,13 @@ def compaction_job(
         window=window,
         summary_model=summary_model,
         summarize=summary_call(
-            services, client_headers, client_query, model_policy.route, summary_model, messages
+            services,
+            client_headers,
+            client_query,
+            model_policy.route,
+            summary_model,
+            messages,
+            client_request,
         ),
         route=model_policy.route.model,
         summary_window=summary_window,
@@ -246,7 +280,7 @@ async def prepare(
         services.learned_windows.warn_unknown_once(route.model, client_request.model)
     messages = client_request.api == "messages"
     job = compaction_job(
-        services, view, model_policy, window, client_headers, client_query, messages
+        services, view, model_policy, window, client_headers, client_query, messages, client_request
     )
     misses = checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)

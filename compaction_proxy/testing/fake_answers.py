@@ -88,7 +88,7 @@ def fake_summary(body: Mapping[str, Any]) -> str:
     messages = body.get("messages") or []
     facts: list[str] = []
     for message in messages[:-1]:
-        for fact in _FACT.findall(text_of(message.get("content") or "")):
+        for fact in _FACT.findall(readable(message.get("content") or "")):
             if fact.strip() not in facts:
                 facts.append(fact.strip())
     lines: list[str] = []
@@ -101,6 +101,21 @@ def fake_summary(body: Mapping[str, Any]) -> str:
         else:
             lines.append("None.")
     return "\n".join(lines)
+
+
+def readable(content: Any) -> str:
+    """A message's content as a model reads it: a string as it is; blocks (Messages) or parts
+    (chat) each by its text or content, one a line; anything else as JSON."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            readable(part.get("text", part.get("content", part)))
+            if isinstance(part, dict)
+            else readable(part)
+            for part in content
+        )
+    return text_of(content)
 
 
 def text_of(value: Any) -> str:

@@ -162,6 +162,9 @@ class FakeMessages:
     script: Script | None = None
     # Set by a test: streams break off after their first block with this error event
     stream_error: dict[str, Any] | None = None
+    # Set by a test: this many summary calls that leave the tools usable are answered with a
+    # tool call alone, as a model offered tools may answer
+    summary_tool_calls: int = 0
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
@@ -302,7 +305,12 @@ class FakeMessages:
                 f"{window}, decrease input length or `max_tokens` and try again"
             )
             return anthropic_error(400, "invalid_request_error", message)
-        if is_summary_request(body):
+        content: list[dict[str, Any]]
+        tools_usable = body.get("tools") and body.get("tool_choice") != {"type": "none"}
+        if is_summary_request(body) and tools_usable and self.summary_tool_calls > 0:
+            self.summary_tool_calls -= 1
+            content = [{"type": "tool_use", "id": "toolu_summary", "name": "bash", "input": {}}]
+        elif is_summary_request(body):
             content = [{"type": "text", "text": fake_summary(body)}]
         elif self.script is not None:
             content = self.script(body)

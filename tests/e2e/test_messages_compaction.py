@@ -97,7 +97,11 @@ async def test_a_long_history_is_compacted_in_messages_form(
     (summary,) = fake.messages.summary_requests
     # The summary call went as Messages, to the same host with the client's key.
     assert summary.headers["x-api-key"] == "sk-ant-own"
-    assert "thinking" not in str(summary.body["messages"])  # thinking never goes to a summary
+    # It starts as the conversation's next request would: the span as the client sent it
+    # (thinking blocks included, as in any of its requests), then the instruction.
+    carried = summary.body["messages"][:-1]
+    assert carried == turns[: len(carried)] and len(carried) < len(turns) - 1
+    assert is_summary_request(summary.body)
     assert counter("compaction_proxy_summary_duration_seconds_count", result="ok") == summaries + 1
     forwarded = fake.messages.received[-1].body
     sent = forwarded["messages"]
@@ -106,6 +110,82 @@ async def test_a_long_history_is_compacted_in_messages_form(
     assert sent[-1] == turns[-1]  # the live turn as sent
     assert len(sent) < len(turns)
     assert forwarded["max_tokens"] == 512 and forwarded["model"] == MODEL
+
+
+CACHED = {"type": "ephemeral"}
+CLAUDE_CODE_LIKE = {
+    "system": [
+        {"type": "text", "text": "You are a coding agent."},
+        {"type": "text", "text": "Project notes. " * 40, "cache_control": CACHED},
+    ],
+    "tools": [
+        {"name": "bash", "description": "Run a command.", "input_schema": {"type": "object"}},
+        {
+            "name": "read",
+            "description": "Read a file.",
+            "input_schema": {"type": "object"},
+            "cache_control": CACHED,
+        },
+    ],
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+}
+
+
+def claude_code_like() -> list[dict[str, Any]]:
+    """``history()`` with a breakpoint on the newest user block, as Claude Code places it."""
+    turns = history()
+    turns[-1] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Where are we?", "cache_control": CACHED}],
+    }
+    return turns
+
+
+async def test_a_summary_call_starts_as_the_clients_next_request_would_to_read_its_cache(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await start(make_proxy, upstream_url, fake)
+    turns = claude_code_like()
+    async with client_of(proxy) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=2048,
+            messages=turns,
+            **CLAUDE_CODE_LIKE,  # type: ignore[arg-type]
+        )
+    assert raw.headers["x-compaction-status"] == "compacted"
+    (summary,) = fake.messages.summary_requests
+    call = summary.body
+    for field in ("system", "tools", "thinking"):  # Anthropic's cache key, as the client sent it
+        assert call[field] == CLAUDE_CODE_LIKE[field]
+    assert "tool_choice" not in call  # a changed tool_choice would drop the cached turns
+    assert call["max_tokens"] > 1024  # room for the summary after the thinking budget
+    carried = call["messages"][:-1]
+    assert carried[:-1] == turns[: len(carried) - 1]
+    # The prefix ends in a breakpoint: the longest prefix the client's requests wrote is read.
+    *blocks, last = carried[-1]["content"]
+    assert last == {**turns[len(carried) - 1]["content"][-1], "cache_control": CACHED}
+    assert blocks == turns[len(carried) - 1]["content"][:-1]
+    assert fake.messages.refused == []
+
+
+async def test_a_summary_call_answered_with_a_tool_call_is_made_again_rebuilt(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await start(make_proxy, upstream_url, fake)
+    fake.messages.summary_tool_calls = 1
+    async with client_of(proxy) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=2048,
+            messages=claude_code_like(),
+            **CLAUDE_CODE_LIKE,  # type: ignore[arg-type]
+        )
+    assert raw.headers["x-compaction-status"] == "compacted"
+    cache_safe, rebuilt = fake.messages.summary_requests
+    assert "tool_choice" not in cache_safe.body
+    assert rebuilt.body["tool_choice"] == {"type": "none"}  # no tool call this time
+    assert "thinking" not in str(rebuilt.body["messages"])
 
 
 async def test_the_next_request_reuses_the_checkpoint_anchored_on_streamed_usage(

@@ -14,7 +14,7 @@ from compaction_proxy.compaction.engine import Engine, EngineSettings
 from compaction_proxy.compaction.masking import Masker, mask_candidates
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.outcomes import Outcome
-from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.planning import CompactionJob, SummaryRequest
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import INSTRUCTION, SECTIONS, Summary, SummaryFailed
@@ -47,8 +47,8 @@ class Summarizer:
         self.failure: str | None = None
         self.during: Callable[[], Awaitable[None]] | None = None
 
-    async def __call__(self, body: dict[str, Any]) -> Summary:
-        self.calls.append(body)
+    async def __call__(self, request: SummaryRequest) -> Summary:
+        self.calls.append(request.body)
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.during is not None:
@@ -239,7 +239,7 @@ async def test_an_unexpected_exception_still_ends_the_attempt_and_frees_the_leas
 ) -> None:
     engine = engine_on(store)
 
-    async def broken(body: dict[str, Any]) -> Any:
+    async def broken(request: SummaryRequest) -> Any:
         raise RuntimeError("a bug in a summarizer")
 
     job = dataclasses.replace(
