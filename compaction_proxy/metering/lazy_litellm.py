@@ -76,6 +76,15 @@ async def import_in_background() -> None:
     await over
 
 
+def settle(timeout: float) -> bool:
+    """At exit: wait up to ``timeout`` seconds for an import under way to end; whether none is
+    under way now. A process must not finalize while the import thread is inside an import: a
+    daemon thread is frozen there at finalization, still holding import locks that finalization
+    may need (a destructor's exception printed with its traceback imports ``io``), and the
+    process never exits."""
+    return not _started or _imported.wait(timeout)
+
+
 async def loaded() -> None:
     """Wait (off the event loop) until an import started elsewhere is over."""
     if _started and not _imported.is_set():

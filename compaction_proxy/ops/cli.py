@@ -25,6 +25,7 @@ from compaction_proxy.config.settings import (
     unknown_environment,
     unversioned_upstreams,
 )
+from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metrics import serve_metrics_port
 from compaction_proxy.ops import admin_cli
 from compaction_proxy.ops.workers import READY_LINE, exit_with_the_supervisor, run_workers
@@ -104,7 +105,24 @@ def _serve(args: argparse.Namespace) -> int:
         address = f"{settings.host}:{settings.port}"
         print(f"compaction-proxy: cannot listen on {address}: {reason}", file=sys.stderr)
         return 1
+    exit_after_an_import_under_way(settings.shutdown_timeout)
     return 0
+
+
+def exit_after_an_import_under_way(timeout: float) -> None:
+    """Once the app has shut down (records written, store closed): if litellm's import,
+    started in the background, is still under way ``timeout`` seconds on, leave without
+    finalizing the interpreter, which could wait on that import forever
+    (``lazy_litellm.settle``); logs and standard streams are flushed first."""
+    if lazy_litellm.settle(timeout):
+        return
+    logging.getLogger("compaction_proxy").warning(
+        "litellm's import still under way %.0f s after shutdown: exiting without it", timeout
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # The cyclic collector's young-generation threshold, raised from 700 allocations: parsing one

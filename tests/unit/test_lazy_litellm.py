@@ -9,6 +9,7 @@ import pytest
 
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import counter_for
+from compaction_proxy.ops import cli
 
 
 @pytest.fixture
@@ -36,3 +37,32 @@ def test_once_loaded_the_models_own_tokenizer_is_used(
     assert lazy_litellm.available()
     assert counter_for("deepseek-chat").name == "hf:deepseek"
     assert counter_for("gpt-4o").name == "o200k_base"
+
+
+def test_at_exit_an_import_under_way_is_waited_for_only_as_long_as_allowed(
+    importing_elsewhere: threading.Event,
+) -> None:
+    assert not lazy_litellm.settle(0.05)  # still importing: the caller leaves without it
+    threading.Timer(0.05, importing_elsewhere.set).start()
+    assert lazy_litellm.settle(5.0)  # over within the time allowed
+
+
+def test_at_exit_nothing_is_waited_for_when_no_import_was_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lazy_litellm, "_started", False)
+    monkeypatch.setattr(lazy_litellm, "_imported", threading.Event())
+    assert lazy_litellm.settle(60.0)
+
+
+def test_a_proxy_that_cannot_settle_the_import_exits_without_finalizing(
+    importing_elsewhere: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # the test session's handlers
+    cli.exit_after_an_import_under_way(0.01)
+    assert exits == [0]
+    importing_elsewhere.set()
+    cli.exit_after_an_import_under_way(0.01)
+    assert exits == [0]  # over: the interpreter finalizes as usual
