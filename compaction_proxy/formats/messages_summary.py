@@ -126,6 +126,12 @@ def summary_text_of(answer: Any) -> tuple[str, bool]:
     return text, answer.get("stop_reason") == "max_tokens"
 
 
+def forces_a_tool(tool_choice: Any) -> bool:
+    """Whether a Messages ``tool_choice`` makes the model call a tool (``any``, or a named
+    ``tool``): a call keeping it would be answered with a tool call, not a summary."""
+    return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool")
+
+
 def thinking_budget(thinking: Any) -> int | None:
     """The output tokens ``thinking`` (a Messages ``thinking`` field) may take before the
     answer: ``budget_tokens`` when enabled; None when it sets no budget (adaptive thinking
@@ -171,8 +177,10 @@ def cache_safe_summary_body(
     """The cache-safe summary call (see the module's docstring) for the client's Messages
     ``request``: ``prefix`` is the surface from the head to the span's end, exactly as
     forwarded; ``chat_body`` the chat-form summary request (its model, cap and instruction).
-    None when the request cannot be written back."""
+    None when the request cannot be written back, or its ``tool_choice`` forces a tool."""
     body, translated = request.body, request.translation
+    if forces_a_tool(body.get("tool_choice")):
+        return None  # its answer would be a tool call, never the summary
     if request.may_hold_a_big_integer():
         body = jsonio.loads(request.raw)
         translated = translate_messages(body)

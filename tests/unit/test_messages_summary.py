@@ -147,3 +147,19 @@ def test_the_rebuilt_call_offers_no_tool_and_carries_no_thinking() -> None:
     assert rebuilt["tool_choice"] == {"type": "none"}
     assert "pondering" not in str(rebuilt["messages"])
     assert rebuilt["messages"][0]["role"] == "user"
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "cache_safe"),
+    [
+        ({"type": "auto"}, True),
+        ({"type": "none"}, True),
+        ({"type": "any"}, False),
+        ({"type": "tool", "name": "bash"}, False),
+    ],
+)
+def test_a_client_forcing_a_tool_gets_the_rebuilt_call_at_once(
+    tool_choice: dict[str, Any], cache_safe: bool
+) -> None:
+    call, _ = call_for({**claude_code_session(2), "tool_choice": tool_choice}, span_end=5)
+    assert (call is not None) == cache_safe
