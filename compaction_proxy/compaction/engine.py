@@ -250,13 +250,14 @@ class Engine:
         self,
         job: CompactionJob,
         state: ConversationState,
+        surface: Surface,
         candidates: Sequence[MaskCandidate],
         trigger: str,
         wait_if_busy: bool = True,
     ) -> tuple[ConversationState, Surface, bool]:
-        """Commit masks for ``candidates`` (``masking.py``); each drops the prune of its own
-        branch at its position, which it replaces. Returns as ``prune`` does."""
-        surface = job.view.surface(state.records)
+        """Commit masks for ``candidates`` (``masking.py``) over ``surface``, ``state``'s;
+        each drops the prune of its own branch at its position, which it replaces. Returns as
+        ``prune`` does."""
         if not candidates:
             return state, surface, False
         records = mask_records(job, candidates)

@@ -73,5 +73,5 @@ async def mask_ahead(
         tokens, plan.saved, limits.precompact, plan.clear_at_least
     ):
         return False
-    _, _, masked = await engine.mask(job, state, plan.candidates, "precompact", False)
+    _, _, masked = await engine.mask(job, state, surface, plan.candidates, "precompact", False)
     return masked

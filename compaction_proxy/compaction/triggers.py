@@ -124,7 +124,7 @@ async def relieve_pressure(
         measurement.tokens, plan.saved, threshold, plan.clear_at_least
     ):
         state, surface, masked = await engine.mask(
-            job, state, plan.candidates, "pressure", must_wait
+            job, state, surface, plan.candidates, "pressure", must_wait
         )
         pruned = pruned or masked
         measurement = await engine.measure(job, state, surface)
@@ -318,7 +318,7 @@ async def recover_overflow(
         plan = await mask_plan(engine, job, surface, job.view.live_start)
         if plan is not None and mask_relieves(tokens, plan.saved, threshold, plan.clear_at_least):
             state, surface, masked = await engine.mask(
-                job, state, plan.candidates, "context-overflow"
+                job, state, surface, plan.candidates, "context-overflow"
             )
             if masked and (await engine.measure(job, state, surface)).tokens < threshold:
                 return

@@ -260,19 +260,30 @@ def breakpoints_in(body: dict[str, Any], turns: Sequence[Any]) -> int:
     return found
 
 
+def with_breakpoint_at(
+    body: dict[str, Any], turns: list[dict[str, Any]], index: int
+) -> list[dict[str, Any]]:
+    """``turns`` with a breakpoint on the last block of turn ``index`` (a string content
+    becomes the one text block it stands for), when the client caches (it sent a breakpoint
+    of its own) and the API's limit leaves room for one more. The client's breakpoints are
+    never moved."""
+    if not 0 < breakpoints_in(body, turns) < MAX_BREAKPOINTS:
+        return turns
+    content = turns[index]["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    if not blocks or not isinstance(blocks[-1], dict):
+        return turns
+    blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
+    return [*turns[:index], {**turns[index], "content": blocks}, *turns[index + 1 :]]
+
+
 def with_checkpoint_breakpoint(
     body: dict[str, Any], turns: list[dict[str, Any]], checkpoints: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """``turns`` with a breakpoint at the end of the last checkpoint's turn, so the
-    compacted prefix is read from cache whatever the tail after it does, when the client
-    caches (it sent a breakpoint of its own) and the API's limit leaves room for one more.
-    The client's breakpoints are never moved; those of a shadowed span went with it."""
-    if not checkpoints or not 0 < breakpoints_in(body, turns) < MAX_BREAKPOINTS:
-        return turns
-    index = checkpoints[-1]
-    blocks = turns[index]["content"]
-    marked = [*blocks[:-1], {**blocks[-1], "cache_control": EPHEMERAL}]
-    return [*turns[:index], {**turns[index], "content": marked}, *turns[index + 1 :]]
+    """``turns`` with a breakpoint at the end of the last checkpoint's turn
+    (``with_breakpoint_at``), so the compacted prefix is read from cache whatever the tail
+    after it does. Those of a shadowed span went with it."""
+    return with_breakpoint_at(body, turns, checkpoints[-1]) if checkpoints else turns
 
 
 def _no_check(message: Message, index: int) -> None:
@@ -307,15 +318,22 @@ def parse_messages_request(
     )
 
 
-def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
-    """The client's body with only ``messages`` rebuilt for ``surface``; every other field,
-    and every block the surface keeps, as sent (read again losslessly when the body may hold
-    integers beyond 64 bits)."""
+def lossless(request: ClientRequest) -> tuple[dict[str, Any], TranslatedMessages]:
+    """A Messages request's body and translation, read again losslessly when the body may
+    hold integers beyond 64 bits (the parse kept for the core may have rounded them)."""
     body, translated = request.body, request.translation
     if request.may_hold_a_big_integer():
         body = jsonio.loads(request.raw)
         translated = translate_messages(body)
     assert isinstance(translated, TranslatedMessages)
+    return body, translated
+
+
+def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
+    """The client's body with only ``messages`` rebuilt for ``surface``; every other field,
+    and every block the surface keeps, as sent (read again losslessly when the body may hold
+    integers beyond 64 bits)."""
+    body, translated = lossless(request)
     turns, checkpoints = written_turns(surface, translated)
     turns = with_checkpoint_breakpoint(body, turns, checkpoints)
     return jsonio.dumps({**body, "messages": turns})

@@ -23,11 +23,9 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.conversation.text import text_of
 from compaction_proxy.formats.messages import (
-    EPHEMERAL,
-    MAX_BREAKPOINTS,
     TranslatedMessages,
-    breakpoints_in,
-    translate_messages,
+    lossless,
+    with_breakpoint_at,
     with_checkpoint_breakpoint,
     written_turns,
 )
@@ -156,21 +154,6 @@ def max_tokens_with_thinking(cap: int, body: dict[str, Any]) -> int:
     return wanted
 
 
-def with_prefix_breakpoint(body: dict[str, Any], turns: list[dict[str, Any]]) -> list[Any]:
-    """``turns`` with a breakpoint on the last block of the last one, when the client caches
-    (it sent a breakpoint) and the API's limit leaves room: the call then reads the longest
-    prefix the client's requests wrote up to 20 blocks before it."""
-    if not turns or not 0 < breakpoints_in(body, turns) < MAX_BREAKPOINTS:
-        return turns
-    last = turns[-1]
-    content = last["content"]
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    if not blocks or not isinstance(blocks[-1], dict):
-        return turns
-    blocks[-1] = {**blocks[-1], "cache_control": EPHEMERAL}
-    return [*turns[:-1], {**last, "content": blocks}]
-
-
 def cache_safe_summary_body(
     request: ClientRequest, prefix: Surface, chat_body: dict[str, Any]
 ) -> dict[str, Any] | None:
@@ -178,18 +161,18 @@ def cache_safe_summary_body(
     ``request``: ``prefix`` is the surface from the head to the span's end, exactly as
     forwarded; ``chat_body`` the chat-form summary request (its model, cap and instruction).
     None when the request cannot be written back, or its ``tool_choice`` forces a tool."""
-    body, translated = request.body, request.translation
-    if forces_a_tool(body.get("tool_choice")):
+    if forces_a_tool(request.body.get("tool_choice")):
         return None  # its answer would be a tool call, never the summary
-    if request.may_hold_a_big_integer():
-        body = jsonio.loads(request.raw)
-        translated = translate_messages(body)
-    if not isinstance(translated, TranslatedMessages):
+    if not isinstance(request.translation, TranslatedMessages):
         return None
+    body, translated = lossless(request)
     turns, checkpoints = written_turns(prefix, translated)
     if not turns:
         return None
-    turns = with_prefix_breakpoint(body, with_checkpoint_breakpoint(body, turns, checkpoints))
+    # The prefix's end: the call reads the longest prefix the client's requests wrote up to
+    # 20 blocks before it.
+    turns = with_checkpoint_breakpoint(body, turns, checkpoints)
+    turns = with_breakpoint_at(body, turns, len(turns) - 1)
     instruction = chat_body["messages"][-1]["content"]
     cap = chat_body.get("max_tokens") or chat_body.get("max_completion_tokens") or 1
     call: dict[str, Any] = {

@@ -478,7 +478,7 @@ async def test_a_mask_replaces_the_prune_at_its_position(store: Store, conversat
     )
     assert pruned and not surface.masks
     candidates = mask_candidates(surface.nodes, job.view.body, 10, Masker(keep=0), lambda _: False)
-    state, surface, masked = await engine.mask(job, state, candidates, "pressure")
+    state, surface, masked = await engine.mask(job, state, surface, candidates, "pressure")
     assert masked
     at = {c.position for c in candidates}
     held = [r for r in state.records if isinstance(r, Prune) and r.position in at]

@@ -51,12 +51,12 @@ def call_for(body: dict[str, Any], span_end: int, cap: int = 500) -> tuple[Any, 
     request = parse_messages_request(jsonio.dumps(body), KnownMessages())
     forwarded = jsonio.loads(messages_payload(request, surface))["messages"]
     last = next(i for i, n in enumerate(surface.nodes) if n.start == span_end)
+    carried = [n.message for n in surface.nodes[: last + 1]]
     chat_body = {
         "model": "claude",
         "max_tokens": cap,
-        "messages": [*(n.message for n in surface.nodes[: last + 1]), INSTRUCTION],
+        "messages": [*carried, {"role": "user", "content": INSTRUCTION}],
     }
-    chat_body["messages"][-1] = {"role": "user", "content": INSTRUCTION}
     prefix = Surface(tuple(surface.nodes[: last + 1]))
     return cache_safe_summary_body(request, prefix, chat_body), forwarded
 
