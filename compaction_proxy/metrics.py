@@ -164,6 +164,12 @@ UNREADABLE_RECORDS = Counter(
     "Stored replacement records this version cannot read (another version's, or damaged): "
     "skipped, each counted once while remembered",
 )
+UNREADABLE_STATE_FIELDS = Counter(
+    "compaction_proxy_unreadable_state_fields_total",
+    "Stored conversation state fields this version cannot read (damaged, or another "
+    "version's): read as absent, each counted once while remembered",
+    ["field"],
+)
 CHECKPOINT_MISSES = Counter(
     "compaction_proxy_checkpoint_misses_total",
     "Requests long enough for a committed checkpoint of their conversation that shared the "

@@ -49,6 +49,7 @@ from compaction_proxy.store.redis_forms import (
     anchor_field,
     as_json,
     chain_args,
+    generation_field,
     lease_end_of,
     messages_as_two_args,
     state_of,
@@ -372,7 +373,7 @@ class RedisStore:
             attributes = ConversationAttributes.read(
                 {k: v for k, v in state.items() if k not in STATE_FIELDS}
             )
-            generation = int(state.get("generation", 0))
+            generation = generation_field(state.get("generation"))
             summaries.append(ConversationSummary(name, float(score), generation, attributes))
         return summaries
 

@@ -5,16 +5,21 @@ Plain functions over plain data; ``redis.py`` sends them. See ``lua/`` for the o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from compaction_proxy.conversation.log_events import MessageEvent
 from compaction_proxy.conversation.replacements import CheckpointEnd, ReplacementRecord
+from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
+from compaction_proxy.metrics import UNREADABLE_STATE_FIELDS
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import ConversationState
 from compaction_proxy.store.branches import anchor_of, generation_of
+
+log = logging.getLogger(__name__)
 
 Arg = str | int | bytes
 # State hash fields that are not conversation attributes
@@ -77,7 +82,36 @@ def logged_tip_of(raw: str | None) -> tuple[int, str] | None:
     if not raw:
         return None
     position, _, tip_hash = raw.partition(":")
+    if not (position.isascii() and position.isdigit()):
+        _unreadable("tip", raw)
+        return None
     return int(position), tip_hash
+
+
+def generation_field(raw: str | None) -> int:
+    """The conversation's generation counter as stored; 0 when it cannot be read (the commit
+    script then sets it past every commit on record, so no order repeats)."""
+    if raw is None:
+        return 0
+    if raw.isascii() and raw.isdigit():
+        return int(raw)
+    _unreadable("generation", raw)
+    return 0
+
+
+# Unreadable values already said: each is logged once while remembered, and counted once.
+_SAID: LRU[tuple[str, str], bool] = LRU(1024)
+
+
+def _unreadable(field: str, raw: str) -> None:
+    """A state field that cannot be read (another version's, or damaged) is read as absent,
+    like an unreadable record: counted, logged once, and the conversation goes on."""
+    said = (field, raw[:200])
+    if _SAID.get(said):
+        return
+    _SAID.put(said, True)
+    UNREADABLE_STATE_FIELDS.labels(field=field).inc()
+    log.warning("a conversation's stored %s cannot be read, and is ignored: %r", field, said[1])
 
 
 def state_of(
@@ -92,6 +126,8 @@ def state_of(
     ones in commit order; the branch's generation is the newest of theirs."""
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
     anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
+    if anchor is None and "anchor" in state:
+        _unreadable("anchor", state["anchor"])
     lines = sorted(
         (int(order), raw)
         for value in values
@@ -100,7 +136,7 @@ def state_of(
     )
     records = [parse_record(raw) for raw in raw_records]
     records += [parse_record(raw) for _, raw in lines if raw]  # not a dropping commit's mark
-    generation = int(state.get("generation", 0))
+    generation = generation_field(state.get("generation"))
     if not whole and not raw_records:
         generation = max((generation_of(order) for order, _ in lines), default=0)
     return ConversationState(

@@ -47,12 +47,23 @@ async def test_failed_admin_tokens_are_counted_said_once_a_minute_then_throttled
     assert len(lines) == 1
     assert statuses[:20] == [401] * 20
     assert set(statuses[20:]) == {429}
-    # Refused before the token is looked at: a guess made now learns nothing, and waiting
-    # is what the answer says to do.
-    refused = await get(proxy, "/conversations", AUTH)
-    assert refused.status == 429 and 1 <= int(refused.headers["Retry-After"]) <= 60
-    # Another address, the operator's, is served as before.
+    throttled = await get(proxy, "/conversations", {"Authorization": "Bearer guess-41"})
+    assert throttled.status == 429 and 1 <= int(throttled.headers["Retry-After"]) <= 60
+    # Another address is served as before.
     assert (await get(proxy, "/conversations", AUTH, source="127.0.0.2")).status == 200
+
+
+async def test_the_right_admin_token_works_from_an_address_others_throttled(
+    proxy: RunningProxy,
+) -> None:
+    """Behind a NAT or a load balancer, anyone can spend an address's failures: the operator's
+    token still works there, and wrong tokens stay refused and counted."""
+    for n in range(25):
+        await get(proxy, "/conversations", {"Authorization": f"Bearer guess-{n}"})
+    before = counter(FAILURES)
+    assert (await get(proxy, "/conversations", AUTH)).status == 200
+    assert (await get(proxy, "/conversations", {"Authorization": "Bearer no"})).status == 429
+    assert counter(FAILURES) == before + 1
 
 
 @pytest.mark.parametrize("path", ["/conversations", "/conversations/nosuchconversation"])

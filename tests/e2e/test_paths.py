@@ -60,6 +60,11 @@ async def send_raw(root: str, request_line: str) -> tuple[int, Any]:
         "/v1/..",
         "/v1//../../x",
         "http://upstream.example/v1/models",
+        "/v1/..;/secret",
+        "/v1/%252e%252e/secret",
+        "/v1/%c0%ae%c0%ae/secret",
+        "/v1/%ef%bc%8e%ef%bc%8e/secret",
+        "/v1/files%00/x",
     ],
 )
 async def test_a_path_that_leaves_v1_is_refused_before_forwarding(

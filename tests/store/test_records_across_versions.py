@@ -24,6 +24,7 @@ from tests.conftest import REDIS_URL, ProxyFactory
 from tests.helpers import counter, route
 
 UNREADABLE = "compaction_proxy_unreadable_records_total"
+UNREADABLE_STATE = "compaction_proxy_unreadable_state_fields_total"
 
 
 def checkpoint(end: int = 3) -> Checkpoint:
@@ -93,6 +94,36 @@ async def test_an_unreadable_record_is_skipped_and_counted_once(
     for _ in range(3):
         assert (await redis_store.load(conversation)).records == (checkpoint(),)
     assert counter(UNREADABLE) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("generation", "seven"), ("generation", "1e3"), ("tip", "x:y"), ("anchor", "{bad")],
+)
+async def test_an_unreadable_state_field_is_ignored_and_counted_and_commits_go_on(
+    redis_store: RedisStore, conversation: str, field: str, value: str
+) -> None:
+    """A damaged state field never puts its conversation in bypass: it reads as absent, and
+    a commit after it lands with a generation past every one on record."""
+    start = {"type": "compaction/start"}
+    assert (await redis_store.begin_compaction(conversation, "me", 30, start)).value == "begun"
+    assert await redis_store.commit_compaction(conversation, "me", [], [checkpoint(3)], []) == 1
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await client.hset(conversation_keys(conversation)["state"], field, value)
+    finally:
+        await client.aclose()
+    before = counter(UNREADABLE_STATE, field=field)
+    for _ in range(2):
+        state = await redis_store.load(conversation)
+        assert state.records == (checkpoint(3),)
+    assert counter(UNREADABLE_STATE, field=field) == before + 1
+    assert (await redis_store.begin_compaction(conversation, "me", 30, start)).value == "begun"
+    generation = await redis_store.commit_compaction(
+        conversation, "me", [], [checkpoint(7)], [checkpoint(3)]
+    )
+    assert generation is not None and generation >= 2
+    assert (await redis_store.load(conversation)).records == (checkpoint(7),)
 
 
 async def test_a_conversation_with_an_unreadable_record_is_still_served_and_shown(

@@ -28,6 +28,18 @@ from tests.builders import Clock
         ("/v1/..%5csecret", True),  # a backslash, read as a slash by some servers
         ("http://example.com/v1/models", True),
         ("*", True),
+        # Dot segments in spellings some server reads as ``..``: refused wherever they stand.
+        ("/v1/..;/secret", True),
+        ("/v1/files/..;x/models", True),
+        ("/v1/%252e%252e/secret", True),  # encoded twice
+        ("/v1/%25252e%25252e/secret", True),  # three times
+        ("/v1/%c0%ae%c0%ae/secret", True),  # overlong UTF-8
+        ("/v1/%ef%bc%8e%ef%bc%8e/secret", True),  # fullwidth dots
+        ("/v1/\uff0e\uff0e/secret".encode().decode("unicode_escape"), True),  # sent raw
+        ("/v1/files%00/x", True),  # NUL
+        ("/v1/files/a%0ab", True),  # a control character
+        ("/v1/files/file;1", False),  # a semicolon in an id is no dot segment
+        ("/v1/files/file%2520one", False),  # a double-encoded space is no dot segment
     ],
 )
 def test_a_target_leaves_v1_exactly_when_its_normalized_path_does(

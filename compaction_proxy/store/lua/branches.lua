@@ -35,7 +35,9 @@ end
 -- The newest generation among those values (of the whole conversation: its counter); a
 -- conversation that still holds records from before they were anchored counts its counter.
 local function branch_generation(state, legacy, anchored, positions, blob, width)
-  local counter = tonumber(redis.call('HGET', state, 'generation') or '0')
+  local stored = redis.call('HGET', state, 'generation') or '0'
+  -- An unreadable counter (damaged, or another version's) counts as 0, as the proxy reads it.
+  local counter = string.match(stored, '^%d+$') and tonumber(stored) or 0
   if width == 0 or redis.call('LLEN', legacy) > 0 then return counter end
   local newest = 0
   for _, value in ipairs(branch_values(anchored, positions, blob, width)) do

@@ -21,6 +21,19 @@ for _ = 1, n do
   added[#added + 1] = {ARGV[i], ARGV[i + 1]}
   i = i + 2
 end
+local counter = redis.call('HGET', KEYS[4], 'generation')
+if counter and not string.match(counter, '^%d+$') then
+  -- Unreadable (damaged, or another version's): set past every commit on record, so the
+  -- orders this commit writes repeat none.
+  local newest = 0
+  for _, value in ipairs(redis.call('HVALS', KEYS[6])) do
+    for order in string.gmatch(value, '(%d+)[^\n]*') do
+      local g = math.floor(tonumber(order) / 65536)
+      if g > newest then newest = g end
+    end
+  end
+  redis.call('HSET', KEYS[4], 'generation', newest)
+end
 local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
 local mark = string.format('%d', generation * 65536)
 n = tonumber(ARGV[i] or '0'); i = i + 1
