@@ -10,7 +10,7 @@ Upstreams differ in how they read a segment, so a dot segment is honoured only i
 every server reads alike: ``.`` or ``..``, percent-encoded once at most. A segment some server
 would read as a dot segment in another spelling is refused wherever it stands: a servlet path
 parameter (``..;x``), a second round of encoding (``%252e``), an overlong UTF-8 dot
-(``%c0%ae``), a fullwidth dot (``．``), as is any control character (``%00``). No client has a
+(``%c0%ae``), a fullwidth dot (``U+FF0E``), as is any control character (``%00``). No client has a
 reason to send one; a server that reads it as ``..`` would otherwise see another path than the
 proxy checked.
 """
