@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from compaction_proxy.compaction.cut_records import mask_records, prune_records
-from compaction_proxy.compaction.guards.breaker import FailureScope, SummaryBreaker, failure_scope
+from compaction_proxy.compaction.guards.breaker import SummaryBreaker, concerns_the_caller_alone
 from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
 from compaction_proxy.compaction.guards.trips import trip
 from compaction_proxy.compaction.masking import MaskCandidate
@@ -393,7 +393,7 @@ class Engine:
             log.warning("summary call failed: %s", failure.reason)
             tenant = view.tenant
             self.breaker.failed(summarizer, tenant, failure.reason, failure.retry_after)
-            if failure_scope(failure.reason) is FailureScope.REFUSED:
+            if concerns_the_caller_alone(failure.reason, failure.caller_credential):
                 await self.ceilings.give_back_route(self.store, job.route)
             await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
             return Round(Outcome.SUMMARY_FAILED, span, failure=failure)

@@ -79,6 +79,9 @@ class SummaryFailed(Exception):
         self.limit = limit
         self.upstream_message = upstream_message  # the error's own words, for operators
         self.retry_after = retry_after  # seconds a rate-limited caller is told to wait
+        # Whether the call went out on the caller's own credential (not a key the proxy
+        # holds): a refusal or a rate limit then concerns that caller's key alone.
+        self.caller_credential = False
 
     @property
     def explanation(self) -> str:

@@ -91,6 +91,8 @@ def summary_call(
                 services.http_client, url, headers, body, timeout, messages_format=messages
             )
         except SummaryFailed as failure:
+            sent = api_key_of(headers)
+            failure.caller_credential = bool(sent) and sent == api_key_of(client_headers)
             if failure.reason == "overflow" and failure.limit is not None:
                 # The summary model stated its window: later summary calls are sized to it.
                 services.learned_windows.learn(route.model, summary_model, failure.limit)

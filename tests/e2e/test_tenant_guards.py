@@ -59,6 +59,12 @@ async def summary_keys(fake: FakeUpstream, aiohttp_server: Any) -> tuple[str, li
                 )
             if key.startswith("sk-random-"):
                 return error(401, "Incorrect API key provided", "invalid_api_key")
+            if key.startswith("sk-unfunded-"):
+                return error(
+                    429,
+                    "You exceeded your current quota, please check your plan and billing details.",
+                    "insufficient_quota",
+                )
         return await handler(request)
 
     app = fake.app()
@@ -107,4 +113,21 @@ async def test_keys_nobody_checked_cannot_burn_the_routes_summary_ceiling(
     # One summary call per refused key: a key refused once is remembered as refused.
     assert sorted(keys) == sorted({f"sk-random-{n}" for n in range(20)})
     # The refused calls counted against their own keys, not the route's ceiling.
+    assert await ask(proxy, "sk-victim") == (200, "compacted")
+
+
+async def test_keys_whose_own_account_is_out_of_quota_cannot_burn_the_routes_ceiling(
+    make_proxy: ProxyFactory, summary_keys: tuple[str, list[str]]
+) -> None:
+    """An unfunded key's summary call is refused with 429 ``insufficient_quota``: that is its
+    own account's limit, so it spends no unit of the route's ceiling."""
+    upstream, keys = summary_keys
+    proxy = await make_proxy(
+        routes=[route(upstream, "small-*", WINDOW, precompact_ratio=0, **MASKING_OFF)],
+        summaries_per_minute_per_route=5,
+    )
+    for n in range(8):
+        _, compaction = await ask(proxy, f"sk-unfunded-{n}")
+        assert compaction != "compacted"
+    assert sorted(keys) == sorted(f"sk-unfunded-{n}" for n in range(8))
     assert await ask(proxy, "sk-victim") == (200, "compacted")

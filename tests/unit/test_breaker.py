@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from compaction_proxy.compaction.guards.breaker import FailureScope, SummaryBreaker, failure_scope
+from compaction_proxy.compaction.guards.breaker import (
+    FailureScope,
+    SummaryBreaker,
+    concerns_the_caller_alone,
+    failure_scope,
+)
 from tests.builders import Clock
 
 
@@ -115,3 +120,21 @@ def test_summarizers_are_independent_and_an_abandoned_probe_frees_its_slot() -> 
 )
 def test_each_failure_is_charged_to_whom_it_concerns(reason: str, scope: FailureScope) -> None:
     assert failure_scope(reason) is scope
+
+
+@pytest.mark.parametrize(
+    ("reason", "caller_credential", "alone"),
+    [
+        ("http_401", False, True),
+        ("http_403", True, True),
+        ("http_429", True, True),  # the caller's own quota or rate
+        ("http_429", False, False),  # a held key's limit is everyone's
+        ("http_500", True, False),
+        ("timeout", True, False),
+        ("length", True, False),
+    ],
+)
+def test_only_failures_of_the_callers_own_key_spare_the_routes_ceiling(
+    reason: str, caller_credential: bool, alone: bool
+) -> None:
+    assert concerns_the_caller_alone(reason, caller_credential) is alone

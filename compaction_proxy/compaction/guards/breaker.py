@@ -46,6 +46,16 @@ def failure_scope(reason: str) -> FailureScope:
     return FailureScope.ALIVE
 
 
+def concerns_the_caller_alone(reason: str, caller_credential: bool) -> bool:
+    """Whether a failed summary call concerns its caller's key alone, so it spends no unit of
+    the route's ceiling (pure): the credential was refused, or, sent on the caller's own key,
+    rate-limited (its quota or its rate; a 429 on a key the proxy holds is everyone's)."""
+    scope = failure_scope(reason)
+    return scope is FailureScope.REFUSED or (
+        scope is FailureScope.RATE_LIMITED and caller_credential
+    )
+
+
 @dataclass
 class SummaryBreaker:
     cooldown_seconds: float = 60.0

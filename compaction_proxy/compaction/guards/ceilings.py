@@ -44,7 +44,7 @@ class SummaryCeilings:
 
     async def give_back_route(self, store: Store, route: str) -> None:
         """Give the route's unit of a call back: the call concerned one tenant's credential
-        only (refused with 401 or 403), and counts against that tenant alone."""
+        only (``breaker.concerns_the_caller_alone``), and counts against that tenant alone."""
         if not self.per_route:
             return
         name = _ROUTE_QUOTA + route
