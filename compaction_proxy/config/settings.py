@@ -238,9 +238,17 @@ class Settings(BaseSettings):
     # never take the connections chat, Responses and summary calls need.
     relay_pool_size: PositiveInt = 64
     # A relayed body streamed as it arrives (an upload) is given up with 408 after this many
-    # seconds without a byte; a client holds at most this many such uploads at once.
+    # seconds without a byte, or when, past its first ``upload_grace_seconds``, any such span
+    # brings fewer than ``upload_min_bytes_per_second`` a second (0: no minimum rate).
     upload_idle_timeout_seconds: float = Field(default=30.0, gt=0)
+    upload_grace_seconds: float = Field(default=10.0, gt=0)
+    upload_min_bytes_per_second: float = Field(default=1024.0, ge=0)
+    # Uploads held at once: per client (its key, else its address), per source address
+    # whatever keys it sends, and in all (default: three quarters of relay_pool_size, the rest
+    # kept for the relayed requests that are not uploads).
     max_uploads_per_client: PositiveInt = 4
+    max_uploads_per_address: PositiveInt = 16
+    max_uploads: PositiveInt | None = None
     # Seconds between pings on each side of a relayed WebSocket; 0: none.
     websocket_heartbeat_seconds: float = Field(default=30.0, ge=0)
     store_url: str = Field(
@@ -313,6 +321,12 @@ class Settings(BaseSettings):
                 "(e.g. `openssl rand -hex 24`), or unset to turn the admin API off"
             )
         return value
+
+    @property
+    def upload_slots_total(self) -> int:
+        """Uploads held at once in all: ``max_uploads``, never the whole relay pool."""
+        share = max(1, self.relay_pool_size * 3 // 4)
+        return share if self.max_uploads is None else min(self.max_uploads, share)
 
     @model_validator(mode="after")
     def _workers_share_a_store(self) -> Self:

@@ -1,41 +1,79 @@
 """Relayed request bodies streamed as they arrive (a multipart upload), bounded in time.
 
-A body that sends nothing for ``upload_idle_timeout_seconds`` is given up with 408, so a client
-trickling bytes cannot hold an upstream connection for the length of its patience; and relayed
-traffic has a connection pool of its own (``relay_pool_size``), so uploads, however slow or
-many, never take the connections chat, Responses and summary calls need.
+A body that sends nothing for ``upload_idle_timeout_seconds`` is given up with 408, and so is
+one that, past its first ``upload_grace_seconds``, brings fewer than
+``upload_min_bytes_per_second`` in a span of that length: a client trickling a byte now and
+then (which never trips the idle timeout) cannot hold an upstream connection for the length of
+its patience. Time the upstream takes to read what was sent is not the client's: the spans
+stop while a chunk is being sent on. Relayed traffic has a connection pool of its own
+(``relay_pool_size``), so uploads, however slow or many, never take the connections chat,
+Responses and summary calls need.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from enum import Enum
 
 import aiohttp
 
 
 class UploadStalled(Exception):
-    """The client sent no byte of its body for the idle timeout."""
+    """The client sent its body too slowly: no byte for the idle timeout, or under the
+    minimum rate."""
+
+
+class Stall(Enum):
+    IDLE = "idle"
+    TOO_SLOW = "too_slow"
 
 
 class IdleBoundedBody:
-    """``content`` as an async iterable of chunks; raises ``UploadStalled`` (and remembers it,
-    since the HTTP client may wrap what its body raises) when no byte comes in ``idle``
-    seconds."""
+    """``content`` as an async iterable of chunks; raises ``UploadStalled`` (and remembers
+    why in ``stalled``, since the HTTP client may wrap what its body raises) when no byte
+    comes in ``idle_seconds``, or a span of ``grace_seconds`` after the first brings fewer
+    than ``min_rate`` bytes a second."""
 
-    def __init__(self, content: aiohttp.StreamReader, idle_seconds: float) -> None:
+    def __init__(
+        self,
+        content: aiohttp.StreamReader,
+        idle_seconds: float,
+        grace_seconds: float = 10.0,
+        min_rate: float = 0.0,
+    ) -> None:
         self._content = content
         self._idle = idle_seconds
-        self.stalled = False
+        self._grace = grace_seconds
+        self._min_bytes = min_rate * grace_seconds  # what each span must bring
+        self.stalled: Stall | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        span_ends, last_byte, brought = now + self._grace, now, 0
+        graced = True  # the first span is the grace period: not measured
         while True:
+            now = loop.time()
+            if now >= span_ends:
+                if brought < self._min_bytes and not graced:
+                    self.stalled = Stall.TOO_SLOW
+                    raise UploadStalled
+                span_ends, brought, graced = now + self._grace, 0, False
+            deadline = min(last_byte + self._idle, span_ends if self._min_bytes else now + 3600)
             try:
-                async with asyncio.timeout(self._idle):
+                async with asyncio.timeout_at(deadline):
                     chunk = await self._content.readany()
             except TimeoutError as exc:
-                self.stalled = True
-                raise UploadStalled from exc
+                if loop.time() >= last_byte + self._idle:
+                    self.stalled = Stall.IDLE
+                    raise UploadStalled from exc
+                continue  # a span ended: checked at the top
             if not chunk:
                 return
+            brought += len(chunk)
+            sending = loop.time()
             yield chunk
+            # The upstream's reading time is not the client's.
+            waited = loop.time() - sending
+            span_ends, last_byte = span_ends + waited, loop.time()

@@ -140,7 +140,11 @@ def _services_context(
                 learned_windows=LearnedWindows(),
                 http_client=http_client,
                 relay_client=relay_client,
-                upload_slots=UploadSlots(settings.max_uploads_per_client),
+                upload_slots=UploadSlots(
+                    settings.max_uploads_per_client,
+                    settings.max_uploads_per_address,
+                    settings.upload_slots_total,
+                ),
                 client_keys=client_keys,
                 tenant_secret=tenant_secret,
                 background=background,
