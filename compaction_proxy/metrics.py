@@ -164,6 +164,11 @@ UNREADABLE_RECORDS = Counter(
     "Stored replacement records this version cannot read (another version's, or damaged): "
     "skipped, each counted once while remembered",
 )
+LOG_BYTES_DROPPED = Counter(
+    "compaction_proxy_log_bytes_dropped_total",
+    "Bytes of conversations' oldest logged events dropped to keep each log within "
+    "log_max_bytes (the request and the records still carry what compaction needs)",
+)
 UNREADABLE_STATE_FIELDS = Counter(
     "compaction_proxy_unreadable_state_fields_total",
     "Stored conversation state fields this version cannot read (damaged, or another "

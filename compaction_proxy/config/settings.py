@@ -265,6 +265,9 @@ class Settings(BaseSettings):
     memory_max_conversations: PositiveInt = 10_000
     memory_max_bytes: PositiveInt = 512 * 1024 * 1024
     log_max_events: int = Field(default=10_000, ge=100)
+    # Bytes of one conversation's log, whatever the store: past it, its oldest events are
+    # dropped (counted, logged once); compaction works from the request itself.
+    log_max_bytes: PositiveInt = 16 * 1024 * 1024
     meter_cache_size: PositiveInt = 200_000
     # Bytes of recently seen messages kept to skip validating and hashing them again.
     known_messages_bytes: NonNegativeInt = 64 * 1024 * 1024

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -33,7 +34,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import bad_request_response, upstream_failed
 from compaction_proxy.http.forwarding import Reply, forward, usage_of
 from compaction_proxy.http.intake import check_headers, read_body
-from compaction_proxy.http.ownership import claimer
+from compaction_proxy.http.ownership import bound_to_the_account, claimer, named_in_body
 from compaction_proxy.http.passthrough import relay_as_sent
 from compaction_proxy.http.upstream import buffered_response, client_headers, client_query
 from compaction_proxy.metering.overflow import classify_overflow
@@ -51,6 +52,7 @@ from compaction_proxy.metrics import (
     child,
 )
 from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import prepare
@@ -92,10 +94,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         client_request = await off_loop_if(
             is_big(len(raw)), lambda: parse_chat_request(raw, known, recent, session_id)
         )
+        named = await _named(request, raw, client_request.body)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
-    return await _serve(request, client_request, session_id, started)
+    return await _serve(request, client_request, session_id, started, named)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -110,10 +113,11 @@ async def responses(request: web.Request) -> web.StreamResponse:
         body, extension = await off_loop_if(
             is_big(len(raw)), lambda: parse_responses_body(raw, recent, session_id)
         )
+        named = await _named(request, raw, body)
         if stateful(body):
             route = request.app[SERVICES].policies.for_model(body["model"]).route
             REQUESTS.labels(route=route.model, outcome="stateful").inc()
-            return await relay_as_sent(request, route, raw, body)
+            return await relay_as_sent(request, route, raw, named)
         client_request = await off_loop_if(
             is_big(len(raw)),
             lambda: parse_responses_request(body, raw, known, recent, extension, session_id),
@@ -121,7 +125,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
-    return await _serve(request, client_request, session_id, started)
+    return await _serve(request, client_request, session_id, started, named)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -137,10 +141,16 @@ async def messages(request: web.Request) -> web.StreamResponse:
         client_request = await off_loop_if(
             is_big(len(raw)), lambda: parse_messages_request(raw, known, beta)
         )
+        named = await _named(request, raw, client_request.body)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error, anthropic=True)
-    return await _serve(request, client_request, session_id, started)
+    return await _serve(request, client_request, session_id, started, named)
+
+
+async def _named(request: web.Request, raw: bytes, body: Any) -> list[NamedObject]:
+    """The stored objects the body names (``http.ownership.named_in_body``)."""
+    return await off_loop_if(is_big(len(raw)), lambda: named_in_body(request, raw, body))
 
 
 async def _serve(
@@ -148,13 +158,20 @@ async def _serve(
     client_request: ClientRequest,
     session_id: str | None,
     started: float,
+    named: Sequence[NamedObject] = (),
 ) -> web.StreamResponse:
-    """Prepare (compact if need be), forward, recover from an overflow, record."""
+    """Bind to the account what names its objects; prepare (compact if need be), forward,
+    recover from an overflow, record."""
     services = request.app[SERVICES]
     model_policy = services.policies.for_model(
         client_request.model, client_request.api == "messages"
     )
     route = model_policy.route
+    refused = await bound_to_the_account(request, route, named)
+    if refused is not None:
+        outcome = "refused" if refused.status == 403 else "not_found"
+        REQUESTS.labels(route=route.model, outcome=outcome).inc()
+        return refused
     record: RequestRecord | None = None
     try:
         forwarded, record = await prepare(

@@ -18,9 +18,17 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.config.settings import Route
+from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import error_response
 from compaction_proxy.http.upstream import Claim
+from compaction_proxy.security.account_endpoints import REFUSAL
+from compaction_proxy.security.object_references import (
+    NamedObject,
+    duplicated_key,
+    named_objects,
+    scan,
+)
 from compaction_proxy.security.outbound import speaks_anthropic
 from compaction_proxy.security.owned_objects import (
     LISTS,
@@ -68,21 +76,75 @@ async def refused_unless_owned(
 ) -> web.Response | None:
     """None when the caller owns every one of ``ids``; else the 404 for the first it does
     not own (503 when the store cannot say)."""
-    if not ids:
+    return await _refused_unless_owned(request, [NamedObject(param or "", i) for i in ids])
+
+
+async def _refused_unless_owned(
+    request: web.Request, named: Sequence[NamedObject]
+) -> web.Response | None:
+    if not named:
         return None
     anthropic = speaks_anthropic(request.path, request.headers)
     try:
         tenant = await _tenant(request)
-        asked = [object_id for object_id in ids if is_object_id(object_id)]
+        asked = list(dict.fromkeys(n.object_id for n in named if is_object_id(n.object_id)))
         found = await request.app[SERVICES].store.object_owners(asked)
         owners = dict(zip(asked, found, strict=True))
     except StoreUnavailable:
         return _unavailable(anthropic)
-    for object_id in ids:
-        if owners.get(object_id) != tenant:
-            message = not_found_message(object_id)
-            return error_response(404, message, param=param, anthropic=anthropic)
+    for one in named:
+        if owners.get(one.object_id) != tenant:
+            message = not_found_message(one.object_id)
+            return error_response(404, message, param=one.param or None, anthropic=anthropic)
     return None
+
+
+def named_in_body(request: web.Request, raw: bytes, body: Any) -> list[NamedObject]:
+    """The stored objects a JSON body names (``security.object_references``), when the proxy
+    holds keys (else nobody's objects are the proxy's to guard: an empty list, at no cost).
+    Raises BadRequest when a field read for such a decision stands twice in one object."""
+    if not request.app[SERVICES].client_keys.required:
+        return []
+    seen = scan(raw)
+    if seen.may_repeat_a_key:
+        key = duplicated_key(raw)
+        if key is not None:
+            raise BadRequest(
+                f"The field '{key}' is given twice in one JSON object: give it once.",
+                param=key,
+                code="duplicate_key",
+            )
+    return named_objects(body) if seen.may_name_objects else []
+
+
+async def bound_to_the_account(
+    request: web.Request,
+    route: Route,
+    named: Sequence[NamedObject],
+    path_ids: Sequence[str] = (),
+) -> web.Response | None:
+    """Why a request that names stored objects is not forwarded on ``route``, if it is not.
+    Under a key the proxy holds, naming an object binds the request to the account: refused
+    unless the route shares the account, or, in owned mode, served only when the caller owns
+    every object named, in its path (``path_ids``) and in its body; else the 404 for the
+    first it does not own."""
+    if not holds_key(request, route) or route.account_endpoints == "shared":
+        return None
+    if route.account_endpoints == "owned":
+        in_path = [NamedObject("", object_id) for object_id in path_ids]
+        return await _refused_unless_owned(request, [*in_path, *named])
+    if not named:
+        return None
+    first = named[0]
+    shown = not_found_message(first.object_id).removeprefix("No such object: ").rstrip(".")
+    return error_response(
+        403,
+        f"This request names a stored object ({shown} in '{first.param}'). {REFUSAL}",
+        error_type="permission_error",
+        param=first.param,
+        code="account_endpoint_refused",
+        anthropic=speaks_anthropic(request.path, request.headers),
+    )
 
 
 def claimer(request: web.Request, route: Route) -> Claim | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -36,11 +36,12 @@ from compaction_proxy.http.errors import bad_request_response, error_response, u
 from compaction_proxy.http.forwarding import forward
 from compaction_proxy.http.intake import check_headers, read_body
 from compaction_proxy.http.ownership import (
+    bound_to_the_account,
     claimer,
     holds_key,
+    named_in_body,
     owned_answer,
     owned_mode,
-    refused_unless_owned,
 )
 from compaction_proxy.http.uploads import IdleBoundedBody, Stall, UploadStalled
 from compaction_proxy.http.upstream import (
@@ -59,8 +60,9 @@ from compaction_proxy.security.account_endpoints import (
     is_stateless,
     refused_account_endpoint,
 )
+from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers
-from compaction_proxy.security.owned_objects import addressed_object, stateful_objects
+from compaction_proxy.security.owned_objects import addressed_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import SlotRefusal, client_of
 
@@ -188,14 +190,18 @@ def method_label(method: str) -> str:
     return method if method in METHODS else "other"
 
 
-def _model_of(body: bytes) -> str | None:
+def _model_of(parsed: Any) -> str | None:
     """The ``model`` a JSON body names, if it is a JSON object that names one."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
     model = parsed.get("model") if isinstance(parsed, dict) else None
     return model if isinstance(model, str) else None
+
+
+def _json_of(body: bytes) -> Any:
+    """The body parsed, or None when it is not JSON (the upstream's to refuse)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -219,6 +225,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     anthropic = speaks_anthropic(request.path, request.headers)
     route: Route = settings.anthropic_route if anthropic else settings.default_route
     data: bytes | aiohttp.StreamReader = request.content
+    named: list[NamedObject] = []
     try:
         check_headers(request.headers)
         if is_websocket(request):
@@ -228,7 +235,11 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             return await relay_websocket(request, route)
         if request.content_type == "application/json" and request.body_exists:
             body = data = await read_body(request, settings.max_body_bytes)
-            model = await off_loop_if(is_big(len(body)), lambda: _model_of(body))
+            parsed = await off_loop_if(is_big(len(body)), lambda: _json_of(body))
+            named = await off_loop_if(
+                is_big(len(body)), lambda: named_in_body(request, body, parsed)
+            )
+            model = _model_of(parsed)
             if model is not None and anthropic:
                 route = messages_route_for(settings, check_model_name(model))
             elif model is not None:
@@ -238,12 +249,13 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     template, held = path_template(request.path), holds_key(request, route)
     if refused_account_endpoint(template, request.method, held, route.account_endpoints):
         return account_endpoint_refused(anthropic), "refused"
+    stateless = is_stateless(template, request.method)
+    path_ids = [] if stateless else addressed_objects(request.path, template)
+    refused = await bound_to_the_account(request, route, named, path_ids)
+    if refused is not None:
+        return refused, "refused" if refused.status == 403 else "not_found"
     reading: Reading | None = None
-    if owned_mode(request, route) and not is_stateless(template, request.method):
-        addressed = addressed_object(request.path, template)
-        refused = await refused_unless_owned(request, [addressed] if addressed else [])
-        if refused is not None:
-            return refused, "not_found"
+    if owned_mode(request, route) and not stateless:
         reading = functools.partial(owned_answer, request, template)
     relay = app[SERVICES].relay_client
     if isinstance(data, bytes) or not request.body_exists:
@@ -298,22 +310,22 @@ def _no_upload_slot(request: web.Request, refusal: SlotRefusal, anthropic: bool)
 
 
 async def relay_as_sent(
-    request: web.Request, route: Route, raw: bytes, body: Mapping[str, Any]
+    request: web.Request, route: Route, raw: bytes, named: Sequence[NamedObject]
 ) -> web.StreamResponse:
-    """Forward a request the proxy has read (``raw``, parsed as ``body``) but will not change:
+    """Forward a request the proxy has read (``raw``, naming ``named``) but will not change:
     a Responses request whose history the provider holds (Responses traffic, on the main
     pool). That history is the account's: under a key the proxy holds, it is an account
-    endpoint, served in owned mode only to the tenant that created it."""
+    endpoint, served in owned mode only to the tenant that created every object it names."""
     held = holds_key(request, route)
     if refused_account_endpoint("/v1/responses/{id}", "GET", held, route.account_endpoints):
         return account_endpoint_refused(anthropic=False)
+    refused = await bound_to_the_account(request, route, named)
+    if refused is not None:
+        return refused
     claim = claimer(request, route)
     if claim is None:
         response, _ = await _send_on(request, route, raw, request.app[SERVICES].http_client)
         return response
-    refused = await refused_unless_owned(request, stateful_objects(body), "previous_response_id")
-    if refused is not None:
-        return refused
     reply = await forward(request, route, "/responses", raw, {}, claim)
     return reply.response
 

@@ -6,7 +6,8 @@ everyone's unless the proxy keeps apart what each client made. In ``owned`` mode
 ids in the answers that create objects are recorded as the creating tenant's (the store keeps
 them for ``store_ttl_seconds``), a request that addresses an object (``/v1/files/{id}``,
 ``previous_response_id``) is served only to its owner, and other tenants get the 404 the API
-gives for an id that does not exist. Lists are filtered to the caller's own objects.
+gives for an id that does not exist. Lists are filtered to the caller's own objects. What a
+body names (``security.object_references``) is checked the same way as what a path addresses.
 
 Every function here reads plain data: the request's path and template, the answer's JSON.
 """
@@ -62,29 +63,38 @@ def served_when_owned(template: str, method: str) -> bool:
     return (method == "POST" and template in _CREATES) or (method == "GET" and template in LISTS)
 
 
-def addressed_object(path: str, template: str) -> str | None:
-    """The object a request addresses: the path segment at its template's first ``{id}``
-    (``/v1/vector_stores/{id}/files/{id}`` addresses the vector store, which holds the rest)."""
+# (the kind before an ``{id}``, the kind before that) where the id is an item within its
+# parent, which the upstream resolves only there: a thread's messages and runs, a run's steps,
+# a conversation's items, a container's files, an eval's runs, a vector store's file batches.
+# Every other ``{id}`` of a path is an object of the account (a vector store's file is a file).
+_CONTAINED = frozenset(
+    {
+        ("messages", "threads"),
+        ("runs", "threads"),
+        ("steps", "runs"),
+        ("items", "conversations"),
+        ("files", "containers"),
+        ("runs", "evals"),
+        ("file_batches", "vector_stores"),
+    }
+)
+
+
+def addressed_objects(path: str, template: str) -> list[str]:
+    """The account's objects a request's path addresses: the segment at each of its
+    template's ``{id}`` (``/v1/vector_stores/{id}/files/{id}`` names a vector store and a
+    file), but for items named within their parent (``_CONTAINED``): the parent's check
+    covers them, since the upstream looks them up in that parent alone."""
     wanted = template.removeprefix("/v1/").split("/")
     segments = [s for s in path.removeprefix("/v1/").split("/") if s]
+    found = []
     for index, part in enumerate(wanted):
-        if part == "{id}" and index < len(segments):
-            return segments[index]
-    return None
-
-
-def stateful_objects(body: Mapping[str, Any]) -> list[str]:
-    """The stored objects a Responses request builds on: ``previous_response_id`` and the
-    ``conversation`` (an id, or an object naming one)."""
-    found: list[str] = []
-    previous = body.get("previous_response_id")
-    if previous is not None:
-        found.append(previous if isinstance(previous, str) else "")
-    conversation = body.get("conversation")
-    if isinstance(conversation, Mapping):
-        conversation = conversation.get("id")
-    if conversation is not None:
-        found.append(conversation if isinstance(conversation, str) else "")
+        if part != "{id}" or index >= len(segments):
+            continue
+        kind = wanted[index - 1] if index >= 1 else ""
+        parent = wanted[index - 3] if index >= 3 else ""
+        if (kind, parent) not in _CONTAINED:
+            found.append(segments[index])
     return found
 
 

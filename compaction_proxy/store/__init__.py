@@ -27,6 +27,7 @@ def _backend(settings: Settings) -> Store:
             max_conversations=settings.memory_max_conversations,
             ttl_seconds=settings.store_ttl_seconds,
             max_log_events=settings.log_max_events,
+            max_log_bytes=settings.log_max_bytes,
             max_bytes=settings.memory_max_bytes,
             record_ttl_seconds=settings.record_ttl_seconds,
         )
@@ -36,6 +37,7 @@ def _backend(settings: Settings) -> Store:
         settings.store_url,
         ttl_seconds=settings.store_ttl_seconds,
         max_log_events=settings.log_max_events,
+        max_log_bytes=settings.log_max_bytes,
         pool_size=settings.store_pool_size,
         operation_timeout=settings.store_socket_timeout,
         connect_timeout=settings.store_connect_timeout,

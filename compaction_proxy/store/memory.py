@@ -2,13 +2,17 @@
 
 Same semantics as the Redis store. Every method runs without awaiting in between its reads and
 writes, so each is atomic on the event loop. Memory is bounded: a conversation's log keeps its
-newest ``max_log_events``; beyond ``max_conversations``, or ``max_bytes`` of logged events, the
-least recently used conversations are evicted; idle ones expire after ``ttl_seconds``.
+newest ``max_log_events`` and at most ``max_log_bytes`` (never more than ``max_bytes``: one
+conversation cannot outgrow the store); beyond ``max_conversations``, or ``max_bytes`` of logged
+events, the least recently used conversations are evicted; idle ones expire after
+``ttl_seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -31,7 +35,10 @@ from compaction_proxy.store.branches import (
     AnchoredRecords,
     lease_anchor,
 )
+from compaction_proxy.store.log_bound import log_bytes_dropped
 from compaction_proxy.store.sliding_windows import SlidingWindows
+
+log = logging.getLogger(__name__)
 
 _LEASE_POLL_SECONDS = 0.02
 
@@ -69,6 +76,15 @@ class _Log:
         self.data += event
         self.ends.append(self.base + len(self.data))
 
+    def count_over(self, max_bytes: int) -> int:
+        """How many of the oldest events to drop so the rest hold at most ``max_bytes`` (the
+        newest one is kept whatever its size)."""
+        if self.size <= max_bytes or not self.ends:
+            return 0
+        # The rest then starts where the last dropped event ends: at or past ``keep_from``.
+        keep_from = self.ends[-1] - max_bytes
+        return min(len(self.ends) - 1, bisect.bisect_left(self.ends, keep_from) + 1)
+
     def drop_oldest(self, count: int) -> None:
         if count <= 0:
             return
@@ -103,17 +119,23 @@ class _Conversation:
     leases: AnchoredLeases = field(default_factory=AnchoredLeases)
     recent_ends: tuple[CheckpointEnd, ...] = ()
     touched: float = 0.0
+    log_trimmed: bool = False  # its log was cut to its byte bound (said once)
 
     @property
     def size(self) -> int:
         """Bytes of the logged events' and the records' JSON: what ``max_bytes`` bounds."""
         return self.log.size + self.records.size
 
-    def trim(self, max_events: int) -> None:
-        """Drop the oldest events beyond ``max_events``."""
+    def trim(self, max_events: int, max_bytes: int) -> int:
+        """Drop the oldest events beyond ``max_events``, then those past ``max_bytes``; the
+        bytes dropped for the byte bound."""
         self.log.drop_oldest(len(self.log) - max_events)
+        before = self.log.size
+        self.log.drop_oldest(self.log.count_over(max_bytes))
+        dropped = before - self.log.size
         if len(self.seen) > 2 * max_events:
             self.seen.clear()  # only deduplicates logging; a few messages may be logged again
+        return dropped
 
     def add(self, event: Event) -> None:
         self.log.append(jsonio.dumps(event))
@@ -134,6 +156,7 @@ class MemoryStore:
         max_bytes: int = 512 * 1024 * 1024,
         record_ttl_seconds: float | None = None,
         max_owned_objects: int = 100_000,
+        max_log_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._secrets: dict[str, bytes] = {}
@@ -146,12 +169,19 @@ class MemoryStore:
         self._record_ttl = min(ttl_seconds, record_ttl_seconds or ttl_seconds)
         self._max_log_events = max_log_events
         self._max_bytes = max_bytes
+        # One conversation's log never holds more than the whole store may.
+        self._max_log_bytes = min(max_log_bytes, max_bytes)
         self._bytes = 0
 
     def _grew(self, conversation: str, entry: _Conversation, before: int) -> None:
-        """Account for what ``entry`` logged since it held ``before`` bytes: trim its log,
-        then evict the least recently used others while the store is over its byte bound."""
-        entry.trim(self._max_log_events)
+        """Account for what ``entry`` logged since it held ``before`` bytes: trim its log to
+        its bounds (events, bytes), then evict the least recently used others while the store
+        is over its byte bound."""
+        room = min(self._max_log_bytes, self._max_bytes - entry.records.size)
+        dropped = entry.trim(self._max_log_events, max(0, room))
+        if dropped:
+            log_bytes_dropped(conversation, dropped, not entry.log_trimmed)
+            entry.log_trimmed = True
         self._bytes += entry.size - before
         while self._bytes > self._max_bytes and len(self._conversations) > 1:
             oldest = next(iter(self._conversations))

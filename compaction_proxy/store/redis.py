@@ -30,6 +30,7 @@ from compaction_proxy.conversation.replacements import (
     checkpoint_ends,
     record_to_dict,
 )
+from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
@@ -42,6 +43,7 @@ from compaction_proxy.store.base import (
     StoreUnavailable,
 )
 from compaction_proxy.store.branches import lease_anchor
+from compaction_proxy.store.log_bound import log_bytes_dropped
 from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_forms import (
     STATE_FIELDS,
@@ -115,6 +117,7 @@ class RedisStore:
         *,
         ttl_seconds: float = 7 * 86400,
         max_log_events: int = 10_000,
+        max_log_bytes: int = 16 * 1024 * 1024,
         pool_size: int = 50,
         operation_timeout: float = 2.0,
         connect_timeout: float = 1.0,
@@ -143,6 +146,8 @@ class RedisStore:
         # every script takes it as its last argument.
         self._record_ttl_ms = min(self._ttl_ms, int((record_ttl_seconds or ttl_seconds) * 1000))
         self._max_log_events = max_log_events
+        self._max_log_bytes = max_log_bytes
+        self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
         self._parsed_records = ParsedRecords()
@@ -207,6 +212,7 @@ class RedisStore:
             args += [name, value]
         args.append(as_json(anchor.__dict__) if anchor is not None else "")
         args.append("\n".join(sorted({anchor_field(record) for record in reached})))
+        args.append(self._max_log_bytes)
         args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records")
         keys += self._keys(conversation, "anchored", "positions", "used")
@@ -225,7 +231,12 @@ class RedisStore:
                     )
             else:
                 appended = await self._append_and_index(keys, args, conversation, now)
-        return int(appended)
+        added, dropped = (int(n) for n in appended)
+        if dropped:
+            first = conversation not in self._trimmed
+            self._trimmed.put(conversation, True)
+            log_bytes_dropped(conversation, dropped, first)
+        return added
 
     async def _append_and_index(
         self, keys: list[str], args: list[Arg], conversation: str, now: float

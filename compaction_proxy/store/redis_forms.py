@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 Arg = str | int | bytes
 # State hash fields that are not conversation attributes
-STATE_FIELDS = frozenset({"generation", "anchor", "tip", "ends"})
+STATE_FIELDS = frozenset({"generation", "anchor", "tip", "ends", "log_bytes"})
 
 
 def chain_args(chain: Sequence[str] | None) -> list[Arg]:

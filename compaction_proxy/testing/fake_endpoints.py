@@ -36,6 +36,7 @@ class FakeEndpoints:
     requests: list[RawRequest] = field(default_factory=list)
     files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # id: (name, bytes)
     batches: dict[str, str] = field(default_factory=dict)  # id: its output file's id
+    vector_stores: dict[str, list[str]] = field(default_factory=dict)  # id: its files' ids
     sent: list[bytes] = field(default_factory=list)  # every body answered, in order
     # Set by a test: speech waits on it after its first chunk (to see a stream relayed live).
     speech_gate: asyncio.Event | None = None
@@ -54,6 +55,13 @@ class FakeEndpoints:
             web.get("/v1/batches/{batch}", _refusing_junk(self._batch)),
             web.get("/v1/files/{file}/content", _refusing_junk(self._file_content)),
             web.delete("/v1/files/{file}", _refusing_junk(self._delete_file)),
+            web.post("/v1/vector_stores", _refusing_junk(self._create_vector_store)),
+            web.get(
+                "/v1/vector_stores/{store}/files/{file}/content",
+                _refusing_junk(self._vector_store_file_content),
+            ),
+            web.post("/v1/responses/compact", _refusing_junk(self._compact)),
+            web.post("/v1/responses/input_tokens", _refusing_junk(self._input_tokens)),
             web.post("/v1/audio/speech", _refusing_junk(self._speech)),
             web.get("/v1/realtime", _refusing_junk(self._realtime)),
         ]
@@ -183,6 +191,38 @@ class FakeEndpoints:
         file_id = request.match_info["file"]
         deleted = self.files.pop(file_id, None) is not None
         return self._answer({"id": file_id, "object": "file", "deleted": deleted})
+
+    async def _create_vector_store(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await self._keep(request))
+        store_id = f"vs_{next(self._ids)}"
+        file_ids = [f for f in body.get("file_ids", []) if f in self.files]
+        self.vector_stores[store_id] = file_ids
+        counts = {"completed": len(file_ids), "total": len(file_ids)}
+        return self._answer(
+            {"id": store_id, "object": "vector_store", "created_at": 0, "file_counts": counts}
+        )
+
+    async def _vector_store_file_content(self, request: web.Request) -> web.Response:
+        """A file of the store's, as the API serves it: to whoever names the store."""
+        await self._keep(request)
+        store, file_id = request.match_info["store"], request.match_info["file"]
+        if file_id not in self.vector_stores.get(store, []):
+            return self._answer(_error("No such file", "file_not_found"), 404)
+        text = self.files[file_id][1].decode(errors="replace")
+        data = [{"type": "text", "text": text}]
+        return self._answer({"file_id": file_id, "filename": self.files[file_id][0], "data": data})
+
+    async def _compact(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await self._keep(request))
+        built_on = body.get("previous_response_id") or "the input"
+        summary = {"type": "message", "role": "user", "content": f"compacted {built_on}"}
+        return self._answer(
+            {"id": f"resp_c{next(self._ids)}", "object": "response.compaction", "output": [summary]}
+        )
+
+    async def _input_tokens(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await self._keep(request))
+        return self._answer({"object": "response.input_tokens", "input_tokens": len(str(body))})
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await self._keep(request))

@@ -144,8 +144,9 @@ async def test_owned_gives_a_batch_owner_its_output_file(
 ) -> None:
     proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
     async with alice_and_bob(proxy) as (alice, bob):
+        requests = await alice.files.create(file=io.BytesIO(b"{}"), purpose="batch")
         batch = await alice.batches.create(
-            input_file_id="file-input", endpoint="/v1/chat/completions", completion_window="24h"
+            input_file_id=requests.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
         with pytest.raises(openai.NotFoundError):
             await bob.batches.retrieve(batch.id)

@@ -13,9 +13,15 @@ from hypothesis import strategies as st
 
 from compaction_proxy.conversation.log_events import MessageEvent
 from compaction_proxy.conversation.replacements import Checkpoint, Prune, record_to_dict
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store import MemoryStore
 from compaction_proxy.store.attributes import ConversationAttributes
+from tests.builders import agent_turns, system, user
+from tests.conftest import ProxyFactory
+from tests.helpers import MASKING_OFF, chat, counter, route
+
+SESSION = {"X-Session-Id": "one-big-conversation"}
 
 
 def held_bytes(store: MemoryStore) -> int:
@@ -111,3 +117,30 @@ async def test_three_hundred_compacting_conversations_stay_within_half_again_the
             )
         largest = max(largest, store.size_bytes, held_bytes(store))
     assert largest <= 1.5 * bound, largest
+
+
+async def test_one_conversation_past_the_bound_is_still_compacted_from_its_request(
+    make_proxy: ProxyFactory, upstream_url: str
+) -> None:
+    """A conversation whose messages alone outgrow the store: its log is cut to the bound,
+    and its requests are still served and compacted (from the request and its records)."""
+    bound = 1024 * 1024
+    proxy = await make_proxy(
+        memory_max_bytes=bound,
+        routes=[route(upstream_url, "small-*", 16_000, precompact_ratio=0, **MASKING_OFF)],
+    )
+    history = [system(), user("Make the importer idempotent.")]
+    statuses = []
+    dropped = counter("compaction_proxy_log_bytes_dropped_total")
+    for turn in range(8):
+        history += agent_turns(4, output=f"turn {turn} " + "log line " * 6_000)
+        answer = await chat(
+            proxy.url, [*history, user("Where are we?")], "small-1", extra_headers=SESSION
+        )
+        statuses.append(answer.headers["x-compaction-status"])
+        await proxy.app[SERVICES].pending_records.settled_all()
+        memory = proxy.store.inner  # type: ignore[attr-defined]
+        assert isinstance(memory, MemoryStore) and memory.size_bytes <= bound
+    assert "bypass" not in statuses
+    assert counter("compaction_proxy_log_bytes_dropped_total") > dropped
+    assert statuses[-1] in {"compacted", "masked", "pruned"}, statuses

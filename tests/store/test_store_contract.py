@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import orjson
 import pytest
 
 from compaction_proxy.conversation.log_events import MessageEvent
@@ -14,6 +15,7 @@ from compaction_proxy.store import BeginResult, MemoryStore, Store
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.redis import RedisStore
 from tests.conftest import REDIS_URL
+from tests.helpers import counter
 
 START = {"type": "compaction/start"}
 HOUR = 3600  # quota windows long enough that no test straddles two
@@ -368,6 +370,47 @@ async def test_the_log_keeps_only_its_newest_events(conversation: str) -> None:
             assert log[-1] == {"type": "request", "turn": 29}
         finally:
             await store.close()
+
+
+def big_messages(count: int, start: int, size: int) -> list[MessageEvent]:
+    return [
+        MessageEvent(i, f"big-{i}", {"type": "message", "position": i, "content": "x" * size})
+        for i in range(start, start + count)
+    ]
+
+
+async def test_one_conversations_log_holds_at_most_its_byte_bound(conversation: str) -> None:
+    """However big and many its messages, one conversation's log keeps at most
+    ``log_max_bytes`` (its newest events); what is dropped is counted."""
+    for backend in bounded_backends():
+        store: Store = (
+            MemoryStore(max_log_bytes=200_000)
+            if backend == "memory"
+            else RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=200_000)
+        )
+        before = counter("compaction_proxy_log_bytes_dropped_total")
+        try:
+            for turn in range(10):
+                await store.append(conversation, big_messages(20, turn * 20, 9_000))
+                await store.record_request(conversation, [{"type": "request", "turn": turn}])
+            log = await log_of(store, conversation)
+            held = sum(len(orjson.dumps(event)) for event in log)
+            assert 150_000 <= held <= 200_000, (backend, held)
+            assert log[-1] == {"type": "request", "turn": 9}
+            assert counter("compaction_proxy_log_bytes_dropped_total") - before >= 1_500_000
+            # Still served: the state loads, and new messages are logged.
+            await store.load(conversation)
+            assert await store.append(conversation, big_messages(1, 1_000, 10)) == 1
+        finally:
+            await store.close()
+
+
+async def test_one_conversation_alone_never_outgrows_the_memory_stores_bound() -> None:
+    store = MemoryStore(max_bytes=4 * 1024 * 1024)
+    for turn in range(10):
+        await store.append("alone", big_messages(20, turn * 20, 90_000))
+        assert store.size_bytes <= 4 * 1024 * 1024
+    assert len(await log_of(store, "alone")) >= 40
 
 
 async def test_the_memory_store_is_bounded_by_bytes_evicting_the_least_recent() -> None:

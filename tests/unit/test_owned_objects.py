@@ -5,31 +5,45 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from compaction_proxy.security.account_endpoints import refused_account_endpoint
+from compaction_proxy.security.object_references import (
+    NamedObject,
+    duplicated_key,
+    named_objects,
+    scan,
+)
 from compaction_proxy.security.owned_objects import (
     MAX_OBJECT_ID,
-    addressed_object,
+    addressed_objects,
     created_objects,
     own_list,
-    stateful_objects,
 )
 
 
 @pytest.mark.parametrize(
     ("path", "template", "addressed"),
     [
-        ("/v1/files/file-1", "/v1/files/{id}", "file-1"),
-        ("/v1/files/file-1/content", "/v1/files/{id}/content", "file-1"),
-        ("/v1/vector_stores/vs_1/files/file-2", "/v1/vector_stores/{id}/files/{id}", "vs_1"),
-        ("/v1/files", "/v1/files", None),
+        ("/v1/files/file-1", "/v1/files/{id}", ["file-1"]),
+        ("/v1/files/file-1/content", "/v1/files/{id}/content", ["file-1"]),
+        (
+            "/v1/vector_stores/vs_1/files/file-2/content",
+            "/v1/vector_stores/{id}/files/{id}/content",
+            ["vs_1", "file-2"],  # a vector store's file is a file of the account
+        ),
+        ("/v1/threads/t_1/runs/run_1/steps/s_1", "/v1/threads/{id}/runs/{id}/steps/{id}", ["t_1"]),
+        ("/v1/containers/c_1/files/cf_1", "/v1/containers/{id}/files/{id}", ["c_1"]),
+        ("/v1/conversations/c_1/items/i_1", "/v1/conversations/{id}/items/{id}", ["c_1"]),
+        ("/v1/fine_tuning/jobs/ft_1/events", "/v1/fine_tuning/jobs/{id}/events", ["ft_1"]),
+        ("/v1/files", "/v1/files", []),
     ],
 )
-def test_a_request_addresses_the_object_at_its_first_id(
-    path: str, template: str, addressed: str | None
+def test_a_path_addresses_every_account_object_it_names_not_only_the_first(
+    path: str, template: str, addressed: list[str]
 ) -> None:
-    assert addressed_object(path, template) == addressed
+    assert addressed_objects(path, template) == addressed
 
 
 @pytest.mark.parametrize(
@@ -60,20 +74,121 @@ def test_an_answer_makes_its_caller_the_owner_of_what_it_creates(
     assert created_objects(template, method, answer) == created
 
 
+FILE_PART = {"type": "file", "file": {"file_id": "file-a"}}
+
+
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        ({"previous_response_id": "resp_1"}, ["resp_1"]),
-        ({"conversation": "conv_1"}, ["conv_1"]),
-        ({"conversation": {"id": "conv_2"}}, ["conv_2"]),
-        ({"previous_response_id": 7}, [""]),  # not an id: owned by nobody
+        ({"previous_response_id": "resp_1"}, [("previous_response_id", "resp_1")]),
+        ({"previous_response_id": None}, []),  # null is "none"
+        ({"conversation": "conv_1"}, [("conversation", "conv_1")]),
+        ({"conversation": {"id": "conv_2"}}, [("conversation", "conv_2")]),
+        ({"previous_response_id": 7}, [("previous_response_id", "")]),  # owned by nobody
         ({"input": "hi"}, []),
+        # A chat file part, nested in a message's content.
+        ({"messages": [{"role": "user", "content": ["x", FILE_PART]}]}, [("file_id", "file-a")]),
+        # Responses: an input_file item, file_search and code_interpreter tools.
+        (
+            {
+                "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f1"}]}],
+                "tools": [
+                    {"type": "file_search", "vector_store_ids": ["vs_1", "vs_2"]},
+                    {"type": "code_interpreter", "container": {"type": "auto", "file_ids": ["f2"]}},
+                ],
+            },
+            [
+                ("file_id", "f1"),
+                ("vector_store_ids", "vs_1"),
+                ("vector_store_ids", "vs_2"),
+                ("file_ids", "f2"),
+            ],
+        ),
+        # Anthropic: a document from the Files API, and a container.
+        (
+            {
+                "container": "container_1",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "document", "source": {"type": "file", "file_id": "f3"}}
+                        ],
+                    }
+                ],
+            },
+            [("container", "container_1"), ("file_id", "f3")],
+        ),
+        # Batches, vector stores, fine-tuning.
+        ({"input_file_id": "f4", "endpoint": "/v1/chat/completions"}, [("input_file_id", "f4")]),
+        ({"name": "s", "file_ids": ["f5"]}, [("file_ids", "f5")]),
+        (
+            {"training_file": "f6", "validation_file": "f7"},
+            [("training_file", "f6"), ("validation_file", "f7")],
+        ),
+        # Payloads the upstream never reads as references: an agent's own tool input, a
+        # schema, metadata, a tool call's arguments.
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "tool_use",
+                                "id": "t",
+                                "name": "read",
+                                "input": {"file_id": "mine"},
+                            }
+                        ],
+                    }
+                ],
+                "tools": [
+                    {
+                        "name": "read",
+                        "input_schema": {"properties": {"file_id": {"type": "string"}}},
+                    }
+                ],
+                "metadata": {"file_id": "label"},
+            },
+            [],
+        ),
     ],
 )
-def test_a_stateful_request_names_the_objects_it_builds_on(
-    body: dict[str, Any], named: list[str]
+def test_a_body_names_every_stored_object_wherever_it_stands(
+    body: dict[str, Any], named: list[tuple[str, str]]
 ) -> None:
-    assert stateful_objects(body) == named
+    assert named_objects(body) == [NamedObject(param, object_id) for param, object_id in named]
+    raw = orjson.dumps(body)
+    assert scan(raw).may_name_objects or not named
+
+
+@pytest.mark.parametrize(
+    ("raw", "repeated"),
+    [
+        (b'{"model": "a", "messages": [], "model": "b"}', "model"),
+        (b'{"model": "a", "stream": false, "stream": true}', "stream"),
+        (
+            b'{"model": "a", "previous_response_id": "r1", "previous_response_id": "r2"}',
+            "previous_response_id",
+        ),
+        (
+            b'{"model": "a", "input": [{"type": "input_file", "file_id": "f1", "file_id": "f2"}]}',
+            "file_id",
+        ),
+        # Spelled with escapes: the same key once parsed.
+        (b'{"model": "a", "mod\\u0065l": "b"}', "model"),
+        (b'{"model": "a", "tools": [{"parameters": {"model": {}}}]}', None),  # other objects
+        (b'{"model": "a", "temperature": 1, "temperature": 2}', None),  # read for no decision
+    ],
+)
+def test_a_decision_field_given_twice_in_one_object_is_found(
+    raw: bytes, repeated: str | None
+) -> None:
+    seen = scan(raw)
+    assert duplicated_key(raw) == repeated
+    if repeated is not None:
+        assert seen.may_repeat_a_key
 
 
 def test_a_list_keeps_only_the_callers_objects_and_its_cursors_follow() -> None:

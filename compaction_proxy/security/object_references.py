@@ -1,0 +1,169 @@
+"""The stored objects a request body names, wherever it names them (pure).
+
+Under a key the proxy holds, a request that names an object the account keeps (a file, a
+vector store, a stored response, a container...) reaches that object whatever endpoint it goes
+to: a chat ``file`` part quotes the file, a batch over an ``input_file_id`` reads it, a vector
+store made with ``file_ids`` serves them, ``previous_response_id`` on ``/responses/compact``
+returns the response's text. So every body is searched, at any depth, for the fields the APIs
+name objects by (``NAMING_KEYS``); the edge then binds the request to the account
+(``security.account_endpoints``, ``http.ownership``).
+
+Payloads the upstream never reads as references are not searched: a tool call's arguments, a
+JSON schema, ``metadata``, and the ``input`` of an Anthropic tool use (an agent's own tool
+may well take a ``file_id``).
+
+A field the proxy reads for such a decision, or for routing (``model``, ``stream``), given
+twice in one JSON object is refused: the proxy's parser keeps the last value, and an upstream
+whose parser keeps the first would act on another value than the one checked
+(``duplicated_key``). Both searches start with one regular expression over the bytes, so a body
+that names nothing costs a scan, not a walk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# Fields whose string value is one object's id.
+_ID_KEYS = frozenset(
+    {
+        "file_id",
+        "input_file_id",
+        "previous_response_id",
+        "response_id",
+        "vector_store_id",
+        "training_file",
+        "validation_file",
+        "assistant_id",
+        "thread_id",
+        "batch_id",
+        "upload_id",
+        "container_id",
+        "conversation_id",
+    }
+)
+# Fields whose value is a list of ids.
+_ID_LIST_KEYS = frozenset({"file_ids", "vector_store_ids"})
+# Fields whose value is an id, or an object carrying it as ``id``.
+_HOLDER_KEYS = frozenset({"conversation", "container"})
+NAMING_KEYS = _ID_KEYS | _ID_LIST_KEYS | _HOLDER_KEYS
+# Fields read for a decision: given twice in one object, a 400.
+DECISION_KEYS = NAMING_KEYS | {"model", "stream"}
+# Values never read as references by the upstream: not searched.
+_OPAQUE_KEYS = frozenset({"metadata", "parameters", "input_schema", "schema", "json_schema"})
+_OPAQUE_STRINGS = frozenset({"arguments"})  # a JSON string: nothing to walk anyway
+
+_KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS))
+_KEYS = re.compile(rb'"(' + _KEY_NAMES.encode() + rb')"')
+# A key spelled with an escaped letter or underscore (``"file\u005fid"``) reads as the same
+# key once parsed, but no byte search sees it: such a body is searched the slow way.
+_ESCAPED_LETTER = re.compile(rb"\\u00(?:5[fF]|[67][0-9a-fA-F])")
+
+
+@dataclass(frozen=True)
+class NamedObject:
+    """An object a body names: ``param`` the field naming it, ``object_id`` its id as sent
+    (``""`` when the field holds no string: no object anyone owns)."""
+
+    param: str
+    object_id: str
+
+
+@dataclass(frozen=True)
+class KeysSeen:
+    """What one scan of a body's bytes found: decision keys spelled plainly, by name, and
+    whether any key may be spelled with escapes."""
+
+    counts: dict[str, int]
+    escaped: bool
+
+    @property
+    def may_name_objects(self) -> bool:
+        return self.escaped or any(key in NAMING_KEYS for key in self.counts)
+
+    @property
+    def may_repeat_a_key(self) -> bool:
+        """Whether a decision key may stand twice in one object (then ``duplicated_key``
+        says): a key seen twice anywhere, any naming key (objects name few of them, and a
+        second one may hide in the same object), or an escaped key."""
+        return self.escaped or any(
+            count > 1 or key in NAMING_KEYS for key, count in self.counts.items()
+        )
+
+
+def scan(raw: bytes) -> KeysSeen:
+    counts: dict[str, int] = {}
+    for found in _KEYS.finditer(raw):
+        key = found.group(1).decode()
+        counts[key] = counts.get(key, 0) + 1
+    return KeysSeen(counts, _ESCAPED_LETTER.search(raw) is not None)
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen and key in DECISION_KEYS:
+            raise DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def duplicated_key(raw: bytes) -> str | None:
+    """The first decision key that stands twice in one JSON object of ``raw``, if any (a
+    whole parse by the standard library: called only when ``scan`` says it may be)."""
+    try:
+        json.loads(raw, object_pairs_hook=_refuse_duplicates)
+    except DuplicateKey as duplicate:
+        return duplicate.key
+    except (ValueError, RecursionError):
+        return None  # not JSON: its parse refuses it elsewhere
+    return None
+
+
+def named_objects(body: Any) -> list[NamedObject]:
+    """Every object ``body`` names, in the order met (see the module's docstring)."""
+    return list(_walk(body))
+
+
+def _walk(body: Any) -> Iterator[NamedObject]:
+    stack = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(reversed(value))
+            continue
+        if not isinstance(value, dict):
+            continue
+        tool_use = isinstance(value.get("type"), str) and value["type"].endswith("tool_use")
+        later = []
+        for key, item in value.items():
+            if key in _OPAQUE_KEYS or key in _OPAQUE_STRINGS or (tool_use and key == "input"):
+                continue
+            if key in NAMING_KEYS:
+                yield from _named_by(key, item)
+            if isinstance(item, dict | list):
+                later.append(item)
+        stack.extend(reversed(later))
+
+
+def _named_by(key: str, value: Any) -> Iterator[NamedObject]:
+    if value is None:
+        return  # clients send ``null`` for "none"
+    if key in _ID_LIST_KEYS:
+        for item in value if isinstance(value, list) else [value]:
+            yield NamedObject(key, item if isinstance(item, str) else "")
+    elif key in _HOLDER_KEYS and isinstance(value, dict):
+        if "id" in value:
+            held = value["id"]
+            yield NamedObject(key, held if isinstance(held, str) else "")
+    else:
+        yield NamedObject(key, value if isinstance(value, str) else "")

@@ -1,0 +1,241 @@
+"""Under a key the proxy holds, a request that names a stored object anywhere (path segment,
+body field, content part, nested) is bound to the account: refused under ``refused``; under
+``owned``, served only when the caller owns every object it names, else the API's 404 for that
+id, and nothing reaches the upstream. A field read for that decision, given twice in one JSON
+object, is a 400."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.e2e.test_account_endpoints import ALICE, BOB, alice_and_bob, keyed
+
+Call = Callable[[openai.AsyncOpenAI, str], Awaitable[Any]]
+
+
+def file_part(file_id: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "file", "file": {"file_id": file_id}}]}]
+
+
+# Each names Alice's file through another field the API reads.
+NAMING_CALLS: list[tuple[str, Call]] = [
+    (
+        "chat file part",
+        lambda c, f: c.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=file_part(f),  # type: ignore[arg-type]
+        ),
+    ),
+    (
+        "responses input_file",
+        lambda c, f: c.responses.create(
+            model="gpt-4o-mini",
+            input=[{"role": "user", "content": [{"type": "input_file", "file_id": f}]}],
+        ),
+    ),
+    ("vector store file_ids", lambda c, f: c.vector_stores.create(name="his", file_ids=[f])),
+    (
+        "batch input_file_id",
+        lambda c, f: c.batches.create(
+            input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ),
+    (
+        "fine-tuning training_file",
+        lambda c, f: c.fine_tuning.jobs.create(model="gpt-4o-mini", training_file=f),
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "call"), NAMING_CALLS, ids=[w for w, _ in NAMING_CALLS])
+async def test_owned_refuses_a_body_naming_anothers_file_with_the_apis_404(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    what: str,
+    call: Call,
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with alice_and_bob(proxy) as (alice, bob):
+        payroll = await alice.files.create(file=io.BytesIO(b"payroll"), purpose="batch")
+        with pytest.raises(openai.NotFoundError) as missing:
+            await call(bob, payroll.id)
+    assert isinstance(missing.value.body, dict) and payroll.id in missing.value.body["message"]
+    reached = [
+        r for r in fake.endpoints.requests if payroll.id.encode() in r.body + r.path.encode()
+    ]
+    assert reached == [] and payroll.id not in str(fake.received) + str(fake.responses.received)
+
+
+async def test_owned_serves_a_body_naming_the_callers_own_file(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with alice_and_bob(proxy) as (alice, _):
+        notes = await alice.files.create(file=io.BytesIO(b"notes"), purpose="batch")
+        await alice.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=file_part(notes.id),  # type: ignore[arg-type]
+        )
+        store = await alice.vector_stores.create(name="mine", file_ids=[notes.id])
+        assert store.file_counts.completed == 1
+    assert notes.id in str(fake.received)
+
+
+async def test_owned_checks_every_id_of_a_nested_path(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """Bob's own vector store does not make Alice's file his: the second id is checked too."""
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with alice_and_bob(proxy) as (alice, bob):
+        payroll = await alice.files.create(file=io.BytesIO(b"payroll"), purpose="batch")
+        his = await bob.vector_stores.create(name="his")
+        fake.endpoints.vector_stores[his.id].append(payroll.id)  # as if attached upstream
+        with pytest.raises(openai.NotFoundError) as missing:
+            await bob.vector_stores.files.content(payroll.id, vector_store_id=his.id)
+        assert isinstance(missing.value.body, dict) and payroll.id in missing.value.body["message"]
+        theirs = await alice.vector_stores.create(name="hers", file_ids=[payroll.id])
+        read = await alice.vector_stores.files.content(payroll.id, vector_store_id=theirs.id)
+        assert [part.text async for part in read] == ["payroll"]
+
+
+@pytest.mark.parametrize("path", ["/responses/compact", "/responses/input_tokens"])
+async def test_a_stored_response_named_by_compact_or_input_tokens_is_bound_to_the_account(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    path: str,
+) -> None:
+    refused = await keyed(make_proxy, upstream_url, monkeypatch)
+    owned = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    body = {"model": "gpt-4o-mini", "previous_response_id": "resp_of_alice", "input": "x"}
+    async with aiohttp.ClientSession() as http:
+
+        async def post(proxy: RunningProxy, key: str, sent: dict[str, Any]) -> tuple[int, Any]:
+            headers = {"Authorization": f"Bearer {key}"}
+            async with http.post(proxy.url + path, json=sent, headers=headers) as answer:
+                return answer.status, await answer.json()
+
+        status, error = await post(refused, BOB, body)
+        assert status == 403 and error["error"]["code"] == "account_endpoint_refused"
+        assert error["error"]["param"] == "previous_response_id"
+        status, error = await post(owned, BOB, body)
+        assert status == 404 and "resp_of_alice" in error["error"]["message"]
+        assert fake.endpoints.requests == []
+        # Naming nothing, they answer from the request alone, as before.
+        stateless = {"model": "gpt-4o-mini", "input": "x"}
+        assert (await post(refused, BOB, stateless))[0] == 200
+        # In owned mode, Alice's own stored response is hers to compact.
+        async with alice_and_bob(owned) as (alice, _):
+            mine = await alice.responses.create(model="gpt-4o-mini", input="my salary is 10")
+        status, answer = await post(owned, ALICE, {**body, "previous_response_id": mine.id})
+        assert status == 200, answer
+
+
+async def test_refused_mode_refuses_a_chat_naming_a_file(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob:
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            await bob.chat.completions.create(
+                model="gpt-4o-mini",
+                messages=file_part("file-somebodys"),  # type: ignore[arg-type]
+            )
+        assert isinstance(refused.value.body, dict)
+        assert refused.value.body["code"] == "account_endpoint_refused"
+        assert "file-somebodys" in refused.value.body["message"]
+        # A chat naming nothing is served as ever.
+        await bob.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert "file-somebodys" not in str(fake.received)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "document", "source": {"type": "file", "file_id": "file_of_alice"}},
+        {"type": "container_upload", "file_id": "file_of_alice"},
+    ],
+)
+async def test_an_anthropic_request_naming_a_file_is_bound_to_the_account(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    block: dict[str, Any],
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_KEY", "sk-ant-held")
+    proxy = await keyed(
+        make_proxy,
+        upstream_url,
+        monkeypatch,
+        account_endpoints="owned",
+        anthropic_base_url=upstream_url,
+        anthropic_api_key_env="ANTHROPIC_KEY",
+    )
+    async with anthropic.AsyncAnthropic(base_url=proxy.root, api_key=BOB, max_retries=0) as bob:
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await bob.messages.create(
+                model="claude-sonnet-4-5",
+                max_tokens=100,
+                messages=[{"role": "user", "content": [block]}],  # type: ignore[list-item]
+            )
+        with pytest.raises(anthropic.NotFoundError):
+            await bob.messages.create(
+                model="claude-sonnet-4-5",
+                max_tokens=100,
+                container="container_of_alice",
+                messages=[{"role": "user", "content": "run it"}],
+            )
+    assert isinstance(missing.value.body, dict)
+    assert missing.value.body["type"] == "error" and "file_of_alice" in str(missing.value.body)
+    assert fake.messages.received == []
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "key"),
+    [
+        ("/chat/completions", b'{"model":"gpt-4o","messages":[],"model":"gpt-4o-mini"}', "model"),
+        (
+            "/responses",
+            b'{"model":"m","input":"x","previous_response_id":"r1","previous_response_id":"r2"}',
+            "previous_response_id",
+        ),
+        (
+            "/batches",
+            b'{"input_file_id":"f1","endpoint":"/v1/chat/completions","input_file_id":"f2"}',
+            "input_file_id",
+        ),
+        ("/responses/compact", b'{"model":"m","input":"x","mod\\u0065l":"other"}', "model"),
+    ],
+)
+async def test_a_decision_field_given_twice_in_one_object_is_a_400(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    path: str,
+    raw: bytes,
+    key: str,
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    headers = {"Authorization": f"Bearer {BOB}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + path, data=raw, headers=headers) as answer:
+            assert answer.status == 400
+            error = (await answer.json())["error"]
+    assert error["code"] == "duplicate_key" and error["param"] == key
+    assert fake.endpoints.requests == [] and fake.received == []
