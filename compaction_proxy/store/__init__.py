@@ -38,6 +38,7 @@ def _backend(settings: Settings) -> Store:
         ttl_seconds=settings.store_ttl_seconds,
         max_log_events=settings.log_max_events,
         max_log_bytes=settings.log_max_bytes,
+        compress_log=settings.log_compression,
         pool_size=settings.store_pool_size,
         operation_timeout=settings.store_socket_timeout,
         connect_timeout=settings.store_connect_timeout,

@@ -33,7 +33,6 @@ from compaction_proxy.conversation.replacements import (
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.offload import is_big, off_loop_if
-from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import (
     BeginResult,
@@ -44,6 +43,7 @@ from compaction_proxy.store.base import (
 )
 from compaction_proxy.store.branches import lease_anchor
 from compaction_proxy.store.log_bound import log_bytes_dropped
+from compaction_proxy.store.packed_events import read_event
 from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_forms import (
     STATE_FIELDS,
@@ -118,6 +118,7 @@ class RedisStore:
         ttl_seconds: float = 7 * 86400,
         max_log_events: int = 10_000,
         max_log_bytes: int = 16 * 1024 * 1024,
+        compress_log: bool = True,
         pool_size: int = 50,
         operation_timeout: float = 2.0,
         connect_timeout: float = 1.0,
@@ -125,6 +126,9 @@ class RedisStore:
     ) -> None:
         options: dict[str, Any] = {
             "decode_responses": True,
+            # A compressed log event is not UTF-8: it reads back as a string that encodes to
+            # the bytes stored (store.packed_events); every other reply is UTF-8 as ever.
+            "encoding_errors": "surrogateescape",
             # Bounded per operation instead (``_Bounded``); connecting stays redis-py's.
             "socket_timeout": None,
             "socket_connect_timeout": connect_timeout,
@@ -147,6 +151,7 @@ class RedisStore:
         self._record_ttl_ms = min(self._ttl_ms, int((record_ttl_seconds or ttl_seconds) * 1000))
         self._max_log_events = max_log_events
         self._max_log_bytes = max_log_bytes
+        self._compress_log = compress_log
         self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
@@ -202,7 +207,8 @@ class RedisStore:
         if tip is not None:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
         listing, blob = await off_loop_if(
-            is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
+            is_big(messages=len(messages)),
+            lambda: messages_as_two_args(messages, self._compress_log),
         )
         args: list[Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
         args.append(len(events))
@@ -363,7 +369,7 @@ class RedisStore:
         async with self._bounded("read_log"):
             raw = await self._client.xrange(log, min=start, max="+", count=limit + 1)
         entries = cast(list[tuple[str, dict[str, str]]], raw)
-        page = [(entry_id, jsonio.loads(fields["e"])) for entry_id, fields in entries[:limit]]
+        page = [(entry_id, read_event(fields)) for entry_id, fields in entries[:limit]]
         more = len(entries) > limit
         return LogPage(page, page[-1][0] if page and more else None)
 

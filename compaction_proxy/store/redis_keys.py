@@ -12,7 +12,8 @@ PREFIX = "cp"
 def conversation_keys(conversation: str) -> dict[str, str]:
     tag = f"{PREFIX}:{{{conversation}}}"
     return {
-        "log": f"{tag}:log",  # Stream of events, field "e" = JSON
+        # Stream of events, field "e" = JSON, or "z" = zstd-compressed JSON (packed_events)
+        "log": f"{tag}:log",
         "seen": f"{tag}:seen",  # Set of chain hashes already logged as messages
         "state": f"{tag}:state",  # Hash: generation, anchor (JSON), tip, attributes
         # List of replacement records (JSON) as versions before anchoring wrote them: read,

@@ -7,6 +7,7 @@ import uuid
 
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from compaction_proxy.conversation.log_events import MessageEvent
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
@@ -14,6 +15,7 @@ from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.store import BeginResult, MemoryStore, Store
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.store.redis_keys import conversation_keys
 from tests.conftest import REDIS_URL
 from tests.helpers import counter
 
@@ -386,7 +388,8 @@ async def test_one_conversations_log_holds_at_most_its_byte_bound(conversation: 
         store: Store = (
             MemoryStore(max_log_bytes=200_000)
             if backend == "memory"
-            else RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=200_000)
+            # Stored as JSON, so what is read back weighs what the bound counts.
+            else RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=200_000, compress_log=False)
         )
         before = counter("compaction_proxy_log_bytes_dropped_total")
         try:
@@ -403,6 +406,36 @@ async def test_one_conversations_log_holds_at_most_its_byte_bound(conversation: 
             assert await store.append(conversation, big_messages(1, 1_000, 10)) == 1
         finally:
             await store.close()
+
+
+async def test_a_compressed_log_reads_back_as_written_and_stays_in_its_bound(
+    conversation: str,
+) -> None:
+    """Redis keeps big message events compressed: read back, they are the events written;
+    the byte bound counts what is stored; a log written without compression reads alike."""
+    plain = RedisStore(REDIS_URL, ttl_seconds=3600, compress_log=False)
+    store = RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=100_000)
+    try:
+        written = [*big_messages(3, 0, 10), *big_messages(3, 3, 5_000)]
+        await plain.append(conversation, written[:2])
+        await store.append(conversation, written[2:])
+        assert await log_of(store, conversation) == [m.event for m in written]
+        for turn in range(40):
+            await store.append(conversation, big_messages(20, 100 + turn * 20, 20_000))
+        client = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            keys = conversation_keys(conversation)
+            stored = int(await client.hget(keys["state"], "log_bytes") or 0)
+            log_memory = await client.memory_usage(keys["log"], samples=0)
+        finally:
+            await client.aclose()
+        assert 0 < stored <= 100_000
+        assert log_memory is not None and log_memory < 400_000
+        logged = await log_of(store, conversation)
+        assert len(logged) > 200 and logged[-1] == big_messages(1, 899, 20_000)[0].event
+    finally:
+        await plain.close()
+        await store.close()
 
 
 async def test_one_conversation_alone_never_outgrows_the_memory_stores_bound() -> None:

@@ -2,8 +2,10 @@
 -- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*,
 --       anchor_json ('' to keep the anchor), reached anchors ("\n" apart), max_log_bytes,
 --       records_ttl_ms
---   messages: JSON array of [hash, content_key, by_content (0/1), event length in bytes];
---   blob: those events' JSON, back to back. Two arguments however many messages: a request
+--   messages: JSON array of [hash, content_key, by_content (0/1), stored length in bytes,
+--   compressed (0/1)]; blob: those events as stored (JSON, or zstd-compressed JSON kept in the
+--   field 'z' instead of 'e': store/packed_events.py), back to back. Two arguments however
+--   many messages: a request
 --   logging 20,000 of them would otherwise spend far longer packing 80,000 arguments than
 --   Redis spends running this script.
 -- Logs each message whose chain hash is new (and, by_content, whose content is new too),
@@ -20,6 +22,7 @@ local added, logged_bytes = 0, 0
 local blob, offset = ARGV[4], 1
 for _, m in ipairs(cjson.decode(ARGV[3])) do
   local hash, content_key, by_content, length = m[1], m[2], m[3], m[4]
+  local field = m[5] == 1 and 'z' or 'e'
   local new = redis.call('SISMEMBER', KEYS[2], hash) == 0
   if new and by_content == 1 and content_key ~= '' then
     new = redis.call('SISMEMBER', KEYS[2], content_key) == 0
@@ -27,7 +30,7 @@ for _, m in ipairs(cjson.decode(ARGV[3])) do
   if new then
     redis.call('SADD', KEYS[2], hash)
     if content_key ~= '' then redis.call('SADD', KEYS[2], content_key) end
-    redis.call('XADD', KEYS[1], '*', 'e', string.sub(blob, offset, offset + length - 1))
+    redis.call('XADD', KEYS[1], '*', field, string.sub(blob, offset, offset + length - 1))
     added = added + 1
     logged_bytes = logged_bytes + length
   end
