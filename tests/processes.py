@@ -41,10 +41,11 @@ async def proxy_process(
     *args: str,
     capture_stderr: bool = False,
     module: str = "compaction_proxy",
+    cwd: str | None = None,
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     """``python -m compaction_proxy serve`` (or ``module``'s) on a free port; yields the process
     and its base URL (with ``capture_stderr``, read its log from ``process.stderr`` once it has
-    stopped)."""
+    stopped). With ``cwd`` another checkout's package runs (``-m`` puts it first on the path)."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -56,6 +57,7 @@ async def proxy_process(
         *args,
         env={**os.environ, **env},
         stderr=asyncio.subprocess.PIPE if capture_stderr else None,
+        cwd=cwd,
     )
     base = f"http://127.0.0.1:{port}"
     try:

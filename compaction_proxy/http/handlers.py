@@ -52,6 +52,7 @@ from compaction_proxy.metrics import (
     child,
 )
 from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
@@ -94,7 +95,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         client_request = await off_loop_if(
             is_big(len(raw)), lambda: parse_chat_request(raw, known, recent, session_id)
         )
-        named = await _named(request, raw, client_request.body)
+        named = await _named(request, raw, client_request.body, client_request.lineage)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
@@ -113,8 +114,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         body, extension = await off_loop_if(
             is_big(len(raw)), lambda: parse_responses_body(raw, recent, session_id)
         )
-        named = await _named(request, raw, body)
         if stateful(body):
+            named = await _named(request, raw, body)
             route = request.app[SERVICES].policies.for_model(body["model"]).route
             REQUESTS.labels(route=route.model, outcome="stateful").inc()
             return await relay_as_sent(request, route, raw, named)
@@ -122,6 +123,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
             is_big(len(raw)),
             lambda: parse_responses_request(body, raw, known, recent, extension, session_id),
         )
+        named = await _named(request, raw, client_request.body, client_request.lineage)
     except BadRequest as error:
         REQUESTS.labels(route="", outcome="bad_request").inc()
         return bad_request_response(error)
@@ -148,9 +150,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _serve(request, client_request, session_id, started, named)
 
 
-async def _named(request: web.Request, raw: bytes, body: Any) -> list[NamedObject]:
+async def _named(
+    request: web.Request, raw: bytes, body: Any, lineage: Lineage | None = None
+) -> list[NamedObject]:
     """The stored objects the body names (``http.ownership.named_in_body``)."""
-    return await off_loop_if(is_big(len(raw)), lambda: named_in_body(request, raw, body))
+    return await off_loop_if(is_big(len(raw)), lambda: named_in_body(request, raw, body, lineage))
 
 
 async def _serve(

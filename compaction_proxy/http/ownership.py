@@ -22,8 +22,10 @@ from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import error_response
 from compaction_proxy.http.upstream import Claim
+from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.account_endpoints import REFUSAL
 from compaction_proxy.security.object_references import (
+    KeysSeen,
     NamedObject,
     duplicated_key,
     named_objects,
@@ -99,13 +101,20 @@ async def _refused_unless_owned(
     return None
 
 
-def named_in_body(request: web.Request, raw: bytes, body: Any) -> list[NamedObject]:
+def named_in_body(
+    request: web.Request, raw: bytes, body: Any, lineage: Lineage | None = None
+) -> list[NamedObject]:
     """The stored objects a JSON body names (``security.object_references``), when the proxy
     holds keys (else nobody's objects are the proxy's to guard: an empty list, at no cost).
+    A body extending a remembered one (``lineage``) is scanned from where they differ.
     Raises BadRequest when a field read for such a decision stands twice in one object."""
     if not request.app[SERVICES].client_keys.required:
         return []
-    seen = scan(raw)
+    earlier = lineage.base_scanned.keys if lineage and lineage.base_scanned else None
+    start = lineage.shared_bytes if isinstance(earlier, KeysSeen) and lineage else 0
+    seen = scan(raw, start, earlier if isinstance(earlier, KeysSeen) else None)
+    if lineage is not None and lineage.scanned is not None:
+        lineage.scanned.keys = seen
     if seen.may_repeat_a_key:
         key = duplicated_key(raw)
         if key is not None:

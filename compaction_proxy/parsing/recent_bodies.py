@@ -70,6 +70,9 @@ class Scanned:
     compacted conversation, and the body is the client's whole history."""
 
     clean: bool = False
+    # What the edge's scan for decision keys found in this body, with where (kept for the next
+    # body that extends it, which then scans only its new bytes: security.object_references).
+    keys: object | None = None
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: a body is one remembered parse
@@ -98,14 +101,18 @@ class Lineage:
     messages, head included, the two have in common; ``own`` is where this body's chains are
     left. Its first ``clean_bytes`` bytes are those it shares with a remembered body a scan
     found clean, so its own scan starts there (the shared bytes end with a message's closing
-    brace: no run of digits crosses that point); ``scanned`` is where its own scan is left
-    (None for a body not remembered)."""
+    brace: no run of digits crosses that point); ``scanned`` is where its own scans are left
+    (None for a body not remembered), ``base_scanned`` where the remembered body's are."""
 
     earlier: Mapping[str, Sequence[str]]
     shared: int
     own: dict[str, Sequence[str]]
     clean_bytes: int = 0
     scanned: Scanned | None = None
+    # The remembered body's own scan, and how many first bytes this one shares with it (up to
+    # a message's closing brace, so no key or escape crosses that point).
+    base_scanned: Scanned | None = None
+    shared_bytes: int = 0
 
     def known(self, root: str, head: int) -> Sequence[str]:
         """The chain of the shared body positions, for a head of ``head`` messages. Messages
@@ -273,14 +280,17 @@ class RecentBodies:
         if shared is None:
             shared = 0 if replaces is None else replaces.known
         clean = _clean_bytes(raw, replaces)
+        base_scanned = None if replaces is None else replaces.base.scanned
+        shared_bytes = _shared_bytes(raw, replaces)
         cost = len(raw) * _PARSED_COST
         if cost * 10 > self.max_bytes:
-            return Lineage(earlier, shared, {}, clean)  # too big to keep: spare the layout
+            # Too big to keep: spare the layout.
+            return Lineage(earlier, shared, {}, clean, None, base_scanned, shared_bytes)
         layout = replaces.layout if replaces is not None else layout_of(raw, elements, name)
         if layout is None:
             return None
         if len(layout.ends) != len(elements):
-            return Lineage(earlier, shared, {}, clean)
+            return Lineage(earlier, shared, {}, clean, None, base_scanned, shared_bytes)
         rest = replaces.body if replaces is not None else None
         entry = _Remembered(raw, layout, elements, digests, translation, rest)
         key = replaces.key if replaces is not None else _key(raw, layout.ends)
@@ -302,7 +312,9 @@ class RecentBodies:
                 self._by_hint.move_to_end((name, hint))
                 if len(self._by_hint) > _MAX_HINTS:
                     self._by_hint.popitem(last=False)
-        return Lineage(earlier, shared, entry.chains, clean, entry.scanned)
+        return Lineage(
+            earlier, shared, entry.chains, clean, entry.scanned, base_scanned, shared_bytes
+        )
 
 
 # A body's other members (to take its array), its new elements, where they end, its ``]``.
@@ -332,6 +344,14 @@ def _clean_bytes(raw: bytes, extension: Extension | None) -> int:
     """How many of ``raw``'s first bytes are known to hold no run of digits: those it shares
     with the remembered body it extends, if a scan found that one clean."""
     if extension is None or not extension.base.scanned.clean:
+        return 0
+    return _shared_bytes(raw, extension)
+
+
+def _shared_bytes(raw: bytes, extension: Extension | None) -> int:
+    """How many of ``raw``'s first bytes are the remembered body's it extends, up to the end
+    of their last shared message (its closing brace)."""
+    if extension is None or extension.known == 0:
         return 0
     shared = extension.base.layout.ends[extension.known - 1]
     return shared if raw[shared - 1 : shared] == b"}" else 0

@@ -74,32 +74,43 @@ class NamedObject:
 
 @dataclass(frozen=True)
 class KeysSeen:
-    """What one scan of a body's bytes found: decision keys spelled plainly, by name, and
-    whether any key may be spelled with escapes."""
+    """What one scan of a body's bytes found: each decision key spelled plainly, and each
+    escaped letter (a key may be spelled with escapes), with their offsets, so that a body
+    sharing a prefix with this one takes what lies there without scanning it again."""
 
-    counts: dict[str, int]
-    escaped: bool
+    keys: tuple[tuple[str, int], ...]
+    escapes: tuple[int, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for key, _ in self.keys:
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     @property
     def may_name_objects(self) -> bool:
-        return self.escaped or any(key in NAMING_KEYS for key in self.counts)
+        return bool(self.escapes) or any(key in NAMING_KEYS for key, _ in self.keys)
 
     @property
     def may_repeat_a_key(self) -> bool:
         """Whether a decision key may stand twice in one object (then ``duplicated_key``
         says): a key seen twice anywhere, any naming key (objects name few of them, and a
         second one may hide in the same object), or an escaped key."""
-        return self.escaped or any(
+        return bool(self.escapes) or any(
             count > 1 or key in NAMING_KEYS for key, count in self.counts.items()
         )
 
 
-def scan(raw: bytes) -> KeysSeen:
-    counts: dict[str, int] = {}
-    for found in _KEYS.finditer(raw):
-        key = found.group(1).decode()
-        counts[key] = counts.get(key, 0) + 1
-    return KeysSeen(counts, _ESCAPED_LETTER.search(raw) is not None)
+def scan(raw: bytes, start: int = 0, earlier: KeysSeen | None = None) -> KeysSeen:
+    """The decision keys and escapes of ``raw``, scanning from ``start``: what lies before it
+    is taken from ``earlier``, the scan of a body whose first ``start`` bytes ``raw`` shares
+    (ending at a message's closing brace, which no key or escape crosses)."""
+    keys = [found for found in earlier.keys if found[1] < start] if earlier else []
+    escapes = [at for at in earlier.escapes if at < start] if earlier else []
+    keys += [(found.group(1).decode(), found.start()) for found in _KEYS.finditer(raw, start)]
+    escapes += [found.start() for found in _ESCAPED_LETTER.finditer(raw, start)]
+    return KeysSeen(tuple(keys), tuple(escapes))
 
 
 class DuplicateKey(ValueError):

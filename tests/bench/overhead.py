@@ -1,7 +1,10 @@
 """Proxy overhead, side by side in one run: direct, a bare relay, and the proxy in three set-ups.
 
-Run: ``python -m tests.bench.overhead [--rounds N] [--transcript NAME]``. Not collected by
-pytest. The fake upstream answers instantly (no token counting), so what differs between the
+Run: ``python -m tests.bench.overhead [--rounds N] [--transcript NAME] [--against DIR]``. Not
+collected by pytest. With ``--against``, the memory and Redis set-ups of another checkout (a
+worktree of the parent commit) run as ``memory@`` and ``redis@`` beside this one's, in the same
+rounds: a change on the request path is measured against its parent, not against noise.
+The fake upstream answers instantly (no token counting), so what differs between the
 columns is the hop in the middle. Targets are interleaved round by round so that noise on a
 shared machine hits all of them alike, and every round replays the transcript as a fresh
 conversation (its own ``X-Session-Id``), so the proxy sees append-only growth as from a real
@@ -49,6 +52,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from compaction_proxy.security.client_keys import digest_of
 from tests.bench.stage_proxy import STAGE_NAMES
 from tests.processes import free_port, proxy_process, wait_until_ready
 from tests.redis_server import RedisServer
@@ -270,16 +274,28 @@ def own_work_growth(path: str, count: int) -> dict[str, tuple[float, float, floa
     return growth
 
 
-def metered_env(upstream: str) -> dict[str, str]:
+def metered_env(upstream: str, held_key: bool = False) -> dict[str, str]:
     """A proxy's environment for ``upstream``: a window so large that nothing is compacted,
-    yet every request is metered against it, as with a configured route."""
-    route = {"model": "*", "base_url": f"{upstream}/v1", "context_window": 10_000_000}
-    return {
+    yet every request is metered against it, as with a configured route. ``held_key``: the
+    route holds the upstream key and the requests' ``bench`` is a client key of the proxy's
+    (a shared gateway: every body is searched for the stored objects it names)."""
+    route: dict[str, object] = {
+        "model": "*",
+        "base_url": f"{upstream}/v1",
+        "context_window": 10_000_000,
+    }
+    env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
-        "COMPACTION_PROXY_ROUTES": orjson.dumps([route]).decode(),
         "COMPACTION_PROXY_TENANT_SECRET": "bench",
         "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
     }
+    if held_key:
+        route["api_key_env"] = "BENCH_UPSTREAM_KEY"
+        env["BENCH_UPSTREAM_KEY"] = "sk-bench-held"
+        env["COMPACTION_PROXY_UPSTREAM_API_KEY_ENV"] = "BENCH_UPSTREAM_KEY"
+        env["COMPACTION_PROXY_CLIENT_KEY_DIGESTS"] = orjson.dumps([digest_of("bench")]).decode()
+    env["COMPACTION_PROXY_ROUTES"] = orjson.dumps([route]).decode()
+    return env
 
 
 @dataclass(frozen=True)
@@ -295,7 +311,11 @@ class StepTargets:
 
 @asynccontextmanager
 async def targets(
-    upstream_port: int, control_us: float, timings: str
+    upstream_port: int,
+    control_us: float,
+    timings: str,
+    against: str | None = None,
+    held_key: bool = False,
 ) -> AsyncIterator[tuple[dict[str, str], dict[str, int], StepTargets]]:
     """Every target's base URL, the upstream included, and the process ids whose CPU time is
     a set-up's ("redis-server" for the Redis server, "control" for the control); then the
@@ -340,7 +360,7 @@ async def targets(
             "relay": relay.pid,
             "control": control_process.pid,
         }
-        env = metered_env(upstream)
+        env = metered_env(upstream, held_key)
         bases = {"direct": upstream, "relay": f"http://127.0.0.1:{relay_port}"}
         for name, store, args in (
             ("memory", "memory://", ()),
@@ -352,6 +372,13 @@ async def targets(
             )
             bases[name] = base
             pids[name] = proxy.pid
+        if against is not None:  # the same set-ups, run from the other checkout
+            for name, store in (("memory@", "memory://"), ("redis@", f"{redis_server.url[:-2]}/3")):
+                proxy, base = await stack.enter_async_context(
+                    proxy_process({**env, "COMPACTION_PROXY_STORE_URL": store}, cwd=against)
+                )
+                bases[name] = base
+                pids[name] = proxy.pid
         timed_env = {**env, "COMPACTION_PROXY_STORE_URL": "memory://", "BENCH_TIMINGS": timings}
         timed, timed_base = await stack.enter_async_context(
             proxy_process(timed_env, module="tests.bench.stage_proxy")
@@ -377,7 +404,14 @@ class Tally:
         return [x for one in self.replays for x in one]
 
 
-async def run(rounds: int, step_rounds: int, control_us: float, transcript: str | None) -> None:
+async def run(
+    rounds: int,
+    step_rounds: int,
+    control_us: float,
+    transcript: str | None,
+    against: str | None = None,
+    held_key: bool = False,
+) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
     bodies = [
@@ -392,15 +426,25 @@ async def run(rounds: int, step_rounds: int, control_us: float, transcript: str 
     timings = tempfile.NamedTemporaryFile(prefix="bench-timings-", delete=False)  # noqa: SIM115
     timings.close()
     try:
-        await measure(bodies, rounds, step_rounds, control_us, timings.name)
+        await measure(bodies, rounds, step_rounds, control_us, timings.name, against, held_key)
     finally:
         os.unlink(timings.name)
 
 
 async def measure(
-    bodies: list[bytes], rounds: int, step_rounds: int, control_us: float, timings: str
+    bodies: list[bytes],
+    rounds: int,
+    step_rounds: int,
+    control_us: float,
+    timings: str,
+    against: str | None = None,
+    held_key: bool = False,
 ) -> None:
-    async with targets(free_port(), control_us, timings) as (bases, pids, step):
+    async with targets(free_port(), control_us, timings, against, held_key) as (
+        bases,
+        pids,
+        step,
+    ):
         await at_rest(list(pids.values()))
         connector = aiohttp.TCPConnector(limit=64)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -422,6 +466,8 @@ async def measure(
                         tally.rps.append(sum(map(len, done)) / wall)
                 report(concurrency, tallies)
                 print(stolen_since(jiffies))
+            if step_rounds == 0:
+                return
             print(
                 f"\ncost against history length (the targets in step, concurrency 1, "
                 f"{step_rounds} rounds)"
@@ -487,8 +533,15 @@ def main(argv: list[str] | None = None) -> None:
         "--control-us", type=float, default=400.0, help="the control's fixed work per request"
     )
     parser.add_argument("--transcript", help="part of a transcript file name")
+    parser.add_argument(
+        "--against",
+        metavar="DIR",
+        help="another checkout (say, a worktree of the parent commit): its proxy runs as the "
+        "targets memory@ and redis@, side by side with this one's (0 --step-rounds: skip the "
+        "history phase)",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run(args.rounds, args.step_rounds, args.control_us, args.transcript))
+    asyncio.run(run(args.rounds, args.step_rounds, args.control_us, args.transcript, args.against))
 
 
 if __name__ == "__main__":

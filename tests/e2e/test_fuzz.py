@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from compaction_proxy.config.settings import load_settings
 from compaction_proxy.ops.app import create_app
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.encodings import ENCODINGS, compressed
 from tests.strategies import items, junk, messages, texts, words
@@ -43,10 +45,9 @@ class Servers:
         return f"Servers(proxy_port={self.proxy_port})"
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[Servers]:
-    """The fake upstream and a proxy (small window, so requests compact), on a loop of their
-    own in a thread: the property test below is synchronous."""
+def serving(**extra: Any) -> Iterator[Servers]:
+    """The fake upstream and a proxy (small window, so requests compact; ``extra`` settings
+    on top), on a loop of their own in a thread: the property tests are synchronous."""
     loop = asyncio.new_event_loop()
     fake = FakeUpstream()
     fake.windows["fuzz-small"] = 4_000
@@ -60,20 +61,22 @@ def servers() -> Iterator[Servers]:
         site = web.TCPSite(upstream, "127.0.0.1", 0)
         await site.start()
         upstream_port = upstream.addresses[0][1]
-        routes = [
-            {
-                "model": "fuzz-small",
-                "base_url": f"http://127.0.0.1:{upstream_port}/v1",
-                "context_window": 4_000,
-            }
-        ]
+        route: dict[str, Any] = {
+            "model": "fuzz-small",
+            "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+            "context_window": 4_000,
+        }
+        if "upstream_api_key_env" in extra:
+            route["api_key_env"] = extra["upstream_api_key_env"]
+            route["account_endpoints"] = extra.get("account_endpoints", "refused")
         settings_ = load_settings(
             None,
             upstream_base_url=f"http://127.0.0.1:{upstream_port}/v1",
             tenant_secret="fuzz-secret",
-            routes=routes,
+            routes=[route],
             anthropic_base_url=f"http://127.0.0.1:{upstream_port}/v1",
             admin_token="fuzz-admin-token-0123456789",
+            **extra,
         )
         proxy = web.AppRunner(create_app(settings_))
         await proxy.setup()
@@ -95,6 +98,29 @@ def servers() -> Iterator[Servers]:
     asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=60)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    yield from serving()
+
+
+FUZZ_CLIENT_KEY = "cpk-fuzz-0123456789"
+
+
+@pytest.fixture(scope="module")
+def keyed_servers() -> Iterator[Servers]:
+    """A proxy holding the upstream key, in owned mode: every body is searched for the
+    stored objects it names, and for decision fields given twice."""
+    os.environ["FUZZ_UPSTREAM_KEY"] = "sk-held-fuzz"
+    try:
+        yield from serving(
+            upstream_api_key_env="FUZZ_UPSTREAM_KEY",
+            account_endpoints="owned",
+            client_key_digests=[digest_of(FUZZ_CLIENT_KEY)],
+        )
+    finally:
+        del os.environ["FUZZ_UPSTREAM_KEY"]
 
 
 def send(
@@ -345,3 +371,85 @@ def test_the_proxy_still_serves_after_the_fuzzing(servers: Servers) -> None:
         servers.proxy_port, "/v1/chat/completions", body, [("Authorization", "Bearer k")]
     )
     assert status == 200 and orjson.loads(answer)["choices"][0]["message"]["content"] == "ok"
+
+
+# Fields that name stored objects, or are read for the decisions that bind them, with values
+# of every kind; spelled plainly or with an escaped letter, and given more than once.
+naming_keys = st.sampled_from(
+    [
+        "file_id",
+        "file_ids",
+        "previous_response_id",
+        "conversation",
+        "container",
+        "vector_store_ids",
+        "input_file_id",
+        "training_file",
+        "model",
+        "stream",
+    ]
+)
+naming_values = (
+    st.none()
+    | texts(8)
+    | junk
+    | st.lists(texts(8) | junk, max_size=3)
+    | st.fixed_dictionaries({"id": texts(8) | junk})
+)
+
+
+def _key(name: str, escaped: bool) -> bytes:
+    if escaped and "_" in name:
+        return name.replace("_", "\\u005f").encode()
+    return name.encode()
+
+
+@st.composite
+def naming_bodies(draw: st.DrawFn) -> bytes:
+    """A JSON object with a model, the fields above at the top and inside a content part."""
+    escaped = draw(st.booleans())
+    top = draw(st.lists(st.tuples(naming_keys, naming_values), max_size=4))
+    inner = draw(st.lists(st.tuples(naming_keys, naming_values), max_size=3))
+    part = (
+        b"{"
+        + b",".join(
+            b'"' + _key(k, escaped) + b'":' + jsonio.dumps(v) for k, v in [("type", "file"), *inner]
+        )
+        + b"}"
+    )
+    content = b'[{"role":"user","content":[' + part + b"]}]"
+    fields = [b'"model":"fuzz-small"', b'"messages":' + content, b'"input":' + content]
+    fields += [b'"' + _key(k, escaped) + b'":' + jsonio.dumps(v) for k, v in top]
+    return b"{" + b",".join(fields) + b"}"
+
+
+@settings(
+    max_examples=EXAMPLES // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(
+    body=naming_bodies(),
+    path=st.sampled_from(
+        [
+            "/v1/chat/completions",
+            "/v1/responses",
+            "/v1/responses/compact",
+            "/v1/responses/input_tokens",
+            "/v1/messages",
+            "/v1/batches",
+            "/v1/vector_stores",
+        ]
+    ),
+)
+def test_no_body_naming_objects_gets_a_5xx_from_a_proxy_holding_the_key(
+    keyed_servers: Servers, body: bytes, path: str
+) -> None:
+    headers: list[tuple[str, bytes | str]] = [
+        ("Content-Type", "application/json"),
+        ("Authorization", f"Bearer {FUZZ_CLIENT_KEY}"),
+    ]
+    status, response_headers, answer = send(keyed_servers.proxy_port, path, body, headers)
+    lowered = {k.lower(): v for k, v in response_headers.items()}
+    assert status < 500 or lowered.get("x-request-id", "").startswith("req_fake"), answer[:300]

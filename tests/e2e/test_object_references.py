@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import openai
+import orjson
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
@@ -239,3 +240,32 @@ async def test_a_decision_field_given_twice_in_one_object_is_a_400(
             error = (await answer.json())["error"]
     assert error["code"] == "duplicate_key" and error["param"] == key
     assert fake.endpoints.requests == [] and fake.received == []
+
+
+async def test_a_reference_in_a_later_turn_of_a_remembered_conversation_is_found(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """A body extending one the proxy remembers is scanned from where they differ: what the
+    new turns name is found all the same, and so is a model given twice after them."""
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hello " * 200}]
+    async with alice_and_bob(proxy) as (alice, bob):
+        payroll = await alice.files.create(file=io.BytesIO(b"payroll"), purpose="batch")
+        for turn in range(3):
+            await bob.chat.completions.create(model="gpt-4o-mini", messages=history)  # type: ignore[arg-type]
+            history += [
+                {"role": "assistant", "content": f"turn {turn}"},
+                {"role": "user", "content": "more " * 100},
+            ]
+        with pytest.raises(openai.NotFoundError):
+            await bob.chat.completions.create(
+                model="gpt-4o-mini",
+                messages=[*history, *file_part(payroll.id)],  # type: ignore[arg-type]
+            )
+    raw = b'{"messages":' + orjson.dumps(history) + b',"model":"gpt-4o-mini","model":"gpt-4o"}'
+    headers = {"Authorization": f"Bearer {BOB}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/chat/completions", data=raw, headers=headers) as answer:
+            assert answer.status == 400
+            assert (await answer.json())["error"]["code"] == "duplicate_key"
+    assert payroll.id not in str(fake.received)

@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compaction_proxy.security.account_endpoints import refused_account_endpoint
 from compaction_proxy.security.object_references import (
@@ -220,3 +222,25 @@ def test_owned_mode_serves_only_what_it_can_keep_apart(
     template: str, method: str, refused: bool
 ) -> None:
     assert refused_account_endpoint(template, method, True, "owned") is refused
+
+
+_fields = st.sampled_from(
+    [b'"file_id":"f1"', b'"model":"m"', b'"stream":true', b'"mod\\u0065l":"x"', b'"text":"hi"']
+)
+_messages = st.lists(_fields, min_size=1, max_size=3).map(lambda f: b"{" + b",".join(f) + b"}")
+
+
+@given(
+    shared=st.lists(_messages, min_size=1, max_size=5),
+    first=st.lists(_messages, max_size=3),
+    second=st.lists(_messages, max_size=3),
+    top=st.lists(_fields, max_size=2),
+)
+def test_a_body_scanned_from_where_it_leaves_a_remembered_one_finds_what_a_whole_scan_does(
+    shared: list[bytes], first: list[bytes], second: list[bytes], top: list[bytes]
+) -> None:
+    head = b'{"model":"m","messages":[' + b",".join(shared)
+    tail = b"]" + b"".join(b"," + field for field in top) + b"}"
+    earlier = head + b"".join(b"," + m for m in first) + tail
+    later = head + b"".join(b"," + m for m in second) + tail
+    assert scan(later, len(head), scan(earlier)) == scan(later)
