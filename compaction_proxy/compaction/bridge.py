@@ -57,7 +57,7 @@ def bridge_cuts(
         if node.kind not in ("body", "pruned") or position is None or position >= before:
             continue
         original = body[position]
-        if not pruner.may_cut(original, position, task):
+        if not pruner.may_cut(body, position, task):
             continue
         cut = prune_content(original.get("content"), pruner)
         if cut is None:

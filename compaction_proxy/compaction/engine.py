@@ -240,6 +240,7 @@ class Engine:
             [n.message for n in body],
             job.pruner,
             task_position(job.view.body),
+            job.view.body,
         )
         if not candidates:
             return state, surface, False

@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.agent_outputs import is_agent_output
+from compaction_proxy.conversation.messages import Message, task_position
 from compaction_proxy.conversation.surface import SurfaceNode
 from compaction_proxy.conversation.text import text_of
 
@@ -161,8 +162,12 @@ def observations(body: Sequence[Message], user_messages: bool) -> list[Observati
             found.append(Observation(position, tool, call_form(tool, arguments)))
     if found or not user_messages:
         return found
-    users = [p for p, m in enumerate(body) if m.get("role") == "user"]
-    return [Observation(p, None, None) for p in users[1:]]
+    task = task_position(body)
+    return [
+        Observation(p, None, None)
+        for p in range(1, len(body))
+        if p != task and is_agent_output(body[p], body[p - 1])
+    ]
 
 
 def placeholder(observation: Observation, text: str) -> str:

@@ -1,8 +1,9 @@
 """Model-free pruning of oversized observations (pure).
 
 An observation is what the outside world told the model: a ``tool`` or legacy ``function``
-result, and (when the policy says so) a ``user`` message, since agents without native tool
-calling return their observations that way. One whose text exceeds ``threshold_chars`` Unicode
+result, and (when the policy says so) a ``user`` message in which an agent without native tool
+calling returned a command's output (``conversation.agent_outputs``: by the evidence of the
+conversation; a person's words are never cut). One whose text exceeds ``threshold_chars`` Unicode
 code points keeps its first ``head_chars`` and last ``tail_chars`` around a marker saying how
 many were removed. In a content list the text parts are treated as one text; non-text parts
 keep their place. A ``<compacted-summary>`` checkpoint is never pruned, nor the task (the first
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compaction_proxy.conversation.agent_outputs import is_agent_output
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.text import MARKER, cut, marked_length, safe_cut, text_of
 
@@ -29,7 +31,9 @@ class Pruner:
     threshold_chars: int = 8192
     head_chars: int = 4096
     tail_chars: int = 1024
-    user_messages: bool = True  # user-role messages count as observations
+    # User messages an observation-style agent returns its outputs in count as observations
+    # (``conversation.agent_outputs``); a person's words never do.
+    user_messages: bool = True
 
     def __post_init__(self) -> None:
         if self.threshold_chars <= 0 or self.head_chars < 0 or self.tail_chars < 0:
@@ -37,15 +41,20 @@ class Pruner:
         if self.head_chars + self.tail_chars >= self.threshold_chars:
             raise ValueError("head_chars + tail_chars must be below threshold_chars")
 
-    def observes(self, message: Message) -> bool:
-        """Whether ``message`` is an observation this pruner may cut."""
+    def observes(self, message: Message, previous: Message | None) -> bool:
+        """Whether ``message`` (after ``previous`` in the body) is an observation this pruner
+        may cut: a tool or function result, or an agent's output returned as a user
+        message, never a person's words."""
         role = message.get("role")
-        return role in ("tool", "function") or (role == "user" and self.user_messages)
+        if role in ("tool", "function"):
+            return True
+        return self.user_messages and is_agent_output(message, previous)
 
-    def may_cut(self, message: Message, position: int, task: int | None) -> bool:
-        """Whether the message at body ``position`` is an observation to cut: never the task
-        (body position ``task``), however long, and however user messages count."""
-        return position != task and self.observes(message)
+    def may_cut(self, body: Sequence[Message], position: int, task: int | None) -> bool:
+        """Whether the message at ``body[position]`` is an observation to cut: never the task
+        (body position ``task``), however long, however user messages count."""
+        previous = body[position - 1] if position > 0 else None
+        return position != task and self.observes(body[position], previous)
 
 
 @dataclass(frozen=True)
@@ -89,13 +98,17 @@ def prune_content(content: Any, pruner: Pruner) -> PrunedContent | None:
 
 
 def prune_candidates(
-    positions: Sequence[int], messages: Sequence[Message], pruner: Pruner, task: int | None
+    positions: Sequence[int],
+    messages: Sequence[Message],
+    pruner: Pruner,
+    task: int | None,
+    body: Sequence[Message],
 ) -> list[PruneCandidate]:
-    """Prunes for the observations among ``messages`` (body ``positions[i]`` each), the
-    task (body position ``task``) left whole."""
+    """Prunes for the observations among ``messages`` (body ``positions[i]`` each, of the
+    client's ``body``), the task (body position ``task``) left whole."""
     candidates: list[PruneCandidate] = []
     for position, message in zip(positions, messages, strict=True):
-        if not pruner.may_cut(message, position, task):
+        if not pruner.may_cut(body, position, task):
             continue
         pruned = prune_content(message.get("content"), pruner)
         if pruned is not None:

@@ -8,10 +8,12 @@ turn's largest observations are cut to a head and a tail, only as far as it take
 marked with the size cut and a suggestion to run a narrower command.
 
 Observations are tool (and legacy function) results, and, in a live turn that holds none, the
-user messages an observation-style agent sends its outputs in (when the pruner counts user
-messages as observations). A user message beside tool results is the user's own typed text:
-never cut. The cuts are this request's alone: the next request, where the observation is
-history, prunes it as usual.
+user messages an observation-style agent returns its outputs in, by the evidence of the
+conversation (``conversation.agent_outputs``; when the pruner counts user messages at all). A
+person's words are never cut: the task, a lone user message, a pasted document, a user message
+beside tool results. A request whose live turn is a person's and cannot fit goes as it came, and
+the client gets the upstream's own overflow error. The cuts are this request's alone: the next
+request, where the observation is history, prunes it as usual.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from compaction_proxy.compaction.prune import PruneCandidate, PrunedContent, Pruner
-from compaction_proxy.conversation.messages import Message
+from compaction_proxy.conversation.messages import Message, task_position
 from compaction_proxy.conversation.surface import SurfaceNode
 from compaction_proxy.conversation.text import cut, safe_cut, text_of
 
@@ -41,7 +43,8 @@ def _observations(
     results = [p for p in live if body[p].get("role") in ("tool", "function")]
     if results or not pruner.user_messages:
         return results
-    return [p for p in live if body[p].get("role") == "user"]
+    task = task_position(body)
+    return [p for p in live if pruner.may_cut(body, p, task)]
 
 
 def rescuable(

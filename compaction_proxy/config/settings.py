@@ -51,9 +51,10 @@ class _Strict(BaseModel):
 class PrunerPolicy(_Strict):
     """Observations longer than ``threshold_chars`` code points keep only head and tail.
 
-    Tool and legacy function results are observations; so are user messages when
-    ``user_messages`` is on (agents without native tool calling send their observations as
-    user messages). The live turn is never pruned.
+    Tool and legacy function results are observations; so are, when ``user_messages`` is on,
+    the user messages in which agents without native tool calling return their outputs, on the
+    conversation's evidence (``conversation.agent_outputs``); a person's words never are. The
+    live turn is never pruned.
     """
 
     threshold_chars: PositiveInt = 8192

@@ -70,12 +70,15 @@ def test_only_observations_long_enough_are_cut() -> None:
         user("the task"),
         assistant("x" * LONG),  # the model's own words: never an observation
         tool("call_0", "short"),  # under the bridge's threshold
-        user("u" * LONG),  # an observation: agents without tool calls send them as user
+        user("p" * LONG),  # a person's words after a tool result: never cut
+        assistant("```bash\nls\n```"),
+        # An observation: agents without tool calls return their outputs as user messages.
+        user("<returncode>0</returncode>\n<output>\n" + "u" * LONG),
         tool("call_1", "t" * LONG),
     ]
-    assert positions(bridge_cuts(body_nodes(body), body, 5, BRIDGE, chars, 1)) == [3]
+    assert positions(bridge_cuts(body_nodes(body), body, 7, BRIDGE, chars, 1)) == [5]
     no_users = Pruner(threshold_chars=40, head_chars=6, tail_chars=4, user_messages=False)
-    assert positions(bridge_cuts(body_nodes(body), body, 5, no_users, chars, 1)) == [4]
+    assert positions(bridge_cuts(body_nodes(body), body, 7, no_users, chars, 1)) == [6]
 
 
 def test_head_and_checkpoint_nodes_are_never_cut() -> None:

@@ -83,6 +83,9 @@ def test_marker_states_how_many_code_points_were_removed() -> None:
     assert pruned.content.endswith("z" * 1024)
 
 
+OUTPUT = "<returncode>0</returncode>\n<output>\n"  # how mini-SWE-agent returns an output
+
+
 def test_observations_in_any_role_are_pruned_and_inputs_never_change() -> None:
     messages: list[dict[str, Any]] = [
         user("u" * 50),
@@ -91,24 +94,62 @@ def test_observations_in_any_role_are_pruned_and_inputs_never_change() -> None:
         {"role": "tool", "tool_call_id": "c3", "content": None},
         {"role": "function", "name": "ls", "content": "f" * 50},
         {"role": "assistant", "content": "a" * 50},
-        {"role": "user", "content": [{"type": "text", "text": "p" * 50}]},
+        {"role": "user", "content": [{"type": "text", "text": OUTPUT + "p" * 50}]},
     ]
     before = copy.deepcopy(messages)
-    candidates = prune_candidates([3, 4, 5, 6, 7, 8, 9], messages, SMALL, None)
+    candidates = prune_candidates([0, 1, 2, 3, 4, 5, 6], messages, SMALL, 0, messages)
     assert messages == before
-    assert [c.position for c in candidates] == [3, 4, 7, 9]
+    assert [c.position for c in candidates] == [1, 4, 6]
     assert candidates[0].pruned.chars_before == 50
 
 
 def test_user_messages_are_observations_only_when_the_policy_says_so() -> None:
     tools_only = Pruner(threshold_chars=20, head_chars=6, tail_chars=4, user_messages=False)
-    messages = [user("u" * 50), tool("c1", "t" * 50)]
-    assert [c.position for c in prune_candidates([0, 1], messages, tools_only, None)] == [1]
+    messages = [user("task"), tool("c1", "t" * 50), assistant("run"), user(OUTPUT + "u" * 50)]
+    positions = [0, 1, 2, 3]
+    assert [c.position for c in prune_candidates(positions, messages, tools_only, 0, messages)] == [
+        1
+    ]
+    assert [c.position for c in prune_candidates(positions, messages, SMALL, 0, messages)] == [
+        1,
+        3,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("messages", "cut"),
+    [
+        # A person chatting, then pasting a contract: never cut.
+        ([user("hi"), assistant("hello"), user("contract " * 20)], []),
+        # An assistant that suggested commands does not make the reply an agent's output.
+        ([user("how?"), assistant("```bash\nls\n```"), user("here is my file " * 9)], []),
+        # A user message right after another user message is a person's.
+        ([user("task"), user(OUTPUT + "x" * 50)], []),
+        # Observation-style agents, by the markers they open outputs with.
+        ([user("task"), assistant("```bash\nls\n```"), user(OUTPUT + "x" * 50)], [2]),
+        ([user("task"), assistant("ls"), user("OBSERVATION:\n" + "x" * 50)], [2]),
+        ([user("task"), assistant("ls"), user("EXECUTION RESULT of [bash]:\n" + "x" * 50)], [2]),
+    ],
+    ids=[
+        "person-chatting",
+        "commands-suggested",
+        "no-assistant-before",
+        "mini-swe-agent",
+        "swe-agent",
+        "openhands",
+    ],
+)
+def test_a_user_message_is_cut_only_on_evidence_it_is_an_agents_output(
+    messages: list[dict[str, Any]], cut: list[int]
+) -> None:
+    positions = list(range(len(messages)))
+    found = prune_candidates(positions, messages, SMALL, task_position(messages), messages)
+    assert [c.position for c in found] == cut
 
 
 def test_a_checkpoint_is_never_pruned() -> None:
-    checkpoint = user("<compacted-summary>\n" + "s" * 50 + "\n</compacted-summary>")
-    assert prune_candidates([0], [checkpoint], SMALL, None) == []
+    checkpoint = tool("c1", "<compacted-summary>\n" + "s" * 50 + "\n</compacted-summary>")
+    assert prune_candidates([0], [checkpoint], SMALL, None, [checkpoint]) == []
 
 
 def test_the_cut_offsets_reproduce_the_pruned_content() -> None:
@@ -129,9 +170,10 @@ def test_invalid_pruner_settings_are_rejected(threshold: int, head: int, tail: i
         Pruner(threshold_chars=threshold, head_chars=head, tail_chars=tail)
 
 
-def test_the_task_is_never_pruned_however_long_and_later_user_messages_are() -> None:
-    messages = [user("task " * 30), assistant("ok"), user("observation " * 30)]
-    candidates = prune_candidates([0, 1, 2], messages, SMALL, task_position(messages))
+def test_the_task_is_never_pruned_however_long_and_later_agent_outputs_are() -> None:
+    messages = [user(OUTPUT + "task " * 30), assistant("ok"), user(OUTPUT + "more " * 30)]
+    task = task_position(messages)
+    candidates = prune_candidates([0, 1, 2], messages, SMALL, task, messages)
     assert [c.position for c in candidates] == [2]
 
 

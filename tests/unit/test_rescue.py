@@ -58,8 +58,36 @@ def test_the_users_typed_text_beside_tool_results_is_never_cut() -> None:
 
 
 def test_an_observation_style_output_is_a_user_message_and_is_cut() -> None:
-    body = [user("Go."), assistant("ls -R /"), user("/\n" + "z" * 60_000)]
+    output = "<returncode>0</returncode>\n<output>\n/\n" + "z" * 60_000
+    body = [user("Go."), assistant("```bash\nls -R /\n```"), user(output)]
     sizes = cut_sizes(body, 2, need=5_000)
     assert sizes is not None and list(sizes) == [2]
     assert cut_sizes(body, 2, need=5_000, pruner=Pruner(user_messages=False)) is None
     assert "{removed}" in RESCUE_MARKER
+
+
+PASTED = "WHEREAS the parties agree ... " * 2_000  # a 60k-character contract
+
+
+def test_a_persons_words_are_never_rescued() -> None:
+    """A lone user message, a person chatting then pasting a document, and an agent's task:
+    none is an agent's output, so none is cut, however far over the window."""
+    cases = {
+        "lone user message": [user(PASTED)],
+        "person chatting": [
+            user("Hi, can you help with contracts?"),
+            assistant("Of course: paste it."),
+            user("Thanks. First, what is a clause?"),
+            assistant("A clause is one provision of a contract."),
+            user(PASTED),
+        ],
+        "agent's task": [user("<returncode>0</returncode>\n<output>\n" + PASTED)],
+        "output style, no assistant before": [
+            user("Go."),
+            user("<returncode>0</returncode>\n<output>\n" + PASTED),
+        ],
+    }
+    for name, body in cases.items():
+        live = max((i + 1 for i, m in enumerate(body) if m["role"] == "assistant"), default=0)
+        assert cut_sizes(body, live, need=5_000) is None, name
+        assert not rescuable(nodes(body), body, live, PRUNER), name
