@@ -2,7 +2,9 @@
 
 Embeddings, ``models/{id}``, files, audio, images, moderations, batches, ``responses/{id}``, and
 whatever a provider adds: any method, any body. A JSON body naming a ``model`` goes to that
-model's route (its base URL and key); any other body (a multipart upload, say) is streamed to
+model's route (its base URL and key); under a key the proxy holds, every body but a multipart
+upload is read first and searched for the stored objects it names (``http.ownership``); any
+other body (a multipart upload, say) is streamed to
 the default route without being buffered. The answer is relayed as it arrives, streaming
 included. The same header rules as chat apply (hop-by-hop headers dropped, a route's own key
 in place of the client's, client keys for this proxy never sent on, the hop marker added),
@@ -196,6 +198,17 @@ def _model_of(parsed: Any) -> str | None:
     return model if isinstance(model, str) else None
 
 
+def _read_first(request: web.Request) -> bool:
+    """Whether a relayed body is read before it is sent on: a JSON one (to route it by its
+    model), and, when the proxy holds keys, any that is not a multipart upload, since an
+    upstream may read JSON whatever the content type says, and the stored objects a body
+    names must be found before it goes."""
+    if request.content_type == "application/json":
+        return True
+    held = request.app[SERVICES].client_keys.required
+    return held and request.content_type != "multipart/form-data"
+
+
 def _json_of(body: bytes) -> Any:
     """The body parsed, or None when it is not JSON (the upstream's to refuse)."""
     try:
@@ -233,7 +246,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             if model:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
             return await relay_websocket(request, route)
-        if request.content_type == "application/json" and request.body_exists:
+        if request.body_exists and _read_first(request):
             body = data = await read_body(request, settings.max_body_bytes)
             parsed = await off_loop_if(is_big(len(body)), lambda: _json_of(body))
             named = await off_loop_if(

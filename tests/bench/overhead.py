@@ -384,8 +384,11 @@ async def targets(
             proxy_process(timed_env, module="tests.bench.stage_proxy")
         )
         pids["memory (timed)"] = timed.pid
+        relays = (bases["direct"], bases["relay"], control)
         for base in (*bases.values(), control, timed_base):
-            await wait_until_ready(f"{base}/v1/models")
+            # A proxy holding a key answers /v1/ only to client keys: its health, then.
+            probe = "/healthz" if held_key and base not in relays else "/v1/models"
+            await wait_until_ready(f"{base}{probe}")
         yield bases, pids, StepTargets(control, timed_base, timed.pid, timings)
 
 
@@ -540,8 +543,22 @@ def main(argv: list[str] | None = None) -> None:
         "targets memory@ and redis@, side by side with this one's (0 --step-rounds: skip the "
         "history phase)",
     )
+    parser.add_argument(
+        "--held-key",
+        action="store_true",
+        help="every proxy holds the upstream key, and its clients send client keys",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run(args.rounds, args.step_rounds, args.control_us, args.transcript, args.against))
+    asyncio.run(
+        run(
+            args.rounds,
+            args.step_rounds,
+            args.control_us,
+            args.transcript,
+            args.against,
+            args.held_key,
+        )
+    )
 
 
 if __name__ == "__main__":

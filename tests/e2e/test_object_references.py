@@ -269,3 +269,18 @@ async def test_a_reference_in_a_later_turn_of_a_remembered_conversation_is_found
             assert answer.status == 400
             assert (await answer.json())["error"]["code"] == "duplicate_key"
     assert payroll.id not in str(fake.received)
+
+
+async def test_a_body_sent_under_another_content_type_is_searched_all_the_same(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """An upstream may read JSON whatever the Content-Type says: under a held key, a body that
+    is not a multipart upload is read and searched before it goes."""
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch)
+    body = b'{"model":"gpt-4o-mini","previous_response_id":"resp_of_alice","input":"x"}'
+    headers = {"Authorization": f"Bearer {BOB}", "Content-Type": "text/plain"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/responses/compact", data=body, headers=headers) as got:
+            assert got.status == 403
+            assert (await got.json())["error"]["code"] == "account_endpoint_refused"
+    assert fake.endpoints.requests == []
