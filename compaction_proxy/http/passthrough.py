@@ -30,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.config.policy import messages_route_for
-from compaction_proxy.config.settings import Route, Settings
+from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
@@ -45,7 +45,12 @@ from compaction_proxy.http.ownership import (
     owned_answer,
     owned_mode,
 )
-from compaction_proxy.http.uploads import IdleBoundedBody, Stall, UploadStalled
+from compaction_proxy.http.uploads import (
+    IdleBoundedBody,
+    UploadStalled,
+    no_upload_slot,
+    stalled,
+)
 from compaction_proxy.http.upstream import (
     ClientGone,
     UpstreamCut,
@@ -175,7 +180,6 @@ _KINDS = frozenset(
 )
 _MAX_SEGMENTS = max(template.count("/") for template in KNOWN_TEMPLATES)
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
-_POOL_RETRY_SECONDS = 5
 
 
 def path_template(path: str) -> str:
@@ -279,7 +283,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
         if refusal is not None:
             full = refusal is SlotRefusal.POOL
             outcome = "upload_slots_full" if full else "too_many_uploads"
-            return _no_upload_slot(request, refusal, anthropic), outcome
+            return no_upload_slot(settings, refusal, anthropic), outcome
         streamed = IdleBoundedBody(
             data,
             settings.upload_idle_timeout_seconds,
@@ -287,39 +291,6 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             settings.upload_min_bytes_per_second,
         )
         return await _send_on(request, route, streamed, relay, reading)
-
-
-def _no_upload_slot(request: web.Request, refusal: SlotRefusal, anthropic: bool) -> web.Response:
-    """429 when the client or its address holds its bound; 503 with ``Retry-After`` when the
-    relay pool's upload slots are all held (the proxy's own pool, not the upstream)."""
-    settings = request.app[SERVICES].settings
-    if refusal is SlotRefusal.POOL:
-        log.warning(
-            "all %d upload slots of the relay pool are held: an upload is refused with 503",
-            settings.upload_slots_total,
-        )
-        refused = error_response(
-            503,
-            "The proxy is relaying as many uploads as it takes at once: retry shortly.",
-            error_type="server_error",
-            code="upload_slots_full",
-            anthropic=anthropic,
-        )
-        refused.headers["Retry-After"] = str(_POOL_RETRY_SECONDS)
-    else:
-        bound, whom = (
-            (settings.max_uploads_per_client, "client")
-            if refusal is SlotRefusal.CLIENT
-            else (settings.max_uploads_per_address, "source address")
-        )
-        refused = error_response(
-            429,
-            f"At most {bound} uploads at once per {whom}: wait for one to finish.",
-            code="too_many_uploads",
-            anthropic=anthropic,
-        )
-    refused.force_close()  # its body was not read
-    return refused
 
 
 async def relay_as_sent(
@@ -397,23 +368,8 @@ async def _send_on(
             return response, f"{upstream.status // 100}xx"
     except (TimeoutError, aiohttp.ClientError, UploadStalled) as exc:
         if isinstance(data, IdleBoundedBody) and data.stalled is not None:
-            return _stalled(app[SERVICES].settings, data.stalled, anthropic), "client_timeout"
+            return stalled(app[SERVICES].settings, data.stalled, anthropic), "client_timeout"
         return upstream_failed(route.base, exc, anthropic=anthropic), "upstream_unavailable"
-
-
-def _stalled(settings: Settings, stall: Stall, anthropic: bool) -> web.Response:
-    if stall is Stall.IDLE:
-        said = f"no byte for {settings.upload_idle_timeout_seconds:g} seconds"
-    else:
-        said = (
-            f"under {settings.upload_min_bytes_per_second:g} bytes a second over "
-            f"{settings.upload_grace_seconds:g} seconds"
-        )
-    response = error_response(
-        408, f"The request body stalled: {said}.", code="request_timeout", anthropic=anthropic
-    )
-    response.force_close()  # the rest of the body will not be read
-    return response
 
 
 async def _stream(

@@ -1,4 +1,5 @@
-"""Relayed request bodies streamed as they arrive (a multipart upload), bounded in time.
+"""Relayed request bodies streamed as they arrive (a multipart upload), bounded in time, and
+the answers to an upload refused a slot or given up.
 
 A body that sends nothing for ``upload_idle_timeout_seconds`` is given up with 408, and so is
 one that, past its first ``upload_grace_seconds``, brings fewer than
@@ -13,10 +14,20 @@ Responses and summary calls need.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from enum import Enum
 
 import aiohttp
+from aiohttp import web
+
+from compaction_proxy.config.settings import Settings
+from compaction_proxy.http.errors import error_response
+from compaction_proxy.security.upload_slots import SlotRefusal
+
+log = logging.getLogger(__name__)
+
+POOL_RETRY_SECONDS = 5
 
 
 class UploadStalled(Exception):
@@ -77,3 +88,51 @@ class IdleBoundedBody:
             # The upstream's reading time is not the client's.
             waited = loop.time() - sending
             span_ends, last_byte = span_ends + waited, loop.time()
+
+
+def no_upload_slot(settings: Settings, refusal: SlotRefusal, anthropic: bool) -> web.Response:
+    """429 when the client or its address holds its bound; 503 with ``Retry-After`` when the
+    relay pool's upload slots are all held (the proxy's own pool, not the upstream)."""
+    if refusal is SlotRefusal.POOL:
+        log.warning(
+            "all %d upload slots of the relay pool are held: an upload is refused with 503",
+            settings.upload_slots_total,
+        )
+        refused = error_response(
+            503,
+            "The proxy is relaying as many uploads as it takes at once: retry shortly.",
+            error_type="server_error",
+            code="upload_slots_full",
+            anthropic=anthropic,
+        )
+        refused.headers["Retry-After"] = str(POOL_RETRY_SECONDS)
+    else:
+        bound, whom = (
+            (settings.max_uploads_per_client, "client")
+            if refusal is SlotRefusal.CLIENT
+            else (settings.max_uploads_per_address, "source address")
+        )
+        refused = error_response(
+            429,
+            f"At most {bound} uploads at once per {whom}: wait for one to finish.",
+            code="too_many_uploads",
+            anthropic=anthropic,
+        )
+    refused.force_close()  # its body was not read
+    return refused
+
+
+def stalled(settings: Settings, stall: Stall, anthropic: bool) -> web.Response:
+    """408 for a body that stalled or crawled; the rest of it is not read."""
+    if stall is Stall.IDLE:
+        said = f"no byte for {settings.upload_idle_timeout_seconds:g} seconds"
+    else:
+        said = (
+            f"under {settings.upload_min_bytes_per_second:g} bytes a second over "
+            f"{settings.upload_grace_seconds:g} seconds"
+        )
+    response = error_response(
+        408, f"The request body stalled: {said}.", code="request_timeout", anthropic=anthropic
+    )
+    response.force_close()
+    return response
