@@ -67,7 +67,11 @@ from compaction_proxy.security.account_endpoints import (
     is_stateless,
     refused_account_endpoint,
 )
-from compaction_proxy.security.object_references import NamedObject
+from compaction_proxy.security.object_references import (
+    FORMS_NAMING_OBJECTS,
+    NamedObject,
+    named_in_form,
+)
 from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers
 from compaction_proxy.security.owned_objects import addressed_objects
 from compaction_proxy.security.tenant import api_key_of
@@ -202,15 +206,16 @@ def _model_of(parsed: Any) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def _read_first(request: web.Request) -> bool:
+def _read_first(request: web.Request, template: str) -> bool:
     """Whether a relayed body is read before it is sent on: a JSON one (to route it by its
     model), and, when the proxy holds keys, any that is not a multipart upload, since an
     upstream may read JSON whatever the content type says, and the stored objects a body
-    names must be found before it goes."""
+    names must be found before it goes (a multipart form whose fields may name them too)."""
     if request.content_type == "application/json":
         return True
-    held = request.app[SERVICES].client_keys.required
-    return held and request.content_type != "multipart/form-data"
+    if not request.app[SERVICES].client_keys.required:
+        return False
+    return request.content_type != "multipart/form-data" or template in FORMS_NAMING_OBJECTS
 
 
 def _json_of(body: bytes) -> Any:
@@ -250,12 +255,17 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             if model:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
             return await relay_websocket(request, route)
-        if request.body_exists and _read_first(request):
+        if request.body_exists and _read_first(request, path_template(request.path)):
             body = data = await read_body(request, settings.max_body_bytes)
             parsed = await off_loop_if(is_big(len(body)), lambda: _json_of(body))
             named = await off_loop_if(
                 is_big(len(body)), lambda: named_in_body(request, body, parsed)
             )
+            if request.content_type == "multipart/form-data":
+                form_type = request.headers.get("Content-Type", "")
+                named += await off_loop_if(
+                    is_big(len(body)), lambda: named_in_form(body, form_type)
+                )
             model = _model_of(parsed)
             if model is not None and anthropic:
                 route = messages_route_for(settings, check_model_name(model))

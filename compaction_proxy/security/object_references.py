@@ -21,10 +21,12 @@ that names nothing costs a scan, not a walk.
 
 from __future__ import annotations
 
+import email.policy
 import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from email.parser import BytesParser
 from typing import Any
 
 # Fields whose string value is one object's id.
@@ -50,6 +52,10 @@ _ID_LIST_KEYS = frozenset({"file_ids", "vector_store_ids"})
 # Fields whose value is an id, or an object carrying it as ``id``.
 _HOLDER_KEYS = frozenset({"conversation", "container"})
 NAMING_KEYS = _ID_KEYS | _ID_LIST_KEYS | _HOLDER_KEYS
+# Multipart endpoints whose form fields may name stored objects (a container's file by
+# ``file_id``): their bodies are read and searched before they go. Every other multipart body
+# (a file's bytes, an audio clip) is streamed as it comes.
+FORMS_NAMING_OBJECTS = frozenset({"/v1/containers/{id}/files"})
 # Fields read for a decision: given twice in one object, a 400.
 DECISION_KEYS = NAMING_KEYS | {"model", "stream"}
 # Values never read as references by the upstream: not searched.
@@ -178,3 +184,26 @@ def _named_by(key: str, value: Any) -> Iterator[NamedObject]:
             yield NamedObject(key, held if isinstance(held, str) else "")
     else:
         yield NamedObject(key, value if isinstance(value, str) else "")
+
+
+def named_in_form(raw: bytes, content_type: str) -> list[NamedObject]:
+    """The objects a ``multipart/form-data`` body names in its fields, each value of a field
+    given twice included (a file part's bytes are data, never a reference). A body that
+    cannot be read as a form names an object nobody owns: it fails closed."""
+    try:
+        form = BytesParser(policy=email.policy.default).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw
+        )
+        parts = list(form.iter_parts())
+    except (ValueError, LookupError, UnicodeError):
+        return [NamedObject("form", "")]
+    if not parts:  # no part this parser can see: another parser might see some
+        return [NamedObject("form", "")]
+    found = []
+    for part in parts:
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str) and name in NAMING_KEYS and part.get_filename() is None:
+            payload = part.get_payload(decode=True)
+            value = payload.decode("utf-8", "replace").strip() if isinstance(payload, bytes) else ""
+            found.append(NamedObject(name, value))
+    return found

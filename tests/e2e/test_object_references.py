@@ -16,6 +16,7 @@ import openai
 import orjson
 import pytest
 
+from compaction_proxy.security.tenant import tenant_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.e2e.test_account_endpoints import ALICE, BOB, alice_and_bob, keyed
@@ -284,3 +285,38 @@ async def test_a_body_sent_under_another_content_type_is_searched_all_the_same(
             assert got.status == 403
             assert (await got.json())["error"]["code"] == "account_endpoint_refused"
     assert fake.endpoints.requests == []
+
+
+def form(fields: dict[str, str]) -> tuple[bytes, str]:
+    boundary = "f0rm"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields.items()
+    ]
+    body = "".join(parts) + f"--{boundary}--\r\n"
+    return body.encode(), f"multipart/form-data; boundary={boundary}"
+
+
+async def test_a_form_field_naming_anothers_file_is_refused_in_owned_mode(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """A container's file may be attached by ``file_id`` in a multipart form: Bob's own
+    container does not make Alice's file his."""
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with alice_and_bob(proxy) as (alice, _):
+        payroll = await alice.files.create(file=io.BytesIO(b"payroll"), purpose="batch")
+    await proxy.store.claim_objects(tenant_of(b"t-secret", BOB), ["cntr_bob"], 3600)
+    async with aiohttp.ClientSession() as http:
+
+        async def attach(file_id: str) -> int:
+            body, content_type = form({"file_id": file_id})
+            headers = {"Authorization": f"Bearer {BOB}", "Content-Type": content_type}
+            url = proxy.url + "/containers/cntr_bob/files"
+            async with http.post(url, data=body, headers=headers) as answer:
+                return answer.status
+
+        assert await attach(payroll.id) == 404
+        assert not [r for r in fake.endpoints.requests if payroll.id.encode() in r.body]
+        # A file nobody's own is refused as well; the container alone is not enough.
+        assert await attach("file-of-nobody") == 404
+        assert not [r for r in fake.endpoints.requests if "containers" in r.path]

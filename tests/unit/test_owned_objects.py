@@ -14,6 +14,7 @@ from compaction_proxy.security.account_endpoints import refused_account_endpoint
 from compaction_proxy.security.object_references import (
     NamedObject,
     duplicated_key,
+    named_in_form,
     named_objects,
     scan,
 )
@@ -244,3 +245,20 @@ def test_a_body_scanned_from_where_it_leaves_a_remembered_one_finds_what_a_whole
     earlier = head + b"".join(b"," + m for m in first) + tail
     later = head + b"".join(b"," + m for m in second) + tail
     assert scan(later, len(head), scan(earlier)) == scan(later)
+
+
+def test_a_forms_fields_name_objects_but_its_files_bytes_do_not() -> None:
+    raw = (
+        b'--b\r\nContent-Disposition: form-data; name="file_id"\r\n\r\nfile-1\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file_id"\r\n\r\nfile-2\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file_id"; filename="x.txt"\r\n\r\n'
+        b"file-3\r\n--b--\r\n"
+    )
+    assert named_in_form(raw, "multipart/form-data; boundary=b") == [
+        NamedObject("file_id", "file-1"),
+        NamedObject("file_id", "file-2"),
+    ]
+    # No part to be seen: fails closed (an object nobody owns).
+    assert named_in_form(b"not a form", "multipart/form-data; boundary=b") == [
+        NamedObject("form", "")
+    ]
