@@ -5,7 +5,7 @@ Every transcript is replayed, as its agent sent it, through a proxy process on a
 redis-server of its own (one per set-up, so nothing else is counted), with a route whose window
 is ``--window``. Then every key of each conversation is weighed with ``MEMORY USAGE`` (what
 Redis really allocates for it, overheads included) and summed per conversation. Printed per
-set-up: the mean, median and largest conversation in KB, and the share of the log stream; then
+set-up: the mean, median and largest conversation in KB, and the mean of each key kind; then
 the unique message content the conversations hold (each distinct message's JSON once), the
 floor a store of plain JSON cannot go under.
 """
@@ -59,6 +59,8 @@ async def weigh(url: str) -> dict[str, dict[str, int]]:
         async for key in client.scan_iter(match="cp:{*}:*", count=1000):
             name = key.decode()
             conversation, _, kind = name.removeprefix("cp:{").rpartition("}:")
+            if conversation == "quota":  # the summary ceilings' keys: no conversation's
+                continue
             held[conversation][kind] = int(await client.memory_usage(name, samples=0) or 0)
     finally:
         await client.aclose()
@@ -103,12 +105,17 @@ def unique_content(every: list[Transcript]) -> list[int]:
 
 def report(name: str, held: dict[str, dict[str, int]]) -> None:
     totals = [sum(kinds.values()) for kinds in held.values()]
-    logs = sum(kinds.get("log", 0) for kinds in held.values())
     print(
         f"{name:>12}: {len(totals)} conversations, mean {statistics.mean(totals) / 1024:.0f} KB,"
-        f" median {statistics.median(totals) / 1024:.0f} KB, largest {max(totals) / 1024:.0f} KB;"
-        f" log {logs / max(1, sum(totals)):.0%} of it"
+        f" median {statistics.median(totals) / 1024:.0f} KB, largest {max(totals) / 1024:.0f} KB"
     )
+    by_kind: dict[str, int] = defaultdict(int)
+    for kinds in held.values():
+        for kind, size in kinds.items():
+            by_kind[kind] += size
+    shares = sorted(by_kind.items(), key=lambda item: -item[1])
+    each = [f"{kind} {size / len(totals) / 1024:.0f} KB" for kind, size in shares]
+    print(" " * 14 + "mean by key: " + ", ".join(each))
 
 
 async def run(args: argparse.Namespace) -> None:
