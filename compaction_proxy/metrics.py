@@ -164,6 +164,12 @@ UNREADABLE_RECORDS = Counter(
     "Stored replacement records this version cannot read (another version's, or damaged): "
     "skipped, each counted once while remembered",
 )
+MASKED_REREADS = Counter(
+    "compaction_proxy_masked_rereads_total",
+    "Tool calls repeating a call whose output masking had cleared (the same tool and "
+    "arguments): the agent ran it again to see it; such outputs are not masked again",
+    ["route"],
+)
 LOG_BYTES_DROPPED = Counter(
     "compaction_proxy_log_bytes_dropped_total",
     "Bytes of conversations' oldest logged events dropped to keep each log within "

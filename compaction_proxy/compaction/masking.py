@@ -9,11 +9,12 @@ and saying the tool can be run again.
 
 **Which observations.** Tool and legacy function results; in a body holding none of those,
 the user messages an observation-style agent returns its outputs in (when the pruner counts
-user messages as observations), all but the first (the task). Only those before ``before``
-(the retained tail and the live turn are never offered; neither are the head and checkpoints,
-which are not body nodes), oldest first, never one of the newest ``keep`` observations of the
-body, never one of a tool in ``exclude_tools``, never one already masked, and only where the
-placeholder is less than half of what it replaces.
+user messages as observations; ``conversation.agent_outputs``), never the task. Only those
+before ``before`` (the retained tail and the live turn are never offered; neither are the head
+and checkpoints, which are not body nodes), oldest first, never one of the newest ``keep``
+observations of the body, never one of a tool in ``exclude_tools``, never one already masked,
+never the output of a call repeating a masked one (a re-read: the agent needed it back), and
+only where the placeholder is less than half of what it replaces.
 
 **How much.** The step is worth a cache miss only when it frees at least ``clear_at_least``
 tokens and leaves the request that much under its threshold (``mask_relieves``): every
@@ -117,6 +118,22 @@ class Observation(NamedTuple):
     position: int
     tool: str | None  # the tool's name; None for an observation-style user message
     call: str | None  # the call's short form
+    key: str | None = None  # the call whole (tool and arguments): a repeat has the same
+
+
+def call_key(name: str, arguments: Any) -> str:
+    """The call ``name(arguments)`` whole, its JSON arguments in one spelling: two calls of a
+    tool with the same arguments have the same key however their JSON was written."""
+    parsed: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return f"{name}\x00{arguments}"
+    try:
+        return f"{name}\x00{orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()}"
+    except TypeError:
+        return f"{name}\x00{arguments!r}"
 
 
 def _calls(message: Message) -> Iterator[tuple[str, str, Any]]:
@@ -152,14 +169,18 @@ def observations(body: Sequence[Message], user_messages: bool) -> list[Observati
             answered = message.get("tool_call_id")
             key = answered if isinstance(answered, str) else ""
             tool, arguments = calls.get(key, ("tool", None))
-            found.append(Observation(position, tool, call_form(tool, arguments)))
+            found.append(
+                Observation(position, tool, call_form(tool, arguments), call_key(tool, arguments))
+            )
         elif role == "function":
             named: Any = message.get("name")
             if not isinstance(named, str):
                 named = legacy[0] if legacy is not None else "function"
             tool = str(named)
             arguments = legacy[1] if legacy is not None and legacy[0] == tool else None
-            found.append(Observation(position, tool, call_form(tool, arguments)))
+            found.append(
+                Observation(position, tool, call_form(tool, arguments), call_key(tool, arguments))
+            )
     if found or not user_messages:
         return found
     task = task_position(body)
@@ -168,6 +189,31 @@ def observations(body: Sequence[Message], user_messages: bool) -> list[Observati
         for p in range(1, len(body))
         if p != task and is_agent_output(body[p], body[p - 1])
     ]
+
+
+def rereads(found: Sequence[Observation], masked: Callable[[int], bool]) -> set[int]:
+    """Positions of the observations answering a call that repeats a masked one (the same
+    tool, the same arguments): the agent ran it again because its output was cleared. Such an
+    output is not masked again (``mask_candidates``): clearing it would only buy another
+    run."""
+    cleared: set[str] = set()
+    again: set[int] = set()
+    for observation in found:
+        if observation.key is None:
+            continue
+        if masked(observation.position):
+            cleared.add(observation.key)
+        elif observation.key in cleared:
+            again.add(observation.position)
+    return again
+
+
+def live_rereads(
+    body: Sequence[Message], live_start: int, masked: Callable[[int], bool], user_messages: bool
+) -> int:
+    """How many of the live turn's observations answer a call repeating a masked one."""
+    found = observations(body, user_messages)
+    return sum(1 for position in rereads(found, masked) if position >= live_start)
 
 
 def placeholder(observation: Observation, text: str) -> str:
@@ -189,6 +235,7 @@ def mask_candidates(
     client's messages, ``masked(position)`` whether one is masked already."""
     found = observations(body, masker.user_messages)
     protected = {o.position for o in found[-masker.keep :]} if masker.keep else set()
+    protected |= rereads(found, masked)
     by_position = {o.position: o for o in found}
     candidates: list[MaskCandidate] = []
     for node in nodes:

@@ -20,6 +20,7 @@ from compaction_proxy.compaction.guards.miss_guard import (
     checkpoint_misses,
     proactive_compaction_stopped,
 )
+from compaction_proxy.compaction.masking import live_rereads
 from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy
 from compaction_proxy.compaction.outcomes import Relief
 from compaction_proxy.compaction.planning import CompactionJob, SummaryCall, SummaryRequest
@@ -40,6 +41,7 @@ from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.metrics import (
     CLIENT_COMPACTIONS,
     COMPACTION_ERRORS,
+    MASKED_REREADS,
     PRESSURE,
     TOKENS_SAVED,
     child,
@@ -145,6 +147,20 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
         TOKENS_SAVED.labels(route=route, mechanism="mask").inc(by_mask)
     if rest > by_mask:
         TOKENS_SAVED.labels(route=route, mechanism="prune").inc(rest - by_mask)
+
+
+async def _count_rereads(job: CompactionJob, surface: Surface, route: str) -> None:
+    """Count the live turn's calls that repeat one whose output a mask cleared."""
+    masked = {record.position for record in surface.masks}
+    view = job.view
+    again = await off_loop_if(
+        view.big,
+        lambda: live_rereads(
+            view.body, view.live_start, masked.__contains__, job.pruner.user_messages
+        ),
+    )
+    if again:
+        MASKED_REREADS.labels(route=route).inc(again)
 
 
 async def _relieve(
@@ -317,6 +333,8 @@ async def prepare(
         )
     )
     status = RequestStatus.RESCUED if relief.rescued else status_of(surface)
+    if surface.masks:
+        await _count_rereads(job, surface, route.model)
     precompacting = proactive and await maybe_precompact(
         engine, services.background, job, relief, limits
     )

@@ -190,3 +190,39 @@ async def test_claude_code_tool_results_are_masked_in_messages_form(
     assert first["type"] == "tool_result" and first["tool_use_id"] == "toolu_000"
     assert first["content"].startswith("[compaction-proxy cleared this output of Read(")
     assert sent[-2] == turns[-2] and sent[-1] == turns[-1]
+
+
+async def test_a_reread_of_a_masked_output_is_counted_and_not_masked_again(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Agents run a tool again when its output was cleared: the call repeating a masked one
+    is counted, and its fresh output stays whole while the request fits."""
+    proxy = await start(make_proxy, upstream_url, fake, precompact_ratio=0)
+    history = agent_history()
+    first = await chat(proxy.url, history, MODEL)
+    assert first.headers["x-compaction-status"] == "masked"
+    sent = fake.chat_requests[-1].body["messages"]
+    cleared = [i for i, m in enumerate(history) if m["role"] == "tool" and sent[i] != m]
+    assert 3 in cleared  # src/m0.py's output, the first read
+    before = counter("compaction_proxy_masked_rereads_total", route="mask-*")
+    again = [
+        *history[:-1],
+        assistant(None, ("call_again", "read_file", '{"path":"src/m0.py"}')),
+        tool("call_again", output("m0x")),
+    ]
+    await chat(proxy.url, again, MODEL)
+    assert counter("compaction_proxy_masked_rereads_total", route="mask-*") == before + 1
+    # Three more reads age it past the newest three and the retained tail; pressure masks.
+    later = list(again)
+    for index in range(6, 9):
+        call = f"call_{index}"
+        later.append(assistant(None, (call, "read_file", f'{{"path": "src/m{index}.py"}}')))
+        later.append(tool(call, output(f"m{index}x", words=300)))
+    later.append(user("Where are we now?"))
+    answer = await chat(proxy.url, later, MODEL)
+    assert answer.headers["x-compaction-status"] == "masked"
+    forwarded = fake.chat_requests[-1].body["messages"]
+    reread = [m for m in forwarded if m.get("tool_call_id") == "call_again"]
+    assert reread == [again[-1]]  # the re-read output, whole
+    masked = [m for m in forwarded if "compaction-proxy cleared" in str(m.get("content"))]
+    assert masked  # while older outputs around it were cleared

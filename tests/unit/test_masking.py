@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from compaction_proxy.compaction.masking import (
     Masker,
+    live_rereads,
     mask_candidates,
     mask_relieves,
     observations,
+    rereads,
 )
 from compaction_proxy.conversation.surface import SurfaceNode
 from tests.builders import assistant, tool, user
@@ -237,3 +239,21 @@ def test_candidates_are_old_observations_outside_the_newest_keep(
         assert candidate.position < before and candidate.position in observed
         assert candidate.position not in newest
         assert 2 * len(candidate.placeholder) < candidate.chars_before
+
+
+def test_a_call_repeating_a_masked_one_is_a_reread_and_its_output_is_not_masked_again() -> None:
+    body = tool_history(3)
+    # The agent runs the first call again, its JSON spelled otherwise.
+    body.append(assistant(None, ("c9", "bash", '{ "command":"cat file_0.py" }')))
+    body.append(tool("c9", f"{BIG} again"))
+    body.append(assistant(None, ("c10", "bash", '{"command": "cat other.py"}')))
+    body.append(tool("c10", f"{BIG} other"))
+    masked = frozenset({2})  # file_0's first output was cleared
+    assert rereads(observations(body, True), masked.__contains__) == {8}
+    assert 8 not in cleared(body, masked=masked)
+    assert 10 in cleared(body, masked=masked)
+    # Counted once it is the live turn: the output answering the repeat.
+    assert live_rereads(body[:9], 8, masked.__contains__, True) == 1
+    assert live_rereads(body, 10, masked.__contains__, True) == 0
+    # Without a mask, a repeat is no re-read.
+    assert rereads(observations(body, True), frozenset().__contains__) == set()
