@@ -25,6 +25,7 @@ near the end. Inputs are never mutated.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -114,26 +115,42 @@ def call_form(name: str, arguments: Any) -> str:
     return f"{short(name, 64)}({short(inner, ARGUMENTS_CHARS)})"
 
 
-class Observation(NamedTuple):
-    position: int
-    tool: str | None  # the tool's name; None for an observation-style user message
-    call: str | None  # the call's short form
-    key: str | None = None  # the call whole (tool and arguments): a repeat has the same
-
-
 def call_key(name: str, arguments: Any) -> str:
     """The call ``name(arguments)`` whole, its JSON arguments in one spelling: two calls of a
     tool with the same arguments have the same key however their JSON was written."""
-    parsed: Any = arguments
     if isinstance(arguments, str):
-        try:
-            parsed = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return f"{name}\x00{arguments}"
+        return _string_call_key(name, arguments)
     try:
-        return f"{name}\x00{orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()}"
+        return f"{name}\x00{orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()}"
     except TypeError:
         return f"{name}\x00{arguments!r}"
+
+
+# A masked conversation's calls are keyed again on every request that counts re-reads: each
+# call's key is worked out once (chat sends arguments as a JSON string).
+@functools.lru_cache(maxsize=8192)
+def _string_call_key(name: str, arguments: str) -> str:
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return f"{name}\x00{arguments}"
+    return f"{name}\x00{orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()}"
+
+
+class Observation(NamedTuple):
+    position: int
+    tool: str | None  # the tool's name; None for an observation-style user message
+    arguments: Any = None  # the call's arguments as sent
+
+    @property
+    def call(self) -> str | None:
+        """The call's short form, for a placeholder (parsed only for what is masked)."""
+        return None if self.tool is None else call_form(self.tool, self.arguments)
+
+    @property
+    def key(self) -> str | None:
+        """The call whole: a repeat of it has the same (``call_key``)."""
+        return None if self.tool is None else call_key(self.tool, self.arguments)
 
 
 def _calls(message: Message) -> Iterator[tuple[str, str, Any]]:
@@ -169,56 +186,56 @@ def observations(body: Sequence[Message], user_messages: bool) -> list[Observati
             answered = message.get("tool_call_id")
             key = answered if isinstance(answered, str) else ""
             tool, arguments = calls.get(key, ("tool", None))
-            found.append(
-                Observation(position, tool, call_form(tool, arguments), call_key(tool, arguments))
-            )
+            found.append(Observation(position, tool, arguments))
         elif role == "function":
             named: Any = message.get("name")
             if not isinstance(named, str):
                 named = legacy[0] if legacy is not None else "function"
             tool = str(named)
             arguments = legacy[1] if legacy is not None and legacy[0] == tool else None
-            found.append(
-                Observation(position, tool, call_form(tool, arguments), call_key(tool, arguments))
-            )
+            found.append(Observation(position, tool, arguments))
     if found or not user_messages:
         return found
     task = task_position(body)
     return [
-        Observation(p, None, None)
+        Observation(p, None)
         for p in range(1, len(body))
         if p != task and is_agent_output(body[p], body[p - 1])
     ]
 
 
-def rereads(found: Sequence[Observation], masked: Callable[[int], bool]) -> set[int]:
-    """Positions of the observations answering a call that repeats a masked one (the same
-    tool, the same arguments): the agent ran it again because its output was cleared. Such an
-    output is not masked again (``mask_candidates``): clearing it would only buy another
-    run."""
-    cleared: set[str] = set()
-    again: set[int] = set()
-    for observation in found:
-        if observation.key is None:
-            continue
-        if masked(observation.position):
-            cleared.add(observation.key)
-        elif observation.key in cleared:
-            again.add(observation.position)
-    return again
+def rereads(
+    found: Sequence[Observation], masked: Callable[[int], bool], since: int = 0
+) -> set[int]:
+    """Positions (from ``since``) of the observations answering a call that repeats a masked
+    one (the same tool, the same arguments): the agent ran it again because its output was
+    cleared. Such an output is not masked again (``mask_candidates``): clearing it would only
+    buy another run. Only the masked calls and those from ``since`` are read whole."""
+    cleared = {o.key for o in found if o.tool is not None and masked(o.position)}
+    if not cleared:
+        return set()
+    return {
+        o.position
+        for o in found
+        if o.position >= since and o.tool is not None and not masked(o.position)
+        if o.key in cleared
+    }
 
 
 def live_rereads(
     body: Sequence[Message], live_start: int, masked: Callable[[int], bool], user_messages: bool
 ) -> int:
-    """How many of the live turn's observations answer a call repeating a masked one."""
-    found = observations(body, user_messages)
-    return sum(1 for position in rereads(found, masked) if position >= live_start)
+    """How many of the live turn's observations answer a call repeating a masked one (only
+    tool and function results answer a call: a live turn without one has none)."""
+    if not any(m.get("role") in ("tool", "function") for m in body[live_start:]):
+        return 0
+    return len(rereads(observations(body, user_messages), masked, since=live_start))
 
 
 def placeholder(observation: Observation, text: str) -> str:
-    if observation.call is not None:
-        return TOOL_PLACEHOLDER.format(call=observation.call, size=len(text))
+    call = observation.call
+    if call is not None:
+        return TOOL_PLACEHOLDER.format(call=call, size=len(text))
     opening = short(text[: 4 * OPENING_CHARS], OPENING_CHARS)
     return OBSERVATION_PLACEHOLDER.format(size=len(text), opening=opening.replace('"', "'"))
 

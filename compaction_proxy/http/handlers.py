@@ -56,7 +56,7 @@ from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
-from compaction_proxy.service.prepare import prepare
+from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.record import RequestRecord, write_record
 from compaction_proxy.service.recover import recover_overflow
 from compaction_proxy.service.services import Services
@@ -299,6 +299,7 @@ async def _record(
     """The request's second round trip: its messages, what was forwarded, the upstream's
     usage, the anchor (see ``service.record``)."""
     anchor = None
+    await count_rereads(forwarded)
     usage = await usage_of(reply) if reply is not None else None
     if reply is not None and usage is not None:
         record.add(usage_event(now=time.time(), usage=usage, status=reply.status))

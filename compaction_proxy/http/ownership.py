@@ -24,13 +24,7 @@ from compaction_proxy.http.errors import error_response
 from compaction_proxy.http.upstream import Claim
 from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.account_endpoints import REFUSAL
-from compaction_proxy.security.object_references import (
-    KeysSeen,
-    NamedObject,
-    duplicated_key,
-    named_objects,
-    scan,
-)
+from compaction_proxy.security.object_references import KeysSeen, NamedObject, find_references
 from compaction_proxy.security.outbound import speaks_anthropic
 from compaction_proxy.security.owned_objects import (
     LISTS,
@@ -111,19 +105,19 @@ def named_in_body(
     if not request.app[SERVICES].client_keys.required:
         return []
     earlier = lineage.base_scanned.keys if lineage and lineage.base_scanned else None
-    start = lineage.shared_bytes if isinstance(earlier, KeysSeen) and lineage else 0
-    seen = scan(raw, start, earlier if isinstance(earlier, KeysSeen) else None)
+    if isinstance(earlier, KeysSeen) and lineage is not None:
+        found = find_references(raw, body, lineage.shared_bytes, earlier)
+    else:
+        found = find_references(raw, body)
     if lineage is not None and lineage.scanned is not None:
-        lineage.scanned.keys = seen
-    if seen.may_repeat_a_key:
-        key = duplicated_key(raw)
-        if key is not None:
-            raise BadRequest(
-                f"The field '{key}' is given twice in one JSON object: give it once.",
-                param=key,
-                code="duplicate_key",
-            )
-    return named_objects(body) if seen.may_name_objects else []
+        lineage.scanned.keys = found.seen
+    if found.duplicated is not None:
+        raise BadRequest(
+            f"The field '{found.duplicated}' is given twice in one JSON object: give it once.",
+            param=found.duplicated,
+            code="duplicate_key",
+        )
+    return found.named
 
 
 async def bound_to_the_account(

@@ -218,6 +218,15 @@ def _read_first(request: web.Request, template: str) -> bool:
     return request.content_type != "multipart/form-data" or template in FORMS_NAMING_OBJECTS
 
 
+def _read_relayed(request: web.Request, body: bytes) -> tuple[Any, list[NamedObject]]:
+    """A relayed body read whole: parsed (None when it is not JSON), and the stored objects
+    it names, in its JSON or, for a multipart form, in its fields."""
+    if request.content_type == "multipart/form-data":
+        return None, named_in_form(body, request.headers.get("Content-Type", ""))
+    parsed = _json_of(body)
+    return parsed, named_in_body(request, body, parsed)
+
+
 def _json_of(body: bytes) -> Any:
     """The body parsed, or None when it is not JSON (the upstream's to refuse)."""
     try:
@@ -247,6 +256,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     anthropic = speaks_anthropic(request.path, request.headers)
     route: Route = settings.anthropic_route if anthropic else settings.default_route
     data: bytes | aiohttp.StreamReader = request.content
+    template = path_template(request.path)
     named: list[NamedObject] = []
     try:
         check_headers(request.headers)
@@ -255,17 +265,11 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             if model:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
             return await relay_websocket(request, route)
-        if request.body_exists and _read_first(request, path_template(request.path)):
+        if request.body_exists and _read_first(request, template):
             body = data = await read_body(request, settings.max_body_bytes)
-            parsed = await off_loop_if(is_big(len(body)), lambda: _json_of(body))
-            named = await off_loop_if(
-                is_big(len(body)), lambda: named_in_body(request, body, parsed)
+            parsed, named = await off_loop_if(
+                is_big(len(body)), lambda: _read_relayed(request, body)
             )
-            if request.content_type == "multipart/form-data":
-                form_type = request.headers.get("Content-Type", "")
-                named += await off_loop_if(
-                    is_big(len(body)), lambda: named_in_form(body, form_type)
-                )
             model = _model_of(parsed)
             if model is not None and anthropic:
                 route = messages_route_for(settings, check_model_name(model))
@@ -273,7 +277,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:
         return bad_request_response(error, anthropic=anthropic), "bad_request"
-    template, held = path_template(request.path), holds_key(request, route)
+    held = holds_key(request, route)
     if refused_account_endpoint(template, request.method, held, route.account_endpoints):
         return account_endpoint_refused(anthropic), "refused"
     stateless = is_stateless(template, request.method)

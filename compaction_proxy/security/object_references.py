@@ -57,10 +57,12 @@ NAMING_KEYS = _ID_KEYS | _ID_LIST_KEYS | _HOLDER_KEYS
 # (a file's bytes, an audio clip) is streamed as it comes.
 FORMS_NAMING_OBJECTS = frozenset({"/v1/containers/{id}/files"})
 # Fields read for a decision: given twice in one object, a 400.
-DECISION_KEYS = NAMING_KEYS | {"model", "stream"}
+_ROUTING_KEYS = frozenset({"model", "stream"})
+DECISION_KEYS = NAMING_KEYS | _ROUTING_KEYS
 # Values never read as references by the upstream: not searched.
-_OPAQUE_KEYS = frozenset({"metadata", "parameters", "input_schema", "schema", "json_schema"})
-_OPAQUE_STRINGS = frozenset({"arguments"})  # a JSON string: nothing to walk anyway
+_OPAQUE_KEYS = frozenset(
+    {"metadata", "parameters", "input_schema", "schema", "json_schema", "arguments"}
+)
 
 _KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS))
 _KEYS = re.compile(rb'"(' + _KEY_NAMES.encode() + rb')"')
@@ -88,24 +90,17 @@ class KeysSeen:
     escapes: tuple[int, ...]
 
     @property
-    def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for key, _ in self.keys:
-            counts[key] = counts.get(key, 0) + 1
-        return counts
-
-    @property
     def may_name_objects(self) -> bool:
         return bool(self.escapes) or any(key in NAMING_KEYS for key, _ in self.keys)
 
     @property
-    def may_repeat_a_key(self) -> bool:
-        """Whether a decision key may stand twice in one object (then ``duplicated_key``
-        says): a key seen twice anywhere, any naming key (objects name few of them, and a
-        second one may hide in the same object), or an escaped key."""
-        return bool(self.escapes) or any(
-            count > 1 or key in NAMING_KEYS for key, count in self.counts.items()
-        )
+    def may_repeat_a_routing_key(self) -> bool:
+        """Whether ``model`` or ``stream`` may stand twice in one object: seen twice anywhere,
+        or some key is spelled with escapes."""
+        if self.escapes:
+            return True
+        routing = [key for key, _ in self.keys if key in _ROUTING_KEYS]
+        return len(routing) != len(set(routing))
 
 
 def scan(raw: bytes, start: int = 0, earlier: KeysSeen | None = None) -> KeysSeen:
@@ -146,6 +141,33 @@ def duplicated_key(raw: bytes) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class References:
+    """What a body names (``named``), the scan that found it (kept for the next body that
+    extends this one) and a decision field it gives twice in one object, if any."""
+
+    seen: KeysSeen
+    named: list[NamedObject]
+    duplicated: str | None
+
+
+def find_references(
+    raw: bytes, body: Any, start: int = 0, earlier: KeysSeen | None = None
+) -> References:
+    """The stored objects ``body`` (parsed from ``raw``) names, and whether a decision field
+    stands twice in one of its objects. The bytes are scanned from ``start`` (``scan``);
+    the body is walked only where the scan saw a naming field; the exact check for a repeated
+    field (a whole parse) runs only where a repeat could matter: a routing field seen twice,
+    an escaped key, or a named object (whose field may hide a second value in its object;
+    a naming field that only stands where nothing is read as a reference decides nothing)."""
+    seen = scan(raw, start, earlier)
+    named = named_objects(body) if seen.may_name_objects else []
+    repeated = None
+    if named or seen.may_repeat_a_routing_key:
+        repeated = duplicated_key(raw)
+    return References(seen, named, repeated)
+
+
 def named_objects(body: Any) -> list[NamedObject]:
     """Every object ``body`` names, in the order met (see the module's docstring)."""
     return list(_walk(body))
@@ -163,7 +185,7 @@ def _walk(body: Any) -> Iterator[NamedObject]:
         tool_use = isinstance(value.get("type"), str) and value["type"].endswith("tool_use")
         later = []
         for key, item in value.items():
-            if key in _OPAQUE_KEYS or key in _OPAQUE_STRINGS or (tool_use and key == "input"):
+            if key in _OPAQUE_KEYS or (tool_use and key == "input"):
                 continue
             if key in NAMING_KEYS:
                 yield from _named_by(key, item)

@@ -45,14 +45,10 @@ class UploadSlots:
     _open: Counter[str] = field(default_factory=Counter)
     _held: int = 0
 
-    @property
-    def held_now(self) -> int:
-        return self._held
-
-    def _refusal(self, client: str, address: str) -> SlotRefusal | None:
+    def _refusal(self, client: str, source: str) -> SlotRefusal | None:
         if self._open[client] >= self.per_client:
             return SlotRefusal.CLIENT
-        if self._open["from:" + address] >= self.per_address:
+        if self._open[source] >= self.per_address:
             return SlotRefusal.ADDRESS
         if self._held >= self.total:
             return SlotRefusal.POOL
@@ -63,7 +59,7 @@ class UploadSlots:
         """Holds one slot of ``client``, of its ``address`` and of the pool while the body
         streams; yields None when held, else why none is (holding nothing)."""
         source = "from:" + (address or "")
-        refusal = self._refusal(client, address or "")
+        refusal = self._refusal(client, source)
         if refusal is not None:
             yield refusal
             return

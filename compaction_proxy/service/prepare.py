@@ -149,8 +149,12 @@ def _count_savings(route: str, surface: Surface, saved: int) -> None:
         TOKENS_SAVED.labels(route=route, mechanism="prune").inc(rest - by_mask)
 
 
-async def _count_rereads(job: CompactionJob, surface: Surface, route: str) -> None:
-    """Count the live turn's calls that repeat one whose output a mask cleared."""
+async def count_rereads(forwarded: Forwarded) -> None:
+    """Count the live turn's calls that repeat one whose output a mask cleared (after the
+    answer: the count changes nothing the client waits for)."""
+    job, surface = forwarded.job, forwarded.surface
+    if job is None or surface is None or not surface.masks:
+        return
     masked = {record.position for record in surface.masks}
     view = job.view
     again = await off_loop_if(
@@ -160,7 +164,7 @@ async def _count_rereads(job: CompactionJob, surface: Surface, route: str) -> No
         ),
     )
     if again:
-        MASKED_REREADS.labels(route=route).inc(again)
+        MASKED_REREADS.labels(route=job.route).inc(again)
 
 
 async def _relieve(
@@ -333,8 +337,6 @@ async def prepare(
         )
     )
     status = RequestStatus.RESCUED if relief.rescued else status_of(surface)
-    if surface.masks:
-        await _count_rereads(job, surface, route.model)
     precompacting = proactive and await maybe_precompact(
         engine, services.background, job, relief, limits
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -37,8 +36,6 @@ from compaction_proxy.store.branches import (
 )
 from compaction_proxy.store.log_bound import log_bytes_dropped
 from compaction_proxy.store.sliding_windows import SlidingWindows
-
-log = logging.getLogger(__name__)
 
 _LEASE_POLL_SECONDS = 0.02
 
@@ -169,14 +166,14 @@ class MemoryStore:
         self._record_ttl = min(ttl_seconds, record_ttl_seconds or ttl_seconds)
         self._max_log_events = max_log_events
         self._max_bytes = max_bytes
-        # One conversation's log never holds more than the whole store may.
-        self._max_log_bytes = min(max_log_bytes, max_bytes)
+        self._max_log_bytes = max_log_bytes
         self._bytes = 0
 
     def _grew(self, conversation: str, entry: _Conversation, before: int) -> None:
         """Account for what ``entry`` logged since it held ``before`` bytes: trim its log to
         its bounds (events, bytes), then evict the least recently used others while the store
         is over its byte bound."""
+        # One conversation's log never holds more than the whole store may, records beside it.
         room = min(self._max_log_bytes, self._max_bytes - entry.records.size)
         dropped = entry.trim(self._max_log_events, max(0, room))
         if dropped:

@@ -10,6 +10,7 @@ import anthropic
 import pytest
 
 from compaction_proxy.conversation.replacements import Prune
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
@@ -211,6 +212,7 @@ async def test_a_reread_of_a_masked_output_is_counted_and_not_masked_again(
         tool("call_again", output("m0x")),
     ]
     await chat(proxy.url, again, MODEL)
+    await proxy.app[SERVICES].pending_records.settled_all()  # counted after the answer
     assert counter("compaction_proxy_masked_rereads_total", route="mask-*") == before + 1
     # Three more reads age it past the newest three and the retained tail; pressure masks.
     later = list(again)

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from compaction_proxy.security import object_references
 from compaction_proxy.security.account_endpoints import refused_account_endpoint
 from compaction_proxy.security.object_references import (
     NamedObject,
-    duplicated_key,
+    find_references,
     named_in_form,
     named_objects,
     scan,
@@ -183,15 +184,32 @@ def test_a_body_names_every_stored_object_wherever_it_stands(
         (b'{"model": "a", "mod\\u0065l": "b"}', "model"),
         (b'{"model": "a", "tools": [{"parameters": {"model": {}}}]}', None),  # other objects
         (b'{"model": "a", "temperature": 1, "temperature": 2}', None),  # read for no decision
+        # A naming field twice where nothing is read as a reference (a tool's schema).
+        (
+            b'{"model": "a", "tools": [{"parameters": {"container": 1, "container": 2}}]}',
+            None,
+        ),
     ],
 )
 def test_a_decision_field_given_twice_in_one_object_is_found(
     raw: bytes, repeated: str | None
 ) -> None:
-    seen = scan(raw)
-    assert duplicated_key(raw) == repeated
-    if repeated is not None:
-        assert seen.may_repeat_a_key
+    assert find_references(raw, orjson.loads(raw)).duplicated == repeated
+
+
+def test_the_whole_parse_for_repeats_runs_only_where_a_repeat_could_matter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool schema with a parameter named like a naming field costs a scan, not a parse."""
+    schema = b'{"model": "a", "tools": [{"parameters": {"properties": {"container": {}}}}]}'
+    parsed: list[bytes] = []
+    monkeypatch.setattr(object_references, "duplicated_key", parsed.append)
+    assert find_references(schema, orjson.loads(schema)).named == []
+    assert parsed == []
+    # A body that does name an object is parsed whole for repeats.
+    named = b'{"model": "a", "previous_response_id": "r1"}'
+    find_references(named, orjson.loads(named))
+    assert parsed == [named]
 
 
 def test_a_list_keeps_only_the_callers_objects_and_its_cursors_follow() -> None:
