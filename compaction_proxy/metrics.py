@@ -175,6 +175,13 @@ LOG_BYTES_DROPPED = Counter(
     "Bytes of conversations' oldest logged events dropped to keep each log within "
     "log_max_bytes (the request and the records still carry what compaction needs)",
 )
+LOG_PACKS = Counter(
+    "compaction_proxy_log_packs_total",
+    "Redis log packs tried, by where their events came from (held: logged by this process, "
+    "read_back: read back from the stream) and outcome (landed; refused: another replica "
+    "packed or dropped the stream's head first; failed: the store did not answer)",
+    ["source", "outcome"],
+)
 UNREADABLE_STATE_FIELDS = Counter(
     "compaction_proxy_unreadable_state_fields_total",
     "Stored conversation state fields this version cannot read (damaged, or another "

@@ -43,7 +43,7 @@ from compaction_proxy.store.base import (
 )
 from compaction_proxy.store.branches import lease_anchor
 from compaction_proxy.store.log_bound import log_bytes_dropped
-from compaction_proxy.store.packed_events import read_event
+from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES, LoggedBatch, SegmentLimits
 from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_forms import (
     STATE_FIELDS,
@@ -63,6 +63,7 @@ from compaction_proxy.store.redis_keys import (
     quota_key,
     secret_key,
 )
+from compaction_proxy.store.redis_log import LogPacker
 
 _LEASE_POLL_SECONDS = 0.05
 INDEX_INTERVAL_SECONDS = 60.0
@@ -70,10 +71,13 @@ INDEX_MEMORY = 100_000  # conversations whose last index write this process reme
 
 
 def _script(name: str) -> str:
-    """A script, with the branch helpers every script may call before it."""
+    """A script, with the branch and log helpers every script may call before it."""
     folder = files("compaction_proxy.store") / "lua"
-    shared = (folder / "branches.lua").read_text(encoding="utf-8")
-    return shared + (folder / f"{name}.lua").read_text(encoding="utf-8")
+    shared = [(folder / f"{helpers}.lua").read_text(encoding="utf-8") for helpers in _HELPERS]
+    return "".join(shared) + (folder / f"{name}.lua").read_text(encoding="utf-8")
+
+
+_HELPERS = ("branches", "log")
 
 
 class _Bounded:
@@ -126,8 +130,8 @@ class RedisStore:
     ) -> None:
         options: dict[str, Any] = {
             "decode_responses": True,
-            # A compressed log event is not UTF-8: it reads back as a string that encodes to
-            # the bytes stored (store.packed_events); every other reply is UTF-8 as ever.
+            # A log segment (and an event earlier versions compressed) is not UTF-8: it reads
+            # back as a string that encodes to the bytes stored; other replies are UTF-8.
             "encoding_errors": "surrogateescape",
             # Bounded per operation instead (``_Bounded``); connecting stays redis-py's.
             "socket_timeout": None,
@@ -151,7 +155,7 @@ class RedisStore:
         self._record_ttl_ms = min(self._ttl_ms, int((record_ttl_seconds or ttl_seconds) * 1000))
         self._max_log_events = max_log_events
         self._max_log_bytes = max_log_bytes
-        self._compress_log = compress_log
+        self._pack_log = compress_log
         self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
@@ -165,6 +169,11 @@ class RedisStore:
         self._renew = register(_script("renew"))
         self._held = register(_script("held"))
         self._quota = register(_script("quota"))
+        limits = SegmentLimits.for_bounds(max_log_bytes, max_log_events)
+        pack, read = register(_script("pack")), register(_script("read"))
+        self._packer = LogPacker(
+            self._client, pack, read, self._keys, self._bounded, limits, self._ttl_ms
+        )
 
     def _bounded(self, operation: str) -> _Bounded:
         return _Bounded(operation, self._operation_timeout)
@@ -206,9 +215,8 @@ class RedisStore:
         tip = body_tip(messages)
         if tip is not None:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
-        listing, blob = await off_loop_if(
-            is_big(messages=len(messages)),
-            lambda: messages_as_two_args(messages, self._compress_log),
+        listing, blob, lines = await off_loop_if(
+            is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
         )
         args: list[Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
         args.append(len(events))
@@ -218,10 +226,12 @@ class RedisStore:
             args += [name, value]
         args.append(as_json(anchor.__dict__) if anchor is not None else "")
         args.append("\n".join(sorted({anchor_field(record) for record in reached})))
+        args.append(READ_PACK_AT_BYTES if self._pack_log else 0)
         args.append(self._max_log_bytes)
         args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records")
-        keys += self._keys(conversation, "anchored", "positions", "used")
+        keys += self._keys(conversation, "anchored", "positions", "used", "seen_keys")
+        keys += self._keys(conversation, "packed", "segments", "packing")
         now = time.time()
         index = self._index_due(conversation, now)
         async with self._bounded(operation):
@@ -237,12 +247,22 @@ class RedisStore:
                     )
             else:
                 appended = await self._append_and_index(keys, args, conversation, now)
-        added, dropped = (int(n) for n in appended)
-        if dropped:
+        added, dropped, oldest, claimed = (
+            int(appended[0]),
+            int(appended[1]),
+            appended[2],
+            appended[4],
+        )
+        if self._pack_log:
+            logged = [*(line for line, new in zip(lines, appended[5], strict=True) if new == "1")]
+            logged += [as_json(event).encode() for event in events]
+            batch = LoggedBatch(appended[6], tuple(zip(appended[7:], logged, strict=True)))
+            self._packer.logged(conversation, batch if logged else None, oldest, claimed == 1)
+        if dropped := int(dropped):
             first = conversation not in self._trimmed
             self._trimmed.put(conversation, True)
             log_bytes_dropped(conversation, dropped, first)
-        return added
+        return int(added)
 
     async def _append_and_index(
         self, keys: list[str], args: list[Arg], conversation: str, now: float
@@ -306,7 +326,14 @@ class RedisStore:
 
     def _compaction_keys(self, conversation: str) -> list[str]:
         names = ("leases", "log", "seen", "state", "records", "anchored", "positions", "used")
-        return self._keys(conversation, *names)
+        return self._keys(conversation, *names, "seen_keys", "packed", "segments")
+
+    def _logged(self, conversation: str, reply: list[Any], events: Sequence[str]) -> int:
+        """A compaction script's result; what it logged is handed to the packer."""
+        if self._pack_log and len(reply) > 2:
+            entries = tuple(zip(reply[2:], (e.encode() for e in events), strict=True))
+            self._packer.logged(conversation, LoggedBatch(reply[1], entries))
+        return int(reply[0])
 
     async def begin_compaction(
         self,
@@ -319,13 +346,15 @@ class RedisStore:
         at: int = -1,
     ) -> BeginResult:
         args: list[Arg] = [owner, max(1, int(ttl_seconds * 1000)), self._ttl_ms]
-        args += [as_json(start_event), -1 if expected_generation is None else expected_generation]
+        start = as_json(start_event)
+        args += [start, -1 if expected_generation is None else expected_generation]
         args.append(self._record_ttl_ms)
         position, chain_hash = lease_anchor(chain, at)
         args += [*chain_args(chain), f"{position}:{chain_hash}"]
         async with self._bounded("begin_compaction"):
-            result = await self._begin(keys=self._compaction_keys(conversation), args=args)
-        return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(int(result), BeginResult.STALE)
+            reply = await self._begin(keys=self._compaction_keys(conversation), args=args)
+        result = self._logged(conversation, reply, [start])
+        return {1: BeginResult.BEGUN, 0: BeginResult.BUSY}.get(result, BeginResult.STALE)
 
     async def commit_compaction(
         self,
@@ -335,7 +364,8 @@ class RedisStore:
         records: Sequence[ReplacementRecord],
         superseded: Sequence[ReplacementRecord] = (),
     ) -> int | None:
-        args: list[Arg] = [owner, self._ttl_ms, len(events), *(as_json(e) for e in events)]
+        logged = [as_json(e) for e in events]
+        args: list[Arg] = [owner, self._ttl_ms, len(events), *logged]
         args.append(len(records))
         for record in records:
             args += [anchor_field(record), as_json(record_to_dict(record))]
@@ -347,13 +377,16 @@ class RedisStore:
         args += [as_json([end.stored() for end in ends]), RECENT_CHECKPOINT_ENDS]
         args.append(self._record_ttl_ms)
         async with self._bounded("commit_compaction"):
-            generation = await self._commit(keys=self._compaction_keys(conversation), args=args)
-        return None if int(generation) < 0 else int(generation)
+            reply = await self._commit(keys=self._compaction_keys(conversation), args=args)
+        generation = self._logged(conversation, reply, logged)
+        return None if generation < 0 else generation
 
     async def end_compaction(self, conversation: str, owner: str, end_event: Event) -> None:
-        args: list[Arg] = [owner, self._ttl_ms, as_json(end_event), self._record_ttl_ms]
+        logged = as_json(end_event)
+        args: list[Arg] = [owner, self._ttl_ms, logged, self._record_ttl_ms]
         async with self._bounded("end_compaction"):
-            await self._end(keys=self._compaction_keys(conversation), args=args)
+            reply = await self._end(keys=self._compaction_keys(conversation), args=args)
+        self._logged(conversation, reply, [logged])
 
     async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
         lease = self._keys(conversation, "leases")
@@ -364,14 +397,7 @@ class RedisStore:
     async def read_log(
         self, conversation: str, after: str | None = None, limit: int = 100
     ) -> LogPage:
-        (log,) = self._keys(conversation, "log")
-        start = f"({after}" if after else "-"
-        async with self._bounded("read_log"):
-            raw = await self._client.xrange(log, min=start, max="+", count=limit + 1)
-        entries = cast(list[tuple[str, dict[str, str]]], raw)
-        page = [(entry_id, read_event(fields)) for entry_id, fields in entries[:limit]]
-        more = len(entries) > limit
-        return LogPage(page, page[-1][0] if page and more else None)
+        return await self._packer.read(conversation, after, limit)
 
     async def list_conversations(
         self, limit: int = 50, offset: int = 0
@@ -458,5 +484,10 @@ class RedisStore:
         async with self._bounded("ttl_of"):
             return {name: await self._client.pttl(key) for name, key in keys.items()}
 
+    async def log_packs_settled(self) -> None:
+        """Wait for the log packs under way (they run after the appends that make them due)."""
+        await self._packer.settled()
+
     async def close(self) -> None:
+        await self._packer.drain(self._operation_timeout)
         await self._client.aclose()

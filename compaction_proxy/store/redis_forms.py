@@ -18,13 +18,14 @@ from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import ConversationState
 from compaction_proxy.store.branches import anchor_of, generation_of
-from compaction_proxy.store.packed_events import packed
 
 log = logging.getLogger(__name__)
 
 Arg = str | int | bytes
 # State hash fields that are not conversation attributes
-STATE_FIELDS = frozenset({"generation", "anchor", "tip", "ends", "log_bytes"})
+STATE_FIELDS = frozenset(
+    {"generation", "anchor", "tip", "ends", "log_bytes", "tail_bytes", "packed_events"}
+)
 
 
 def chain_args(chain: Sequence[str] | None) -> list[Arg]:
@@ -49,21 +50,17 @@ def as_json(value: Any) -> str:
     return jsonio.dumps(value).decode()
 
 
-def messages_as_two_args(
-    messages: Sequence[MessageEvent], compress: bool = True
-) -> tuple[bytes, bytes]:
-    """The append script's message arguments: a JSON listing of each message's keys, its
-    stored event's length and whether it is compressed (``store.packed_events``), and the
-    stored events back to back (see ``append.lua``)."""
+def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes, list[bytes]]:
+    """The append script's message arguments: a JSON listing of each message's keys and its
+    event's length, and the events' JSON back to back (see ``append.lua``); and each event's
+    JSON, for the log's packer."""
     listing = []
     stored = []
     for message in messages:
         event = jsonio.dumps(message.event)
-        squeezed = packed(event) if compress else None
-        stored.append(event if squeezed is None else squeezed)
-        flags = [message.hash, message.content_key, int(message.by_content), len(stored[-1])]
-        listing.append([*flags, int(squeezed is not None)])
-    return jsonio.dumps(listing), b"".join(stored)
+        stored.append(event)
+        listing.append([message.hash, message.content_key, int(message.by_content), len(event)])
+    return jsonio.dumps(listing), b"".join(stored), stored
 
 
 def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:

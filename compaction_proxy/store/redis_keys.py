@@ -12,9 +12,15 @@ PREFIX = "cp"
 def conversation_keys(conversation: str) -> dict[str, str]:
     tag = f"{PREFIX}:{{{conversation}}}"
     return {
-        # Stream of events, field "e" = JSON, or "z" = zstd-compressed JSON (packed_events)
+        # Stream of the newest events, field "e" = JSON, or "z" = zstd-compressed JSON as
+        # earlier versions wrote (packed_events); older events are packed (log_segments)
         "log": f"{tag}:log",
-        "seen": f"{tag}:seen",  # Set of chain hashes already logged as messages
+        "packed": f"{tag}:packed",  # List of the packed segments' zstd frames, oldest first
+        "segments": f"{tag}:segments",  # List of their index lines (log_segments.Segment)
+        "packing": f"{tag}:packing",  # String: a caller's claim to read the log back and pack it
+        # Hash of 16 buckets: the keys of the messages already logged (lua/log.lua)
+        "seen_keys": f"{tag}:seen_keys",
+        "seen": f"{tag}:seen",  # Set of the same, as earlier versions kept it: read, not written
         "state": f"{tag}:state",  # Hash: generation, anchor (JSON), tip, attributes
         # List of replacement records (JSON) as versions before anchoring wrote them: read,
         # and emptied as they are superseded, never written

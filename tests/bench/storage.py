@@ -31,6 +31,7 @@ from tests.redis_server import RedisServer
 from tests.transcripts import Transcript, replay_requests, transcripts
 
 MODEL = "bench-model"
+PACKS = "compaction_proxy_log_packs_total"
 SETUPS = {"plain JSON": "false", "compressed": "true"}
 
 
@@ -89,6 +90,10 @@ async def measure(
             ):
                 await asyncio.gather(*(replay(http, base, t, gap) for t in every))
                 await asyncio.sleep(1.0)  # the last records, written after the answers
+                async with http.get(f"{base}/metrics") as scraped:
+                    metrics = await scraped.text()
+                packs = [line for line in metrics.splitlines() if line.startswith(PACKS)]
+                print(f"{compress}: " + ", ".join(line[len(PACKS) :] for line in packs))
         return await weigh(redis.url)
     finally:
         await redis.stop()

@@ -1,22 +1,24 @@
--- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used
+-- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used,
+--       seen_keys, packed, segments
 -- ARGV: owner, lease_ms, ttl_ms, start_event, expected_generation (-1: any), records_ttl_ms,
 --       chain blob, width, lease anchor ("<position>:<hash>")
 -- Takes a lease anchored on the chain and logs compaction/start in one step.
--- Returns 1 (begun), 0 (busy: a live lease lies on the chain) or -1 (stale: the branch's
--- generation moved on).
+-- Returns, as lua/log.lua's reply: 1 (begun), 0 (busy: a live lease lies on the chain) or -1
+-- (stale: the branch's generation moved on).
 local blob, width = ARGV[7], tonumber(ARGV[8])
 local now = now_ms()
 if lease_on(KEYS[1], blob, width, now, true) then
-  return 0
+  return {0}
 end
 local expected = tonumber(ARGV[5])
 if expected >= 0 then
   if branch_generation(KEYS[4], KEYS[5], KEYS[6], KEYS[7], blob, width) ~= expected then
-    return -1
+    return {-1}
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[9] .. ':' .. string.format('%d', now + tonumber(ARGV[2])))
-redis.call('XADD', KEYS[2], '*', 'e', ARGV[4])
+log_event(KEYS[2], ARGV[4])
 for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
 for k = 5, 8 do redis.call('PEXPIRE', KEYS[k], ARGV[6]) end
-return 1
+for k = 9, 11 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
+return logged_reply(KEYS[4], 1)

@@ -1,4 +1,5 @@
--- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used
+-- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used,
+--       seen_keys, packed, segments
 -- ARGV: owner, ttl_ms, n_events, event*, n_records, (anchor, record)*, n_superseded,
 --       (anchor, record)*, new checkpoint ends (JSON), ends kept, records_ttl_ms
 -- Lands only while the lease is still ours: events, records under their anchors (superseded
@@ -7,12 +8,12 @@ local now = now_ms()
 local lease = redis.call('HGET', KEYS[1], ARGV[1])
 local expires = lease and tonumber(string.match(lease, ':(%d+)$'))
 if not expires or expires <= now then
-  return -1
+  return {-1}
 end
 local i = 3
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  redis.call('XADD', KEYS[2], '*', 'e', ARGV[i])
+  log_event(KEYS[2], ARGV[i])
   i = i + 1
 end
 local added = {}
@@ -81,4 +82,5 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
 for k = 5, 8 do redis.call('PEXPIRE', KEYS[k], ARGV[#ARGV]) end
-return generation
+for k = 9, 11 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+return logged_reply(KEYS[4], generation)

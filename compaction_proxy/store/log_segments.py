@@ -1,0 +1,226 @@
+"""A conversation's Redis log, packed into zstd segments (pure).
+
+Events are logged to the stream as plain JSON, and the stream's oldest entries are then packed,
+a run at a time, into one zstd frame: a **segment**, kept in a Redis List beside an index of
+``Segment`` lines. An agent's log is mostly tool outputs and file reads that repeat each other;
+compressed together they shrink about four times as much as event by event, and one call to
+zstd for a run costs far less than one call per event (figures in ``docs/perf.md``).
+
+The stream holds the newest events, unpacked; the segments hold the older ones, in order. A
+pack takes a prefix of the stream, never a middle: ``pack.lua`` lands a pack only when its run
+starts at the stream's oldest entry and holds every entry up to its last, so segments never
+overlap and never skip an event, however replicas race.
+
+No pack reads the log back on its usual path: the process that logs events remembers them
+(``LoggedBatch``), with the id of the entry each batch followed, so it knows which of them run
+unbroken from the stream's oldest entry (``linked_run``). Only a stream whose unpacked bytes
+reach ``READ_PACK_AT_BYTES`` with no process holding a run (another replica logged part of
+it, or this one restarted) is read back to be packed.
+
+A segment grows by merging the next run into it while both fit ``SegmentLimits``: bigger
+segments compress better, and the limits keep one segment a small part of the log's bounds,
+so dropping the oldest segment whole never drops much more than the bounds ask.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
+
+PACK_AT_BYTES = 24 * 1024  # a run of unpacked events this large is packed
+READ_PACK_AT_BYTES = 2 * PACK_AT_BYTES  # past this, a stream no process holds is read back
+SEGMENT_BYTES = 128 * 1024  # a segment grows by merging while its lines fit this
+LEVEL = 3  # zstd's default: hundreds of MB/s on one core, and most of the ratio
+
+Entry = tuple[str, bytes]  # a stream entry's id and its event's JSON
+
+
+def id_order(entry_id: str) -> tuple[int, int]:
+    """A stream id (``<ms>-<seq>``) as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True)
+class LoggedBatch:
+    """Entries one script call added to the stream, in order, and ``previous``: the stream's
+    newest entry before them ("" when it was empty)."""
+
+    previous: str
+    entries: tuple[Entry, ...]
+
+
+def linked_run(batches: Iterable[LoggedBatch], oldest: str) -> list[Entry]:
+    """The entries of ``batches`` that run unbroken from the stream's ``oldest`` entry: the
+    batch holding ``oldest`` first, then each batch whose ``previous`` is the last entry taken.
+    Entries older than ``oldest`` are gone (packed or dropped) and are skipped. Empty when no
+    batch holds ``oldest``: an entry this process did not log comes first."""
+    start = id_order(oldest) if oldest else None
+    run: list[Entry] = []
+    for batch in sorted(batches, key=lambda b: id_order(b.entries[0][0])):
+        if start is None:
+            break
+        if not run:
+            kept = [entry for entry in batch.entries if id_order(entry[0]) >= start]
+            if not kept or kept[0][0] != oldest:
+                continue
+            run = kept
+        elif batch.previous == run[-1][0]:
+            run.extend(batch.entries)
+        else:
+            break
+    return run
+
+
+@dataclass(frozen=True)
+class SegmentLimits:
+    """How much one segment may hold: bytes of lines, and events."""
+
+    lines: int
+    events: int
+
+    @classmethod
+    def for_bounds(cls, max_log_bytes: int, max_log_events: int) -> SegmentLimits:
+        """At most an eighth of either bound, so that dropping the oldest segment whole keeps
+        the log near its bounds."""
+        return cls(max(1, min(SEGMENT_BYTES, max_log_bytes // 8)), max(1, max_log_events // 8))
+
+
+def pack_due(run: Sequence[Entry], limits: SegmentLimits) -> bool:
+    if len(run) >= limits.events:
+        return True
+    return sum(len(line) for _, line in run) >= min(PACK_AT_BYTES, limits.lines)
+
+
+def pack_chunk(run: Sequence[Entry], limits: SegmentLimits) -> list[Entry]:
+    """The prefix of ``run`` one segment takes: at least its first entry, and no more than
+    the limits allow."""
+    chunk: list[Entry] = []
+    size = 0
+    for entry in run:
+        size += len(entry[1]) + len(entry[0]) + 2
+        if chunk and (size > limits.lines or len(chunk) >= limits.events):
+            break
+        chunk.append(entry)
+    return chunk
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One packed segment as the index lists it: its first and last entry ids, how many
+    events it holds, the bytes its frame takes, and the bytes of its lines."""
+
+    first: str
+    last: str
+    events: int
+    stored: int
+    lines: int
+
+    def index_line(self) -> str:
+        return f"{self.first} {self.last} {self.events} {self.stored} {self.lines}"
+
+    @classmethod
+    def read(cls, line: str) -> Segment | None:
+        parts = line.split(" ")
+        if len(parts) != 5 or not all(p.isascii() and p.isdigit() for p in parts[2:]):
+            return None
+        return cls(parts[0], parts[1], int(parts[2]), int(parts[3]), int(parts[4]))
+
+
+def segment_lines(entries: Iterable[Entry]) -> bytes:
+    """Entries as a segment's lines: ``<id>\\t<event JSON>\\n`` (JSON holds no raw newline)."""
+    return b"".join(b"%s\t%s\n" % (entry_id.encode(), line) for entry_id, line in entries)
+
+
+def compress(lines: bytes) -> bytes:
+    return zstd.compress(lines, LEVEL)
+
+
+def decompress(frame: bytes) -> bytes:
+    return zstd.decompress(frame)
+
+
+def entries_of(lines: bytes) -> list[Entry]:
+    """A segment's lines back as entries."""
+    entries: list[Entry] = []
+    for line in lines.split(b"\n"):
+        if line:
+            entry_id, _, event = line.partition(b"\t")
+            entries.append((entry_id.decode(), event))
+    return entries
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """A pack ready to send: the run it takes off the stream, and the segment it lands as
+    (``merged`` with the newest segment, which it then replaces, or appended)."""
+
+    chunk: tuple[Entry, ...]
+    segment: Segment
+    frame: bytes
+    merged: Segment | None
+
+
+def plan_pack(
+    chunk: Sequence[Entry],
+    limits: SegmentLimits,
+    newest: Segment | None = None,
+    newest_lines: bytes = b"",
+) -> PackPlan:
+    """Compress ``chunk`` into a segment, merged into the ``newest`` segment (whose lines the
+    caller holds) when both fit one segment's limits."""
+    lines = segment_lines(chunk)
+    first, last = chunk[0][0], chunk[-1][0]
+    fits = (
+        newest is not None
+        and len(newest_lines) == newest.lines
+        and newest.lines + len(lines) <= limits.lines
+        and newest.events + len(chunk) <= limits.events
+    )
+    if newest is not None and fits:
+        lines = newest_lines + lines
+        frame = compress(lines)
+        segment = Segment(newest.first, last, newest.events + len(chunk), len(frame), len(lines))
+        return PackPlan(tuple(chunk), segment, frame, newest)
+    frame = compress(lines)
+    segment = Segment(first, last, len(chunk), len(frame), len(lines))
+    return PackPlan(tuple(chunk), segment, frame, None)
+
+
+def batches_from(batches: Iterable[LoggedBatch], oldest: str) -> list[LoggedBatch]:
+    """``batches`` without their entries older than the stream's ``oldest`` (packed, or
+    dropped for the log's bounds); all of them when the stream is empty."""
+    if not oldest:
+        return []
+    start = id_order(oldest)
+    kept: list[LoggedBatch] = []
+    for batch in batches:
+        if id_order(batch.entries[-1][0]) < start:
+            continue
+        if id_order(batch.entries[0][0]) < start:
+            entries = tuple(e for e in batch.entries if id_order(e[0]) >= start)
+            batch = LoggedBatch(batch.previous, entries)
+        kept.append(batch)
+    return kept
+
+
+def page_after(
+    packed: Iterable[Entry], stream: Iterable[Entry], after: str | None, limit: int
+) -> tuple[list[Entry], bool]:
+    """Up to ``limit`` entries after ``after``: those of the segments read, then the stream's
+    (every segment is older than the stream); and whether more follow."""
+    start = id_order(after) if after else None
+    page: list[Entry] = []
+    for entry in (*packed, *stream):
+        if start is not None and id_order(entry[0]) <= start:
+            continue
+        if len(page) == limit:
+            return page, True
+        page.append(entry)
+    return page, False
