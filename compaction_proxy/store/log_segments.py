@@ -1,21 +1,26 @@
 """A conversation's Redis log, packed into zstd segments (pure).
 
 Events are logged to the stream as plain JSON, and the stream's oldest entries are then packed,
-a run at a time, into one zstd frame: a **segment**, kept in a Redis List beside an index of
-``Segment`` lines. An agent's log is mostly tool outputs and file reads that repeat each other;
-compressed together they shrink about four times as much as event by event, and one call to
-zstd for a run costs far less than one call per event (figures in ``docs/perf.md``).
+a run at a time, into one zstd frame: a **segment**, kept in a String key of its own, named in
+a List of ``Segment`` index lines. The frame is written by a plain ``SET`` beside the script
+that lands the pack, so it never passes through Lua. An agent's log is mostly tool outputs
+and file reads that repeat each other; compressed together they shrink about four times as
+much as event by event, and one call to zstd for a run costs far less than one call per event
+(figures in ``docs/perf.md``).
 
 The stream holds the newest events, unpacked; the segments hold the older ones, in order. A
 pack takes a prefix of the stream, never a middle: ``pack.lua`` lands a pack only when its run
 starts at the stream's oldest entry and holds every entry up to its last, so segments never
 overlap and never skip an event, however replicas race.
 
-No pack reads the log back on its usual path: the process that logs events remembers them
-(``LoggedBatch``), with the id of the entry each batch followed, so it knows which of them run
-unbroken from the stream's oldest entry (``linked_run``). Only a stream whose unpacked bytes
-reach ``READ_PACK_AT_BYTES`` with no process holding a run (another replica logged part of
-it, or this one restarted) is read back to be packed.
+No pack reads the log back on its usual path. Every entry the scripts add gets the next
+**ordinal** of its conversation (the state counts them), and the state names the ordinal of
+the stream's oldest entry. The process that logs events remembers them with their ordinals
+(``LoggedBatch``), so it knows which of them run unbroken from the stream's oldest entry
+(``linked_run``), and ``pack.lua`` checks a run by ordinals and counts alone: no event passes
+through Lua, where each kilobyte copied costs about as much as a command. Only a stream whose
+unpacked bytes reach ``READ_PACK_AT_BYTES`` with no process holding a run (another replica
+logged part of it, or this one restarted) is read back to be packed.
 
 A segment grows by merging the next run into it while both fit ``SegmentLimits``: bigger
 segments compress better, and the limits keep one segment a small part of the log's bounds,
@@ -49,33 +54,45 @@ def id_order(entry_id: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class LoggedBatch:
-    """Entries one script call added to the stream, in order, and ``previous``: the stream's
-    newest entry before them ("" when it was empty)."""
+    """Entries one script call added to the stream, in order; the first has ordinal
+    ``first``, each next one the ordinal after."""
 
-    previous: str
+    first: int
     entries: tuple[Entry, ...]
 
+    @property
+    def end(self) -> int:
+        """The ordinal after its last entry."""
+        return self.first + len(self.entries)
 
-def linked_run(batches: Iterable[LoggedBatch], oldest: str) -> list[Entry]:
-    """The entries of ``batches`` that run unbroken from the stream's ``oldest`` entry: the
-    batch holding ``oldest`` first, then each batch whose ``previous`` is the last entry taken.
-    Entries older than ``oldest`` are gone (packed or dropped) and are skipped. Empty when no
-    batch holds ``oldest``: an entry this process did not log comes first."""
-    start = id_order(oldest) if oldest else None
+
+def linked_run(batches: Iterable[LoggedBatch], oldest: int) -> list[Entry]:
+    """The entries of ``batches`` that run unbroken from ordinal ``oldest`` (the stream's
+    oldest entry): the batch holding it first, then each batch that starts where the run
+    ends. Empty when no batch holds ``oldest``: an entry this process did not log comes first."""
     run: list[Entry] = []
-    for batch in sorted(batches, key=lambda b: id_order(b.entries[0][0])):
-        if start is None:
+    end = oldest
+    for batch in sorted(batches, key=lambda b: b.first):
+        if batch.end <= end:
+            continue
+        if batch.first > end:
             break
-        if not run:
-            kept = [entry for entry in batch.entries if id_order(entry[0]) >= start]
-            if not kept or kept[0][0] != oldest:
-                continue
-            run = kept
-        elif batch.previous == run[-1][0]:
-            run.extend(batch.entries)
-        else:
-            break
+        run.extend(batch.entries[end - batch.first :])
+        end = batch.end
     return run
+
+
+def batches_from(batches: Iterable[LoggedBatch], oldest: int) -> list[LoggedBatch]:
+    """``batches`` without their entries older than ordinal ``oldest`` (packed, or dropped
+    for the log's bounds)."""
+    kept: list[LoggedBatch] = []
+    for batch in batches:
+        if batch.end <= oldest:
+            continue
+        if batch.first < oldest:
+            batch = LoggedBatch(oldest, batch.entries[oldest - batch.first :])
+        kept.append(batch)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -114,23 +131,26 @@ def pack_chunk(run: Sequence[Entry], limits: SegmentLimits) -> list[Entry]:
 @dataclass(frozen=True)
 class Segment:
     """One packed segment as the index lists it: its first and last entry ids, how many
-    events it holds, the bytes its frame takes, and the bytes of its lines."""
+    events it holds, the bytes its frame takes, the bytes of its lines, and the token naming
+    the key its frame is kept under."""
 
     first: str
     last: str
     events: int
     stored: int
     lines: int
+    token: str
 
     def index_line(self) -> str:
-        return f"{self.first} {self.last} {self.events} {self.stored} {self.lines}"
+        return f"{self.first} {self.last} {self.events} {self.stored} {self.lines} {self.token}"
 
     @classmethod
     def read(cls, line: str) -> Segment | None:
         parts = line.split(" ")
-        if len(parts) != 5 or not all(p.isascii() and p.isdigit() for p in parts[2:]):
+        if len(parts) != 6 or not all(p.isascii() and p.isdigit() for p in parts[2:5]):
             return None
-        return cls(parts[0], parts[1], int(parts[2]), int(parts[3]), int(parts[4]))
+        first, last, events, stored, lines, token = parts
+        return cls(first, last, int(events), int(stored), int(lines), token)
 
 
 def segment_lines(entries: Iterable[Entry]) -> bytes:
@@ -170,11 +190,12 @@ class PackPlan:
 def plan_pack(
     chunk: Sequence[Entry],
     limits: SegmentLimits,
+    token: str,
     newest: Segment | None = None,
     newest_lines: bytes = b"",
 ) -> PackPlan:
-    """Compress ``chunk`` into a segment, merged into the ``newest`` segment (whose lines the
-    caller holds) when both fit one segment's limits."""
+    """Compress ``chunk`` into a segment kept under ``token``, merged into the ``newest``
+    segment (whose lines the caller holds) when both fit one segment's limits."""
     lines = segment_lines(chunk)
     first, last = chunk[0][0], chunk[-1][0]
     fits = (
@@ -186,28 +207,12 @@ def plan_pack(
     if newest is not None and fits:
         lines = newest_lines + lines
         frame = compress(lines)
-        segment = Segment(newest.first, last, newest.events + len(chunk), len(frame), len(lines))
+        events = newest.events + len(chunk)
+        segment = Segment(newest.first, last, events, len(frame), len(lines), token)
         return PackPlan(tuple(chunk), segment, frame, newest)
     frame = compress(lines)
-    segment = Segment(first, last, len(chunk), len(frame), len(lines))
+    segment = Segment(first, last, len(chunk), len(frame), len(lines), token)
     return PackPlan(tuple(chunk), segment, frame, None)
-
-
-def batches_from(batches: Iterable[LoggedBatch], oldest: str) -> list[LoggedBatch]:
-    """``batches`` without their entries older than the stream's ``oldest`` (packed, or
-    dropped for the log's bounds); all of them when the stream is empty."""
-    if not oldest:
-        return []
-    start = id_order(oldest)
-    kept: list[LoggedBatch] = []
-    for batch in batches:
-        if id_order(batch.entries[-1][0]) < start:
-            continue
-        if id_order(batch.entries[0][0]) < start:
-            entries = tuple(e for e in batch.entries if id_order(e[0]) >= start)
-            batch = LoggedBatch(batch.previous, entries)
-        kept.append(batch)
-    return kept
 
 
 def page_after(

@@ -62,6 +62,8 @@ from compaction_proxy.store.redis_keys import (
     owner_key,
     quota_key,
     secret_key,
+    seen_key_prefix,
+    segment_key_prefix,
 )
 from compaction_proxy.store.redis_log import LogPacker
 
@@ -226,12 +228,14 @@ class RedisStore:
             args += [name, value]
         args.append(as_json(anchor.__dict__) if anchor is not None else "")
         args.append("\n".join(sorted({anchor_field(record) for record in reached})))
-        args.append(READ_PACK_AT_BYTES if self._pack_log else 0)
+        args += [READ_PACK_AT_BYTES if self._pack_log else 0, int(time.time() * 1000)]
+        args += [seen_key_prefix(conversation), segment_key_prefix(conversation)]
+        args.append(LogPacker.segment_ttl_ms(self._ttl_ms))
         args.append(self._max_log_bytes)
         args.append(self._record_ttl_ms)
         keys = self._keys(conversation, "log", "seen", "state", "records")
-        keys += self._keys(conversation, "anchored", "positions", "used", "seen_keys")
-        keys += self._keys(conversation, "packed", "segments", "packing")
+        keys += self._keys(conversation, "anchored", "positions", "used")
+        keys += self._keys(conversation, "segments", "packing")
         now = time.time()
         index = self._index_due(conversation, now)
         async with self._bounded(operation):
@@ -247,22 +251,17 @@ class RedisStore:
                     )
             else:
                 appended = await self._append_and_index(keys, args, conversation, now)
-        added, dropped, oldest, claimed = (
-            int(appended[0]),
-            int(appended[1]),
-            appended[2],
-            appended[4],
-        )
+        added, dropped, oldest, claimed = (int(appended[n]) for n in (0, 1, 2, 4))
         if self._pack_log:
             logged = [*(line for line, new in zip(lines, appended[5], strict=True) if new == "1")]
             logged += [as_json(event).encode() for event in events]
-            batch = LoggedBatch(appended[6], tuple(zip(appended[7:], logged, strict=True)))
+            batch = LoggedBatch(int(appended[6]), tuple(zip(appended[7:], logged, strict=True)))
             self._packer.logged(conversation, batch if logged else None, oldest, claimed == 1)
-        if dropped := int(dropped):
+        if dropped:
             first = conversation not in self._trimmed
             self._trimmed.put(conversation, True)
             log_bytes_dropped(conversation, dropped, first)
-        return int(added)
+        return added
 
     async def _append_and_index(
         self, keys: list[str], args: list[Arg], conversation: str, now: float
@@ -326,13 +325,13 @@ class RedisStore:
 
     def _compaction_keys(self, conversation: str) -> list[str]:
         names = ("leases", "log", "seen", "state", "records", "anchored", "positions", "used")
-        return self._keys(conversation, *names, "seen_keys", "packed", "segments")
+        return self._keys(conversation, *names, "segments")
 
     def _logged(self, conversation: str, reply: list[Any], events: Sequence[str]) -> int:
         """A compaction script's result; what it logged is handed to the packer."""
         if self._pack_log and len(reply) > 2:
             entries = tuple(zip(reply[2:], (e.encode() for e in events), strict=True))
-            self._packer.logged(conversation, LoggedBatch(reply[1], entries))
+            self._packer.logged(conversation, LoggedBatch(int(reply[1]), entries))
         return int(reply[0])
 
     async def begin_compaction(

@@ -24,7 +24,18 @@ log = logging.getLogger(__name__)
 Arg = str | int | bytes
 # State hash fields that are not conversation attributes
 STATE_FIELDS = frozenset(
-    {"generation", "anchor", "tip", "ends", "log_bytes", "tail_bytes", "packed_events"}
+    {
+        "generation",
+        "anchor",
+        "tip",
+        "ends",
+        "log_bytes",
+        "tail_bytes",
+        "packed_events",
+        "logged",
+        "oldest",
+        "renewed",
+    }
 )
 
 

@@ -15,12 +15,13 @@ def conversation_keys(conversation: str) -> dict[str, str]:
         # Stream of the newest events, field "e" = JSON, or "z" = zstd-compressed JSON as
         # earlier versions wrote (packed_events); older events are packed (log_segments)
         "log": f"{tag}:log",
-        "packed": f"{tag}:packed",  # List of the packed segments' zstd frames, oldest first
-        "segments": f"{tag}:segments",  # List of their index lines (log_segments.Segment)
+        # List of the packed segments' index lines, oldest first (log_segments.Segment); each
+        # segment's zstd frame is a String of its own (segment_key)
+        "segments": f"{tag}:segments",
         "packing": f"{tag}:packing",  # String: a caller's claim to read the log back and pack it
-        # Hash of 16 buckets: the keys of the messages already logged (lua/log.lua)
-        "seen_keys": f"{tag}:seen_keys",
-        "seen": f"{tag}:seen",  # Set of the same, as earlier versions kept it: read, not written
+        # Set of the keys of the messages already logged, as earlier versions kept them: read,
+        # not written (now in Sets of integers: seen_key_prefix)
+        "seen": f"{tag}:seen",
         "state": f"{tag}:state",  # Hash: generation, anchor (JSON), tip, attributes
         # List of replacement records (JSON) as versions before anchoring wrote them: read,
         # and emptied as they are superseded, never written
@@ -31,6 +32,18 @@ def conversation_keys(conversation: str) -> dict[str, str]:
         "used": f"{tag}:used",  # Sorted set of anchors by when a request last reached them
         "leases": f"{tag}:leases",  # Hash owner -> "<position>:<hash>:<expires ms>"
     }
+
+
+def seen_key_prefix(conversation: str) -> str:
+    """The start of the keys of a conversation's Sets of seen message keys (``lua/log.lua``
+    ends each with a kind and a bucket)."""
+    return f"{PREFIX}:{{{conversation}}}:seen:"
+
+
+def segment_key_prefix(conversation: str) -> str:
+    """The start of the key of each of a conversation's log segments; its index line's token
+    ends it."""
+    return f"{PREFIX}:{{{conversation}}}:segment:"
 
 
 def secret_key(name: str) -> str:

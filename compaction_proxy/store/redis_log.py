@@ -3,10 +3,11 @@
 ``RedisStore`` hands every batch its scripts logged to ``LogPacker.logged``. The packer keeps
 what this process logged, per conversation, in a memory bounded in bytes (the least recently
 used conversation is forgotten first). Once a run of it starting at the stream's oldest entry
-is due, it is compressed here and landed by ``pack.lua``, in a background task after the
-append that made it due: nothing is read back. A stream whose unpacked bytes pass
-``READ_PACK_AT_BYTES`` with no run here (another replica logged part of it, or this process
-restarted) is claimed by the append script for one caller, which reads it back and packs it.
+is due, it is compressed here and landed in a background task after the append that made it
+due: the frame by a plain ``SET`` and the pack by ``pack.lua``, in one round trip, and nothing
+is read back. A stream whose unpacked bytes pass ``READ_PACK_AT_BYTES`` with no run here
+(another replica logged part of it, or this process restarted) is claimed by the append
+script for one caller, which reads it back and packs it.
 
 A pack that fails (the store went away, or another replica packed first) changes nothing: the
 events stay in the stream, readable, and a later pack takes them.
@@ -17,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from compaction_proxy.metrics import LOG_PACKS
 from compaction_proxy.parsing import jsonio
@@ -43,12 +47,12 @@ from compaction_proxy.store.log_segments import (
     plan_pack,
 )
 from compaction_proxy.store.packed_events import event_json
+from compaction_proxy.store.redis_keys import segment_key_prefix
 
 log = logging.getLogger(__name__)
 
 HELD_BYTES = 64 * 1024 * 1024  # bytes of logged events this process keeps to pack them
 READ_PACK_PAGE = 512  # stream entries read back at a time
-PACK_TIMEOUT_SECONDS = 10.0  # a read-back pack's claim lasts as long (append.lua)
 
 
 def as_bytes(value: str | bytes) -> bytes:
@@ -66,9 +70,12 @@ class _Held:
     newest: tuple[Segment, bytes] | None = None
     packing: bool = False
 
-    def keep(self, batches: list[LoggedBatch]) -> None:
+    def keep(self, batches: list[LoggedBatch]) -> int:
+        """Hold ``batches`` instead; the change in bytes held."""
+        before = self.size
         self.batches = batches
         self.size = sum(len(line) for batch in batches for _, line in batch.entries)
+        return self.size - before
 
 
 Bounded = Callable[[str], Any]  # RedisStore._bounded: an operation's time bound
@@ -96,107 +103,134 @@ class LogPacker:
         self._held_bytes = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @staticmethod
+    def segment_ttl_ms(ttl_ms: int) -> int:
+        """A segment's key outlives its log's by a quarter, as ``lua/log.lua`` renews it."""
+        return ttl_ms + ttl_ms // 4
+
     def logged(
         self,
         conversation: str,
         batch: LoggedBatch | None,
-        oldest: str | None = None,
+        oldest: int | None = None,
         claimed: bool = False,
     ) -> None:
-        """Note ``batch`` (what one script logged); with ``oldest`` (the stream's oldest entry
-        after an append), start the pack it made due, if any."""
+        """Note ``batch`` (what one script logged); with ``oldest`` (the ordinal of the
+        stream's oldest entry after an append), start the pack it made due, if any."""
         held = self._held.pop(conversation, None) or _Held()
         self._held[conversation] = held  # the most recently used, last
         batches = [*held.batches, batch] if batch is not None else held.batches
         if oldest is not None:
             batches = batches_from(batches, oldest)
-        self._held_bytes -= held.size
-        held.keep(batches)
-        self._held_bytes += held.size
-        self._forget_beyond_bound()
+        self._held_bytes += held.keep(batches)
+        while self._held_bytes > HELD_BYTES and len(self._held) > 1:
+            _, forgotten = self._held.popitem(last=False)
+            self._held_bytes -= forgotten.size
         if oldest is None or held.packing:
             return
         run = linked_run(held.batches, oldest)
         if run and pack_due(run, self._limits):
-            self._start(conversation, self._pack_held(conversation, held, run, claimed))
+            self._start(held, self._pack_held(conversation, held, oldest, run, claimed))
         elif claimed:
-            self._start(conversation, self._read_back_and_pack(conversation, held))
+            self._start(held, self._read_back_and_pack(conversation, held))
 
-    def _forget_beyond_bound(self) -> None:
-        while self._held_bytes > HELD_BYTES and len(self._held) > 1:
-            _, oldest = self._held.popitem(last=False)
-            self._held_bytes -= oldest.size
-
-    def _start(self, conversation: str, work: Any) -> None:
-        held = self._held.get(conversation)
-        if held is not None:
-            held.packing = True
-        task = asyncio.get_running_loop().create_task(self._guarded(conversation, work))
+    def _start(self, held: _Held, work: Coroutine[Any, Any, None]) -> None:
+        held.packing = True
+        task = asyncio.get_running_loop().create_task(self._guarded(held, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guarded(self, conversation: str, work: Any) -> None:
+    @staticmethod
+    async def _guarded(held: _Held, work: Coroutine[Any, Any, None]) -> None:
         try:
             await work
         except StoreUnavailable as exc:  # the events stay in the stream; a later pack takes them
-            log.warning("packing conversation %s's log: %s", conversation, exc)
+            log.warning("a log pack failed: %s", exc)
         finally:
-            held = self._held.get(conversation)
-            if held is not None:
-                held.packing = False
+            held.packing = False
 
     async def _pack_held(
-        self, conversation: str, held: _Held, run: Sequence[Entry], claimed: bool
+        self, conversation: str, held: _Held, oldest: int, run: Sequence[Entry], claimed: bool
     ) -> None:
         while run and pack_due(run, self._limits):
             chunk = pack_chunk(run, self._limits)
-            landed = await self._land(conversation, held, chunk, claimed, "held")
-            if not landed:  # another replica's entries come first: read back at the bound
+            if not await self._land(conversation, held, ("held", oldest), chunk, claimed):
+                # another's entries come first: forgotten, and read back at the bound
+                self._held_bytes += held.keep([])
                 held.newest = None
                 return
             claimed = False
+            oldest += len(chunk)
+            self._held_bytes += held.keep(batches_from(held.batches, oldest))
             run = run[len(chunk) :]
 
     async def _land(
-        self, conversation: str, held: _Held, chunk: Sequence[Entry], claimed: bool, source: str
+        self,
+        conversation: str,
+        held: _Held,
+        start: tuple[str, int | str],
+        chunk: Sequence[Entry],
+        claimed: bool,
+        freed: int | None = None,
     ) -> bool:
-        """Pack ``chunk``, merged into this process's newest segment when it fits; whether
-        it landed."""
+        """Pack ``chunk`` (from ``start``: its first entry's ordinal, or its id when it was
+        read back), merged into this process's newest segment when it fits; whether it
+        landed. ``freed``: the bytes the chunk takes in the stream, when not its JSON's."""
+        source = "held" if start[0] == "held" else "read_back"
         newest, frame = held.newest if held.newest is not None else (None, b"")
         lines = decompress(frame) if newest is not None else b""
-        plan = plan_pack(chunk, self._limits, newest, lines)
+        plan = plan_pack(chunk, self._limits, uuid.uuid4().hex[:16], newest, lines)
+        if freed is None:
+            freed = sum(len(line) for _, line in chunk)
         try:
-            reply = await self._send(conversation, plan, claimed)
+            reply = await self._send(conversation, plan, start, freed, claimed)
             if reply == -1:  # the newest segment is another's now: land the chunk alone
-                plan = plan_pack(chunk, self._limits)
-                reply = await self._send(conversation, plan, claimed)
+                plan = plan_pack(chunk, self._limits, uuid.uuid4().hex[:16])
+                reply = await self._send(conversation, plan, start, freed, claimed)
         except StoreUnavailable:
             LOG_PACKS.labels(source=source, outcome="failed").inc()
             raise
         LOG_PACKS.labels(source=source, outcome="landed" if reply == 1 else "refused").inc()
-        if reply != 1:
-            return False
-        held.newest = (plan.segment, plan.frame)
-        last = chunk[-1][0]
-        self._held_bytes -= held.size
-        held.keep(batches_from(held.batches, _after(last)))
-        self._held_bytes += held.size
-        return True
+        if reply == 1:
+            held.newest = (plan.segment, plan.frame)
+        return reply == 1
 
-    async def _send(self, conversation: str, plan: PackPlan, claimed: bool) -> int:
-        keys = self._keys(conversation, "log", "state", "packed", "segments", "packing")
-        args: list[str | int | bytes] = [
-            self._ttl_ms,
-            plan.chunk[0][0],
-            plan.chunk[-1][0],
-            len(plan.chunk),
-            plan.frame,
-            plan.segment.index_line(),
-            plan.merged.index_line() if plan.merged is not None else "",
-            int(claimed),
-        ]
+    async def _send(
+        self,
+        conversation: str,
+        plan: PackPlan,
+        start: tuple[str, int | str],
+        freed: int,
+        claimed: bool,
+    ) -> int:
+        """The frame's ``SET`` and ``pack.lua``, in one round trip on one Redis."""
+        prefix = segment_key_prefix(conversation)
+        segment_key = prefix + plan.segment.token
+        merged_key = prefix + plan.merged.token if plan.merged is not None else segment_key
+        keys = [*self._keys(conversation, "log", "state", "segments", "packing")]
+        keys += [segment_key, merged_key]
+        args: list[str | int | bytes] = [self._ttl_ms, start[0], start[1], len(plan.chunk)]
+        args += [plan.chunk[-1][0], freed, plan.segment.index_line()]
+        args += [plan.merged.index_line() if plan.merged is not None else "", int(claimed)]
+        frame_ttl = self.segment_ttl_ms(self._ttl_ms)
+        script = self._pack_script
         async with self._bounded("pack_log"):
-            reply = await self._pack_script(keys=keys, args=args)
+            if isinstance(self._client, RedisCluster):  # no scripts in a Cluster's pipelines
+                await self._client.set(segment_key, plan.frame, px=frame_ttl)
+                reply = await script(keys=keys, args=args)
+            else:
+
+                def pipeline() -> Any:
+                    pipe = self._client.pipeline(transaction=False)
+                    pipe.set(segment_key, plan.frame, px=frame_ttl)
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    return pipe
+
+                try:
+                    _, reply = await pipeline().execute()
+                except NoScriptError:  # the server lost its scripts: the frame is set again
+                    script.sha = await self._client.script_load(script.script)
+                    _, reply = await pipeline().execute()
         return int(reply[0])
 
     async def _read_back_and_pack(self, conversation: str, held: _Held) -> None:
@@ -210,15 +244,18 @@ class LogPacker:
                     raw = await self._client.xrange(log_key, count=READ_PACK_PAGE)
                 entries = cast(list[tuple[str, dict[str, str]]], raw)
                 run = [(entry_id, event_json(fields)) for entry_id, fields in entries]
+                stored = [sum(len(as_bytes(v)) for v in fields.values()) for _, fields in entries]
                 whole_page = len(run) == READ_PACK_PAGE
-                if not run or not (whole_page or pack_due(run, self._limits)):
-                    return
                 while run and (whole_page or pack_due(run, self._limits)):
                     chunk = pack_chunk(run, self._limits)
-                    if not await self._land(conversation, held, chunk, claimed, "read_back"):
+                    freed = sum(stored[: len(chunk)])
+                    start = ("read", chunk[0][0])
+                    if not await self._land(conversation, held, start, chunk, claimed, freed):
                         return
                     claimed = False
-                    run = run[len(chunk) :]
+                    run, stored = run[len(chunk) :], stored[len(chunk) :]
+                if not whole_page:
+                    return
         finally:
             if claimed:
                 (claim,) = self._keys(conversation, "packing")
@@ -227,12 +264,14 @@ class LogPacker:
                         await self._client.delete(claim)
 
     async def read(self, conversation: str, after: str | None, limit: int) -> LogPage:
-        keys = self._keys(conversation, "log", "packed", "segments")
+        keys = self._keys(conversation, "log", "segments")
+        args: list[str | int] = [after or "", limit + 1, segment_key_prefix(conversation)]
         async with self._bounded("read_log"):
-            frames, stream = await self._read_script(keys=keys, args=[after or "", limit + 1])
+            frames, stream = await self._read_script(keys=keys, args=args)
         packed: list[Entry] = []
         for frame in frames:
-            packed += entries_of(decompress(as_bytes(frame)))
+            if frame:  # a segment whose key expired reads as nothing
+                packed += entries_of(decompress(as_bytes(frame)))
         unpacked = [(entry_id, event_json(fields)) for entry_id, fields in _fields(stream)]
         page, more = page_after(packed, unpacked, after, limit)
         events = [(entry_id, jsonio.loads(line)) for entry_id, line in page]
@@ -253,12 +292,6 @@ class LogPacker:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-
-
-def _after(entry_id: str) -> str:
-    """The smallest stream id after ``entry_id``."""
-    ms, _, seq = entry_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
 
 
 def _fields(stream: Any) -> list[tuple[str, dict[str, str]]]:

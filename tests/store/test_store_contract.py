@@ -292,7 +292,7 @@ async def test_every_write_sets_a_ttl(store: Store, conversation: str) -> None:
         ttls = await store.ttl_of(conversation)
         assert ttls["leases"] == -2  # released by the commit, so no lease is left
         assert ttls["records"] == -2  # only versions before anchoring wrote this list
-        for name in ("log", "seen_keys", "state", "anchored", "positions", "used"):
+        for name in ("log", "state", "anchored", "positions", "used"):
             assert 3_500_000 < ttls[name] <= 3_600_000, name
     else:
         assert isinstance(store, MemoryStore)

@@ -1,8 +1,9 @@
 -- KEYS: log, seen (earlier versions' Set), state, records (before anchoring), anchored,
---       positions, used, seen_keys, packed, segments, packing
+--       positions, used, segments, packing
 -- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*,
 --       anchor_json ('' to keep the anchor), reached anchors ("\n" apart), read_pack_at_bytes
---       (0: never), max_log_bytes, records_ttl_ms
+--       (0: never), now (ms), seen key prefix, segment key prefix, segment_ttl_ms,
+--       max_log_bytes, records_ttl_ms
 --   messages: JSON array of [hash, content_key, by_content (0/1), length in bytes]; blob:
 --   those events' JSON back to back. Two arguments however many messages: a request logging
 --   20,000 of them would otherwise spend far longer packing 80,000 arguments than Redis spends
@@ -13,27 +14,28 @@
 -- the request reached, and drops (a bounded number of) those no request reached for
 -- records_ttl_ms. When the stream's unpacked bytes reach read_pack_at_bytes, claims the log's
 -- pack (`packing`, for 10 s) unless another caller holds it.
--- Returns {added, dropped, oldest, tail_bytes, claimed, marks, after, id*}: how many messages
--- were new, the bytes of events dropped for the byte bound, the stream's oldest id, its
--- unpacked bytes, 1 if the pack is this caller's, one character a message ('1' logged, '0'
--- not), then the ids logged (lua/log.lua's reply).
+-- Returns {added, dropped, oldest, tail_bytes, claimed, marks, first, id*}: how many messages
+-- were new, the bytes of events dropped for the byte bound, the ordinal of the stream's oldest
+-- entry, its unpacked bytes, 1 if the pack is this caller's, one character a message ('1'
+-- logged, '0' not), then the ordinal of the first entry logged and their ids (lua/log.lua).
 -- A request's record after its answer is one call; so is a plain append.
 local ttl = ARGV[1]
 local max_events = tonumber(ARGV[2])
 local legacy = redis.call('EXISTS', KEYS[2]) == 1 and KEYS[2] or nil
+local seen = ARGV[#ARGV - 4]
 local added = 0
 local marks = {}
 local blob, offset = ARGV[4], 1
 for _, m in ipairs(cjson.decode(ARGV[3])) do
   local hash, content_key, by_content, length = m[1], m[2], m[3], m[4]
-  local new = not seen_has(KEYS[8], legacy, hash)
+  local new = not seen_has(seen, legacy, hash)
   if new and by_content == 1 and content_key ~= '' then
-    new = not seen_has(KEYS[8], legacy, content_key)
+    new = not seen_has(seen, legacy, content_key)
   end
   if new then
-    seen_add(KEYS[8], hash, max_events)
-    if content_key ~= '' then seen_add(KEYS[8], content_key, max_events) end
-    log_event(KEYS[1], string.sub(blob, offset, offset + length - 1))
+    seen_add(seen, hash, 2 * max_events)
+    if content_key ~= '' then seen_add(seen, content_key, 2 * max_events) end
+    log_event(KEYS[1], KEYS[3], string.sub(blob, offset, offset + length - 1))
     added = added + 1
   end
   marks[#marks + 1] = new and '1' or '0'
@@ -42,7 +44,7 @@ end
 local i = 5
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  log_event(KEYS[1], ARGV[i])
+  log_event(KEYS[1], KEYS[3], ARGV[i])
   i = i + 1
 end
 local logged = added + n
@@ -67,21 +69,27 @@ if ARGV[i + 1] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
     drop_anchor(KEYS[5], KEYS[6], KEYS[7], field)
   end
 end
-local reply = logged_reply(KEYS[3], 0)
+local segment_ttl, prefix = ARGV[#ARGV - 2], ARGV[#ARGV - 3]
+seen_save(segment_ttl)
 local dropped = 0
 if logged > 0 then
-  dropped = bound_log(KEYS[1], KEYS[3], KEYS[9], KEYS[10], tonumber(ARGV[#ARGV - 1]), max_events)
+  dropped = bound_log(KEYS[1], KEYS[3], KEYS[8], prefix, tonumber(ARGV[#ARGV - 1]), max_events)
 end
-local tail = tonumber(redis.call('HGET', KEYS[3], 'tail_bytes') or '0') or 0
-local read_pack_at = tonumber(ARGV[#ARGV - 2])
+local log = log_state(KEYS[1], KEYS[3])
+if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[#ARGV - 5]), tonumber(ttl)) then
+  renew_segments(KEYS[8], prefix, segment_ttl)
+  renew_seen(seen, segment_ttl)
+end
+local read_pack_at = tonumber(ARGV[#ARGV - 6])
 local claimed = 0
-if logged > 0 and read_pack_at > 0 and tail >= read_pack_at then
-  if redis.call('SET', KEYS[11], '1', 'NX', 'PX', 10000) then claimed = 1 end
+if logged > 0 and read_pack_at > 0 and log.tail_bytes >= read_pack_at then
+  if redis.call('SET', KEYS[9], '1', 'NX', 'PX', 10000) then claimed = 1 end
 end
-local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+local reply = logged_reply(KEYS[3], 0)
 redis.call('PEXPIRE', KEYS[1], ttl)  -- not the Set `seen`: it is left to expire
-for _, k in ipairs({3, 8, 9, 10}) do redis.call('PEXPIRE', KEYS[k], ttl) end
+redis.call('PEXPIRE', KEYS[3], ttl)
+redis.call('PEXPIRE', KEYS[8], ttl)
 for k = 4, 7 do redis.call('PEXPIRE', KEYS[k], records_ttl) end
-local head = {added, dropped, oldest[1] and oldest[1][1] or '', tail, claimed, table.concat(marks)}
+local head = {added, dropped, log.oldest, log.tail_bytes, claimed, table.concat(marks)}
 for k = 2, #reply do head[#head + 1] = reply[k] end
 return head

@@ -1,5 +1,5 @@
 -- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used,
---       seen_keys, packed, segments
+--       segments
 -- ARGV: owner, lease_ms, ttl_ms, start_event, expected_generation (-1: any), records_ttl_ms,
 --       chain blob, width, lease anchor ("<position>:<hash>")
 -- Takes a lease anchored on the chain and logs compaction/start in one step.
@@ -17,8 +17,8 @@ if expected >= 0 then
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[9] .. ':' .. string.format('%d', now + tonumber(ARGV[2])))
-log_event(KEYS[2], ARGV[4])
+log_event(KEYS[2], KEYS[4], ARGV[4])
 for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
 for k = 5, 8 do redis.call('PEXPIRE', KEYS[k], ARGV[6]) end
-for k = 9, 11 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
+for k = 9, 9 do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
 return logged_reply(KEYS[4], 1)

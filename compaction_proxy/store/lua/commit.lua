@@ -1,5 +1,5 @@
 -- KEYS: leases, log, seen, state, records (before anchoring), anchored, positions, used,
---       seen_keys, packed, segments
+--       segments
 -- ARGV: owner, ttl_ms, n_events, event*, n_records, (anchor, record)*, n_superseded,
 --       (anchor, record)*, new checkpoint ends (JSON), ends kept, records_ttl_ms
 -- Lands only while the lease is still ours: events, records under their anchors (superseded
@@ -13,7 +13,7 @@ end
 local i = 3
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  log_event(KEYS[2], ARGV[i])
+  log_event(KEYS[2], KEYS[4], ARGV[i])
   i = i + 1
 end
 local added = {}
@@ -82,5 +82,5 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
 for k = 5, 8 do redis.call('PEXPIRE', KEYS[k], ARGV[#ARGV]) end
-for k = 9, 11 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+for k = 9, 9 do redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
 return logged_reply(KEYS[4], generation)

@@ -1,96 +1,158 @@
 -- Prepended to every script that writes the log (see store/log_segments.py for the model).
--- Events go to the stream as plain JSON (field 'e'); their bytes are counted in the state's
--- `log_bytes` (all the log holds) and `tail_bytes` (what is not packed yet). The ids a script
--- adds are collected, with the stream's newest id before the first of them, and returned by
--- `logged_reply`, so the caller can tell whether they follow the entries it logged itself.
-local LOGGED, LOGGED_AFTER, LOGGED_BYTES = {}, nil, 0
+-- Events go to the stream as plain JSON (field 'e'), each numbered with the conversation's
+-- next ordinal. The state hash holds `logged` (the last ordinal given), `oldest` (the
+-- ordinal of the stream's oldest entry), the bytes the log holds (`log_bytes`), those not
+-- packed yet (`tail_bytes`), the events in segments (`packed_events`), and when the segments'
+-- keys last had their expiry renewed (`renewed`). A script reads these fields once
+-- (`log_state`) and writes them once (`logged_reply`): every call from Lua into Redis costs
+-- about a microsecond, more than the rest of an append's bookkeeping.
+-- The reply names the ordinal of the first entry a script added, and their ids, so the
+-- caller can tell which of the stream's entries are its own.
+local LOG, LOGGED, LOGGED_FIRST = nil, {}, 0
+local LOG_FIELDS = {'log_bytes', 'tail_bytes', 'packed_events', 'logged', 'oldest', 'renewed'}
 
-local function log_event(log, value)
-  if LOGGED_AFTER == nil then
-    local newest = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
-    LOGGED_AFTER = newest[1] and newest[1][1] or ''
+local function log_state(log, state)
+  if LOG then return LOG end
+  local values = redis.call('HMGET', state, unpack(LOG_FIELDS))
+  LOG = {
+    log_bytes = tonumber(values[1]) or 0,
+    tail_bytes = tonumber(values[2]) or 0,
+    packed_events = tonumber(values[3]) or 0,
+    logged = tonumber(values[4]),
+    oldest = tonumber(values[5]),
+    renewed = tonumber(values[6]) or 0,
+  }
+  if not LOG.logged or not LOG.oldest then  -- a log earlier versions wrote: its entries 1..n
+    LOG.logged, LOG.oldest, LOG.dirty = redis.call('XLEN', log), 1, true
   end
+  return LOG
+end
+
+local function log_event(log, state, value)
+  local s = log_state(log, state)
+  s.logged = s.logged + 1
+  if LOGGED_FIRST == 0 then LOGGED_FIRST = s.logged end
   LOGGED[#LOGGED + 1] = redis.call('XADD', log, '*', 'e', value)
-  LOGGED_BYTES = LOGGED_BYTES + #value
+  s.log_bytes = s.log_bytes + #value
+  s.tail_bytes = s.tail_bytes + #value
+  s.dirty = true
 end
 
--- Counts what was logged in the state hash; the reply: the script's result, the stream's
--- newest id before this script's entries ('' when none were added or it was empty), their ids.
+-- Writes the state fields back; the reply: the script's result, the ordinal of the first
+-- entry it added (0: none), their ids.
 local function logged_reply(state, result)
-  if LOGGED_BYTES > 0 then
-    redis.call('HINCRBY', state, 'log_bytes', LOGGED_BYTES)
-    redis.call('HINCRBY', state, 'tail_bytes', LOGGED_BYTES)
+  if LOG and LOG.dirty then
+    redis.call('HSET', state, 'log_bytes', math.max(LOG.log_bytes, 0),
+      'tail_bytes', math.max(LOG.tail_bytes, 0), 'packed_events', math.max(LOG.packed_events, 0),
+      'logged', LOG.logged, 'oldest', LOG.oldest, 'renewed', LOG.renewed)
+    LOG.dirty = false
   end
-  return {result, LOGGED_AFTER or '', unpack(LOGGED)}
+  return {result, LOGGED_FIRST, unpack(LOGGED)}
 end
 
--- Seen keys (which messages are logged already) kept in 16 buckets of one Hash, 16
--- characters a key back to back: a Set spent about 90 bytes a key. A key is its last 16
--- characters (a hash or digest's: 64 bits, never alike by chance within one conversation).
--- The Set `legacy` that earlier versions kept is still read while it lives.
-local function seen_slot(key)
-  local k = #key >= 16 and string.sub(key, -16) or string.rep(' ', 16 - #key) .. key
-  return string.format('%x', string.byte(k, 16) % 16), k
+-- A segment's key, from the prefix the caller names and the token ending its index line.
+local function segment_key(prefix, line)
+  return prefix .. (string.match(line, '(%S+)$') or '')
 end
 
-local function seen_has(buckets, legacy, key)
-  local field, k = seen_slot(key)
-  local bucket = redis.call('HGET', buckets, field)
-  if bucket then
-    local at = 1
-    while true do
-      local found = string.find(bucket, k, at, true)
-      if not found then break end
-      if (found - 1) % 16 == 0 then return true end
-      at = found + 1
-    end
+-- Whether the keys that are not renewed by every append (the segments', and the seen Sets an
+-- append does not touch) are due to be: once a quarter of the log's expiry has passed since
+-- they last were. Their expiry is a quarter more than the log's, so a live log's keys outlive
+-- it, and no append pays for a key a segment.
+local function renewal_due(log, state, now, ttl)
+  local s = log_state(log, state)
+  if now - s.renewed < ttl / 4 then return false end
+  s.renewed, s.dirty = now, true
+  return true
+end
+
+local function renew_segments(segments, prefix, segment_ttl)
+  for _, line in ipairs(redis.call('LRANGE', segments, 0, -1)) do
+    redis.call('PEXPIRE', segment_key(prefix, line), segment_ttl)
   end
+end
+
+-- Seen keys (which messages are logged already): a key's last 13 hex digits (52 bits, never
+-- alike by chance within one conversation) as an integer, in one of 8 Sets of the kind of
+-- key (its prefix up to a colon: a digest is never taken for a hash). Redis keeps a Set of at
+-- most 512 integers as a sorted array, 8 bytes a key, where a Set of the keys' text spent
+-- about 90; a key that is not hex is kept as it is. Only the Sets an append touches have
+-- their expiry renewed then; `renew_seen` renews all of them now and then. The Set `legacy`
+-- that earlier versions kept is still read while it lives.
+local SEEN_TOUCHED, SEEN_SETS = {}, 8
+
+local function seen_slot(prefix, key)
+  local kind = string.match(key, '^(.*:)') or ''
+  local rest = string.sub(key, #kind + 1)
+  local digits = string.match(rest, '^%x+$') and string.sub(rest, -13)
+  local member, bucket = rest, #rest % SEEN_SETS
+  if digits and #digits == 13 then
+    local value = tonumber(digits, 16)
+    member, bucket = string.format('%.0f', value), value % SEEN_SETS
+  end
+  return prefix .. kind .. bucket, member
+end
+
+local function seen_has(prefix, legacy, key)
+  local set, member = seen_slot(prefix, key)
+  if redis.call('SISMEMBER', set, member) == 1 then return true end
   return legacy and redis.call('SISMEMBER', legacy, key) == 1
 end
 
--- Marks `key` seen; a bucket past `most` keys is started afresh (seen keys only deduplicate
+-- Marks `key` seen; a Set past `most` keys is started afresh (seen keys only deduplicate
 -- logging: the worst case is a message logged twice).
-local function seen_add(buckets, key, most)
-  local field, k = seen_slot(key)
-  local bucket = redis.call('HGET', buckets, field) or ''
-  if #bucket >= most * 16 then bucket = '' end
-  redis.call('HSET', buckets, field, bucket .. k)
+local function seen_add(prefix, key, most)
+  local set, member = seen_slot(prefix, key)
+  redis.call('SADD', set, member)
+  if not SEEN_TOUCHED[set] then
+    SEEN_TOUCHED[set] = true
+    if redis.call('SCARD', set) > most / SEEN_SETS then redis.call('DEL', set) end
+  end
+end
+
+local function seen_save(ttl)
+  for set in pairs(SEEN_TOUCHED) do redis.call('PEXPIRE', set, ttl) end
+end
+
+local function renew_seen(prefix, ttl)
+  for _, kind in ipairs({'', 'd:'}) do
+    for bucket = 0, SEEN_SETS - 1 do redis.call('PEXPIRE', prefix .. kind .. bucket, ttl) end
+  end
 end
 
 -- Drops the log's oldest events while it holds more than `max_bytes` or `max_events`: whole
 -- segments first (a segment goes for the event bound only while as many events remain), then
 -- stream entries; the newest event always stays. Returns the bytes dropped for the byte bound.
-local function bound_log(log, state, packed, segments, max_bytes, max_events)
-  local held = tonumber(redis.call('HGET', state, 'log_bytes') or '0') or 0
-  local tail = tonumber(redis.call('HGET', state, 'tail_bytes') or '0') or 0
-  local in_segments = tonumber(redis.call('HGET', state, 'packed_events') or '0') or 0
-  local count = redis.call('XLEN', log) + in_segments
+local function bound_log(log, state, segments, prefix, max_bytes, max_events)
+  local s = log_state(log, state)
+  local count = redis.call('XLEN', log) + s.packed_events
   local dropped = 0
-  while (held > max_bytes or count > max_events) and count > 1 do
+  while (s.log_bytes > max_bytes or count > max_events) and count > 1 do
     local oldest = redis.call('LINDEX', segments, 0)
     if oldest then
       local events, stored = string.match(oldest, '^%S+ %S+ (%d+) (%d+)')
       events, stored = tonumber(events) or 0, tonumber(stored) or 0
-      if held <= max_bytes and count - events < max_events then break end
+      if s.log_bytes <= max_bytes and count - events < max_events then break end
       redis.call('LPOP', segments)
-      redis.call('LPOP', packed)
-      if held > max_bytes then dropped = dropped + stored end
-      held, count, in_segments = held - stored, count - events, in_segments - events
+      redis.call('DEL', segment_key(prefix, oldest))
+      if s.log_bytes > max_bytes then dropped = dropped + stored end
+      s.log_bytes, count = s.log_bytes - stored, count - events
+      s.packed_events = s.packed_events - events
     else
       local entries = redis.call('XRANGE', log, '-', '+', 'COUNT', 64)
       local ids = {}
       for _, entry in ipairs(entries) do
-        if (held <= max_bytes and count <= max_events) or count <= 1 then break end
+        if (s.log_bytes <= max_bytes and count <= max_events) or count <= 1 then break end
         local size = #entry[2][2]
-        if held > max_bytes then dropped = dropped + size end
-        held, tail, count = held - size, tail - size, count - 1
+        if s.log_bytes > max_bytes then dropped = dropped + size end
+        s.log_bytes, s.tail_bytes, count = s.log_bytes - size, s.tail_bytes - size, count - 1
         ids[#ids + 1] = entry[1]
       end
       if #ids == 0 then break end
       redis.call('XDEL', log, unpack(ids))
+      s.oldest = s.oldest + #ids
     end
+    s.dirty = true
   end
-  redis.call('HSET', state, 'log_bytes', math.max(held, 0), 'tail_bytes', math.max(tail, 0),
-    'packed_events', math.max(in_segments, 0))
   return dropped
 end
