@@ -269,7 +269,8 @@ class Settings(BaseSettings):
     # Bytes of one conversation's log, whatever the store: past it, its oldest events are
     # dropped (counted, logged once); compaction works from the request itself.
     log_max_bytes: PositiveInt = 16 * 1024 * 1024
-    # Redis: message events of the log stored zstd-compressed (logs written either way read).
+    # Redis: the log's older events packed into zstd segments (store/log_segments.py); logs
+    # written either way, by any version, read alike.
     log_compression: bool = True
     meter_cache_size: PositiveInt = 200_000
     # Bytes of recently seen messages kept to skip validating and hashing them again.

@@ -73,13 +73,16 @@ INDEX_MEMORY = 100_000  # conversations whose last index write this process reme
 
 
 def _script(name: str) -> str:
-    """A script, with the branch and log helpers every script may call before it."""
+    """A script, with the branch helpers every script may call before it, and the log's
+    helpers before a script that writes or reads the log (each helper a script defines costs
+    it time on every call)."""
     folder = files("compaction_proxy.store") / "lua"
-    shared = [(folder / f"{helpers}.lua").read_text(encoding="utf-8") for helpers in _HELPERS]
+    helpers = ("branches", "log") if name in _LOG_SCRIPTS else ("branches",)
+    shared = [(folder / f"{helper}.lua").read_text(encoding="utf-8") for helper in helpers]
     return "".join(shared) + (folder / f"{name}.lua").read_text(encoding="utf-8")
 
 
-_HELPERS = ("branches", "log")
+_LOG_SCRIPTS = frozenset({"append", "begin", "commit", "end", "pack", "read"})
 
 
 class _Bounded:
@@ -221,8 +224,8 @@ class RedisStore:
             is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
         )
         args: list[Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
-        args.append(len(events))
-        args += [as_json(event) for event in events]
+        plain = [as_json(event) for event in events]
+        args += [len(plain), *plain]
         args.append(len(fields))
         for name, value in fields.items():
             args += [name, value]
@@ -254,7 +257,7 @@ class RedisStore:
         added, dropped, oldest, claimed = (int(appended[n]) for n in (0, 1, 2, 4))
         if self._pack_log:
             logged = [*(line for line, new in zip(lines, appended[5], strict=True) if new == "1")]
-            logged += [as_json(event).encode() for event in events]
+            logged += [event.encode() for event in plain]
             batch = LoggedBatch(int(appended[6]), tuple(zip(appended[7:], logged, strict=True)))
             self._packer.logged(conversation, batch if logged else None, oldest, claimed == 1)
         if dropped:

@@ -61,16 +61,36 @@ def as_json(value: Any) -> str:
     return jsonio.dumps(value).decode()
 
 
+SEEN_SETS = 8  # seen Sets of each kind (lua/log.lua)
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def seen_member(key: str) -> tuple[str, str]:
+    """Where a message's key is kept seen: the Set (its kind, the prefix up to a colon, and
+    a bucket) and the member. Redis keeps a Set of at most 512 integers as a sorted array of 8
+    bytes each: a hash or digest's last 13 hex digits (52 bits, never alike by chance in one
+    conversation) make such an integer. Another key is kept as its text."""
+    kind, colon, rest = key.rpartition(":")
+    kind += colon
+    digits = rest[-13:]
+    if len(digits) == 13 and _HEX.issuperset(digits):
+        value = int(digits, 16)
+        return f"{kind}{value % SEEN_SETS}", str(value)
+    return f"{kind}{len(rest) % SEEN_SETS}", rest
+
+
 def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes, list[bytes]]:
-    """The append script's message arguments: a JSON listing of each message's keys and its
-    event's length, and the events' JSON back to back (see ``append.lua``); and each event's
-    JSON, for the log's packer."""
+    """The append script's message arguments: a JSON listing of each message's keys, where
+    each is kept seen, and its event's length, and the events' JSON back to back (see
+    ``append.lua``); and each event's JSON, for the log's packer."""
     listing = []
     stored = []
     for message in messages:
         event = jsonio.dumps(message.event)
         stored.append(event)
-        listing.append([message.hash, message.content_key, int(message.by_content), len(event)])
+        content = seen_member(message.content_key) if message.content_key else ("", "")
+        keys = [message.hash, *seen_member(message.hash), message.content_key, *content]
+        listing.append([*keys, int(message.by_content), len(event)])
     return jsonio.dumps(listing), b"".join(stored), stored
 
 

@@ -1,13 +1,15 @@
-"""What Redis holds per conversation, side by side: logs stored compressed and as plain JSON.
+"""What Redis holds per conversation, side by side: logs packed into segments, and as plain JSON.
 
 Run: ``python -m tests.bench.storage [--window 16000] [--gap 0.05]``. Not collected by pytest.
 Every transcript is replayed, as its agent sent it, through a proxy process on a private
 redis-server of its own (one per set-up, so nothing else is counted), with a route whose window
 is ``--window``. Then every key of each conversation is weighed with ``MEMORY USAGE`` (what
 Redis really allocates for it, overheads included) and summed per conversation. Printed per
-set-up: the mean, median and largest conversation in KB, and the mean of each key kind; then
-the unique message content the conversations hold (each distinct message's JSON once), the
-floor a store of plain JSON cannot go under.
+set-up: the log packs the proxy made (``compaction_proxy_log_packs_total``: from events it held,
+or read back), the mean, median and largest conversation in KB, and the mean of each key kind
+(a conversation's segments and seen Sets each summed as one kind); then the unique message
+content the conversations hold (each distinct message's JSON once), the floor a store of plain
+JSON cannot go under.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tests.transcripts import Transcript, replay_requests, transcripts
 
 MODEL = "bench-model"
 PACKS = "compaction_proxy_log_packs_total"
-SETUPS = {"plain JSON": "false", "compressed": "true"}
+SETUPS = {"plain JSON": "false", "packed": "true"}
 
 
 async def replay(
@@ -62,7 +64,9 @@ async def weigh(url: str) -> dict[str, dict[str, int]]:
             conversation, _, kind = name.removeprefix("cp:{").rpartition("}:")
             if conversation == "quota":  # the summary ceilings' keys: no conversation's
                 continue
-            held[conversation][kind] = int(await client.memory_usage(name, samples=0) or 0)
+            kind = kind.split(":")[0]  # each segment's key, each seen Set: one kind
+            held[conversation][kind] = held[conversation].get(kind, 0)
+            held[conversation][kind] += int(await client.memory_usage(name, samples=0) or 0)
     finally:
         await client.aclose()
     return held
@@ -93,7 +97,9 @@ async def measure(
                 async with http.get(f"{base}/metrics") as scraped:
                     metrics = await scraped.text()
                 packs = [line for line in metrics.splitlines() if line.startswith(PACKS)]
-                print(f"{compress}: " + ", ".join(line[len(PACKS) :] for line in packs))
+                print(
+                    f"log packs, packing {compress}: " + ", ".join(p[len(PACKS) :] for p in packs)
+                )
         return await weigh(redis.url)
     finally:
         await redis.stop()
@@ -136,7 +142,7 @@ async def run(args: argparse.Namespace) -> None:
     unique = unique_content(every)
     print(f"{'unique JSON':>12}: mean {statistics.mean(unique) / 1024:.0f} KB per conversation")
     plain, packed = (statistics.mean(sum(k.values()) for k in results[n].values()) for n in SETUPS)
-    print(f"compressed / plain: x{packed / plain:.2f}")
+    print(f"packed / plain: x{packed / plain:.2f}")
 
 
 def main() -> None:

@@ -4,7 +4,8 @@
 --       anchor_json ('' to keep the anchor), reached anchors ("\n" apart), read_pack_at_bytes
 --       (0: never), now (ms), seen key prefix, segment key prefix, segment_ttl_ms,
 --       max_log_bytes, records_ttl_ms
---   messages: JSON array of [hash, content_key, by_content (0/1), length in bytes]; blob:
+--   messages: JSON array of [hash, its seen Set and member, content_key, its seen Set and
+--   member ('' when none), by_content (0/1), length in bytes] (redis_forms.seen_member); blob:
 --   those events' JSON back to back. Two arguments however many messages: a request logging
 --   20,000 of them would otherwise spend far longer packing 80,000 arguments than Redis spends
 --   running this script.
@@ -27,14 +28,14 @@ local added = 0
 local marks = {}
 local blob, offset = ARGV[4], 1
 for _, m in ipairs(cjson.decode(ARGV[3])) do
-  local hash, content_key, by_content, length = m[1], m[2], m[3], m[4]
-  local new = not seen_has(seen, legacy, hash)
+  local hash, content_key, by_content, length = m[1], m[4], m[7], m[8]
+  local new = not seen_has(seen, legacy, hash, m[2], m[3])
   if new and by_content == 1 and content_key ~= '' then
-    new = not seen_has(seen, legacy, content_key)
+    new = not seen_has(seen, legacy, content_key, m[5], m[6])
   end
   if new then
-    seen_add(seen, hash, 2 * max_events)
-    if content_key ~= '' then seen_add(seen, content_key, 2 * max_events) end
+    seen_add(seen, m[2], m[3])
+    if content_key ~= '' then seen_add(seen, m[5], m[6]) end
     log_event(KEYS[1], KEYS[3], string.sub(blob, offset, offset + length - 1))
     added = added + 1
   end
@@ -78,7 +79,7 @@ end
 local log = log_state(KEYS[1], KEYS[3])
 if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[#ARGV - 5]), tonumber(ttl)) then
   renew_segments(KEYS[8], prefix, segment_ttl)
-  renew_seen(seen, segment_ttl)
+  renew_seen(seen, segment_ttl, 2 * max_events)
 end
 local read_pack_at = tonumber(ARGV[#ARGV - 6])
 local claimed = 0

@@ -72,51 +72,36 @@ local function renew_segments(segments, prefix, segment_ttl)
   end
 end
 
--- Seen keys (which messages are logged already): a key's last 13 hex digits (52 bits, never
--- alike by chance within one conversation) as an integer, in one of 8 Sets of the kind of
--- key (its prefix up to a colon: a digest is never taken for a hash). Redis keeps a Set of at
--- most 512 integers as a sorted array, 8 bytes a key, where a Set of the keys' text spent
--- about 90; a key that is not hex is kept as it is. Only the Sets an append touches have
--- their expiry renewed then; `renew_seen` renews all of them now and then. The Set `legacy`
--- that earlier versions kept is still read while it lives.
-local SEEN_TOUCHED, SEEN_SETS = {}, 8
+-- Seen keys (which messages are logged already), as store/redis_forms.py `seen_member`
+-- gives them: a key's last 13 hex digits as an integer, in one of 8 Sets of its kind. Redis
+-- keeps a Set of at most 512 integers as a sorted array, 8 bytes a key, where a Set of the
+-- keys' text spent about 90. Only the Sets an append touches have their expiry renewed then;
+-- `renew_seen` renews all of them now and then, and starts afresh any past `most` keys
+-- (seen keys only deduplicate logging: the worst case is a message logged twice). The Set
+-- `legacy` that earlier versions kept is still read while it lives.
+local SEEN_TOUCHED, SEEN_KINDS, SEEN_SETS = {}, {'', 'd:'}, 8
 
-local function seen_slot(prefix, key)
-  local kind = string.match(key, '^(.*:)') or ''
-  local rest = string.sub(key, #kind + 1)
-  local digits = string.match(rest, '^%x+$') and string.sub(rest, -13)
-  local member, bucket = rest, #rest % SEEN_SETS
-  if digits and #digits == 13 then
-    local value = tonumber(digits, 16)
-    member, bucket = string.format('%.0f', value), value % SEEN_SETS
-  end
-  return prefix .. kind .. bucket, member
-end
-
-local function seen_has(prefix, legacy, key)
-  local set, member = seen_slot(prefix, key)
-  if redis.call('SISMEMBER', set, member) == 1 then return true end
+local function seen_has(prefix, legacy, key, set, member)
+  if redis.call('SISMEMBER', prefix .. set, member) == 1 then return true end
   return legacy and redis.call('SISMEMBER', legacy, key) == 1
 end
 
--- Marks `key` seen; a Set past `most` keys is started afresh (seen keys only deduplicate
--- logging: the worst case is a message logged twice).
-local function seen_add(prefix, key, most)
-  local set, member = seen_slot(prefix, key)
-  redis.call('SADD', set, member)
-  if not SEEN_TOUCHED[set] then
-    SEEN_TOUCHED[set] = true
-    if redis.call('SCARD', set) > most / SEEN_SETS then redis.call('DEL', set) end
-  end
+local function seen_add(prefix, set, member)
+  redis.call('SADD', prefix .. set, member)
+  SEEN_TOUCHED[prefix .. set] = true
 end
 
 local function seen_save(ttl)
   for set in pairs(SEEN_TOUCHED) do redis.call('PEXPIRE', set, ttl) end
 end
 
-local function renew_seen(prefix, ttl)
-  for _, kind in ipairs({'', 'd:'}) do
-    for bucket = 0, SEEN_SETS - 1 do redis.call('PEXPIRE', prefix .. kind .. bucket, ttl) end
+local function renew_seen(prefix, ttl, most)
+  for _, kind in ipairs(SEEN_KINDS) do
+    for bucket = 0, SEEN_SETS - 1 do
+      local set = prefix .. kind .. bucket
+      if redis.call('SCARD', set) > most / SEEN_SETS then redis.call('DEL', set) end
+      redis.call('PEXPIRE', set, ttl)
+    end
   end
 end
 
