@@ -109,10 +109,13 @@ class SegmentLimits:
         return cls(max(1, min(SEGMENT_BYTES, max_log_bytes // 8)), max(1, max_log_events // 8))
 
 
+def due(size: int, count: int, limits: SegmentLimits) -> bool:
+    """Whether ``count`` entries of ``size`` bytes make a pack due."""
+    return count >= limits.events or size >= min(PACK_AT_BYTES, limits.lines)
+
+
 def pack_due(run: Sequence[Entry], limits: SegmentLimits) -> bool:
-    if len(run) >= limits.events:
-        return True
-    return sum(len(line) for _, line in run) >= min(PACK_AT_BYTES, limits.lines)
+    return due(sum(len(line) for _, line in run), len(run), limits)
 
 
 def pack_chunk(run: Sequence[Entry], limits: SegmentLimits) -> list[Entry]:

@@ -39,6 +39,7 @@ from compaction_proxy.store.log_segments import (
     SegmentLimits,
     batches_from,
     decompress,
+    due,
     entries_of,
     linked_run,
     pack_chunk,
@@ -66,15 +67,25 @@ class _Held:
     wrote there (with its frame, to merge the next run into it)."""
 
     batches: list[LoggedBatch] = field(default_factory=list)
-    size: int = 0
+    size: int = 0  # bytes of the entries held
+    count: int = 0  # entries held
     newest: tuple[Segment, bytes] | None = None
     packing: bool = False
+
+    def add(self, batch: LoggedBatch) -> int:
+        """Hold ``batch`` too; the bytes it adds."""
+        self.batches.append(batch)
+        size = sum(len(line) for _, line in batch.entries)
+        self.size += size
+        self.count += len(batch.entries)
+        return size
 
     def keep(self, batches: list[LoggedBatch]) -> int:
         """Hold ``batches`` instead; the change in bytes held."""
         before = self.size
         self.batches = batches
         self.size = sum(len(line) for batch in batches for _, line in batch.entries)
+        self.count = sum(len(batch.entries) for batch in batches)
         return self.size - before
 
 
@@ -119,15 +130,17 @@ class LogPacker:
         stream's oldest entry after an append), start the pack it made due, if any."""
         held = self._held.pop(conversation, None) or _Held()
         self._held[conversation] = held  # the most recently used, last
-        batches = [*held.batches, batch] if batch is not None else held.batches
-        if oldest is not None:
-            batches = batches_from(batches, oldest)
-        self._held_bytes += held.keep(batches)
+        if batch is not None:
+            self._held_bytes += held.add(batch)
+        if oldest is not None and any(b.first < oldest for b in held.batches):
+            self._held_bytes += held.keep(batches_from(held.batches, oldest))
         while self._held_bytes > HELD_BYTES and len(self._held) > 1:
             _, forgotten = self._held.popitem(last=False)
             self._held_bytes -= forgotten.size
         if oldest is None or held.packing:
             return
+        if not (claimed or due(held.size, held.count, self._limits)):
+            return  # no run of what is held can be due: spared the sort
         run = linked_run(held.batches, oldest)
         if run and pack_due(run, self._limits):
             self._start(held, self._pack_held(conversation, held, oldest, run, claimed))
