@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 HELD_BYTES = 64 * 1024 * 1024  # bytes of logged events this process keeps to pack them
 READ_PACK_PAGE = 512  # stream entries read back at a time
+OFF_LOOP_LINES = 64 * 1024  # a pack compressing more lines runs in a worker thread
 
 
 def as_bytes(value: str | bytes) -> bytes:
@@ -190,9 +191,11 @@ class LogPacker:
         read back), merged into this process's newest segment when it fits; whether it
         landed. ``freed``: the bytes the chunk takes in the stream, when not its JSON's."""
         source = "held" if start[0] == "held" else "read_back"
-        newest, frame = held.newest if held.newest is not None else (None, b"")
-        lines = decompress(frame) if newest is not None else b""
-        plan = plan_pack(chunk, self._limits, uuid.uuid4().hex[:16], newest, lines)
+        merging = held.newest[0].lines if held.newest is not None else 0
+        if merging + sum(len(line) for _, line in chunk) > OFF_LOOP_LINES:
+            plan = await asyncio.to_thread(self._plan, chunk, held.newest)
+        else:
+            plan = self._plan(chunk, held.newest)
         if freed is None:
             freed = sum(len(line) for _, line in chunk)
         try:
@@ -207,6 +210,15 @@ class LogPacker:
         if reply == 1:
             held.newest = (plan.segment, plan.frame)
         return reply == 1
+
+    def _plan(self, chunk: Sequence[Entry], newest: tuple[Segment, bytes] | None) -> PackPlan:
+        """Compress ``chunk``, merged into ``newest`` (a segment and its frame) where it fits.
+        Past ``OFF_LOOP_LINES`` it runs in a worker thread: zstd lets go of the interpreter, so
+        the event loop serves the next request meanwhile."""
+        token = uuid.uuid4().hex[:16]
+        if newest is None:
+            return plan_pack(chunk, self._limits, token)
+        return plan_pack(chunk, self._limits, token, newest[0], decompress(newest[1]))
 
     async def _send(
         self,
