@@ -1,11 +1,8 @@
-"""Log events as Redis keeps them: zstd-compressed when that makes them smaller (pure).
-
-A stream entry holds one field: ``e`` with the event's JSON as it was (what every version
-before this one wrote, and what small events still are), or ``z`` with that JSON compressed by
-zstd. Messages are most of what a conversation's log holds (tool outputs, file reads), text
-that compresses several times over; an event under ``MIN_PACKED`` bytes, or one zstd would not
-shrink, is kept as it was. Reading takes either field, so logs written by earlier versions, or
-by a replica with ``log_compression`` off, read as before.
+"""Log stream entries as Redis keeps them (pure): ``e`` with the event's JSON, or ``z`` with
+that JSON zstd-compressed on its own, as the version before packed segments wrote events of
+``MIN_PACKED`` bytes or more that zstd shrank (``store.log_segments`` packs runs of events
+instead). Reading takes either field, so every log read alike; ``packed`` is that version's
+writing side, kept so that the tests can write such a log.
 
 The Redis client decodes replies as UTF-8 with ``surrogateescape``, so a compressed field comes
 back as a string that encodes to the very bytes stored.

@@ -258,8 +258,11 @@ class RedisStore:
         if self._pack_log:
             logged = [*(line for line, new in zip(lines, appended[5], strict=True) if new == "1")]
             logged += [event.encode() for event in plain]
-            batch = LoggedBatch(int(appended[6]), tuple(zip(appended[7:], logged, strict=True)))
-            self._packer.logged(conversation, batch if logged else None, oldest, claimed == 1)
+            batch = LoggedBatch(int(appended[7]), tuple(zip(appended[8:], logged, strict=True)))
+            epoch = appended[6]
+            self._packer.logged(
+                conversation, epoch, batch if logged else None, oldest, claimed == 1
+            )
         if dropped:
             first = conversation not in self._trimmed
             self._trimmed.put(conversation, True)
@@ -332,9 +335,9 @@ class RedisStore:
 
     def _logged(self, conversation: str, reply: list[Any], events: Sequence[str]) -> int:
         """A compaction script's result; what it logged is handed to the packer."""
-        if self._pack_log and len(reply) > 2:
-            entries = tuple(zip(reply[2:], (e.encode() for e in events), strict=True))
-            self._packer.logged(conversation, LoggedBatch(int(reply[1]), entries))
+        if self._pack_log and len(reply) > 3:
+            entries = tuple(zip(reply[3:], (e.encode() for e in events), strict=True))
+            self._packer.logged(conversation, reply[1], LoggedBatch(int(reply[2]), entries))
         return int(reply[0])
 
     async def begin_compaction(

@@ -72,6 +72,7 @@ class _Held:
     count: int = 0  # entries held
     newest: tuple[Segment, bytes] | None = None
     packing: bool = False
+    epoch: str = ""  # what the ordinals count in (``lua/log.lua``)
 
     def add(self, batch: LoggedBatch) -> int:
         """Hold ``batch`` too; the bytes it adds."""
@@ -123,14 +124,20 @@ class LogPacker:
     def logged(
         self,
         conversation: str,
+        epoch: str,
         batch: LoggedBatch | None,
         oldest: int | None = None,
         claimed: bool = False,
     ) -> None:
-        """Note ``batch`` (what one script logged); with ``oldest`` (the ordinal of the
-        stream's oldest entry after an append), start the pack it made due, if any."""
+        """Note ``batch`` (what one script logged, its ordinals counted in ``epoch``); with
+        ``oldest`` (the ordinal of the stream's oldest entry after an append), start the pack
+        it made due, if any. What is held of another epoch (the store lost the log's state)
+        is forgotten."""
         held = self._held.pop(conversation, None) or _Held()
         self._held[conversation] = held  # the most recently used, last
+        if epoch != held.epoch:
+            self._held_bytes += held.keep([])
+            held.newest, held.epoch = None, epoch
         if batch is not None:
             self._held_bytes += held.add(batch)
         if oldest is not None and any(b.first < oldest for b in held.batches):
@@ -168,7 +175,8 @@ class LogPacker:
     ) -> None:
         while run and pack_due(run, self._limits):
             chunk = pack_chunk(run, self._limits)
-            if not await self._land(conversation, held, ("held", oldest), chunk, claimed):
+            start = ("held", oldest)
+            if not await self._land(conversation, held, start, chunk, claimed):
                 # another's entries come first: forgotten, and read back at the bound
                 self._held_bytes += held.keep([])
                 held.newest = None
@@ -199,10 +207,10 @@ class LogPacker:
         if freed is None:
             freed = sum(len(line) for _, line in chunk)
         try:
-            reply = await self._send(conversation, plan, start, freed, claimed)
+            reply = await self._send(conversation, plan, (*start, held.epoch), freed, claimed)
             if reply == -1:  # the newest segment is another's now: land the chunk alone
                 plan = plan_pack(chunk, self._limits, uuid.uuid4().hex[:16])
-                reply = await self._send(conversation, plan, start, freed, claimed)
+                reply = await self._send(conversation, plan, (*start, held.epoch), freed, claimed)
         except StoreUnavailable:
             LOG_PACKS.labels(source=source, outcome="failed").inc()
             raise
@@ -224,11 +232,12 @@ class LogPacker:
         self,
         conversation: str,
         plan: PackPlan,
-        start: tuple[str, int | str],
+        start: tuple[str, int | str, str],
         freed: int,
         claimed: bool,
     ) -> int:
-        """The frame's ``SET`` and ``pack.lua``, in one round trip on one Redis."""
+        """The frame's ``SET`` and ``pack.lua``, in one round trip on one Redis. ``start``:
+        how the run is checked (``held`` or ``read``), its first ordinal or id, the epoch."""
         prefix = segment_key_prefix(conversation)
         segment_key = prefix + plan.segment.token
         merged_key = prefix + plan.merged.token if plan.merged is not None else segment_key
@@ -237,6 +246,7 @@ class LogPacker:
         args: list[str | int | bytes] = [self._ttl_ms, start[0], start[1], len(plan.chunk)]
         args += [plan.chunk[-1][0], freed, plan.segment.index_line()]
         args += [plan.merged.index_line() if plan.merged is not None else "", int(claimed)]
+        args.append(start[2])
         frame_ttl = self.segment_ttl_ms(self._ttl_ms)
         script = self._pack_script
         async with self._bounded("pack_log"):

@@ -178,6 +178,28 @@ async def test_replicas_logging_one_conversation_pack_each_event_once(
             await replica.close()
 
 
+async def test_a_log_whose_state_was_lost_is_packed_from_its_new_events_alone(
+    conversation: str, client: aioredis.Redis
+) -> None:
+    """A Redis that lost its data (here: the conversation's keys) restarts the log's
+    ordinals; what a replica remembers from before is never packed as the new entries."""
+    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    try:
+        for n in range(5):  # held, not yet due
+            await store.append(conversation, turn(n * 3))
+        lost = [key async for key in client.scan_iter(match=f"cp:{{{conversation}}}:*")]
+        await client.delete(*lost)
+        for n in range(5, 40):
+            await store.append(conversation, turn(n * 3))
+            await store.log_packs_settled()
+        logged = await whole_log(store, conversation)
+        assert [event["position"] for _, event in logged] == list(range(15, 120))
+        _, _, segments = await held_bytes(client, conversation)
+        assert segments >= 1
+    finally:
+        await store.close()
+
+
 async def test_a_process_that_holds_none_of_the_log_reads_it_back_to_pack_it(
     conversation: str, client: aioredis.Redis
 ) -> None:

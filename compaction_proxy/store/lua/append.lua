@@ -15,10 +15,11 @@
 -- the request reached, and drops (a bounded number of) those no request reached for
 -- records_ttl_ms. When the stream's unpacked bytes reach read_pack_at_bytes, claims the log's
 -- pack (`packing`, for 10 s) unless another caller holds it.
--- Returns {added, dropped, oldest, tail_bytes, claimed, marks, first, id*}: how many messages
--- were new, the bytes of events dropped for the byte bound, the ordinal of the stream's oldest
--- entry, its unpacked bytes, 1 if the pack is this caller's, one character a message ('1'
--- logged, '0' not), then the ordinal of the first entry logged and their ids (lua/log.lua).
+-- Returns {added, dropped, oldest, tail_bytes, claimed, marks, epoch, first, id*}: how many
+-- messages were new, the bytes of events dropped for the byte bound, the ordinal of the
+-- stream's oldest entry, its unpacked bytes, 1 if the pack is this caller's, one character a
+-- message ('1' logged, '0' not), then the ordinals' epoch, the ordinal of the first entry
+-- logged and their ids (lua/log.lua).
 -- A request's record after its answer is one call; so is a plain append.
 local ttl = ARGV[1]
 local max_events = tonumber(ARGV[2])

@@ -3,13 +3,17 @@
 -- next ordinal. The state hash holds `logged` (the last ordinal given), `oldest` (the
 -- ordinal of the stream's oldest entry), the bytes the log holds (`log_bytes`), those not
 -- packed yet (`tail_bytes`), the events in segments (`packed_events`), and when the segments'
--- keys last had their expiry renewed (`renewed`). A script reads these fields once
+-- keys last had their expiry renewed (`renewed`), and the `epoch` these ordinals count in: a
+-- state started afresh (a Redis that lost its data, a log whose state expired) starts a new
+-- epoch, so no ordinal a replica remembers is taken for a new entry's. A script reads these fields once
 -- (`log_state`) and writes them once (`logged_reply`): every call from Lua into Redis costs
 -- about a microsecond, more than the rest of an append's bookkeeping.
 -- The reply names the ordinal of the first entry a script added, and their ids, so the
 -- caller can tell which of the stream's entries are its own.
 local LOG, LOGGED, LOGGED_FIRST = nil, {}, 0
-local LOG_FIELDS = {'log_bytes', 'tail_bytes', 'packed_events', 'logged', 'oldest', 'renewed'}
+local LOG_FIELDS = {
+  'log_bytes', 'tail_bytes', 'packed_events', 'logged', 'oldest', 'renewed', 'epoch',
+}
 
 local function log_state(log, state)
   if LOG then return LOG end
@@ -21,9 +25,12 @@ local function log_state(log, state)
     logged = tonumber(values[4]),
     oldest = tonumber(values[5]),
     renewed = tonumber(values[6]) or 0,
+    epoch = values[7],
   }
-  if not LOG.logged or not LOG.oldest then  -- a log earlier versions wrote: its entries 1..n
-    LOG.logged, LOG.oldest, LOG.dirty = redis.call('XLEN', log), 1, true
+  if not LOG.logged or not LOG.oldest or not LOG.epoch then
+    -- a new state, or a log earlier versions wrote: its entries are 1..n of a new epoch
+    LOG.logged, LOG.oldest, LOG.epoch = redis.call('XLEN', log), 1, tostring(now_ms())
+    LOG.dirty = true
   end
   return LOG
 end
@@ -38,16 +45,16 @@ local function log_event(log, state, value)
   s.dirty = true
 end
 
--- Writes the state fields back; the reply: the script's result, the ordinal of the first
--- entry it added (0: none), their ids.
+-- Writes the state fields back; the reply: the script's result, the epoch, the ordinal of the
+-- first entry it added (0: none), their ids.
 local function logged_reply(state, result)
   if LOG and LOG.dirty then
     redis.call('HSET', state, 'log_bytes', math.max(LOG.log_bytes, 0),
       'tail_bytes', math.max(LOG.tail_bytes, 0), 'packed_events', math.max(LOG.packed_events, 0),
-      'logged', LOG.logged, 'oldest', LOG.oldest, 'renewed', LOG.renewed)
+      'logged', LOG.logged, 'oldest', LOG.oldest, 'renewed', LOG.renewed, 'epoch', LOG.epoch)
     LOG.dirty = false
   end
-  return {result, LOGGED_FIRST, unpack(LOGGED)}
+  return {result, LOG and LOG.epoch or '', LOGGED_FIRST, unpack(LOGGED)}
 end
 
 -- A segment's key, from the prefix the caller names and the token ending its index line.

@@ -2,7 +2,8 @@
 --       new one's again when nothing is merged)
 -- ARGV: ttl_ms, mode ('held': first is an ordinal; 'read': an entry id), first, count, last
 --       (entry id), freed (the run's stored bytes), index line, merged index line ('' for
---       none), release (1: the caller holds the `packing` claim)
+--       none), release (1: the caller holds the `packing` claim), epoch (of a held run's
+--       ordinals)
 -- Lands one pack (store/log_segments.py). The caller has written the segment's frame to its
 -- key; this takes the stream's entries first..last off the stream and lists the segment, after
 -- the newest or in place of the merged one, or deletes the frame when the run is not the
@@ -19,7 +20,8 @@ local s = log_state(KEYS[1], KEYS[2])
 local count = tonumber(ARGV[4])
 if ARGV[2] == 'held' then
   local first = tonumber(ARGV[3])
-  if first ~= s.oldest or redis.call('XLEN', KEYS[1]) ~= s.logged - s.oldest + 1 then
+  if ARGV[10] ~= s.epoch or first ~= s.oldest
+      or redis.call('XLEN', KEYS[1]) ~= s.logged - s.oldest + 1 then
     return refused(0)
   end
 else
