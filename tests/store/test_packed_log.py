@@ -79,6 +79,17 @@ async def held_bytes(client: aioredis.Redis, conversation: str) -> tuple[int, in
     return in_stream, sum(len(frame or b"") for frame in frames), len(frames)
 
 
+async def assert_packed(
+    store: RedisStore, client: aioredis.Redis, conversation: str, positions: range
+) -> list[tuple[str, Any]]:
+    """The log holds the messages at ``positions``, each once and in order, some packed."""
+    logged = await whole_log(store, conversation)
+    assert [event["position"] for _, event in logged] == list(positions)
+    _, _, segments = await held_bytes(client, conversation)
+    assert segments >= 1
+    return logged
+
+
 async def test_a_packed_log_reads_back_in_order_under_the_ids_it_was_logged_with(
     conversation: str, client: aioredis.Redis
 ) -> None:
@@ -192,10 +203,7 @@ async def test_a_log_whose_state_was_lost_is_packed_from_its_new_events_alone(
         for n in range(5, 40):
             await store.append(conversation, turn(n * 3))
             await store.log_packs_settled()
-        logged = await whole_log(store, conversation)
-        assert [event["position"] for _, event in logged] == list(range(15, 120))
-        _, _, segments = await held_bytes(client, conversation)
-        assert segments >= 1
+        await assert_packed(store, client, conversation, range(15, 120))
     finally:
         await store.close()
 
@@ -242,11 +250,8 @@ async def test_entries_and_seen_keys_of_earlier_versions_are_read_and_packed(
         for n in range(15):
             await store.append(conversation, turn(43 + n * 3))
             await store.log_packs_settled()
-        logged = await whole_log(store, conversation)
-        assert [event["position"] for _, event in logged] == list(range(88))
+        logged = await assert_packed(store, client, conversation, range(88))
         assert [event for _, event in logged[:40]] == [m.event for m in earlier]
-        _, _, segments = await held_bytes(client, conversation)
-        assert segments >= 1
     finally:
         await store.close()
 
