@@ -145,15 +145,8 @@ class Segment:
     token: str
 
     def index_line(self) -> str:
+        """As the Lua scripts read it: events 3rd, stored bytes 4th, the token last."""
         return f"{self.first} {self.last} {self.events} {self.stored} {self.lines} {self.token}"
-
-    @classmethod
-    def read(cls, line: str) -> Segment | None:
-        parts = line.split(" ")
-        if len(parts) != 6 or not all(p.isascii() and p.isdigit() for p in parts[2:5]):
-            return None
-        first, last, events, stored, lines, token = parts
-        return cls(first, last, int(events), int(stored), int(lines), token)
 
 
 def segment_lines(entries: Iterable[Entry]) -> bytes:
