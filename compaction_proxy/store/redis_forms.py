@@ -35,6 +35,7 @@ STATE_FIELDS = frozenset(
         "logged",
         "oldest",
         "renewed",
+        "epoch",
     }
 )
 

@@ -73,6 +73,7 @@ class _Held:
     newest: tuple[Segment, bytes] | None = None
     packing: bool = False
     epoch: str = ""  # what the ordinals count in (``lua/log.lua``)
+    remembered: bool = True  # counted in the packer's bound (false once forgotten)
 
     def add(self, batch: LoggedBatch) -> int:
         """Hold ``batch`` too; the bytes it adds."""
@@ -136,15 +137,16 @@ class LogPacker:
         held = self._held.pop(conversation, None) or _Held()
         self._held[conversation] = held  # the most recently used, last
         if epoch != held.epoch:
-            self._held_bytes += held.keep([])
+            self._keep(held, [])
             held.newest, held.epoch = None, epoch
         if batch is not None:
             self._held_bytes += held.add(batch)
         if oldest is not None and any(b.first < oldest for b in held.batches):
-            self._held_bytes += held.keep(batches_from(held.batches, oldest))
+            self._keep(held, batches_from(held.batches, oldest))
         while self._held_bytes > HELD_BYTES and len(self._held) > 1:
             _, forgotten = self._held.popitem(last=False)
             self._held_bytes -= forgotten.size
+            forgotten.remembered = False
         if oldest is None or held.packing:
             return
         if not (claimed or due(held.size, held.count, self._limits)):
@@ -154,6 +156,13 @@ class LogPacker:
             self._start(held, self._pack_held(conversation, held, oldest, run, claimed))
         elif claimed:
             self._start(held, self._read_back_and_pack(conversation, held))
+
+    def _keep(self, held: _Held, batches: list[LoggedBatch]) -> None:
+        """``held`` keeps ``batches`` instead; counted in the bound while it is remembered (a
+        pack under way may outlive its conversation's place here)."""
+        change = held.keep(batches)
+        if held.remembered:
+            self._held_bytes += change
 
     def _start(self, held: _Held, work: Coroutine[Any, Any, None]) -> None:
         held.packing = True
@@ -167,6 +176,8 @@ class LogPacker:
             await work
         except StoreUnavailable as exc:  # the events stay in the stream; a later pack takes them
             log.warning("a log pack failed: %s", exc)
+        except Exception:  # a pack is the log's housekeeping: it never fails a request
+            log.exception("a log pack failed")
         finally:
             held.packing = False
 
@@ -178,12 +189,12 @@ class LogPacker:
             start = ("held", oldest)
             if not await self._land(conversation, held, start, chunk, claimed):
                 # another's entries come first: forgotten, and read back at the bound
-                self._held_bytes += held.keep([])
+                self._keep(held, [])
                 held.newest = None
                 return
             claimed = False
             oldest += len(chunk)
-            self._held_bytes += held.keep(batches_from(held.batches, oldest))
+            self._keep(held, batches_from(held.batches, oldest))
             run = run[len(chunk) :]
 
     async def _land(
@@ -209,7 +220,7 @@ class LogPacker:
         try:
             reply = await self._send(conversation, plan, (*start, held.epoch), freed, claimed)
             if reply == -1:  # the newest segment is another's now: land the chunk alone
-                plan = plan_pack(chunk, self._limits, uuid.uuid4().hex[:16])
+                plan = self._plan(chunk, None)
                 reply = await self._send(conversation, plan, (*start, held.epoch), freed, claimed)
         except StoreUnavailable:
             LOG_PACKS.labels(source=source, outcome="failed").inc()
@@ -272,9 +283,9 @@ class LogPacker:
         """Pack the stream's unpacked entries, read back a page at a time (this caller holds
         the claim ``append.lua`` gave it)."""
         claimed = True
+        (log_key,) = self._keys(conversation, "log")
         try:
             while True:
-                (log_key,) = self._keys(conversation, "log")
                 async with self._bounded("pack_log"):
                     raw = await self._client.xrange(log_key, count=READ_PACK_PAGE)
                 entries = cast(list[tuple[str, dict[str, str]]], raw)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import string
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from compaction_proxy.conversation.log_events import MessageEvent
+from compaction_proxy.store import redis_log
 from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES
 from compaction_proxy.store.packed_events import packed
 from compaction_proxy.store.redis import RedisStore
@@ -204,6 +206,27 @@ async def test_a_log_whose_state_was_lost_is_packed_from_its_new_events_alone(
             await store.append(conversation, turn(n * 3))
             await store.log_packs_settled()
         await assert_packed(store, client, conversation, range(15, 120))
+    finally:
+        await store.close()
+
+
+async def test_what_a_process_holds_to_pack_stays_counted_while_packs_outlive_its_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bytes a process holds to pack are bounded; a pack under way for a conversation it
+    has forgotten meanwhile changes nothing in the count."""
+    monkeypatch.setattr(redis_log, "HELD_BYTES", 40_000)
+    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    first, second = (f"test-{uuid.uuid4().hex}" for _ in range(2))
+    try:
+        for n in range(3):  # the third append makes a pack due: it runs in the background
+            await store.append(first, turn(n * 3))
+        # answered before that pack lands, and forgetting the first conversation
+        await store.append(second, turn(0, 15))
+        await store.log_packs_settled()
+        packer = store._packer
+        assert first not in packer._held
+        assert packer._held_bytes == sum(held.size for held in packer._held.values())
     finally:
         await store.close()
 

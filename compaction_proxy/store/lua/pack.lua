@@ -11,9 +11,12 @@
 -- stream's oldest entry, and the stream holds only entries the state counts); a run read back
 -- by its first entry's id. Returns {1, tail_bytes} when the pack landed, {0} when the run is
 -- not the stream's head, {-1} when the newest segment is not the one merged.
+local function release()
+  if ARGV[9] == '1' then redis.call('DEL', KEYS[4]) end
+end
 local function refused(code)
   redis.call('DEL', KEYS[5])
-  if ARGV[9] == '1' then redis.call('DEL', KEYS[4]) end
+  release()
   return {code}
 end
 local s = log_state(KEYS[1], KEYS[2])
@@ -48,6 +51,6 @@ s.log_bytes = s.log_bytes + stored - freed - replaced
 s.packed_events = s.packed_events + count
 s.dirty = true
 logged_reply(KEYS[2], 1)
-if ARGV[9] == '1' then redis.call('DEL', KEYS[4]) end
+release()
 for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
 return {1, math.max(s.tail_bytes, 0)}
