@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.engine import Engine
-from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.model_policy import Budgets, precompaction_retain
 from compaction_proxy.compaction.outcomes import Outcome
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.metrics import PRECOMPACTION_DURATION, PRECOMPACTIONS_IN_FLIGHT
@@ -38,18 +38,6 @@ from compaction_proxy.store.base import ConversationState
 log = logging.getLogger(__name__)
 
 TRIGGER = "precompact"
-
-
-def wants_precompaction(tokens: int, limits: Budgets) -> bool:
-    """Pressure from the precompaction watermark up to where a request must be compacted
-    before it goes (pure)."""
-    return 0 < limits.precompact <= tokens < limits.must_compact
-
-
-def precompaction_retain(tokens: int, limits: Budgets) -> int:
-    """The retain budget for a span prepared at ``tokens``: the usual one, less the growth
-    still expected before the threshold (pure; see the module docstring)."""
-    return max(0, limits.retain - max(0, limits.threshold - tokens))
 
 
 class BackgroundCompactions:

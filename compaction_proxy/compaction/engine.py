@@ -24,7 +24,7 @@ from compaction_proxy.compaction.cut_records import mask_records, prune_records
 from compaction_proxy.compaction.guards.breaker import SummaryBreaker, concerns_the_caller_alone
 from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
 from compaction_proxy.compaction.guards.trips import trip
-from compaction_proxy.compaction.masking import MaskCandidate
+from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates
 from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner, SummaryRequest
 from compaction_proxy.compaction.prune import prune_candidates
@@ -66,6 +66,34 @@ class EngineSettings:
 
 def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
+
+
+def _prunes_masked(
+    job: CompactionJob, existing: Sequence[ReplacementRecord], masks: Sequence[Prune]
+) -> list[Prune]:
+    """The prunes of ``job``'s branch that ``masks`` replace, at their positions."""
+    chain, context = job.view.chain, job.view.context_fingerprint
+    cleared = {r.position for r in masks}
+    return [
+        r
+        for r in existing
+        if isinstance(r, Prune)
+        and r.position in cleared
+        and r.context == context
+        and chain[r.position] == r.hash
+    ]
+
+
+def _cut_event(record: Prune) -> Event:
+    return _event(
+        "mask" if record.masked else "prune",
+        position=record.position,
+        hash=record.hash,
+        chars_before=record.chars_before,
+        chars_after=record.chars_after,
+        head_end=record.head_end,
+        tail_start=record.tail_start,
+    )
 
 
 @dataclass
@@ -262,16 +290,7 @@ class Engine:
         if not candidates:
             return state, surface, False
         records = mask_records(job, candidates)
-        chain, context = job.view.chain, job.view.context_fingerprint
-        cleared = {r.position for r in records}
-        superseded = [
-            r
-            for r in state.records
-            if isinstance(r, Prune)
-            and r.position in cleared
-            and r.context == context
-            and chain[r.position] == r.hash
-        ]
+        superseded = _prunes_masked(job, state.records, records)
         return await self._cut(job, state, surface, records, superseded, trigger, wait_if_busy)
 
     async def _cut(
@@ -305,21 +324,30 @@ class Engine:
             log.debug("%s: %d observations (%d characters)", mechanism, len(records), saved)
         return fresh, fresh_surface, outcome is Outcome.COMMITTED
 
+    def _tail_masks(
+        self, job: CompactionJob, existing: Sequence[ReplacementRecord], end: int
+    ) -> tuple[list[Prune], list[Prune]]:
+        """The masks a checkpoint ending at body ``end`` commits with it: the retained tail's
+        observations that masking may clear (``masking.mask_candidates``), and the prunes
+        they replace. The checkpoint makes the provider write everything after it again, so
+        clearing them there costs no rewrite of its own (and none later, when they would age
+        out one by one)."""
+        masker = job.masker
+        if masker is None:
+            return [], []
+        view = job.view
+        surface = view.surface(existing)
+        masked = {record.position for record in surface.masks}
+        candidates = mask_candidates(
+            surface.nodes, view.body, view.live_start, masker, masked.__contains__
+        )
+        records = mask_records(job, [c for c in candidates if c.position > end])
+        return records, _prunes_masked(job, existing, records)
+
     async def _commit_cuts(
         self, attempt: Attempt, records: Sequence[Prune], superseded: Sequence[Prune]
     ) -> Outcome:
-        events = [
-            _event(
-                "mask" if r.masked else "prune",
-                position=r.position,
-                hash=r.hash,
-                chars_before=r.chars_before,
-                chars_after=r.chars_after,
-                head_end=r.head_end,
-                tail_start=r.tail_start,
-            )
-            for r in records
-        ]
+        events = [_cut_event(r) for r in records]
         if await self._commit(attempt, records, events, superseded) is None:
             await self._fail(attempt, Outcome.COMMIT_FAILED)
             return Outcome.COMMIT_FAILED
@@ -432,7 +460,11 @@ class Engine:
             usage=summary.usage,
         )
         superseded = superseded_by(record, existing, view.chain)
-        fresh = await self._commit(attempt, [record], [summary_event], superseded)
+        masks, mask_superseded = self._tail_masks(job, existing, span.end)
+        events = [summary_event, *(_cut_event(m) for m in masks)]
+        fresh = await self._commit(
+            attempt, [record, *masks], events, [*superseded, *mask_superseded]
+        )
         if fresh is None:
             _, reloaded_surface = await self.reload(job)
             deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)

@@ -1,27 +1,47 @@
-"""The masking step (``masking.py``) on a request: what it would clear and free, priced by the
-meter; committed at the threshold by ``triggers.relieve_pressure`` and in overflow recovery, and
-between the watermarks by ``mask_ahead``, in place of a summary prepared in the background."""
+"""The masking step (``masking.py``) on a request, and the price of each step on the provider's
+terms (``cache_prices.py``): what a mask would clear and free, what it and a checkpoint would
+cost and save. Masks are committed at the threshold by ``triggers.relieve_pressure`` and in
+overflow recovery, and between the watermarks by ``mask_ahead``, in place of a summary prepared
+in the background; a mask or a checkpoint that is a choice (not a need) is taken only where it
+pays."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
+from compaction_proxy.compaction.cache_prices import (
+    StepPrice,
+    growth_per_turn,
+    is_warm,
+    net_value,
+    turns_ahead,
+)
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, mask_relieves
-from compaction_proxy.compaction.model_policy import Budgets
+from compaction_proxy.compaction.model_policy import Budgets, precompaction_retain
 from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.summarize import INSTRUCTION
+from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.store.base import ConversationState
 
+# What a summary is taken to hold before the conversation has one to judge by (tokens).
+SUMMARY_ESTIMATE = 1_500
+CHARS_PER_TOKEN = 4  # for the history's size before its cuts: an estimate is enough here
+
 
 @dataclasses.dataclass(frozen=True)
 class MaskPlan:
-    """What a masking step would clear, the tokens it would free, and the least it must."""
+    """What a masking step would clear, the tokens it would free, the least it must, and the
+    tokens written again behind its first change (from the oldest cleared observation to the
+    live turn, as cleared)."""
 
     candidates: list[MaskCandidate]
     saved: int
     clear_at_least: int
+    rewritten: int = 0
 
 
 async def mask_plan(
@@ -47,9 +67,129 @@ async def mask_plan(
             message = shown[candidate.position]
             cleared = {**message, "content": candidate.placeholder}
             saved += meter.message(message, count) - meter.message(cleared, count)
-        return MaskPlan(candidates, saved, masker.clear_at_least_for(window))
+        prices = meter.node_tokens(view, surface)
+        oldest = candidates[0].position
+        behind = sum(
+            price
+            for node, price in zip(surface.nodes, prices, strict=True)
+            if node.kind != "head"
+            and node.start is not None
+            and oldest <= node.start < view.live_start
+        )
+        return MaskPlan(candidates, saved, masker.clear_at_least_for(window), behind - saved)
 
     return await engine.off_loop(job, plan)
+
+
+def turns_so_far(body: list[Message]) -> int:
+    """The requests the conversation has made: its assistant messages, one per answer."""
+    return sum(1 for message in body if message.get("role") == "assistant")
+
+
+def history_tokens(tokens: int, surface: Surface) -> int:
+    """The request's size before any of the proxy's cuts, from its forwarded ``tokens``: what
+    its checkpoints shadow and its prunes and masks cleared, added back."""
+    shadowed = sum(c.shadowed_tokens - c.tokens for c in surface.checkpoints)
+    cleared = sum(p.chars_before - p.chars_after for p in surface.prunes) // CHARS_PER_TOKEN
+    return tokens + max(0, shadowed) + max(0, cleared)
+
+
+def _value(
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    tokens: int,
+    step: StepPrice,
+    lasts_until: int,
+) -> float:
+    """What ``step`` saves less what it costs, over the turns ahead: as many as the
+    conversation has had, at most until it regrows from ``tokens`` less the step's saving to
+    ``lasts_until``."""
+    turns = turns_so_far(job.view.body)
+    growth = growth_per_turn(history_tokens(tokens, surface), turns)
+    ahead = turns_ahead(turns, lasts_until - (tokens - step.saved), growth)
+    warm = is_warm(job.prices, state.attributes.last_seen, time.time())
+    return net_value(job.prices, step, ahead, warm) if step.saved > 0 else 0.0
+
+
+def _next_checkpoint(limits: Budgets) -> int:
+    """Where the next checkpoint is taken, summarizing what a step now cleared: the window's
+    own watermark under a soft target, else the precompaction watermark (or threshold)."""
+    return limits.priced_below or limits.precompact or limits.threshold
+
+
+async def checkpoint_price(
+    engine: Engine, job: CompactionJob, surface: Surface, tokens: int, limits: Budgets
+) -> StepPrice | None:
+    """A checkpoint prepared now, as the provider would bill it (None: no span to summarize):
+    the span less its summary saved, the summary and the retained tail written again, the
+    summary call reading the prefix to the span's end. The summary is taken to be as large as
+    the conversation's last one (else ``SUMMARY_ESTIMATE``)."""
+    view, meter, planner = job.view, engine.meter, engine.planner
+
+    def price() -> StepPrice | None:
+        plan = planner.plan(job, surface, precompaction_retain(tokens, limits))
+        if plan is None:
+            return None
+        span = plan.span
+        summary = max((c.tokens for c in surface.checkpoints), default=SUMMARY_ESTIMATE)
+        summary = min(summary, plan.cap)
+        prices = meter.node_tokens(view, surface)
+        live = next(
+            (
+                i
+                for i, n in enumerate(surface.nodes)
+                if n.kind != "head" and n.start is not None and n.start >= view.live_start
+            ),
+            len(prices),
+        )
+        ask = {"role": "user", "content": INSTRUCTION}
+        return StepPrice(
+            saved=span.tokens - summary,
+            rewritten=summary + sum(prices[span.last + 1 : live]),
+            call_read=sum(prices[: span.last + 1]),
+            call_written=meter.message(ask, counter_for(view.model)),
+            call_output=summary,
+        )
+
+    return await engine.off_loop(job, price)
+
+
+async def checkpoint_pays(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    tokens: int,
+    limits: Budgets,
+) -> bool:
+    """Whether a checkpoint prepared now, under a soft target, saves more than its summary
+    call and its cache rewrite cost before the window's own watermark (``limits.
+    priced_below``), where one would be taken anyway."""
+    step = await checkpoint_price(engine, job, surface, tokens, limits)
+    return step is not None and _value(job, state, surface, tokens, step, limits.priced_below) > 0
+
+
+async def mask_pays(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    tokens: int,
+    plan: MaskPlan,
+    limits: Budgets,
+) -> bool:
+    """Whether ``plan`` is the step to take: its cache rewrite costs less than it saves before
+    the next checkpoint summarizes what it cleared, and it is worth at least what a checkpoint
+    prepared now would be (the two are the choice here; a checkpoint's commit masks its
+    retained tail too: ``Engine._tail_masks``)."""
+    until = _next_checkpoint(limits)
+    step = StepPrice(saved=plan.saved, rewritten=plan.rewritten)
+    value = _value(job, state, surface, tokens, step, until)
+    if value <= 0:
+        return False
+    checkpoint = await checkpoint_price(engine, job, surface, tokens, limits)
+    return checkpoint is None or value >= _value(job, state, surface, tokens, checkpoint, until)
 
 
 async def mask_ahead(
@@ -61,10 +201,11 @@ async def mask_ahead(
     limits: Budgets,
 ) -> bool:
     """Where a summary would be prepared in the background (between the watermarks), mask
-    first: when that frees ``clear_at_least`` and leaves that much room under the precompaction
-    watermark, the masks are committed (applied from the next request, as a checkpoint
-    prepared ahead would be) and no summary is prepared. ``surface`` is the request's as
-    derived from ``state``, measured at ``tokens``. Whether they were."""
+    first: when that frees ``clear_at_least``, leaves that much room under the precompaction
+    watermark and pays for its cache rewrite (``mask_pays``), the masks are committed (applied
+    from the next request, as a checkpoint prepared ahead would be) and no summary is
+    prepared. ``surface`` is the request's as derived from ``state``, measured at ``tokens``.
+    Whether they were."""
     before = await engine.off_loop(
         job, lambda: engine.planner.retained_from(job, surface, limits.retain)
     )
@@ -72,6 +213,8 @@ async def mask_ahead(
     if plan is None or not mask_relieves(
         tokens, plan.saved, limits.precompact, plan.clear_at_least
     ):
+        return False
+    if not await mask_pays(engine, job, state, surface, tokens, plan, limits):
         return False
     _, _, masked = await engine.mask(job, state, surface, plan.candidates, "precompact", False)
     return masked

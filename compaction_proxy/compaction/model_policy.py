@@ -7,9 +7,11 @@ threshold_ratio)``, ``retain = floor(window * retain_ratio)`` or ``retain_tokens
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices, cache_prices
 from compaction_proxy.compaction.masking import Masker
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.config.policy import (
@@ -34,6 +36,14 @@ class Budgets:
     # Tokens kept free for the answer of a request forwarded while its checkpoint is still
     # being written (None: nothing known of the answer; see answer_reserve).
     answer_reserve: int | None = None
+    # Under a soft target (``target_tokens``), the window's own precompaction watermark: below
+    # it a checkpoint is a choice, taken only where it pays (``cache_prices``); 0: none is.
+    priced_below: int = 0
+    window_threshold: int = 0  # under a soft target, the window's own threshold (0: threshold)
+
+    def priced(self, tokens: int) -> bool:
+        """Whether a checkpoint at ``tokens`` is a choice the prices make, not a need."""
+        return tokens < self.priced_below
 
     @property
     def must_compact(self) -> int:
@@ -46,23 +56,23 @@ class Budgets:
             return self.threshold
         reserve = self.answer_reserve
         if reserve is None:
-            reserve = (self.window - self.threshold) // 2
+            reserve = (self.window - (self.window_threshold or self.threshold)) // 2
         return max(self.threshold, self.window - reserve)
 
     def with_answer_reserve(self, reserve: int | None) -> Budgets:
-        return Budgets(self.window, self.threshold, self.retain, self.precompact, reserve)
+        return dataclasses.replace(self, answer_reserve=reserve)
 
     def without_precompaction(self) -> Budgets:
         """These budgets with nothing prepared in the background: compaction from the
         threshold, synchronously."""
-        return Budgets(self.window, self.threshold, self.retain, 0, self.answer_reserve)
+        return dataclasses.replace(self, precompact=0, priced_below=0)
 
     def for_client_compaction(self) -> Budgets:
         """These budgets for a client's own compaction request (``conversation.
         client_compaction``): its history is about to be replaced, so it is compacted only as
         far as it must to fit with its answer (from ``must_compact``, not the threshold) and
         nothing is prepared in the background."""
-        return Budgets(self.window, self.must_compact, self.retain, 0, self.answer_reserve)
+        return dataclasses.replace(self, threshold=self.must_compact, precompact=0, priced_below=0)
 
     def under_declared_cap(self, cap: int | None) -> Budgets:
         """These budgets for a request that declares its answer's cap: the provider refuses a
@@ -75,13 +85,24 @@ class Budgets:
         threshold = max(self.window - cap, self.window // 8)
         lowered = self.threshold - threshold
         precompact = max(1, self.precompact - lowered) if self.precompact else 0
-        return Budgets(
-            self.window,
-            threshold,
-            min(self.retain, threshold),
-            min(precompact, threshold),
-            self.answer_reserve,
+        return dataclasses.replace(
+            self,
+            threshold=threshold,
+            retain=min(self.retain, threshold),
+            precompact=min(precompact, threshold),
         )
+
+
+def wants_precompaction(tokens: int, limits: Budgets) -> bool:
+    """Pressure from the precompaction watermark up to where a request must be compacted
+    before it goes (pure)."""
+    return 0 < limits.precompact <= tokens < limits.must_compact
+
+
+def precompaction_retain(tokens: int, limits: Budgets) -> int:
+    """The retain budget for a span prepared at ``tokens``: the usual one, less the growth
+    still expected before the threshold (pure; see the module docstring)."""
+    return max(0, limits.retain - max(0, limits.threshold - tokens))
 
 
 def answer_reserve(window: int, declared_cap: int | None, largest_answer: int | None) -> int | None:
@@ -97,17 +118,30 @@ def answer_reserve(window: int, declared_cap: int | None, largest_answer: int | 
 
 
 def budgets(policy: Policy, window: int) -> Budgets:
-    threshold = math.floor(window * policy.threshold_ratio)
+    """The budgets in ``window``; under a soft target (``policy.target_tokens``, when below
+    the window) the watermarks and the retained tail are worked out from the target, and
+    between the target's precompaction watermark and the window's a checkpoint is taken only
+    where it pays (``Budgets.priced_below``). Without background compaction a target is the
+    window's threshold, no choice."""
+    target = policy.target_tokens
+    base = window if target is None else min(target, window)
+    threshold = math.floor(base * policy.threshold_ratio)
     if policy.retain_tokens is not None:
         retain = policy.retain_tokens
     else:
-        retain = math.floor(window * (policy.retain_ratio or 0.0))
-    precompact = math.floor(window * policy.effective_precompact_ratio)
+        retain = math.floor(base * (policy.retain_ratio or 0.0))
+    precompact = min(math.floor(base * policy.effective_precompact_ratio), threshold)
+    priced_below = window_threshold = 0
+    if precompact and base < window:
+        priced_below = math.floor(window * policy.effective_precompact_ratio)
+        window_threshold = math.floor(window * policy.threshold_ratio)
     return Budgets(
         window=window,
         threshold=threshold,
         retain=min(retain, threshold),
-        precompact=min(precompact, threshold),
+        precompact=precompact,
+        priced_below=priced_below,
+        window_threshold=window_threshold,
     )
 
 
@@ -150,6 +184,7 @@ class ModelPolicy:
     mapped_window: int | None
     bridge: Pruner | None = None  # the harder cut of a request that must not wait (None: off)
     masker: Masker | None = None  # old observations cleared before a summary (None: off)
+    prices: CachePrices = PRESETS["openai"]  # how the provider bills a step (cache_prices)
     _budgets: dict[int, Budgets] = field(default_factory=dict, compare=False, repr=False)
 
     def budgets(self, window: int) -> Budgets:
@@ -201,6 +236,7 @@ class PolicyBook:
             mapped_window(model),
             bridge_pruner(policy.pruner),
             masker_for(policy),
+            cache_prices(policy.pricing, messages),
         )
         self._cache.put(key, resolved)
         return resolved

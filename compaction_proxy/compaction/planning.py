@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
 from compaction_proxy.compaction.fit import (
     SummaryBudget,
     clipped_span,
@@ -65,6 +66,7 @@ class CompactionJob:
     summary_route: str = ""  # names the summarizer for its breaker
     bridge: Pruner | None = None  # the harder cut of a request that must not wait (bridge.py)
     masker: Masker | None = None  # old observations cleared before a summary (masking.py)
+    prices: CachePrices = PRESETS["openai"]  # how the provider bills a step (cache_prices.py)
 
     @property
     def summarizer(self) -> str:

@@ -13,10 +13,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from compaction_proxy.compaction.background import BackgroundCompactions, wants_precompaction
+from compaction_proxy.compaction.background import BackgroundCompactions
 from compaction_proxy.compaction.engine import Engine
-from compaction_proxy.compaction.mask_step import mask_ahead
-from compaction_proxy.compaction.model_policy import Budgets, ModelPolicy, answer_reserve
+from compaction_proxy.compaction.mask_step import checkpoint_pays, mask_ahead
+from compaction_proxy.compaction.model_policy import (
+    Budgets,
+    ModelPolicy,
+    answer_reserve,
+    wants_precompaction,
+)
 from compaction_proxy.compaction.outcomes import Relief
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.request_view import RequestView
@@ -89,6 +94,10 @@ async def maybe_precompact(
     # Under the threshold, masking comes first; at or over it, it was tried
     # (``relieve_pressure``) and could not relieve the request.
     if tokens < limits.threshold and await mask_ahead(
+        engine, job, relief.state, relief.surface, tokens, limits
+    ):
+        return False
+    if limits.priced(tokens) and not await checkpoint_pays(
         engine, job, relief.state, relief.surface, tokens, limits
     ):
         return False

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ from yarl import URL
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.formats.messages_summary import summary_text_of
+from compaction_proxy.formats.responses_summary import responses_summary_text
 from compaction_proxy.metering.overflow import classify_overflow, error_message
 from compaction_proxy.parsing import jsonio
 
@@ -104,6 +106,14 @@ _EXPLANATIONS = {
 }
 
 
+class AnswerFormat(StrEnum):
+    """The wire format a summary call is made in, and its answer read in."""
+
+    CHAT = "chat"
+    MESSAGES = "messages"
+    RESPONSES = "responses"
+
+
 @dataclass(frozen=True)
 class Summary:
     text: str
@@ -166,10 +176,11 @@ async def call_summarizer(
     headers: Mapping[str, str],
     body: dict[str, Any],
     timeout_seconds: float,
-    messages_format: bool = False,
+    answer_format: AnswerFormat = AnswerFormat.CHAT,
 ) -> Summary:
-    """POST the summary request; raise SummaryFailed unless it returns usable text. With
-    ``messages_format`` the answer is Anthropic's (``content`` blocks, ``stop_reason``)."""
+    """POST the summary request; raise SummaryFailed unless it returns usable text. The
+    answer is read in ``answer_format``: chat completions, Anthropic's Messages (``content``
+    blocks, ``stop_reason``) or OpenAI's Responses (``output`` items)."""
     try:
         async with asyncio.timeout(timeout_seconds):
             async with session.post(
@@ -189,8 +200,10 @@ async def call_summarizer(
     if not 200 <= status < 300:  # a redirect included: the proxy follows none
         said = error_message(raw)[:300]
         raise SummaryFailed(f"http_{status}", upstream_message=said, retry_after=retry_after)
-    if messages_format:
-        return _messages_summary(raw)
+    if answer_format is AnswerFormat.MESSAGES:
+        return _structured_summary(raw, summary_text_of)
+    if answer_format is AnswerFormat.RESPONSES:
+        return _structured_summary(raw, responses_summary_text)
     try:
         parsed = orjson.loads(raw)
         choice = parsed["choices"][0]
@@ -212,10 +225,12 @@ async def call_summarizer(
     return Summary(content.strip(), usage)
 
 
-def _messages_summary(raw: bytes) -> Summary:
+def _structured_summary(raw: bytes, read: Callable[[Any], tuple[str, bool]]) -> Summary:
+    """A Messages or Responses answer's summary, ``read`` giving its text and whether it was
+    cut at its cap."""
     try:
         parsed = orjson.loads(raw)
-        text, cut = summary_text_of(parsed)
+        text, cut = read(parsed)
     except (orjson.JSONDecodeError, ValueError) as exc:
         raise SummaryFailed("malformed") from exc
     if cut:

@@ -13,7 +13,7 @@ from compaction_proxy.compaction.bridge import bridge_cuts
 from compaction_proxy.compaction.cut_records import prune_records
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
-from compaction_proxy.compaction.mask_step import mask_plan
+from compaction_proxy.compaction.mask_step import mask_pays, mask_plan
 from compaction_proxy.compaction.masking import mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.outcomes import Outcome, Relief, Round
@@ -106,6 +106,8 @@ async def relieve_pressure(
     # A live turn the rescue can cut: the history is compacted as usual, the live turn cut
     # after (``rescue``), and the less history is left, the less of it has to go.
     before = await engine.off_loop(job, lambda: planner.retained_from(job, surface, retain))
+    if limits.priced(measurement.tokens):
+        return await _priced_relief(engine, job, state, surface, measurement, before, limits)
     bridge = _bridge_for(job, state, limits)
     # Under must_compact nothing waits: a round in the background may hold the lease. Over
     # it, the bridge comes before any wait.
@@ -120,8 +122,10 @@ async def relieve_pressure(
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned, compacted=meanwhile.compacted)
     plan = await mask_plan(engine, job, surface, before)
-    if plan is not None and mask_relieves(
-        measurement.tokens, plan.saved, threshold, plan.clear_at_least
+    if (
+        plan is not None
+        and mask_relieves(measurement.tokens, plan.saved, threshold, plan.clear_at_least)
+        and await mask_pays(engine, job, state, surface, measurement.tokens, plan, limits)
     ):
         state, surface, masked = await engine.mask(
             job, state, surface, plan.candidates, "pressure", must_wait
@@ -154,6 +158,36 @@ async def relieve_pressure(
         compacted=rounds.compacted or meanwhile.compacted,
         shortfall=rounds.shortfall if measurement.tokens >= threshold else None,
     )
+
+
+async def _priced_relief(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    measurement: Measurement,
+    before: int,
+    limits: Budgets,
+) -> Relief:
+    """Over a soft target's threshold, under the window's own watermark
+    (``Budgets.priced``): nothing is needed, so nothing waits. A mask goes if it pays for its
+    cache rewrite; a checkpoint is left to the background, where it is prepared if it pays
+    (``pressure.maybe_precompact``)."""
+    plan = await mask_plan(engine, job, surface, before)
+    tokens = measurement.tokens
+    pruned = False
+    if (
+        plan is not None
+        and mask_relieves(tokens, plan.saved, limits.threshold, plan.clear_at_least)
+        and await mask_pays(engine, job, state, surface, tokens, plan, limits)
+    ):
+        state, surface, pruned = await engine.mask(
+            job, state, surface, plan.candidates, "pressure", False
+        )
+        if pruned:
+            measurement = await engine.measure(job, state, surface)
+    shortfall = ShortfallReason.AHEAD if measurement.tokens >= limits.threshold else None
+    return Relief(state, surface, measurement, pruned=pruned, shortfall=shortfall)
 
 
 def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:

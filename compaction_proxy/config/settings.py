@@ -91,6 +91,21 @@ class MaskingPolicy(_Strict):
     clear_at_least: int | None = Field(default=None, ge=0)
 
 
+PricePreset = Literal["auto", "anthropic", "openai", "deepseek", "none"]
+
+
+class PricingPolicy(_Strict):
+    """How the route's provider bills a prompt it caches, in multiples of an uncached input
+    token (compaction/cache_prices.py): a preset, any of its figures overridden. ``auto``:
+    ``anthropic`` for requests in Anthropic's Messages format, ``openai`` for the others."""
+
+    preset: PricePreset = "auto"
+    cache_read: float | None = Field(default=None, ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+    output: float | None = Field(default=None, ge=0)
+    cache_lifetime_seconds: float | None = Field(default=None, ge=0)
+
+
 class PolicyOverrides(_Strict):
     """A partial policy: any key left out keeps the value it overrides."""
 
@@ -106,6 +121,8 @@ class PolicyOverrides(_Strict):
     pruner: PrunerPolicy | None = None
     masking: MaskingPolicy | None = None
     rescue_live_turn: bool | None = None
+    pricing: PricingPolicy | None = None
+    target_tokens: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _one_retain_form(self) -> Self:
@@ -136,6 +153,11 @@ class Policy(_Strict):
     # A request whose live turn alone cannot fit the window has its largest live observations
     # cut to fit, rather than fail for certain (compaction/rescue.py); false: sent as it came.
     rescue_live_turn: bool = True
+    pricing: PricingPolicy = PricingPolicy()
+    # A soft target under the context window: the watermarks are worked out from it, and a
+    # step between them and the window's own is taken only where the provider's prices say
+    # it pays (compaction/cache_prices.py). Unset: the window alone.
+    target_tokens: PositiveInt | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -26,7 +26,12 @@ from compaction_proxy.compaction.outcomes import Relief
 from compaction_proxy.compaction.planning import CompactionJob, SummaryCall, SummaryRequest
 from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limits, report_shortfall
 from compaction_proxy.compaction.request_view import RequestView
-from compaction_proxy.compaction.summarize import Summary, SummaryFailed, call_summarizer
+from compaction_proxy.compaction.summarize import (
+    AnswerFormat,
+    Summary,
+    SummaryFailed,
+    call_summarizer,
+)
 from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.client_compaction import (
     is_client_compaction,
@@ -37,6 +42,7 @@ from compaction_proxy.formats.messages import ANTHROPIC_VERSION
 from compaction_proxy.formats.messages_summary import cache_safe_summary_body, summary_messages_body
 from compaction_proxy.formats.payload import payload_for
 from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.responses_summary import cache_safe_responses_body
 from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.metrics import (
     CLIENT_COMPACTIONS,
@@ -85,13 +91,16 @@ def summary_call(
     route = services.policies.for_model(summary_model, messages).route
     timeout = services.settings.summary_timeout_seconds
 
-    async def post(path: str, headers: MutableMapping[str, str], body: dict[str, Any]) -> Summary:
+    async def post(
+        path: str,
+        headers: MutableMapping[str, str],
+        body: dict[str, Any],
+        answer: AnswerFormat = AnswerFormat.MESSAGES if messages else AnswerFormat.CHAT,
+    ) -> Summary:
         query = summary_call_query(client_query, request_route, route)
         url = upstream_url(route.base, path, query)
         try:
-            return await call_summarizer(
-                services.http_client, url, headers, body, timeout, messages_format=messages
-            )
+            return await call_summarizer(services.http_client, url, headers, body, timeout, answer)
         except SummaryFailed as failure:
             sent = api_key_of(headers)
             failure.caller_credential = bool(sent) and sent == api_key_of(client_headers)
@@ -106,15 +115,25 @@ def summary_call(
         keys = services.client_keys.required
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=messages)
         headers["Content-Type"] = "application/json"
-        if not messages:
-            return await post("/chat/completions", headers, request.body)
-        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        cache_safe = None
-        if (
+        own = (
             client_request is not None
             and request.prefix is not None
             and client_request.model == summary_model
-        ):
+        )
+        if not messages:
+            if own and client_request is not None and request.prefix is not None:
+                safe = cache_safe_responses_body(client_request, request.prefix, request.body)
+                if safe is not None:
+                    try:
+                        return await post("/responses", headers, safe, AnswerFormat.RESPONSES)
+                    except SummaryFailed as failure:
+                        if failure.reason not in REBUILT_AFTER:
+                            raise
+                        log.info("cache-safe summary call: %s; made in chat form", failure.reason)
+            return await post("/chat/completions", headers, request.body)
+        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        cache_safe = None
+        if own and client_request is not None and request.prefix is not None:
             cache_safe = cache_safe_summary_body(client_request, request.prefix, request.body)
         if cache_safe is not None:
             try:
@@ -272,6 +291,7 @@ def compaction_job(
         summary_route=summary_policy.route.model,
         bridge=model_policy.bridge,
         masker=model_policy.masker,
+        prices=model_policy.prices,
     )
 
 

@@ -76,8 +76,26 @@ def pairing_error(messages: Any) -> str | None:
 _FACT = re.compile(r"FACT-\d+:[^\n<]*")
 
 
+def _turns(body: Mapping[str, Any]) -> list[Any]:
+    """A chat or Messages body's messages; a Responses body's input items, each as a message
+    holding its text (a call's arguments, an output's output)."""
+    if "input" not in body:
+        messages = body.get("messages") or []
+        return messages if isinstance(messages, list) else []
+    items = body.get("input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    turns: list[Any] = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict):
+            text = item.get("content", item.get("output", item.get("arguments")))
+            turns.append({"role": item.get("role", "tool"), "content": text})
+    return turns
+
+
 def is_summary_request(body: Mapping[str, Any]) -> bool:
-    messages = body.get("messages") or []
+    """Whether ``body`` (chat, Messages or Responses) asks for the proxy's summary."""
+    messages = _turns(body)
     last = messages[-1] if messages else {}
     content = last.get("content") if isinstance(last, dict) else None
     return isinstance(content, str) and content.startswith(INSTRUCTION_OPENING)
@@ -85,7 +103,7 @@ def is_summary_request(body: Mapping[str, Any]) -> bool:
 
 def fake_summary(body: Mapping[str, Any]) -> str:
     """A checkpoint with the requested sections that keeps every ``FACT-n: ...`` line."""
-    messages = body.get("messages") or []
+    messages = _turns(body)
     facts: list[str] = []
     for message in messages[:-1]:
         for fact in _FACT.findall(readable(message.get("content") or "")):

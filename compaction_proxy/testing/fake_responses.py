@@ -30,6 +30,7 @@ from compaction_proxy.testing.fake_agent import (
     text_of_request,
     tool_names,
 )
+from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
 
 CountText = Callable[[str], int]
 
@@ -87,6 +88,7 @@ class FakeResponses:
     window_of: Callable[[str], int]
     headers: Callable[[], dict[str, str]] = dict  # a provider's own headers on every answer
     received: list[dict[str, Any]] = field(default_factory=list)  # bodies, in order
+    headers_received: list[dict[str, str]] = field(default_factory=list)  # theirs, in order
     stream_pieces: int = 4
     tool_rounds: int = 3  # tool calls it makes in all before it answers with text
     calls_made: int = 0
@@ -121,6 +123,7 @@ class FakeResponses:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = jsonio.loads(await request.read())
         self.received.append(body)
+        self.headers_received.append(dict(request.headers))
         model = str(body.get("model"))
         items = input_items(body)
         stateful = body.get("previous_response_id") is not None
@@ -154,6 +157,8 @@ class FakeResponses:
     def _move(self, body: dict[str, Any], items: list[Any], number: int) -> Move:
         """The scripted agent's move when one is set; else a call of the first tool while
         ``tool_rounds`` last, then an answer."""
+        if is_summary_request(body):
+            return fake_summary(body)
         if self.agent is not None:
             tools = tool_names(body.get("tools"))
             text = text_of_request(items)

@@ -21,6 +21,9 @@ from tests.helpers import chat, counter, route
 MODEL = "mask-model"
 WINDOW = 16_000
 MASKS = "compaction_proxy_compactions_total"
+# Masks pay at once on a provider that caches nothing: the mechanics are tested there; which
+# step a caching provider's prices choose is tested at the end.
+UNCACHED = {"pricing": {"preset": "none"}}
 
 
 def output(seed: str, words: int = 900) -> str:
@@ -44,6 +47,7 @@ async def start(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, **policy: Any
 ) -> RunningProxy:
     fake.windows[MODEL] = WINDOW
+    policy = {**UNCACHED, **policy}
     return await make_proxy(routes=[route(upstream_url, "mask-*", WINDOW, **policy)])
 
 
@@ -55,7 +59,7 @@ async def test_old_outputs_are_masked_instead_of_summarized_and_stay_masked(
     proxy = await make_proxy(
         admin_token=ADMIN_TOKEN,
         store_url=store_url,
-        routes=[route(upstream_url, "mask-*", WINDOW)],
+        routes=[route(upstream_url, "mask-*", WINDOW, **UNCACHED)],
     )
     committed = counter(MASKS, trigger="pressure", mechanism="mask", outcome="committed")
     saved = counter("compaction_proxy_tokens_saved_total", route="mask-*", mechanism="mask")
@@ -166,7 +170,7 @@ async def test_claude_code_tool_results_are_masked_in_messages_form(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     fake.windows[MODEL] = WINDOW
-    proxy = await make_proxy(routes=[route(upstream_url, "mask-*", WINDOW)])
+    proxy = await make_proxy(routes=[route(upstream_url, "mask-*", WINDOW, **UNCACHED)])
     turns: list[dict[str, Any]] = [{"role": "user", "content": "Fix the importer."}]
     for index in range(6):
         call = f"toolu_{index:03d}"

@@ -6,8 +6,13 @@ import dataclasses
 
 import pytest
 
-from compaction_proxy.compaction.background import precompaction_retain, wants_precompaction
-from compaction_proxy.compaction.model_policy import Budgets, answer_reserve, budgets
+from compaction_proxy.compaction.model_policy import (
+    Budgets,
+    answer_reserve,
+    budgets,
+    precompaction_retain,
+    wants_precompaction,
+)
 from compaction_proxy.config.settings import ConfigError, Policy, load_settings
 
 
