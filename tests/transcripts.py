@@ -156,3 +156,65 @@ def as_messages_body(model: str, history: list[Message], max_tokens: int = 512) 
         newest["content"] = [{"type": "text", "text": newest["content"] or "(empty)"}]
     newest["content"][-1] = {**newest["content"][-1], "cache_control": {"type": "ephemeral"}}
     return body
+
+
+def as_responses_body(model: str, history: list[Message]) -> dict[str, Any]:
+    """A chat history as the Responses request Codex would send for it: the system prompt as
+    ``instructions``, assistant text as an output message, each call as a ``function_call``
+    item and each result as its ``function_call_output``; the bash tool when calls are made."""
+    items: list[Any] = []
+    instructions = None
+    for message in history:
+        role, content = message.get("role"), message.get("content")
+        text = content if isinstance(content, str) else text_of_parts(content)
+        if role == "system":
+            instructions = text if instructions is None else f"{instructions}\n\n{text}"
+        elif role == "tool":
+            call_id = str(message.get("tool_call_id") or "")
+            items.append({"type": "function_call_output", "call_id": call_id, "output": text})
+        elif role == "assistant":
+            if text:
+                items.append(
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}],
+                    }
+                )
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": str(call.get("id") or ""),
+                        "name": str(function.get("name") or "bash"),
+                        "arguments": str(function.get("arguments") or "{}"),
+                    }
+                )
+        else:
+            items.append({"type": "message", "role": "user", "content": text or "(empty)"})
+    body: dict[str, Any] = {"model": model, "input": items, "store": False}
+    if instructions is not None:
+        body["instructions"] = instructions
+    if any(item["type"] == "function_call" for item in items):
+        body["tools"] = [RESPONSES_BASH]
+    return body
+
+
+def text_of_parts(content: Any) -> str:
+    """A message's content parts as their text, one after another."""
+    if not isinstance(content, list):
+        return "" if content is None else str(content)
+    return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+
+
+RESPONSES_BASH = {
+    "type": "function",
+    "name": "bash",
+    "description": "Run a shell command.",
+    "parameters": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}

@@ -18,12 +18,12 @@ from typing import Any
 
 import orjson
 
+from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
+from compaction_proxy.testing.fake_responses import input_items
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 
-CACHE_READ = 0.1
-CACHE_WRITE = 1.25
-OUTPUT = 4.0  # an output token costs four input tokens
+ANTHROPIC = PRESETS["anthropic"]
 
 Message = dict[str, Any]
 
@@ -49,8 +49,10 @@ class Spend:
 
 @dataclass
 class Bill:
-    """Prompt tokens split by the cache, and summary output, for one conversation."""
+    """Prompt tokens split by the cache, and summary output, for one conversation, billed at
+    ``prices`` (multiples of an uncached input token; Anthropic's unless given)."""
 
+    prices: CachePrices = ANTHROPIC
     cached: int = 0
     uncached: int = 0  # written to the cache
     output: int = 0
@@ -74,8 +76,8 @@ class Bill:
         self.cached += cached
         self.uncached += written
         self.plain += plain
-        self.spend.reads += cached * CACHE_READ
-        paid = written * CACHE_WRITE + plain
+        self.spend.reads += cached * self.prices.read
+        paid = written * self.prices.write + plain
         if sent_before:
             self.spend.rewrites += paid
         else:
@@ -94,16 +96,17 @@ class Bill:
     @property
     def uncached_units(self) -> float:
         """What the same tokens cost on a provider that caches nothing."""
-        return self.prompt + self.output * OUTPUT
+        return self.prompt + self.output * self.prices.output
 
     @property
     def units(self) -> float:
         """Billed input units: cached reads, cache writes, output at its price."""
+        prices = self.prices
         return (
-            self.cached * CACHE_READ
-            + self.uncached * CACHE_WRITE
+            self.cached * prices.read
+            + self.uncached * prices.write
             + self.plain
-            + self.output * OUTPUT
+            + self.output * prices.output
         )
 
 
@@ -118,7 +121,11 @@ class PrefixCache:
 
     def _message_tokens(self, encoded: bytes, message: Message) -> int:
         if encoded not in self._tokens:
-            self._tokens[encoded] = self._fake.prompt_tokens({"messages": [message]})
+            if "role" in message or "type" not in message:
+                tokens = self._fake.prompt_tokens({"messages": [message]})
+            else:  # a Responses item that is no message: a call, its output, reasoning
+                tokens = self._fake.responses.input_tokens({"input": [message]}) - 3
+            self._tokens[encoded] = tokens
         return self._tokens[encoded]
 
     def send(self, conversation: str, messages: list[Message], bill: Bill) -> None:
@@ -141,17 +148,20 @@ class PrefixCache:
 
 
 def bills_by_conversation(
-    fake: FakeUpstream, requests: Iterable[Any], key: str = "Authorization"
+    fake: FakeUpstream,
+    requests: Iterable[Any],
+    key: str = "Authorization",
+    prices: CachePrices = ANTHROPIC,
 ) -> dict[str, Bill]:
-    """What the upstream received, billed per conversation (one per ``key`` header), summary
-    calls included (their output at the output price)."""
+    """What the upstream received, billed per conversation (one per ``key`` header) at
+    ``prices``, summary calls included (their output at the output price)."""
     cache = PrefixCache(fake)
-    bills: dict[str, Bill] = defaultdict(Bill)
+    bills: dict[str, Bill] = defaultdict(lambda: Bill(prices))
     for received in requests:
         if received.body is None or not received.path.endswith("/chat/completions"):
             continue
         conversation = received.headers.get(key, "")
-        bill = Bill()
+        bill = Bill(prices)
         cache.send(conversation, received.body["messages"], bill)
         if is_summary_request(received.body):
             bill.as_summary_call(fake.count_text(fake_summary(received.body)))
@@ -224,15 +234,44 @@ class BreakpointCache:
         written.update(ends[mark] for mark in marks)
 
 
-def breakpoint_bills(fake: FakeUpstream, key: str = "x-api-key") -> dict[str, Bill]:
+def breakpoint_bills(
+    fake: FakeUpstream, key: str = "x-api-key", prices: CachePrices = ANTHROPIC
+) -> dict[str, Bill]:
     """``bills_by_conversation`` for what reached the fake's Messages API."""
     cache = BreakpointCache(fake)
-    bills: dict[str, Bill] = defaultdict(Bill)
+    bills: dict[str, Bill] = defaultdict(lambda: Bill(prices))
     for received in fake.messages.received:
         conversation = received.headers.get(key, "")
-        bill = Bill()
+        bill = Bill(prices)
         cache.send(conversation, received.body, bill)
         if is_summary_request(received.body):
             bill.as_summary_call(fake.count_text(fake_summary(received.body)))
+        bills[conversation].add(bill)
+    return dict(bills)
+
+
+def responses_units(body: dict[str, Any]) -> list[Message]:
+    """A Responses request as its prefix cache sees it: its instructions, then its items."""
+    instructions = body.get("instructions")
+    head = [{"role": "system", "content": instructions}] if instructions else []
+    return [*head, *input_items(body)]
+
+
+def responses_bills(
+    fake: FakeUpstream, key: str = "Authorization", prices: CachePrices = ANTHROPIC
+) -> dict[str, Bill]:
+    """``bills_by_conversation`` for what reached the fake's Responses API (input items as the
+    cache's units, the instructions first), summary calls made in Responses form among them,
+    and those made in chat form beside them."""
+    cache = PrefixCache(fake)
+    bills: dict[str, Bill] = defaultdict(lambda: Bill(prices))
+    for body, headers in zip(fake.responses.received, fake.responses.headers_received, strict=True):
+        conversation = headers.get(key, "")
+        bill = Bill(prices)
+        cache.send(conversation, responses_units(body), bill)
+        if is_summary_request(body):
+            bill.as_summary_call(fake.count_text(fake_summary(body)))
+        bills[conversation].add(bill)
+    for conversation, bill in bills_by_conversation(fake, fake.received, key, prices).items():
         bills[conversation].add(bill)
     return dict(bills)
