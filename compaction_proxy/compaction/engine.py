@@ -24,7 +24,7 @@ from compaction_proxy.compaction.cut_records import mask_records, prune_records
 from compaction_proxy.compaction.guards.breaker import SummaryBreaker, concerns_the_caller_alone
 from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryCeilings
 from compaction_proxy.compaction.guards.trips import trip
-from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates
+from compaction_proxy.compaction.masking import MaskCandidate
 from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner, SummaryRequest
 from compaction_proxy.compaction.prune import prune_candidates
@@ -324,26 +324,6 @@ class Engine:
             log.debug("%s: %d observations (%d characters)", mechanism, len(records), saved)
         return fresh, fresh_surface, outcome is Outcome.COMMITTED
 
-    def _tail_masks(
-        self, job: CompactionJob, existing: Sequence[ReplacementRecord], end: int
-    ) -> tuple[list[Prune], list[Prune]]:
-        """The masks a checkpoint ending at body ``end`` commits with it: the retained tail's
-        observations that masking may clear (``masking.mask_candidates``), and the prunes
-        they replace. The checkpoint makes the provider write everything after it again, so
-        clearing them there costs no rewrite of its own (and none later, when they would age
-        out one by one)."""
-        masker = job.masker
-        if masker is None:
-            return [], []
-        view = job.view
-        surface = view.surface(existing)
-        masked = {record.position for record in surface.masks}
-        candidates = mask_candidates(
-            surface.nodes, view.body, view.live_start, masker, masked.__contains__
-        )
-        records = mask_records(job, [c for c in candidates if c.position > end])
-        return records, _prunes_masked(job, existing, records)
-
     async def _commit_cuts(
         self, attempt: Attempt, records: Sequence[Prune], superseded: Sequence[Prune]
     ) -> Outcome:
@@ -460,11 +440,7 @@ class Engine:
             usage=summary.usage,
         )
         superseded = superseded_by(record, existing, view.chain)
-        masks, mask_superseded = self._tail_masks(job, existing, span.end)
-        events = [summary_event, *(_cut_event(m) for m in masks)]
-        fresh = await self._commit(
-            attempt, [record, *masks], events, [*superseded, *mask_superseded]
-        )
+        fresh = await self._commit(attempt, [record], [summary_event], superseded)
         if fresh is None:
             _, reloaded_surface = await self.reload(job)
             deeper = any(c.end >= span.end for c in reloaded_surface.checkpoints)

@@ -181,8 +181,7 @@ async def mask_pays(
 ) -> bool:
     """Whether ``plan`` is the step to take: its cache rewrite costs less than it saves before
     the next checkpoint summarizes what it cleared, and it is worth at least what a checkpoint
-    prepared now would be (the two are the choice here; a checkpoint's commit masks its
-    retained tail too: ``Engine._tail_masks``)."""
+    prepared now would be (the two are the choice here)."""
     until = _next_checkpoint(limits)
     step = StepPrice(saved=plan.saved, rewritten=plan.rewritten)
     value = _value(job, state, surface, tokens, step, until)
