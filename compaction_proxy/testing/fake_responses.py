@@ -11,6 +11,7 @@ with text.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Callable
@@ -87,6 +88,7 @@ class FakeResponses:
     count_text: CountText
     window_of: Callable[[str], int]
     headers: Callable[[], dict[str, str]] = dict  # a provider's own headers on every answer
+    summary_delay: Callable[[], float] = float  # seconds a summary call takes (0: none)
     received: list[dict[str, Any]] = field(default_factory=list)  # bodies, in order
     headers_received: list[dict[str, str]] = field(default_factory=list)  # theirs, in order
     stream_pieces: int = 4
@@ -96,6 +98,11 @@ class FakeResponses:
     refused: list[str] = field(default_factory=list)  # pairing problems, in its words
     overflows: list[int] = field(default_factory=list)  # prompts refused as over the window
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def forwarded(self) -> list[dict[str, Any]]:
+        """The bodies forwarded for the client (the proxy's summary calls left out)."""
+        return [body for body in self.received if not is_summary_request(body)]
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/v1/responses", self._create)]
@@ -136,6 +143,8 @@ class FakeResponses:
         if tokens + cap > self.window_of(model):
             self.overflows.append(tokens)
             return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded", self.headers())
+        if is_summary_request(body) and self.summary_delay():
+            await asyncio.sleep(self.summary_delay())
         number = next(self._ids)
         item = responses_item(self._move(body, items, number), number)
         produced = self.count_text(_text(item.get("content") or item.get("arguments")))

@@ -104,7 +104,10 @@ class FakeUpstream:
 
     def __post_init__(self) -> None:
         self.responses = FakeResponses(
-            count_text=self.count_text, window_of=self.window_of, headers=self._headers
+            count_text=self.count_text,
+            window_of=self.window_of,
+            headers=self._headers,
+            summary_delay=lambda: self.summary_delay,
         )
         self.messages = FakeMessages(count_text=self.count_text, window_of=self.window_of)
 
@@ -136,7 +139,14 @@ class FakeUpstream:
 
     @property
     def summary_requests(self) -> list[Received]:
-        return [r for r in self.received if r.body is not None and is_summary_request(r.body)]
+        """The proxy's summary calls in chat form, then those in Responses form."""
+        chat = [r for r in self.received if r.body is not None and is_summary_request(r.body)]
+        responses = self.responses
+        return chat + [
+            Received("/v1/responses", headers, body)
+            for body, headers in zip(responses.received, responses.headers_received, strict=True)
+            if is_summary_request(body)
+        ]
 
     # -- token counting ----------------------------------------------------------------------
 

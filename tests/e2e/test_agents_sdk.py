@@ -51,8 +51,8 @@ async def test_a_tool_using_agent_runs_through_the_proxy_and_is_compacted(
     # The agent sent its whole run (the task, each call and output); the model read fewer
     # items, a checkpoint standing for the oldest.
     sent_items = 1 + 2 * TOOL_ROUNDS
-    assert result.final_output == f"Done ({len(fake.responses.received[-1]['input'])} items read)."
-    assert len(fake.responses.received[-1]["input"]) < sent_items
+    assert result.final_output == f"Done ({len(fake.responses.forwarded[-1]['input'])} items read)."
+    assert len(fake.responses.forwarded[-1]["input"]) < sent_items
     assert fake.summary_requests, "the agent's conversation outgrew the window"
-    last_input = fake.responses.received[-1]["input"]
+    last_input = fake.responses.forwarded[-1]["input"]
     assert "FACT-5" in str(last_input[0].get("content"))

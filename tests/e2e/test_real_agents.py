@@ -85,7 +85,7 @@ async def run_codex(
 def carried_checkpoints(fake: FakeUpstream) -> set[str]:
     """The distinct checkpoints the requests forwarded for the agent carried."""
     found: set[str] = set()
-    for body in fake.responses.received:
+    for body in fake.responses.forwarded:
         found.update(re.findall(r"<compacted-summary>(.*?)</compacted-summary>", str(body), re.S))
     return found
 
@@ -183,7 +183,7 @@ async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window
     code, output = await run_codex(proxy.url, tmp_path / "home", tmp_path)
     assert code == 0, output
     assert "Read all 8 files." in output, output
-    received = fake.responses.received
+    received = fake.responses.forwarded
     assert fake.responses.refused == [] and fake.responses.overflows == []
     assert forwarded_compacted(received)
     assert_pruned_bytes_stay_pruned(responses_outputs(received))

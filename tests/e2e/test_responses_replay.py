@@ -79,18 +79,18 @@ async def test_a_transcript_in_the_responses_format_stays_inside_the_window(
         for history in replay_requests(messages):
             _, body = split_head(history)
             items = as_items(body)
-            seen = len(fake.responses.received)
+            seen = len(fake.responses.forwarded)
             await client.responses.create(
                 model=MODEL, instructions=instructions, tools=BASH, **unwalked("input", items)
             )
-            for forwarded in fake.responses.received[seen:]:
+            for forwarded in fake.responses.forwarded[seen:]:
                 live = as_items(body[live_turn_start(body) :])
                 assert forwarded["input"][len(forwarded["input"]) - len(live) :] == live
                 assert forwarded["instructions"] == instructions
-    for forwarded in fake.responses.received:
+    for forwarded in fake.responses.forwarded:
         assert fake.responses.input_tokens(forwarded) <= WINDOW
     last = "\n".join(
-        text(i.get("content") or i.get("output")) for i in fake.responses.received[-1]["input"]
+        text(i.get("content") or i.get("output")) for i in fake.responses.forwarded[-1]["input"]
     )
     for fact in FACTS:
         assert fact in last

@@ -38,7 +38,7 @@ async def test_a_history_handed_over_unwalked_is_the_body_the_sdk_sends(
                 await client.responses.create(
                     model="m", instructions=instructions, tools=BASH, **params
                 )
-            first, second = fake.responses.received
+            first, second = fake.responses.forwarded
     assert first is not None and second is not None
     assert orjson.dumps(first) == orjson.dumps(second)  # key order included
     assert len(first["messages" if api == "chat" else "input"]) > 30

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from compaction_proxy.compaction import triggers
+from compaction_proxy.compaction.cache_prices import PRESETS
 from compaction_proxy.compaction.engine import Engine, EngineSettings
 from compaction_proxy.compaction.masking import Masker, mask_candidates
 from compaction_proxy.compaction.model_policy import Budgets
@@ -414,8 +415,12 @@ async def test_pressure_prunes_old_observations_but_never_the_long_task(
 def masking_job(
     conversation: str, messages: list[dict[str, Any]], summarizer: Summarizer, keep: int = 3
 ) -> CompactionJob:
+    """A job that masks, on a provider that caches nothing (where masks pay at once: which
+    step a caching provider's prices choose is ``cache_prices``' and ``mask_step``'s)."""
     return dataclasses.replace(
-        job_for(conversation, messages, summarizer), masker=Masker(keep=keep)
+        job_for(conversation, messages, summarizer),
+        masker=Masker(keep=keep),
+        prices=PRESETS["none"],
     )
 
 
@@ -447,6 +452,20 @@ async def test_pressure_masks_old_observations_before_paying_for_a_summary(
         "compaction/end",
     ]
     assert events[0]["kind"] == "mask" and events[-1]["outcome"] == "committed"
+
+
+async def test_on_a_caching_provider_a_mask_that_does_not_pay_gives_way_to_a_summary(
+    store: Store, conversation: str
+) -> None:
+    """The same pressure on Anthropic's terms: the mask would rewrite the cache from its
+    oldest cleared output for less than a checkpoint saves, so the checkpoint is taken."""
+    engine, summarizer = engine_on(store), Summarizer()
+    job = dataclasses.replace(
+        masking_job(conversation, long_conversation(), summarizer), prices=PRESETS["anthropic"]
+    )
+    relief = await triggers.relieve_pressure(engine, job, await store.load(conversation), LIMITS)
+    assert summarizer.calls and relief.compacted
+    assert not relief.surface.masks
 
 
 async def test_the_next_request_of_the_branch_sends_the_same_masked_bytes(
