@@ -225,7 +225,7 @@ def total(bills: list[Bill], prices: CachePrices) -> Bill:
 def columns(bill: Bill, raw: Bill, summaries: int) -> str:
     return (
         f"{bill.prompt / raw.prompt:>9.1%}{bill.hit_ratio:>6.2f}"
-        f"{bill.units / raw.units:>8.2f}x{bill.uncached_units / raw.uncached_units:>8.2f}x"
+        f"{bill.units / raw.units:>8.3f}x{bill.uncached_units / raw.uncached_units:>8.3f}x"
         f"{summaries:>5}"
     )
 
