@@ -124,16 +124,16 @@ VARIANTS = {
 # -- Anthropic's Messages form -------------------------------------------------------------
 
 # The transcripts' shell tool as Anthropic declares tools, Claude Code's breakpoint on it.
-ANTHROPIC_BASH = {
-    "name": "bash",
-    "description": "Run a shell command.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    },
-    "cache_control": {"type": "ephemeral"},
+# The replays' one tool, as each API declares it.
+BASH_PARAMETERS = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}},
+    "required": ["command"],
 }
+BASH = {"name": "bash", "description": "Run a shell command."}
+CHAT_BASH = {"type": "function", "function": {**BASH, "parameters": BASH_PARAMETERS}}
+RESPONSES_BASH = {"type": "function", **BASH, "parameters": BASH_PARAMETERS}
+ANTHROPIC_BASH = {**BASH, "input_schema": BASH_PARAMETERS, "cache_control": {"type": "ephemeral"}}
 
 
 def as_messages_body(model: str, history: list[Message], max_tokens: int = 512) -> dict[str, Any]:
@@ -206,15 +206,3 @@ def text_of_parts(content: Any) -> str:
     if not isinstance(content, list):
         return "" if content is None else str(content)
     return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-
-
-RESPONSES_BASH = {
-    "type": "function",
-    "name": "bash",
-    "description": "Run a shell command.",
-    "parameters": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    },
-}

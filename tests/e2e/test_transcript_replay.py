@@ -31,25 +31,19 @@ from compaction_proxy.testing.fake_answers import pairing_error
 from compaction_proxy.testing.fake_upstream import FakeUpstream, Received
 from tests.conftest import ProxyFactory
 from tests.sdk import unwalked
-from tests.transcripts import VARIANTS, Transcript, replay_requests, transcript_named, transcripts
+from tests.transcripts import (
+    CHAT_BASH,
+    VARIANTS,
+    Transcript,
+    replay_requests,
+    transcript_named,
+    transcripts,
+)
 
 MODEL = "replay-model"
 WINDOWS = (8_000, 16_000, 32_000)
 THRESHOLD, PRECOMPACT = 0.8, 0.7  # the default watermarks
-BASH_TOOL = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a shell command.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
+BASH_TOOL = [CHAT_BASH]
 FACTS = [
     "FACT-17: the staging database is pg-stage-3.internal on port 6432",
     "FACT-23: never touch the vendored copy under third_party/legacy",
