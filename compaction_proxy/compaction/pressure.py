@@ -83,7 +83,7 @@ async def maybe_precompact(
     """Between the watermarks, or over them with the bridge's cuts, prepare the next
     checkpoint in the background, unless masking relieves the conversation instead
     (``mask_step.mask_ahead``); this request goes on at once. Whether a round was started."""
-    if limits is None or relief.compacted or relief.shortfall not in (None, ShortfallReason.AHEAD):
+    if limits is None or relief.compacted or relief.shortfall not in BY_DESIGN:
         return False
     if relief.bridged_from is not None:
         # The round summarizes the conversation as it is, not as the bridge cut it.
@@ -104,6 +104,12 @@ async def maybe_precompact(
     return background.start(job, relief.state, tokens, limits)
 
 
+# Shortfalls that are the design's, not a failure's: a checkpoint on its way, or a soft
+# target a conversation is over until a step pays. Neither is warned about; after either, a
+# round may still be prepared in the background.
+BY_DESIGN = frozenset({None, ShortfallReason.AHEAD, ShortfallReason.SOFT_TARGET})
+
+
 def report_shortfall(
     view: RequestView, state: ConversationState, route: str, relief: Relief, threshold: int
 ) -> ShortfallReason:
@@ -113,8 +119,7 @@ def report_shortfall(
         return ShortfallReason.BELOW_THRESHOLD
     reason = relief.shortfall or ShortfallReason.ROUNDS
     OVER_THRESHOLD.labels(route=route, reason=reason.value).inc()
-    # Over the threshold by design: the checkpoint is on its way, nothing to warn about.
-    if reason is not ShortfallReason.AHEAD and state.attributes.over_threshold is not reason:
+    if reason not in BY_DESIGN and state.attributes.over_threshold is not reason:
         log.warning(
             "conversation %s is forwarded at %d tokens, at or above its threshold of %d: %s",
             view.conversation,
@@ -128,6 +133,9 @@ def report_shortfall(
 SHORTFALL_REASONS = {
     ShortfallReason.BELOW_THRESHOLD: "below its threshold",
     ShortfallReason.AHEAD: "a checkpoint is being prepared in the background",
+    ShortfallReason.SOFT_TARGET: (
+        "it is over its soft target only, where a step is taken when it pays for itself"
+    ),
     ShortfallReason.LIVE_TURN: "the live turn alone (with head and tools) does not fit the window",
     ShortfallReason.NO_RANGE: "no span of the history can be summarized",
     ShortfallReason.SUMMARY_FAILED: "the summary call failed",

@@ -186,7 +186,8 @@ async def _priced_relief(
         )
         if pruned:
             measurement = await engine.measure(job, state, surface)
-    shortfall = ShortfallReason.AHEAD if measurement.tokens >= limits.threshold else None
+    over = measurement.tokens >= limits.threshold
+    shortfall = ShortfallReason.SOFT_TARGET if over else None
     return Relief(state, surface, measurement, pruned=pruned, shortfall=shortfall)
 
 

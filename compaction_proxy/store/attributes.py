@@ -27,6 +27,7 @@ class ShortfallReason(StrEnum):
 
     BELOW_THRESHOLD = ""  # stored once a request is back under its threshold
     AHEAD = "ahead"  # between the watermarks: a checkpoint is being prepared in the background
+    SOFT_TARGET = "soft_target"  # over a soft target only: compacted where it pays
     LIVE_TURN = "live_turn"
     NO_RANGE = "no_range"
     SUMMARY_FAILED = "summary_failed"

@@ -13,9 +13,10 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import ProxyFactory
-from tests.helpers import chat, route
+from tests.helpers import chat, counter, route
 
 MODEL = "target-model"
+OVER = "compaction_proxy_over_threshold_requests_total"
 WINDOW = 64_000
 TARGET = 16_000  # precompaction from 11,200 tokens, the target's threshold at 12,800
 
@@ -84,9 +85,11 @@ async def test_over_a_soft_targets_threshold_a_request_no_step_pays_for_goes_as_
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     messages = history(5, 900)
+    over = counter(OVER, route="target-*", reason="soft_target")
     tokens, status, committed = await sent_once(
         make_proxy, upstream_url, fake, "anthropic", messages
     )
+    assert counter(OVER, route="target-*", reason="soft_target") == over + 1
     assert 0.8 * TARGET <= tokens < 0.7 * WINDOW  # over the target's threshold, not the window's
     assert status == "none" and not committed
     assert fake.summary_requests == []
