@@ -11,6 +11,9 @@ from prometheus_client import REGISTRY
 # A policy under which pressure is relieved by pruning and summaries alone: for tests of the
 # summary path, whose histories masking (on by default) would otherwise relieve first.
 MASKING_OFF: dict[str, Any] = {"masking": {"enabled": False}}
+# A policy billed as a provider that caches nothing bills: there masks pay at once, so tests of
+# masking's mechanics see them whatever a caching provider's prices would choose.
+UNCACHED: dict[str, Any] = {"pricing": {"preset": "none"}}
 
 
 def route(

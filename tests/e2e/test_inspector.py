@@ -25,7 +25,7 @@ import pytest
 from compaction_proxy.http.inspector import SECURITY_HEADERS
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.e2e.test_masking import agent_history
-from tests.helpers import MASKING_OFF
+from tests.helpers import MASKING_OFF, UNCACHED
 from tests.processes import proxy_process
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
@@ -239,7 +239,7 @@ async def test_the_inspector_shows_what_a_masked_message_cleared(
     browser: Any, fake: FakeUpstream, upstream_url: str
 ) -> None:
     fake.windows[MODEL] = WINDOW
-    async with proxy_process(inspected_proxy(upstream_url, {})) as (_, base):
+    async with proxy_process(inspected_proxy(upstream_url, UNCACHED)) as (_, base):
         async with openai.AsyncOpenAI(
             base_url=f"{base}/v1", api_key="sk-ui", max_retries=0
         ) as client:

@@ -16,14 +16,11 @@ from tests.builders import assistant, system, tool, user
 from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
 from tests.e2e.test_admin import TOKEN as ADMIN_TOKEN
 from tests.e2e.test_admin import admin
-from tests.helpers import chat, counter, route
+from tests.helpers import UNCACHED, chat, counter, route
 
 MODEL = "mask-model"
 WINDOW = 16_000
 MASKS = "compaction_proxy_compactions_total"
-# Masks pay at once on a provider that caches nothing: the mechanics are tested there; which
-# step a caching provider's prices choose is tested at the end.
-UNCACHED = {"pricing": {"preset": "none"}}
 
 
 def output(seed: str, words: int = 900) -> str:
