@@ -84,18 +84,16 @@ def summary_call(
     """The summary call: the summary model's route, the configured timeout, and of the
     client's headers only those ``summary_call_headers`` allows (its credentials only when
     the summary goes to the host its request went to; the route's own key otherwise), with
-    the client's query string on the same terms. ``messages``: made in Anthropic's Messages
-    format, as the request was: first cache-safe (``formats.messages_summary``) when the
-    summary model is the request's and the span goes as forwarded, else (or when that gives
-    no summary) rebuilt from the chat form."""
+    the client's query string on the same terms. Made first cache-safe, in the client's own
+    format, when the summary model is the request's and the span goes as forwarded: for a
+    Messages request (``messages``) by ``formats.messages_summary``, for a Responses one by
+    ``formats.responses_summary``; else (or when that gives no summary) rebuilt from the chat
+    form, in Messages form for a Messages request, as a chat completion otherwise."""
     route = services.policies.for_model(summary_model, messages).route
     timeout = services.settings.summary_timeout_seconds
 
     async def post(
-        path: str,
-        headers: MutableMapping[str, str],
-        body: dict[str, Any],
-        answer: AnswerFormat = AnswerFormat.MESSAGES if messages else AnswerFormat.CHAT,
+        path: str, headers: MutableMapping[str, str], body: dict[str, Any], answer: AnswerFormat
     ) -> Summary:
         query = summary_call_query(client_query, request_route, route)
         url = upstream_url(route.base, path, query)
@@ -115,34 +113,30 @@ def summary_call(
         keys = services.client_keys.required
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=messages)
         headers["Content-Type"] = "application/json"
-        own = (
+        cache_safe = None
+        if (
             client_request is not None
             and request.prefix is not None
             and client_request.model == summary_model
-        )
-        if not messages:
-            if own and client_request is not None and request.prefix is not None:
-                safe = cache_safe_responses_body(client_request, request.prefix, request.body)
-                if safe is not None:
-                    try:
-                        return await post("/responses", headers, safe, AnswerFormat.RESPONSES)
-                    except SummaryFailed as failure:
-                        if failure.reason not in REBUILT_AFTER:
-                            raise
-                        log.info("cache-safe summary call: %s; made in chat form", failure.reason)
-            return await post("/chat/completions", headers, request.body)
-        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        cache_safe = None
-        if own and client_request is not None and request.prefix is not None:
-            cache_safe = cache_safe_summary_body(client_request, request.prefix, request.body)
+        ):
+            write = cache_safe_summary_body if messages else cache_safe_responses_body
+            cache_safe = write(client_request, request.prefix, request.body)
+        if messages:
+            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
         if cache_safe is not None:
+            path, own = "/responses", AnswerFormat.RESPONSES
+            if messages:
+                path, own = "/messages", AnswerFormat.MESSAGES
             try:
-                return await post("/messages", headers, cache_safe)
+                return await post(path, headers, cache_safe, own)
             except SummaryFailed as failure:
                 if failure.reason not in REBUILT_AFTER:
                     raise
                 log.info("cache-safe summary call: %s; made again rebuilt", failure.reason)
-        return await post("/messages", headers, summary_messages_body(request.body))
+        if messages:
+            rebuilt = summary_messages_body(request.body)
+            return await post("/messages", headers, rebuilt, AnswerFormat.MESSAGES)
+        return await post("/chat/completions", headers, request.body, AnswerFormat.CHAT)
 
     return call
 
