@@ -22,7 +22,6 @@ from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, 
 from compaction_proxy.compaction.model_policy import Budgets, precompaction_retain
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.summarize import INSTRUCTION
-from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.store.base import ConversationState
@@ -81,11 +80,6 @@ async def mask_plan(
     return await engine.off_loop(job, plan)
 
 
-def turns_so_far(body: list[Message]) -> int:
-    """The requests the conversation has made: its assistant messages, one per answer."""
-    return sum(1 for message in body if message.get("role") == "assistant")
-
-
 def history_tokens(tokens: int, surface: Surface) -> int:
     """The request's size before any of the proxy's cuts, from its forwarded ``tokens``: what
     its checkpoints shadow and its prunes and masks cleared, added back."""
@@ -94,7 +88,8 @@ def history_tokens(tokens: int, surface: Surface) -> int:
     return tokens + max(0, shadowed) + max(0, cleared)
 
 
-def _value(
+async def _value(
+    engine: Engine,
     job: CompactionJob,
     state: ConversationState,
     surface: Surface,
@@ -105,7 +100,8 @@ def _value(
     """What ``step`` saves less what it costs, over the turns ahead: as many as the
     conversation has had, at most until it regrows from ``tokens`` less the step's saving to
     ``lasts_until``."""
-    turns = turns_so_far(job.view.body)
+    view = job.view
+    turns = await engine.off_loop(job, lambda: view.answers)  # counted once per request
     growth = growth_per_turn(history_tokens(tokens, surface), turns)
     ahead = turns_ahead(turns, lasts_until - (tokens - step.saved), growth)
     warm = is_warm(job.prices, state.attributes.last_seen, time.time())
@@ -167,7 +163,9 @@ async def checkpoint_pays(
     call and its cache rewrite cost before the window's own watermark (``limits.
     priced_below``), where one would be taken anyway."""
     step = await checkpoint_price(engine, job, surface, tokens, limits)
-    return step is not None and _value(job, state, surface, tokens, step, limits.priced_below) > 0
+    if step is None:
+        return False
+    return await _value(engine, job, state, surface, tokens, step, limits.priced_below) > 0
 
 
 async def mask_pays(
@@ -184,11 +182,13 @@ async def mask_pays(
     prepared now would be (the two are the choice here)."""
     until = _next_checkpoint(limits)
     step = StepPrice(saved=plan.saved, rewritten=plan.rewritten)
-    value = _value(job, state, surface, tokens, step, until)
+    value = await _value(engine, job, state, surface, tokens, step, until)
     if value <= 0:
         return False
     checkpoint = await checkpoint_price(engine, job, surface, tokens, limits)
-    return checkpoint is None or value >= _value(job, state, surface, tokens, checkpoint, until)
+    if checkpoint is None:
+        return True
+    return value >= await _value(engine, job, state, surface, tokens, checkpoint, until)
 
 
 async def mask_ahead(

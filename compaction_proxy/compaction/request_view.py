@@ -110,6 +110,12 @@ class RequestView:
         return live_turn_start(self.body)
 
     @cached_property
+    def answers(self) -> int:
+        """The answers the conversation has had: its assistant messages (the turns a step's
+        price counts ahead, ``compaction.cache_prices.turns_ahead``)."""
+        return sum(1 for message in self.body if message.get("role") == "assistant")
+
+    @cached_property
     def tools_digest(self) -> str:
         """Names the request's tools. An agent sends the same tens of KiB of them every time,
         and a body parsed from a remembered one shares them with it, as the same object
