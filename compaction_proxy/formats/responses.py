@@ -290,14 +290,20 @@ def parse_responses_request(
     )
 
 
-def responses_payload(request: ClientRequest, surface: Surface) -> bytes:
-    """The client's body with only ``input`` rebuilt for ``surface``; every other field, and
-    every item the surface keeps, as sent (read again losslessly when the body may hold
-    integers beyond 64 bits)."""
-    assert request.groups is not None
+def sent_items(request: ClientRequest) -> tuple[dict[str, Any], list[Any]]:
+    """The client's body and its ``input`` as items, as sent (read again losslessly when the
+    body may hold integers beyond 64 bits)."""
     body = request.body
     if request.may_hold_a_big_integer():
         body = jsonio.loads(request.raw)
     raw_input = body.get("input")
     sent = raw_input if isinstance(raw_input, list) else [{"role": "user", "content": raw_input}]
+    return body, sent
+
+
+def responses_payload(request: ClientRequest, surface: Surface) -> bytes:
+    """The client's body with only ``input`` rebuilt for ``surface``; every other field, and
+    every item the surface keeps, as sent (``sent_items``)."""
+    assert request.groups is not None
+    body, sent = sent_items(request)
     return jsonio.dumps({**body, "input": items_for(surface, request.groups, sent)})

@@ -3,11 +3,11 @@
 A conversation a client holds in Responses form is cached by the provider as it was sent: its
 ``instructions``, its tools and its input items. A summary call rebuilt in chat form shares
 none of that prefix's text as the provider renders it, so it pays for the whole span again
-(measured: a seventh of the raw history's bill, against about a sixtieth when the call reads
-the cache). The cache-safe call starts as the conversation's next request would: the client's
-instructions, tools, ``tool_choice`` and ``prompt_cache_key`` as sent, then the items the proxy
-forwarded from the head to the span's end, byte for byte, then the instruction as a user
-message; nothing is stored (``store: false``).
+(docs/perf.md has the figures). The cache-safe call starts as the conversation's next request
+would: the client's instructions, tools, ``tool_choice`` and ``prompt_cache_key`` as sent,
+then the items the proxy forwarded from the head to the span's end, byte for byte (read
+losslessly, as the request was forwarded: ``responses.sent_items``), then the instruction as
+a user message; nothing is stored (``store: false``).
 
 It is not made for a summary model other than the conversation's (whose cache it could not
 read), for a span with messages cut for the call, or when the client's ``tool_choice`` forces
@@ -21,7 +21,7 @@ from typing import Any
 
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.formats.responses import items_for
+from compaction_proxy.formats.responses import items_for, sent_items
 
 # Request fields that make the cached prefix, or steer which cache a request reads: sent on
 # the cache-safe call as the client sent them.
@@ -41,13 +41,11 @@ def cache_safe_responses_body(
     ``request``: ``prefix`` is the surface from the head to the span's end, exactly as
     forwarded; ``chat_body`` the chat-form summary request (its model, cap and instruction).
     None when the request is no stateless Responses request, or it forces a call."""
-    body = request.body
     if request.api != "responses" or request.groups is None:
         return None
-    if forces_a_call(body.get("tool_choice")):
+    if forces_a_call(request.body.get("tool_choice")):
         return None
-    raw_input = body.get("input")
-    sent = raw_input if isinstance(raw_input, list) else [{"role": "user", "content": raw_input}]
+    body, sent = sent_items(request)
     items = items_for(prefix, request.groups, sent)
     if not items:
         return None

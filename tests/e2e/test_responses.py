@@ -218,6 +218,35 @@ async def test_reasoning_items_stay_with_their_call_and_reach_only_their_own_mod
         assert prefix == items[: len(prefix)] and prefix[-1].get("type") != "reasoning"
 
 
+async def test_a_summary_call_in_responses_form_carries_integers_beyond_64_bits_as_sent(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """The cache-safe call sends the forwarded items byte for byte: an integer past 64 bits
+    (which a plain JSON parse turns into a float) reaches it as the client wrote it."""
+    big = 123456789012345678901234567890
+    items: list[Any] = [{"role": "user", "content": OPENING, "ticket": big}]
+    for step in range(12):
+        items += [
+            {
+                "type": "function_call",
+                "call_id": f"call_{step}",
+                "name": "read_file",
+                "arguments": "{}",
+            },
+            {
+                "type": "function_call_output",
+                "call_id": f"call_{step}",
+                "output": observation(step),
+            },
+        ]
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        await client.responses.create(model=MODEL, input=items, tools=TOOLS)
+    calls = [r for r in fake.summary_requests if r.path.endswith("/responses")]
+    assert calls and all(call.body is not None for call in calls)
+    assert all(call.body["input"][0] == items[0] for call in calls if call.body)
+    assert all(type(call.body["input"][0]["ticket"]) is int for call in calls if call.body)
+
+
 async def test_an_overflow_in_the_responses_shape_is_recovered_streamed(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
