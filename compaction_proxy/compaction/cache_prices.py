@@ -115,8 +115,9 @@ def net_value(prices: CachePrices, step: StepPrice, turns: int, warm: bool = Tru
 
 
 def pays(prices: CachePrices, step: StepPrice, turns: int, warm: bool = True) -> bool:
-    """Whether the step saves more than it costs over ``turns`` later requests."""
-    return step.saved > 0 and net_value(prices, step, turns, warm) > 0
+    """Whether the step saves more than it costs over ``turns`` later requests (never one
+    that saves nothing: its cost is never negative)."""
+    return net_value(prices, step, turns, warm) > 0
 
 
 def turns_ahead(turns_so_far: int, room: int, growth_per_turn: float) -> int:

@@ -68,34 +68,6 @@ def _event(event_type: str, **fields: object) -> Event:
     return {"type": event_type, "ts": time.time(), **fields}
 
 
-def _prunes_masked(
-    job: CompactionJob, existing: Sequence[ReplacementRecord], masks: Sequence[Prune]
-) -> list[Prune]:
-    """The prunes of ``job``'s branch that ``masks`` replace, at their positions."""
-    chain, context = job.view.chain, job.view.context_fingerprint
-    cleared = {r.position for r in masks}
-    return [
-        r
-        for r in existing
-        if isinstance(r, Prune)
-        and r.position in cleared
-        and r.context == context
-        and chain[r.position] == r.hash
-    ]
-
-
-def _cut_event(record: Prune) -> Event:
-    return _event(
-        "mask" if record.masked else "prune",
-        position=record.position,
-        hash=record.hash,
-        chars_before=record.chars_before,
-        chars_after=record.chars_after,
-        head_end=record.head_end,
-        tail_start=record.tail_start,
-    )
-
-
 @dataclass
 class Attempt:
     """One compaction attempt: its job, lease owner token, trigger and kind; ``closed`` once
@@ -290,7 +262,16 @@ class Engine:
         if not candidates:
             return state, surface, False
         records = mask_records(job, candidates)
-        superseded = _prunes_masked(job, state.records, records)
+        chain, context = job.view.chain, job.view.context_fingerprint
+        cleared = {r.position for r in records}
+        superseded = [
+            r
+            for r in state.records
+            if isinstance(r, Prune)
+            and r.position in cleared
+            and r.context == context
+            and chain[r.position] == r.hash
+        ]
         return await self._cut(job, state, surface, records, superseded, trigger, wait_if_busy)
 
     async def _cut(
@@ -327,7 +308,18 @@ class Engine:
     async def _commit_cuts(
         self, attempt: Attempt, records: Sequence[Prune], superseded: Sequence[Prune]
     ) -> Outcome:
-        events = [_cut_event(r) for r in records]
+        events = [
+            _event(
+                "mask" if r.masked else "prune",
+                position=r.position,
+                hash=r.hash,
+                chars_before=r.chars_before,
+                chars_after=r.chars_after,
+                head_end=r.head_end,
+                tail_start=r.tail_start,
+            )
+            for r in records
+        ]
         if await self._commit(attempt, records, events, superseded) is None:
             await self._fail(attempt, Outcome.COMMIT_FAILED)
             return Outcome.COMMIT_FAILED

@@ -21,6 +21,7 @@ from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets, precompaction_retain
 from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.select import first_node_at, priced_nodes
 from compaction_proxy.compaction.summarize import INSTRUCTION
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import counter_for
@@ -105,7 +106,7 @@ async def _value(
     growth = growth_per_turn(history_tokens(tokens, surface), turns)
     ahead = turns_ahead(turns, lasts_until - (tokens - step.saved), growth)
     warm = is_warm(job.prices, state.attributes.last_seen, time.time())
-    return net_value(job.prices, step, ahead, warm) if step.saved > 0 else 0.0
+    return net_value(job.prices, step, ahead, warm)
 
 
 def _next_checkpoint(limits: Budgets) -> int:
@@ -131,14 +132,7 @@ async def checkpoint_price(
         summary = max((c.tokens for c in surface.checkpoints), default=SUMMARY_ESTIMATE)
         summary = min(summary, plan.cap)
         prices = meter.node_tokens(view, surface)
-        live = next(
-            (
-                i
-                for i, n in enumerate(surface.nodes)
-                if n.kind != "head" and n.start is not None and n.start >= view.live_start
-            ),
-            len(prices),
-        )
+        live = first_node_at(priced_nodes(surface.nodes, prices), view.live_start)
         ask = {"role": "user", "content": INSTRUCTION}
         return StepPrice(
             saved=span.tokens - summary,
@@ -191,6 +185,33 @@ async def mask_pays(
     return value >= await _value(engine, job, state, surface, tokens, checkpoint, until)
 
 
+async def take_mask_step(
+    engine: Engine,
+    job: CompactionJob,
+    state: ConversationState,
+    surface: Surface,
+    tokens: int,
+    before: int,
+    under: int,
+    limits: Budgets,
+    trigger: str,
+    wait_if_busy: bool,
+) -> tuple[ConversationState, Surface, bool] | None:
+    """The masking step over the observations before body position ``before`` of ``surface``
+    (``state``'s, measured at ``tokens``), committed when it frees ``clear_at_least``, leaves
+    that much room under ``under`` (``masking.mask_relieves``) and is the step to take on the
+    provider's terms (``mask_pays``). None when it is not; else as ``Engine.mask`` returns
+    (the state may be newer even when no mask committed: another request's work waited for)."""
+    plan = await mask_plan(engine, job, surface, before)
+    if (
+        plan is None
+        or not mask_relieves(tokens, plan.saved, under, plan.clear_at_least)
+        or not await mask_pays(engine, job, state, surface, tokens, plan, limits)
+    ):
+        return None
+    return await engine.mask(job, state, surface, plan.candidates, trigger, wait_if_busy)
+
+
 async def mask_ahead(
     engine: Engine,
     job: CompactionJob,
@@ -200,20 +221,14 @@ async def mask_ahead(
     limits: Budgets,
 ) -> bool:
     """Where a summary would be prepared in the background (between the watermarks), mask
-    first: when that frees ``clear_at_least``, leaves that much room under the precompaction
-    watermark and pays for its cache rewrite (``mask_pays``), the masks are committed (applied
-    from the next request, as a checkpoint prepared ahead would be) and no summary is
-    prepared. ``surface`` is the request's as derived from ``state``, measured at ``tokens``.
-    Whether they were."""
+    first (``take_mask_step``, room left under the precompaction watermark): the masks are
+    committed (applied from the next request, as a checkpoint prepared ahead would be) and no
+    summary is prepared. ``surface`` is the request's as derived from ``state``, measured at
+    ``tokens``. Whether they were."""
     before = await engine.off_loop(
         job, lambda: engine.planner.retained_from(job, surface, limits.retain)
     )
-    plan = await mask_plan(engine, job, surface, before)
-    if plan is None or not mask_relieves(
-        tokens, plan.saved, limits.precompact, plan.clear_at_least
-    ):
-        return False
-    if not await mask_pays(engine, job, state, surface, tokens, plan, limits):
-        return False
-    _, _, masked = await engine.mask(job, state, surface, plan.candidates, "precompact", False)
-    return masked
+    masking = await take_mask_step(
+        engine, job, state, surface, tokens, before, limits.precompact, limits, "precompact", False
+    )
+    return masking is not None and masking[2]

@@ -13,7 +13,7 @@ from compaction_proxy.compaction.bridge import bridge_cuts
 from compaction_proxy.compaction.cut_records import prune_records
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
-from compaction_proxy.compaction.mask_step import mask_pays, mask_plan
+from compaction_proxy.compaction.mask_step import mask_plan, take_mask_step
 from compaction_proxy.compaction.masking import mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.outcomes import Outcome, Relief, Round
@@ -121,15 +121,12 @@ async def relieve_pressure(
     measurement = await engine.measure(job, state, surface)
     if measurement.tokens < threshold:
         return Relief(state, surface, measurement, pruned=pruned, compacted=meanwhile.compacted)
-    plan = await mask_plan(engine, job, surface, before)
-    if (
-        plan is not None
-        and mask_relieves(measurement.tokens, plan.saved, threshold, plan.clear_at_least)
-        and await mask_pays(engine, job, state, surface, measurement.tokens, plan, limits)
-    ):
-        state, surface, masked = await engine.mask(
-            job, state, surface, plan.candidates, "pressure", must_wait
-        )
+    tokens = measurement.tokens
+    masking = await take_mask_step(
+        engine, job, state, surface, tokens, before, threshold, limits, "pressure", must_wait
+    )
+    if masking is not None:
+        state, surface, masked = masking
         pruned = pruned or masked
         measurement = await engine.measure(job, state, surface)
         if measurement.tokens < threshold:
@@ -173,22 +170,17 @@ async def _priced_relief(
     (``Budgets.priced``): nothing is needed, so nothing waits. A mask goes if it pays for its
     cache rewrite; a checkpoint is left to the background, where it is prepared if it pays
     (``pressure.maybe_precompact``)."""
-    plan = await mask_plan(engine, job, surface, before)
+    masked = False
     tokens = measurement.tokens
-    pruned = False
-    if (
-        plan is not None
-        and mask_relieves(tokens, plan.saved, limits.threshold, plan.clear_at_least)
-        and await mask_pays(engine, job, state, surface, tokens, plan, limits)
-    ):
-        state, surface, pruned = await engine.mask(
-            job, state, surface, plan.candidates, "pressure", False
-        )
-        if pruned:
-            measurement = await engine.measure(job, state, surface)
+    masking = await take_mask_step(
+        engine, job, state, surface, tokens, before, limits.threshold, limits, "pressure", False
+    )
+    if masking is not None:
+        state, surface, masked = masking
+        measurement = await engine.measure(job, state, surface)
     over = measurement.tokens >= limits.threshold
     shortfall = ShortfallReason.SOFT_TARGET if over else None
-    return Relief(state, surface, measurement, pruned=pruned, shortfall=shortfall)
+    return Relief(state, surface, measurement, pruned=masked, shortfall=shortfall)
 
 
 def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:
