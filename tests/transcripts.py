@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from compaction_proxy.conversation.text import text_of
 from compaction_proxy.formats.messages_summary import summary_messages_body
 from tests.synthetic import agent_conversation, synthetic_transcripts
 
@@ -166,7 +167,7 @@ def as_responses_body(model: str, history: list[Message]) -> dict[str, Any]:
     instructions = None
     for message in history:
         role, content = message.get("role"), message.get("content")
-        text = content if isinstance(content, str) else text_of_parts(content)
+        text = text_of(content) or ""
         if role == "system":
             instructions = text if instructions is None else f"{instructions}\n\n{text}"
         elif role == "tool":
@@ -199,10 +200,3 @@ def as_responses_body(model: str, history: list[Message]) -> dict[str, Any]:
     if any(item["type"] == "function_call" for item in items):
         body["tools"] = [RESPONSES_BASH]
     return body
-
-
-def text_of_parts(content: Any) -> str:
-    """A message's content parts as their text, one after another."""
-    if not isinstance(content, list):
-        return "" if content is None else str(content)
-    return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))

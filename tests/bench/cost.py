@@ -49,6 +49,7 @@ from tests.bench.caching import (
     bills_by_conversation,
     breakpoint_bills,
     responses_bills,
+    responses_units,
 )
 from tests.bench.precompaction import serve
 from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
@@ -151,10 +152,7 @@ def raw_bill(setup: Setup, fake: FakeUpstream, key: str, sent: list[dict[str, An
         if isinstance(cache, BreakpointCache):
             cache.send(key, body, raw)
         elif setup.api == "responses":
-            head = [{"role": "system", "content": body["instructions"]}]
-            cache.send(
-                key, [*head, *body["input"]] if "instructions" in body else body["input"], raw
-            )
+            cache.send(key, responses_units(body), raw)
         else:
             cache.send(key, body["messages"], raw)
     return raw
@@ -178,11 +176,8 @@ async def measure(args: argparse.Namespace, every: list[Transcript], setup: Setu
             )
             if args.metrics:
                 async with http.get(f"{base}/metrics") as scraped:
-                    for line in (await scraped.text()).splitlines():
-                        if line.startswith(
-                            ("compaction_proxy_compactions_total", "compaction_proxy_masked")
-                        ):
-                            print(line)
+                    counters = (await scraped.text()).splitlines()
+                print(*(line for line in counters if line.startswith(COUNTERS)), sep="\n")
     prices, header = setup.prices, "Authorization"
     if setup.api == "messages":
         header = "x-api-key"
