@@ -231,7 +231,10 @@ async def check_replicas(
     # One summary per compacted span, across both replicas (masking may have made none): a
     # span is named by the chain hashes before and at its ends, not by the call's bytes (two
     # forks' calls carry the same bytes once their earlier spans' summaries read the same).
+    # No call without an attempt logged under its lease; an attempt may end uncommitted, or
+    # before its call (a round cut off when its replica stops at the end of the run).
     summarized: list[tuple[str, str]] = []
+    attempts = 0
 
     forwarded = {r.body["user"]: r.body["messages"] for r in fake.chat_requests if r.body}
     by_conversation: dict[str, list[tuple[Client, int]]] = defaultdict(list)
@@ -252,6 +255,9 @@ async def check_replicas(
             for e in events
             if e["type"] == "compaction/summary"
         ]
+        attempts += sum(
+            1 for e in events if e["type"] == "compaction/start" and e.get("kind") == "summary"
+        )
         logged = [(e["position"], e["hash"]) for e in events if e["type"] == "message"]
         assert len(logged) == len(set(logged)), "a message was logged twice"
         expected_hashes: set[str] = set()
@@ -280,4 +286,5 @@ async def check_replicas(
         usages = [e for e in events if e["type"] == "usage"]
         assert len(requests) == len(usages) == len(sends)
     assert held, "nothing was compacted: the replays were meant to outgrow the window"
-    assert len(summarized) == len(set(summarized)) == len(fake.summary_requests)
+    assert len(summarized) == len(set(summarized))
+    assert len(summarized) <= len(fake.summary_requests) <= attempts
