@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 Message = dict[str, Any]
@@ -35,6 +36,23 @@ def agent_turns(count: int, *, output: str = "output") -> list[Message]:
     for i in range(count):
         messages.append(assistant(None, (f"call_{i}", "bash", f'{{"command": "step {i}"}}')))
         messages.append(tool(f"call_{i}", f"{output} {i}"))
+    return messages
+
+
+def file_output(seed: str, words: int = 900) -> str:
+    """About 2.7k tokens of a tool's output, under the pruner's threshold."""
+    return " ".join(f"{seed}{i % 89}" for i in range(words))
+
+
+def agent_history(rounds: int = 6, words: int = 900) -> list[dict[str, Any]]:
+    """An agent reading ``rounds`` files: over a 16k window's threshold from about five."""
+    tag = uuid.uuid4().hex[:8]
+    messages = [system(), user(f"FACT-7: ticket {tag}. Fix the importer.")]
+    for index in range(rounds):
+        call = f"call_{index}"
+        messages.append(assistant(None, (call, "read_file", f'{{"path": "src/m{index}.py"}}')))
+        messages.append(tool(call, file_output(f"m{index}x", words)))
+    messages.append(user("Where are we?"))
     return messages
 
 

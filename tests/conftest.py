@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import openai
+import orjson
 import pytest
-import redis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -24,75 +21,23 @@ from compaction_proxy.ops.app import create_app
 from compaction_proxy.store import MemoryStore, Store
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.processes import free_port
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, shared_redis_url
+from tests.reports import REPORTS, TRANSCRIPT_REPLAY
 
-# The Redis the tests write into: ``$REDIS_URL`` when set (a server the caller gives the tests),
-# otherwise a private redis-server this test session starts on a free port and stops at the
-# end. Tests never write into a server they did not start or were not given.
-REDIS_URL = os.environ.get("REDIS_URL", "")
-_session_redis: subprocess.Popen[bytes] | None = None
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    global REDIS_URL, _session_redis
-    if REDIS_URL:
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise pytest.UsageError("redis-server is not installed: install it, or set REDIS_URL")
-    port = free_port()
-    _session_redis = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    REDIS_URL = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(REDIS_URL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    client.close()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if _session_redis is not None:
-        _session_redis.kill()
-        _session_redis.wait()
-
-
-# Tiers, by where a test lives; ``slow`` on top for whole files that replay transcripts, run
-# processes, a browser, Prometheus or the deploy tools (``pytest -m "not slow"``: a quick local
-# loop). A test may also carry ``@pytest.mark.slow`` itself.
-TIERS = {"unit": "unit", "store": "store", "e2e": "e2e", "deploy": "deploy"}
-SLOW_FILES = frozenset(
-    {
-        "test_crashes.py",
-        "test_dashboard.py",
-        "test_fuzz.py",
-        "test_inspector.py",
-        "test_process.py",
-        "test_redis_resilience.py",
-        "test_replicas.py",
-        "test_responses_replay.py",
-        "test_messages_replay.py",
-        "test_transcript_replay.py",
-    }
-)
+# Tiers, by the directory a test lives in (``tests/<tier>/...``); the slow tiers also carry
+# ``slow``, so ``pytest -m "not slow"`` is the quick local loop. A test elsewhere may carry
+# ``@pytest.mark.slow`` itself.
+TIERS = frozenset({"unit", "store", "e2e", "system", "deploy"})
+SLOW_TIERS = frozenset({"system", "deploy"})
+TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        path = item.path
-        tier = TIERS.get(path.parent.name)
-        if tier is not None:
+        tier = item.path.relative_to(TESTS).parts[0]
+        if tier in TIERS:
             item.add_marker(tier)
-        if tier == "deploy" or path.name in SLOW_FILES:
+        if tier in SLOW_TIERS:
             item.add_marker("slow")
 
 
@@ -107,6 +52,12 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
             monkeypatch.delenv(name)
     yield
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """A proxy's ``store_url`` for each backend: the in-process store, the shared Redis."""
+    return "memory://" if request.param == "memory" else shared_redis_url()
 
 
 @pytest.fixture
@@ -136,7 +87,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         backend = MemoryStore(ttl_seconds=3600)
     else:
-        url = REDIS_URL
+        url = shared_redis_url()
         if request.param == "redis-cluster":
             url = request.getfixturevalue("redis_cluster_url")
         backend = RedisStore(url, ttl_seconds=3600)
@@ -215,22 +166,29 @@ def proxy_url(proxy: RunningProxy) -> str:
 
 
 @pytest.fixture
-async def client(proxy_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+async def client(proxy_url: str) -> AsyncIterator[Any]:
+    """The real openai SDK's async client on the proxy (skipped without the SDK)."""
+    openai = pytest.importorskip("openai")
     async with openai.AsyncOpenAI(base_url=proxy_url, api_key="sk-test", max_retries=0) as c:
         yield c
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the transcript replay figures (raw vs forwarded tokens) and the real agents'
-    (the proxy's summary calls when an agent compacts on its own) after the run."""
-    from tests.e2e.test_real_agents import SUMMARY_REPORT
-    from tests.e2e.test_transcript_replay import REPLAY_REPORT
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist: a worker's report lines, to the controller's."""
+    for title, lines in orjson.loads(node.workeroutput.get("reports", b"{}")).items():
+        REPORTS[title].extend(lines)
 
-    for title, lines in (
-        ("transcript replay through the proxy", sorted(REPLAY_REPORT)),
-        ("real agents through the proxy", SUMMARY_REPORT),
-    ):
-        if lines:
-            terminalreporter.section(title)
-            for line in lines:
-                terminalreporter.write_line(line)
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker
+        workeroutput["reports"] = orjson.dumps(REPORTS).decode()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the figures tests reported (``tests.reports``) after the run."""
+    for title, lines in sorted(REPORTS.items()):
+        terminalreporter.section(title)
+        for line in sorted(lines) if title == TRANSCRIPT_REPLAY else lines:
+            terminalreporter.write_line(line)

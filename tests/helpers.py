@@ -1,12 +1,24 @@
 """Helpers the end-to-end tests share: routes to the fake upstream, a chat request through the
-real SDK, metric readings."""
+real SDK, metric readings, the admin API."""
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
-import openai
+import aiohttp
+import pytest
 from prometheus_client import REGISTRY
+
+from compaction_proxy.security.client_keys import digest_of
+from tests.builders import agent_turns, system, user
+
+if TYPE_CHECKING:
+    import openai
+
+    from tests.conftest import ProxyFactory, RunningProxy
 
 # A policy under which pressure is relieved by pruning and summaries alone: for tests of the
 # summary path, whose histories masking (on by default) would otherwise relieve first.
@@ -45,9 +57,97 @@ async def chat(
     base_url: str, messages: list[dict[str, Any]], model: str, key: str = "sk-test", **extra: Any
 ) -> Any:
     """One chat completion through the real openai SDK; the raw response (headers and all)."""
+    import openai  # the SDK is a test extra: a test module that uses it skips without it
+
     async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
         return await client.chat.completions.with_raw_response.create(
             model=model,
             messages=messages,  # type: ignore[arg-type]
             **extra,
         )
+
+
+# -- the admin API -------------------------------------------------------------------------
+
+ADMIN_TOKEN = "admin-secret-0123456789"
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+ADMIN_MODEL = "fake-model"
+
+
+def admin_history() -> list[dict[str, Any]]:
+    return [
+        system(),
+        user(f"FACT-3: job {uuid.uuid4().hex[:6]}. Fix the race in the cache."),
+        *agent_turns(8, output="cache trace " * 60),
+        user("What now?"),
+    ]
+
+
+async def conversation_of(
+    proxy: RunningProxy, messages: list[dict[str, Any]], session: str | None = None
+) -> str:
+    import openai
+
+    headers = {"X-Session-Id": session} if session else {}
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-c", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=ADMIN_MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            extra_headers=headers,
+        )
+        return str(raw.headers["x-compaction-conversation"])
+
+
+async def admin(
+    proxy: RunningProxy,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.request(
+            method,
+            f"{proxy.root}/admin{path}",
+            headers=ADMIN_AUTH if headers is None else headers,
+            **kwargs,
+        ) as response:
+            body = await response.json() if response.content_type == "application/json" else None
+            return response.status, body
+
+
+def admin_routes(upstream_url: str) -> list[dict[str, Any]]:
+    return [route(upstream_url, "fake-*", 64_000)]
+
+
+# -- two tenants ---------------------------------------------------------------------------
+
+ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"  # client keys
+
+
+async def keyed(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> RunningProxy:
+    """The proxy holding the upstream key (for requests of no model too), two client keys."""
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
+    account = {"account_endpoints": settings["account_endpoints"]} if settings else {}
+    return await make_proxy(
+        routes=[route(upstream_url, "*", api_key_env="UPSTREAM_KEY") | account],
+        upstream_api_key_env="UPSTREAM_KEY",
+        client_key_digests=[digest_of(ALICE), digest_of(BOB)],
+        **settings,
+    )
+
+
+@asynccontextmanager
+async def alice_and_bob(
+    proxy: RunningProxy,
+) -> AsyncIterator[tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]]:
+    """SDK clients for the two client keys."""
+    import openai
+
+    async with (
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
+    ):
+        yield alice, bob

@@ -1,14 +1,68 @@
-"""A private redis-server process for tests that stop and restart Redis."""
+"""The Redis servers tests write into: one shared by the tests that ask for it, and private
+ones for tests that stop and restart Redis.
+
+Tests never write into a server they did not start or were not given: the shared server is
+``$REDIS_URL`` when the caller sets it, otherwise a redis-server started on a free port the
+first time a test of this process asks for it (``shared_redis_url``), and stopped when the
+process ends. A run that asks for no Redis starts none (the unit tier, ``-m "not slow"`` on a
+machine without redis-server); each pytest-xdist worker starts its own.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
 import shutil
+import subprocess
+import time
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from tests.processes import free_port
+
+_GIVEN_URL = os.environ.get("REDIS_URL", "")  # read before any test clears the environment
+_shared: list[str] = []  # the shared server's URL, once started or given
+
+
+def shared_redis_url() -> str:
+    """The URL of the Redis this process's tests share; starts it on first use."""
+    if not _shared:
+        _shared.append(_GIVEN_URL or _start_shared_server())
+    return _shared[0]
+
+
+def _start_shared_server() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed: install it, or set REDIS_URL")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    atexit.register(_stop, process)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    try:
+        while True:
+            try:
+                client.ping()
+                return url
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.kill()
+    process.wait()
 
 
 class RedisServer:

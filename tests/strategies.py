@@ -3,6 +3,10 @@ the proxy reads."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("hypothesis")  # a module of tests that uses these skips without it
+
 from hypothesis import strategies as st
 
 

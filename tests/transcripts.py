@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,24 @@ def transcript_named(fragment: str) -> Transcript:
         return real
     seed = zlib.crc32(fragment.encode())
     return Transcript(fragment, agent_conversation(seed, turns=30, output_chars=(300, 3_000)))
+
+
+# What a replay plants in the first user message and checks in the last request.
+FACTS = [
+    "FACT-17: the staging database is pg-stage-3.internal on port 6432",
+    "FACT-23: never touch the vendored copy under third_party/legacy",
+]
+
+
+def plant_facts(messages: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
+    planted = [dict(m) for m in messages]
+    first_user = next(i for i, m in enumerate(planted) if m["role"] == "user")
+    facts = "\n".join(FACTS) + f"\nrun {run} {uuid.uuid4().hex}\n\n"
+    planted[first_user]["content"] = facts + str(planted[first_user]["content"])
+    return planted
+
+
+REPLAY_WINDOWS = (8_000, 16_000, 32_000)  # the windows the replays' fake upstream enforces
 
 
 def replay_requests(messages: list[Message]) -> list[list[Message]]:
@@ -134,6 +153,7 @@ BASH_PARAMETERS = {
 BASH = {"name": "bash", "description": "Run a shell command."}
 CHAT_BASH = {"type": "function", "function": {**BASH, "parameters": BASH_PARAMETERS}}
 RESPONSES_BASH = {"type": "function", **BASH, "parameters": BASH_PARAMETERS}
+BASH_TOOL = [CHAT_BASH]  # a chat request's ``tools``
 ANTHROPIC_BASH = {**BASH, "input_schema": BASH_PARAMETERS, "cache_control": {"type": "ephemeral"}}
 
 
@@ -200,3 +220,40 @@ def as_responses_body(model: str, history: list[Message]) -> dict[str, Any]:
     if any(item["type"] == "function_call" for item in items):
         body["tools"] = [RESPONSES_BASH]
     return body
+
+
+def plain_text(content: Any) -> str:
+    """The text of a message's content, its parts' texts joined."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def as_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat history as Responses input items."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            output = plain_text(message.get("content"))
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": output,
+                }
+            )
+            continue
+        if message.get("content"):
+            items.append({"role": role, "content": plain_text(message["content"])})
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                }
+            )
+    return items

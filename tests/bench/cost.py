@@ -52,12 +52,13 @@ from tests.bench.caching import (
     responses_units,
 )
 from tests.bench.precompaction import serve
-from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
 from tests.processes import proxy_process
 from tests.transcripts import (
+    BASH_TOOL,
     Transcript,
     as_messages_body,
     as_responses_body,
+    plant_facts,
     replay_requests,
     transcript_paths,
     transcripts,

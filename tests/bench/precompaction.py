@@ -39,9 +39,8 @@ from aiohttp import web
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.caching import bills_by_conversation
 from tests.bench.overhead import percentile
-from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
 from tests.processes import free_port, proxy_process
-from tests.transcripts import Transcript, replay_requests, transcripts
+from tests.transcripts import BASH_TOOL, Transcript, plant_facts, replay_requests, transcripts
 
 MODEL = "bench-model"
 MODES = ("direct", "sync", "ahead")

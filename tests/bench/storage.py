@@ -27,10 +27,9 @@ import redis.asyncio as aioredis
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.precompaction import serve
-from tests.e2e.test_transcript_replay import BASH_TOOL
 from tests.processes import proxy_process
 from tests.redis_server import RedisServer
-from tests.transcripts import Transcript, replay_requests, transcripts
+from tests.transcripts import BASH_TOOL, Transcript, replay_requests, transcripts
 
 MODEL = "bench-model"
 PACKS = "compaction_proxy_log_packs_total"

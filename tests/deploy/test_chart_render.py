@@ -8,13 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python
-import kubernetes_validate
 import pytest
 import yaml
-from helm_python import Chart
 
 from compaction_proxy.config.settings import Policy, PrunerPolicy
+
+pytest.importorskip("helm_python")
+pytest.importorskip("kubernetes_validate")
+
+import helm_python
+import kubernetes_validate
+from helm_python import Chart
 
 CHART = Path(__file__).parents[2] / "charts" / "compaction-proxy"
 KUBE_VERSION = "1.30.0"

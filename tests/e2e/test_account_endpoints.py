@@ -5,19 +5,19 @@ responses. Stateless endpoints are served; a single-team deployment can share th
 from __future__ import annotations
 
 import io
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import openai
 import pytest
 
-from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import route
+from tests.helpers import ALICE, BOB, alice_and_bob, keyed
 
-ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"
+pytest.importorskip("openai")
+
+import openai
+
 Call = Callable[[openai.AsyncOpenAI], Awaitable[Any]]
 
 ACCOUNT_CALLS: list[tuple[str, Call]] = [
@@ -37,20 +37,6 @@ ACCOUNT_CALLS: list[tuple[str, Call]] = [
         ),
     ),
 ]
-
-
-async def keyed(
-    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, **settings: Any
-) -> RunningProxy:
-    """The proxy holding the upstream key (for requests of no model too), two client keys."""
-    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
-    account = {"account_endpoints": settings["account_endpoints"]} if settings else {}
-    return await make_proxy(
-        routes=[route(upstream_url, "*", api_key_env="UPSTREAM_KEY") | account],
-        upstream_api_key_env="UPSTREAM_KEY",
-        client_key_digests=[digest_of(ALICE), digest_of(BOB)],
-        **settings,
-    )
 
 
 @pytest.mark.parametrize(("what", "call"), ACCOUNT_CALLS, ids=[w for w, _ in ACCOUNT_CALLS])
@@ -99,18 +85,6 @@ async def test_without_a_held_key_each_client_reaches_its_own_account_as_before(
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-own", max_retries=0) as own:
         uploaded = await own.files.create(file=io.BytesIO(b"mine"), purpose="batch")
         assert (await own.files.content(uploaded.id)).content == b"mine"
-
-
-@asynccontextmanager
-async def alice_and_bob(
-    proxy: RunningProxy,
-) -> AsyncIterator[tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]]:
-    """SDK clients for the two client keys."""
-    async with (
-        openai.AsyncOpenAI(base_url=proxy.url, api_key=ALICE, max_retries=0) as alice,
-        openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
-    ):
-        yield alice, bob
 
 
 async def test_owned_keeps_each_client_keys_files_its_own(

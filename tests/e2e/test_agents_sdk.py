@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import openai
-from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 from tests.helpers import MASKING_OFF
+
+pytest.importorskip("openai")
+pytest.importorskip("agents")
+
+import openai
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 MODEL = "agent-small"
 WINDOW = 16_000

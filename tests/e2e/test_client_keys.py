@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import openai
 import pytest
 
 from compaction_proxy.config.settings import ConfigError
@@ -17,6 +16,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import route
+
+pytest.importorskip("openai")
+
+import openai
 
 ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"
 # One of each kind of /v1/ route: chat, Responses, the model list, one relayed unread.

@@ -8,7 +8,6 @@ import time
 import uuid
 from typing import Any
 
-import openai
 import orjson
 import pytest
 
@@ -16,9 +15,14 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
-from tests.conftest import REDIS_URL, ProxyFactory
+from tests.conftest import ProxyFactory
 from tests.helpers import MASKING_OFF, chat, counter, route
 from tests.processes import proxy_process
+from tests.redis_server import shared_redis_url
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "small-model"
 WINDOW = 16_000
@@ -164,7 +168,7 @@ async def test_a_proxy_killed_mid_summary_blocks_nothing_once_its_lease_expires(
     env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
         "COMPACTION_PROXY_TENANT_SECRET": "crash-test",
-        "COMPACTION_PROXY_STORE_URL": REDIS_URL,
+        "COMPACTION_PROXY_STORE_URL": shared_redis_url(),
         "COMPACTION_PROXY_LEASE_TTL_SECONDS": "3",
         "COMPACTION_PROXY_SUMMARY_TIMEOUT_SECONDS": "2",
         "COMPACTION_PROXY_ROUTES": orjson.dumps(routes(upstream_url)).decode(),
@@ -447,3 +451,46 @@ async def test_without_rescue_the_live_turn_goes_as_sent_and_the_upstream_refuse
     with pytest.raises(openai.BadRequestError):
         await chat(proxy.url, turn, "tiny-model")
     assert fake.overflows
+
+
+# -- twins: conversations that begin alike, without a session id (one conversation id: the
+# first message's), compact side by side: none waits for another's summary, none reads
+# another's checkpoint, and each goes on with its own.
+
+TWINS = 5
+
+
+def twin_history(twin: int) -> list[dict[str, Any]]:
+    """The same opening message for every twin; from then on, a history of its own."""
+    return [
+        system(),
+        user("FACT-1: hi. Make the importer idempotent."),
+        user(f"FACT-2: twin {twin} keeps its notes in /srv/twin-{twin}."),
+        *agent_turns(30, output="importer log line " * 150),
+        user("Where are we?"),
+    ]
+
+
+async def test_twins_compact_at_once_and_each_keeps_its_own_checkpoint(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=routes(upstream_url))
+    histories = [twin_history(twin) for twin in range(TWINS)]
+    fake.summary_delay = 0.5
+    replies = await asyncio.gather(*(ask(proxy.url, history) for history in histories))
+    assert [r.headers["x-compaction-status"] for r in replies] == ["compacted"] * TWINS
+    # Every twin's summary call was in flight at once: none waited on another's lease.
+    assert fake.most_summaries_at_once == TWINS
+    assert len(fake.summary_requests) == TWINS
+    assert len({r.headers["x-compaction-conversation"] for r in replies}) == 1
+
+    fake.summary_delay = 0
+    for twin, history in enumerate(histories):
+        more = [*history, {"role": "assistant", "content": "On it."}, user("And now?")]
+        reply = await ask(proxy.url, more)
+        assert reply.headers["x-compaction-status"] == "compacted"  # its checkpoint, reused
+        sent = str(fake.chat_requests[-1].body)
+        assert f"twin {twin} keeps its notes" in sent
+        others = [other for other in range(TWINS) if other != twin]
+        assert not any(f"twin {other} keeps its notes" in sent for other in others)
+    assert len(fake.summary_requests) == TWINS

@@ -3,41 +3,24 @@ is paid for, stored so that every later request sends the same bytes, in each AP
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-import anthropic
 import pytest
 
 from compaction_proxy.conversation.replacements import Prune
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.builders import assistant, system, tool, user
-from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
-from tests.e2e.test_admin import TOKEN as ADMIN_TOKEN
-from tests.e2e.test_admin import admin
-from tests.helpers import UNCACHED, chat, counter, route
+from tests.builders import agent_history, assistant, file_output, tool, user
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import ADMIN_TOKEN, UNCACHED, admin, chat, counter, route
+
+pytest.importorskip("anthropic")
+
+import anthropic
 
 MODEL = "mask-model"
 WINDOW = 16_000
 MASKS = "compaction_proxy_compactions_total"
-
-
-def output(seed: str, words: int = 900) -> str:
-    """About 2.7k tokens of a tool's output, under the pruner's threshold."""
-    return " ".join(f"{seed}{i % 89}" for i in range(words))
-
-
-def agent_history(rounds: int = 6, words: int = 900) -> list[dict[str, Any]]:
-    """An agent reading ``rounds`` files: over a 16k window's threshold from about five."""
-    tag = uuid.uuid4().hex[:8]
-    messages = [system(), user(f"FACT-7: ticket {tag}. Fix the importer.")]
-    for index in range(rounds):
-        call = f"call_{index}"
-        messages.append(assistant(None, (call, "read_file", f'{{"path": "src/m{index}.py"}}')))
-        messages.append(tool(call, output(f"m{index}x", words)))
-    messages.append(user("Where are we?"))
-    return messages
 
 
 async def start(
@@ -48,7 +31,6 @@ async def start(
     return await make_proxy(routes=[route(upstream_url, "mask-*", WINDOW, **policy)])
 
 
-@pytest.mark.parametrize("store_url", ["memory://", REDIS_URL])
 async def test_old_outputs_are_masked_instead_of_summarized_and_stay_masked(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, store_url: str
 ) -> None:
@@ -173,7 +155,7 @@ async def test_claude_code_tool_results_are_masked_in_messages_form(
         call = f"toolu_{index:03d}"
         use = {"type": "tool_use", "id": call, "name": "Read", "input": {"file_path": f"m{index}"}}
         turns.append({"role": "assistant", "content": [use]})
-        result = {"type": "tool_result", "tool_use_id": call, "content": output(f"r{index}x")}
+        result = {"type": "tool_result", "tool_use_id": call, "content": file_output(f"r{index}x")}
         turns.append({"role": "user", "content": [result]})
     turns.append({"role": "user", "content": "Where are we?"})
     async with anthropic.AsyncAnthropic(
@@ -210,7 +192,7 @@ async def test_a_reread_of_a_masked_output_is_counted_and_not_masked_again(
     again = [
         *history[:-1],
         assistant(None, ("call_again", "read_file", '{"path":"src/m0.py"}')),
-        tool("call_again", output("m0x")),
+        tool("call_again", file_output("m0x")),
     ]
     await chat(proxy.url, again, MODEL)
     await proxy.app[SERVICES].pending_records.settled_all()  # counted after the answer
@@ -220,7 +202,7 @@ async def test_a_reread_of_a_masked_output_is_counted_and_not_masked_again(
     for index in range(6, 9):
         call = f"call_{index}"
         later.append(assistant(None, (call, "read_file", f'{{"path": "src/m{index}.py"}}')))
-        later.append(tool(call, output(f"m{index}x", words=300)))
+        later.append(tool(call, file_output(f"m{index}x", words=300)))
     later.append(user("Where are we now?"))
     answer = await chat(proxy.url, later, MODEL)
     assert answer.headers["x-compaction-status"] == "masked"

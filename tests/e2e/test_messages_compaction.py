@@ -9,7 +9,6 @@ import math
 import uuid
 from typing import Any
 
-import anthropic
 import pytest
 
 from compaction_proxy.metering import lazy_litellm
@@ -18,10 +17,11 @@ from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.e2e.test_admin import AUTH as ADMIN_AUTH
-from tests.e2e.test_admin import TOKEN as ADMIN_TOKEN
-from tests.e2e.test_admin import admin
-from tests.helpers import MASKING_OFF, counter, route
+from tests.helpers import ADMIN_AUTH, ADMIN_TOKEN, MASKING_OFF, admin, counter, route
+
+pytest.importorskip("anthropic")
+
+import anthropic
 
 MODEL = "claude-small"
 WINDOW = 16_000

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-import anthropic
 import orjson
 import pytest
 
@@ -17,6 +16,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import route
 from tests.processes import free_port
+
+pytest.importorskip("anthropic")
+
+import anthropic
 
 CLAUDE = "claude-sonnet-4-5"
 CLIENT_KEY = "cpk-claude-0123456789"

@@ -6,13 +6,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import openai
+import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
 from tests.helpers import MASKING_OFF, counter, route
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "small-model"
 WINDOW = 16_000

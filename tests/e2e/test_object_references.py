@@ -11,15 +11,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import anthropic
-import openai
 import orjson
 import pytest
 
 from compaction_proxy.security.tenant import tenant_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.e2e.test_account_endpoints import ALICE, BOB, alice_and_bob, keyed
+from tests.helpers import ALICE, BOB, alice_and_bob, keyed
+
+pytest.importorskip("anthropic")
+pytest.importorskip("openai")
+
+import anthropic
+import openai
 
 Call = Callable[[openai.AsyncOpenAI, str], Awaitable[Any]]
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import aiohttp
 import httpx
-import openai
 import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
@@ -18,6 +17,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.encodings import compressed
 from tests.helpers import counter
+
+pytest.importorskip("openai")
+
+import openai
 
 
 class Capture:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import openai
 import orjson
 import pytest
 from prometheus_client import REGISTRY
@@ -17,6 +16,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import MASKING_OFF, counter
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "tight-model"
 REAL_WINDOW = 16_000

@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 from yarl import URL
@@ -15,6 +14,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
 from tests.helpers import counter
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "fake-model"
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, user
 from tests.conftest import ProxyFactory
 from tests.helpers import chat, route
+
+pytest.importorskip("anthropic")
+pytest.importorskip("openai")
+
+import anthropic
+import openai
 
 WINDOW = 8_192
 CONTRACT = "".join(f"Clause {i}. The parties agree to terms set out here. " for i in range(1_200))

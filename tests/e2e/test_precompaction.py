@@ -12,7 +12,6 @@ import signal
 import time
 from typing import Any
 
-import openai
 import orjson
 import pytest
 from prometheus_client import REGISTRY
@@ -27,6 +26,10 @@ from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import MASKING_OFF, counter, route
 from tests.processes import proxy_process
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "agent-model"
 WINDOW = 16_000
@@ -207,6 +210,7 @@ async def round_in_flight(
     return proxy, waits_before
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_a_request_that_outgrew_the_round_in_flight_goes_at_once_over_the_threshold(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -243,6 +247,7 @@ async def test_an_observation_to_prune_does_not_wait_for_the_round_in_flight(
     assert lease_waits() == waits_before
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_a_turn_that_jumps_both_watermarks_is_compacted_behind_it(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -262,6 +267,7 @@ def cut_by_the_proxy(message: dict[str, Any]) -> bool:
     )
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_from_must_compact_on_a_request_goes_at_once_with_older_observations_cut_for_it(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -290,6 +296,7 @@ async def test_from_must_compact_on_a_request_goes_at_once_with_older_observatio
     assert len(fake.summary_requests) == 1, "it did not start a second round"
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_from_must_compact_on_a_request_the_bridge_cannot_fit_waits_for_the_round(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -325,6 +332,7 @@ async def test_on_first_contact_a_history_past_must_compact_waits_for_its_summar
     assert not any(cut_by_the_proxy(m) for m in (fake.chat_requests[-1].body or {})["messages"])
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_its_answer(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -342,6 +350,7 @@ async def test_after_small_answers_a_request_goes_at_once_until_the_window_less_
     assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_a_request_whose_declared_answer_would_not_fit_is_bridged_to_leave_it_room(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
-
 from compaction_proxy.store import Store
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
-from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import chat, route
 
 SMALL_WINDOW = 8_000
@@ -46,7 +44,6 @@ async def events(store: Store, conversation: str) -> list[dict[str, Any]]:
     return [e for _, e in (await store.read_log(conversation, limit=10_000)).events]
 
 
-@pytest.mark.parametrize("store_url", ["memory://", REDIS_URL])
 async def test_huge_tool_results_are_pruned_once_and_reused(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, store_url: str
 ) -> None:

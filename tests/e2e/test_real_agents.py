@@ -20,6 +20,7 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
 from tests.helpers import counter, route
+from tests.reports import REAL_AGENTS, report
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,6 @@ MODEL = "agent-scripted"
 WINDOW = 16_000
 FILES = 5
 TASK = "Print each data file with the shell, one per turn, then say you are done."
-SUMMARY_REPORT: list[str] = []
 # opencode's prompt (10 tools) is about 9.8k tokens and it asks for 4,096 of answer: in a 16k
 # window a 24 KB output would not fit even as the only one; 12 KB outputs do, and their
 # history outgrows the window by the third.
@@ -220,10 +220,11 @@ async def test_codex_compacting_on_its_own_wastes_no_summary_of_the_proxy(
         and e.get("kind") == "summary"
     ]
     assert len(committed) <= len(carried_checkpoints(fake))  # every checkpoint used
-    SUMMARY_REPORT.append(
+    report(
+        REAL_AGENTS,
         f"codex compacting on its own: {client_compactions:.0f} client compactions, "
         f"{len(fake.summary_requests)} summary calls of the proxy, {len(committed)} committed, "
-        f"{len(carried_checkpoints(fake))} carried"
+        f"{len(carried_checkpoints(fake))} carried",
     )
 
 

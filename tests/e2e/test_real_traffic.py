@@ -16,7 +16,7 @@ from compaction_proxy.compaction.summarize import framed_summary_text
 from compaction_proxy.testing.fake_answers import pairing_error
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
-from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
+from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import MASKING_OFF, chat, counter, route
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
@@ -116,6 +116,7 @@ async def test_a_message_too_big_for_the_summary_call_is_cut_inside_it_only(
     assert last is not None and all(MARKER not in str(m["content"]) for m in last["messages"])
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_summary_calls_fit_a_summary_model_with_a_smaller_window(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -149,6 +150,7 @@ def caching_client(history: list[Message]) -> list[Message]:
     return shaped
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_a_moving_cache_breakpoint_keeps_checkpoints_applying(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -178,6 +180,7 @@ async def test_a_moving_cache_breakpoint_keeps_checkpoints_applying(
     assert len(fake.summary_requests) * 4 < len(fake.chat_requests)
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_conversations_sharing_their_first_message_never_stop_each_other(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -256,15 +259,13 @@ async def test_integers_beyond_64_bits_survive_a_compacted_request(
     assert isinstance(forwarded["messages"][-1]["x_sequence"], int)
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
 async def test_a_lone_surrogate_goes_on_as_sent_and_its_conversation_compacts(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, store: str
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, store_url: str
 ) -> None:
     """A JavaScript agent that cuts a string between the two halves of an emoji sends a lone
     surrogate escape: valid JSON, which some providers take. The proxy reads it, compacts
     around it and sends it on as it came."""
-    stores = {"memory": {}, "redis": {"store_url": REDIS_URL}}
-    proxy = await make_proxy(routes=[synchronous(upstream_url, 16_000)], **stores[store])
+    proxy = await make_proxy(routes=[synchronous(upstream_url, 16_000)], store_url=store_url)
     cut = "deploy log \U0001f680 " * 3 + "\ud83d"  # ends on half an emoji
     history = [
         system(),

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 
@@ -19,6 +18,11 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import counter
 from tests.processes import free_port
+
+pytest.importorskip("openai")
+pytest.importorskip("websockets")  # the SDK's Realtime client
+
+import openai
 
 
 def sessions_counted() -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import openai
+import pytest
 import redis.asyncio as aioredis
 
 from compaction_proxy.http.app_keys import SERVICES
@@ -14,6 +14,10 @@ from tests.builders import system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import route
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "path-model"
 

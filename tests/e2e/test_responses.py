@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 from prometheus_client import REGISTRY
@@ -19,6 +18,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.encodings import compressed
 from tests.helpers import MASKING_OFF, counter, route
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "resp-small"
 WINDOW = 16_000
@@ -334,6 +337,7 @@ async def test_a_zstd_compressed_request_as_codex_sends_it_is_read_and_forwarded
     assert fake.responses.forwarded[-1] == body
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_an_agent_loop_outgrowing_its_background_round_goes_on_through_the_bridge(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:

@@ -3,16 +3,24 @@ the very body the SDK sends when the history is passed as its parameter."""
 
 from __future__ import annotations
 
-import openai
 import orjson
 import pytest
 
 from compaction_proxy.conversation.messages import split_head
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.e2e.test_responses_replay import BASH, as_items
-from tests.e2e.test_transcript_replay import BASH_TOOL, plant_facts
 from tests.sdk import unwalked
-from tests.transcripts import VARIANTS, transcript_named
+from tests.transcripts import (
+    BASH_TOOL,
+    RESPONSES_BASH,
+    VARIANTS,
+    as_items,
+    plant_facts,
+    transcript_named,
+)
+
+pytest.importorskip("openai")
+
+import openai
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -36,7 +44,7 @@ async def test_a_history_handed_over_unwalked_is_the_body_the_sdk_sends(
             instructions = str(head[0]["content"]) if head else None
             for params in ({"input": items}, unwalked("input", items)):
                 await client.responses.create(
-                    model="m", instructions=instructions, tools=BASH, **params
+                    model="m", instructions=instructions, tools=[RESPONSES_BASH], **params
                 )
             first, second = fake.responses.forwarded
     assert first is not None and second is not None

@@ -6,7 +6,6 @@ import asyncio
 import logging
 from typing import Any
 
-import openai
 import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
@@ -14,6 +13,10 @@ from compaction_proxy.store import BeginResult
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 BEGUN = BeginResult.BEGUN
 START = {"type": "compaction/start"}

@@ -10,11 +10,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-import openai
 import orjson
 import pytest
 
 from tests.conftest import ProxyFactory, RunningProxy
+
+pytest.importorskip("openai")
+
+import openai
 
 BOUNDARY = "b0undary"
 

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -18,6 +17,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import MASKING_OFF, route
+
+pytest.importorskip("openai")
+
+import openai
 
 WINDOW = 16_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import openai
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import RunningProxy
 from tests.helpers import counter
+
+pytest.importorskip("openai")
+
+import openai
 
 REQUESTS = "compaction_proxy_requests_total"
 DISCONNECTS = "compaction_proxy_client_disconnects_total"

@@ -10,8 +10,6 @@ import uuid
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.conversation.replacements import (
     Checkpoint,
@@ -22,7 +20,12 @@ from compaction_proxy.conversation.replacements import (
 from compaction_proxy.store import BeginResult, MemoryStore, Store
 from compaction_proxy.store.branches import anchor_of, on_chain
 from compaction_proxy.store.redis import RedisStore
-from tests.conftest import REDIS_URL
+from tests.redis_server import shared_redis_url
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 START = {"type": "compaction/start"}
 END = {"type": "compaction/end", "outcome": "summary_failed"}
@@ -152,7 +155,7 @@ async def test_records_no_request_reaches_are_dropped_while_a_twin_goes_on(
     if backend == "memory":
         store = MemoryStore(ttl_seconds=3600, record_ttl_seconds=0.4)
     else:
-        store = RedisStore(REDIS_URL, ttl_seconds=3600, record_ttl_seconds=0.4)
+        store = RedisStore(shared_redis_url(), ttl_seconds=3600, record_ttl_seconds=0.4)
     a, b = chain("a", 20), chain("b", 20)
     try:
         await commit(store, conversation, a, [summary_of(a, 10)])
@@ -215,7 +218,10 @@ def test_both_backends_read_every_branch_alike_and_no_generation_goes_back(
     chains = {name: chain(name, 12, shared=shared) for name in "abc"}
 
     async def check() -> None:
-        memory, redis = MemoryStore(ttl_seconds=3600), RedisStore(REDIS_URL, ttl_seconds=3600)
+        memory, redis = (
+            MemoryStore(ttl_seconds=3600),
+            RedisStore(shared_redis_url(), ttl_seconds=3600),
+        )
         conversation = f"test-{uuid.uuid4().hex}"
         held: list[Checkpoint | Prune] = []  # the model: what the conversation holds
         seen = dict.fromkeys(chains, 0)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
 
 from compaction_proxy.conversation.log_events import MessageEvent
 from compaction_proxy.conversation.replacements import Checkpoint, Prune, record_to_dict
@@ -20,6 +19,11 @@ from compaction_proxy.store.attributes import ConversationAttributes
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
 from tests.helpers import MASKING_OFF, chat, counter, route
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 SESSION = {"X-Session-Id": "one-big-conversation"}
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+import pytest
 
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store import MemoryStore
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 MAX_EVENTS = 100  # the smallest bound the store takes
 

@@ -25,8 +25,8 @@ from compaction_proxy.store.redis_keys import (
     seen_key_prefix,
     segment_key_prefix,
 )
-from tests.conftest import REDIS_URL
 from tests.helpers import counter
+from tests.redis_server import shared_redis_url
 
 PACKS = "compaction_proxy_log_packs_total"
 
@@ -50,7 +50,7 @@ def turn(start: int, count: int = 3, size: int = 3_000) -> list[MessageEvent]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[aioredis.Redis]:
-    connection = aioredis.Redis.from_url(REDIS_URL)
+    connection = aioredis.Redis.from_url(shared_redis_url())
     yield connection
     await connection.aclose()
 
@@ -95,7 +95,7 @@ async def assert_packed(
 async def test_a_packed_log_reads_back_in_order_under_the_ids_it_was_logged_with(
     conversation: str, client: aioredis.Redis
 ) -> None:
-    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
     read_back = counter(PACKS, source="read_back", outcome="landed")
     try:
         written: list[Any] = []
@@ -133,7 +133,7 @@ async def test_a_packed_log_reads_back_in_order_under_the_ids_it_was_logged_with
 async def test_log_bytes_count_exactly_what_the_log_holds(
     conversation: str, client: aioredis.Redis
 ) -> None:
-    store = RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=60_000)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600, max_log_bytes=60_000)
     try:
         for n in range(80):
             await store.append(conversation, turn(n * 3))
@@ -151,7 +151,7 @@ async def test_log_bytes_count_exactly_what_the_log_holds(
 
 
 async def test_the_event_bound_counts_packed_events(conversation: str) -> None:
-    store = RedisStore(REDIS_URL, ttl_seconds=3600, max_log_events=200)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600, max_log_events=200)
     try:
         for n in range(40):
             await store.append(conversation, turn(n * 10, 10, 400))
@@ -169,7 +169,7 @@ async def test_replicas_logging_one_conversation_pack_each_event_once(
 ) -> None:
     """Two replicas log one conversation turn by turn, and race: what they log is packed,
     some of it read back, and the log reads back every event once, in order."""
-    replicas = [RedisStore(REDIS_URL, ttl_seconds=3600) for _ in range(2)]
+    replicas = [RedisStore(shared_redis_url(), ttl_seconds=3600) for _ in range(2)]
     try:
         for n in range(0, 90, 2):
             await asyncio.gather(
@@ -196,7 +196,7 @@ async def test_a_log_whose_state_was_lost_is_packed_from_its_new_events_alone(
 ) -> None:
     """A Redis that lost its data (here: the conversation's keys) restarts the log's
     ordinals; what a replica remembers from before is never packed as the new entries."""
-    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
     try:
         for n in range(5):  # held, not yet due
             await store.append(conversation, turn(n * 3))
@@ -216,7 +216,7 @@ async def test_what_a_process_holds_to_pack_stays_counted_while_packs_outlive_it
     """The bytes a process holds to pack are bounded; a pack under way for a conversation it
     has forgotten meanwhile changes nothing in the count."""
     monkeypatch.setattr(redis_log, "HELD_BYTES", 40_000)
-    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
     first, second = (f"test-{uuid.uuid4().hex}" for _ in range(2))
     try:
         for n in range(3):  # the third append makes a pack due: it runs in the background
@@ -234,14 +234,14 @@ async def test_what_a_process_holds_to_pack_stays_counted_while_packs_outlive_it
 async def test_a_process_that_holds_none_of_the_log_reads_it_back_to_pack_it(
     conversation: str, client: aioredis.Redis
 ) -> None:
-    before = RedisStore(REDIS_URL, ttl_seconds=3600, compress_log=False)
+    before = RedisStore(shared_redis_url(), ttl_seconds=3600, compress_log=False)
     read_back = counter(PACKS, source="read_back", outcome="landed")
     try:
         for n in range(30):  # logged by a process that never packs (or has since stopped)
             await before.append(conversation, turn(n * 3))
     finally:
         await before.close()
-    after = RedisStore(REDIS_URL, ttl_seconds=3600)
+    after = RedisStore(shared_redis_url(), ttl_seconds=3600)
     try:
         await after.append(conversation, turn(90))
         await after.log_packs_settled()
@@ -267,7 +267,7 @@ async def test_entries_and_seen_keys_of_earlier_versions_are_read_and_packed(
         fields = {"e": event} if squeezed is None or message.position % 2 else {"z": squeezed}
         await client.xadd(keys["log"], fields)  # type: ignore[arg-type]
         await client.sadd(keys["seen"], message.hash)
-    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
     try:
         assert await store.append(conversation, turn(38, 5)) == 3
         for n in range(15):
@@ -282,7 +282,7 @@ async def test_entries_and_seen_keys_of_earlier_versions_are_read_and_packed(
 async def test_seen_keys_take_under_30_bytes_each(
     conversation: str, client: aioredis.Redis
 ) -> None:
-    store = RedisStore(REDIS_URL, ttl_seconds=3600, compress_log=False)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600, compress_log=False)
     try:
         for n in range(40):
             batch = [

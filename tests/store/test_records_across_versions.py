@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 import redis.asyncio as aioredis
@@ -20,8 +19,13 @@ from compaction_proxy.conversation.replacements import Checkpoint, record_to_dic
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.store.redis_keys import conversation_keys
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.conftest import REDIS_URL, ProxyFactory
+from tests.conftest import ProxyFactory
 from tests.helpers import counter, route
+from tests.redis_server import shared_redis_url
+
+pytest.importorskip("openai")
+
+import openai
 
 UNREADABLE = "compaction_proxy_unreadable_records_total"
 UNREADABLE_STATE = "compaction_proxy_unreadable_state_fields_total"
@@ -33,7 +37,7 @@ def checkpoint(end: int = 3) -> Checkpoint:
 
 
 async def push_raw(conversation: str, *raw: str) -> None:
-    client = aioredis.Redis.from_url(REDIS_URL)
+    client = aioredis.Redis.from_url(shared_redis_url())
     try:
         await client.rpush(conversation_keys(conversation)["records"], *raw)
     finally:
@@ -46,7 +50,7 @@ def stored(record: dict[str, Any]) -> str:
 
 @pytest.fixture
 async def redis_store() -> Any:
-    store = RedisStore(REDIS_URL, ttl_seconds=3600)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
     yield store
     await store.close()
 
@@ -108,7 +112,7 @@ async def test_an_unreadable_state_field_is_ignored_and_counted_and_commits_go_o
     start = {"type": "compaction/start"}
     assert (await redis_store.begin_compaction(conversation, "me", 30, start)).value == "begun"
     assert await redis_store.commit_compaction(conversation, "me", [], [checkpoint(3)], []) == 1
-    client = aioredis.Redis.from_url(REDIS_URL)
+    client = aioredis.Redis.from_url(shared_redis_url())
     try:
         await client.hset(conversation_keys(conversation)["state"], field, value)
     finally:
@@ -130,7 +134,7 @@ async def test_a_conversation_with_an_unreadable_record_is_still_served_and_show
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     proxy = await make_proxy(
-        store_url=REDIS_URL,
+        store_url=shared_redis_url(),
         routes=[route(upstream_url, "m-*", 64_000)],
         admin_token="admin-token-0123456789",
     )

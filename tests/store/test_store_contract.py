@@ -16,8 +16,8 @@ from compaction_proxy.store import BeginResult, MemoryStore, Store
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.store.redis_keys import conversation_keys
-from tests.conftest import REDIS_URL
 from tests.helpers import counter
+from tests.redis_server import shared_redis_url
 
 START = {"type": "compaction/start"}
 HOUR = 3600  # quota windows long enough that no test straddles two
@@ -360,7 +360,7 @@ async def test_the_log_keeps_only_its_newest_events(conversation: str) -> None:
         store: Store = (
             MemoryStore(max_log_events=200)
             if backend == "memory"
-            else RedisStore(REDIS_URL, ttl_seconds=3600, max_log_events=200)
+            else RedisStore(shared_redis_url(), ttl_seconds=3600, max_log_events=200)
         )
         try:
             for turn in range(30):
@@ -389,7 +389,9 @@ async def test_one_conversations_log_holds_at_most_its_byte_bound(conversation: 
             MemoryStore(max_log_bytes=200_000)
             if backend == "memory"
             # Stored as JSON, so what is read back weighs what the bound counts.
-            else RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=200_000, compress_log=False)
+            else RedisStore(
+                shared_redis_url(), ttl_seconds=3600, max_log_bytes=200_000, compress_log=False
+            )
         )
         before = counter("compaction_proxy_log_bytes_dropped_total")
         try:
@@ -414,8 +416,8 @@ async def test_a_packed_log_reads_back_as_written_and_stays_in_its_bound(
     """Redis packs the log's older events into compressed segments: read back, they are the
     events written; the byte bound counts what is stored, so the log keeps far more events
     than their JSON would fit; a log written without packing reads alike."""
-    plain = RedisStore(REDIS_URL, ttl_seconds=3600, compress_log=False)
-    store = RedisStore(REDIS_URL, ttl_seconds=3600, max_log_bytes=100_000)
+    plain = RedisStore(shared_redis_url(), ttl_seconds=3600, compress_log=False)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600, max_log_bytes=100_000)
     try:
         written = [*big_messages(3, 0, 10), *big_messages(3, 3, 5_000)]
         await plain.append(conversation, written[:2])
@@ -424,7 +426,7 @@ async def test_a_packed_log_reads_back_as_written_and_stays_in_its_bound(
         for turn in range(100):
             await store.append(conversation, big_messages(2, 100 + turn * 2, 20_000))
             await store.log_packs_settled()
-        client = aioredis.Redis.from_url(REDIS_URL)
+        client = aioredis.Redis.from_url(shared_redis_url())
         try:
             keys = conversation_keys(conversation)
             stored = int(await client.hget(keys["state"], "log_bytes") or 0)
@@ -483,7 +485,7 @@ async def test_records_expire_after_record_ttl_while_the_log_stays(
     if backend == "memory":
         store = MemoryStore(ttl_seconds=3600, record_ttl_seconds=0.3)
     else:
-        store = RedisStore(REDIS_URL, ttl_seconds=3600, record_ttl_seconds=0.3)
+        store = RedisStore(shared_redis_url(), ttl_seconds=3600, record_ttl_seconds=0.3)
     try:
         await store.append(conversation, messages(3))
         assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN

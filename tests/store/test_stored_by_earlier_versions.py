@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import openai
 import orjson
 import pytest
 import redis.asyncio as aioredis
@@ -23,6 +22,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 RECORDED = orjson.loads((Path(__file__).parent / "data" / "redis_written_by_0.1.json").read_bytes())
 COMPACTED = "sa3d84c8ede84a8b079d547e041f357af"  # its session id: recorded-1

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.bench.caching import Bill, BreakpointCache, PrefixCache
 from tests.builders import assistant, user
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def message(index: int) -> dict[str, Any]:

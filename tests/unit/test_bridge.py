@@ -7,8 +7,6 @@ import copy
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction.bridge import bridge_cuts
 from compaction_proxy.compaction.model_policy import bridge_pruner
@@ -18,6 +16,11 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import SurfaceNode
 from compaction_proxy.metering.anchor import Anchor
 from tests.builders import assistant, tool, user
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 BRIDGE = Pruner(threshold_chars=40, head_chars=6, tail_chars=4)
 

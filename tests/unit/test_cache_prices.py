@@ -4,8 +4,6 @@ of a soft target (``model_policy.budgets``): pure tables."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction.cache_prices import (
     PRESETS,
@@ -19,6 +17,11 @@ from compaction_proxy.compaction.cache_prices import (
 )
 from compaction_proxy.compaction.model_policy import budgets
 from compaction_proxy.config.settings import Policy, PricingPolicy
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 # Clearing 3,000 tokens of observations 20,000 tokens deep: only the prefix before it is read.
 DEEP_MASK = StepPrice(saved=3_000, rewritten=20_000)

@@ -6,13 +6,16 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction import request_view
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.fingerprint import context_fingerprint, normalized_instructions
 from tests.builders import system
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 BASE = (

@@ -7,12 +7,15 @@ import dataclasses
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction.pressure import answer_attributes
 from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
 from compaction_proxy.store.base import ConversationState
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 LARGEST = "largest_answer_tokens"
 

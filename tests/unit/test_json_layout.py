@@ -8,12 +8,15 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.parsing import json_layout, jsonio
 from compaction_proxy.parsing.json_layout import elements_between, layout_of, top_level_array
 from tests.strategies import junk, messages, texts
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 STYLES = {
     "compact": lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode(
@@ -47,6 +50,7 @@ def test_the_array_is_found_where_the_token_walk_finds_it(
     assert top_level_array(raw, "messages") is not None
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 @settings(max_examples=1000, deadline=None)
 @given(st.tuples(soup, soup).map(lambda p: b"{" + p[0] + b'"messages"' + p[1]))
 def test_in_any_bytes_the_array_is_found_where_the_token_walk_finds_it_or_parsing_refuses(
@@ -63,6 +67,7 @@ def test_in_any_bytes_the_array_is_found_where_the_token_walk_finds_it_or_parsin
             jsonio.loads_fast(raw)
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 @settings(max_examples=500, deadline=None)
 @given(
     shared=st.lists(messages, min_size=1, max_size=3),
@@ -95,6 +100,7 @@ def test_the_elements_between_two_offsets_are_the_ones_a_whole_parse_makes(
     assert tuple(ends) == layout.ends[len(shared) :]
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 @settings(max_examples=1000, deadline=None)
 @given(shared=st.lists(messages, min_size=1, max_size=2), garbage=soup)
 def test_between_two_offsets_bytes_that_do_not_continue_the_array_give_nothing(

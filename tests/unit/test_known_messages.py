@@ -6,8 +6,6 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.conversation.messages import message_digest
 from compaction_proxy.formats.bad_request import BadRequest
@@ -16,11 +14,17 @@ from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.parsing import jsonio
 from tests.strategies import messages
 
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 
 def _no_check(message: Any, index: int) -> None:
     pass
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 @settings(max_examples=300, deadline=None)
 @given(batch=st.lists(messages, max_size=8))
 def test_digests_are_message_digest_whether_seen_or_not(batch: list[dict[str, Any]]) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.store.log_segments import (
     PACK_AT_BYTES,
@@ -25,6 +23,11 @@ from compaction_proxy.store.log_segments import (
     plan_pack,
     segment_lines,
 )
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 WIDE = SegmentLimits(lines=1 << 20, events=1000)
 

@@ -7,8 +7,6 @@ import copy
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction.masking import (
     Masker,
@@ -20,6 +18,11 @@ from compaction_proxy.compaction.masking import (
 )
 from compaction_proxy.conversation.surface import SurfaceNode
 from tests.builders import assistant, tool, user
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 BIG = "x" * 2_000
 EVERY_OLD_ONE = Masker(keep=0)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
@@ -25,6 +23,11 @@ from compaction_proxy.formats.messages import (
 )
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.testing.fake_messages import sign, thinking_refusal
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 SUMMARY = {"role": "user", "content": "<compacted-summary>earlier work</compacted-summary>"}
 

@@ -7,8 +7,6 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.security import object_references
 from compaction_proxy.security.account_endpoints import refused_account_endpoint
@@ -25,6 +23,11 @@ from compaction_proxy.security.owned_objects import (
     created_objects,
     own_list,
 )
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize(

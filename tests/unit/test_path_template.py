@@ -4,10 +4,13 @@ ids nor a client's own paths or methods ever become label values."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.http.passthrough import _KINDS, KNOWN_TEMPLATES, method_label, path_template
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize(

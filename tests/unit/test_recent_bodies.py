@@ -8,8 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.formats.bad_request import BadRequest
@@ -26,6 +24,11 @@ from compaction_proxy.parsing.recent_bodies import RecentBodies
 from tests.builders import assistant, system, tool, user
 from tests.strategies import items as responses_junk
 from tests.strategies import messages
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 Style = Callable[[Any], bytes]
 STYLES: dict[str, Style] = {
@@ -55,6 +58,7 @@ def body(history: list[Any], **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": history, **extra}
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 @settings(max_examples=300, deadline=None)
 @given(
     history=st.lists(messages, min_size=1, max_size=8),
@@ -76,6 +80,7 @@ def test_a_growing_conversation_parses_as_if_each_body_were_parsed_whole(
         assert outcome(raw, known, recent) == whole(raw)
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 @settings(max_examples=300, deadline=None)
 @given(
     tasks=st.lists(st.sampled_from(["Fix it.", "Fix it!", "Test it."]), min_size=2, max_size=3),

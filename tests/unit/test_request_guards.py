@@ -7,12 +7,15 @@ import posixpath
 from urllib.parse import quote
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.paths import leaves_v1
 from tests.builders import Clock
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,14 @@ from __future__ import annotations
 import orjson
 import pytest
 from aiohttp import web
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.http.forwarding import Reply, usage_of
 from compaction_proxy.http.upstream import UsageScanner, usage_of_body
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'

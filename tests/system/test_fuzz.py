@@ -18,8 +18,6 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 from compaction_proxy.config.settings import load_settings
 from compaction_proxy.ops.app import create_app
@@ -28,6 +26,11 @@ from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.encodings import ENCODINGS, compressed
 from tests.strategies import items, junk, messages, texts, words
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 EXAMPLES = 2_200
 

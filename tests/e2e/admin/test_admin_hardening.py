@@ -11,16 +11,16 @@ import aiohttp
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.conftest import ProxyFactory, RunningProxy
-from tests.e2e.test_admin import AUTH, TOKEN, admin, chat, history, routes
-from tests.helpers import counter
+from tests.conftest import RunningProxy
+from tests.helpers import (
+    ADMIN_AUTH,
+    admin,
+    admin_history,
+    conversation_of,
+    counter,
+)
 
 FAILURES = "compaction_proxy_admin_auth_failures_total"
-
-
-@pytest.fixture
-async def proxy(make_proxy: ProxyFactory, upstream_url: str) -> RunningProxy:
-    return await make_proxy(admin_token=TOKEN, routes=routes(upstream_url))
 
 
 async def get(
@@ -50,7 +50,7 @@ async def test_failed_admin_tokens_are_counted_said_once_a_minute_then_throttled
     throttled = await get(proxy, "/conversations", {"Authorization": "Bearer guess-41"})
     assert throttled.status == 429 and 1 <= int(throttled.headers["Retry-After"]) <= 60
     # Another address is served as before.
-    assert (await get(proxy, "/conversations", AUTH, source="127.0.0.2")).status == 200
+    assert (await get(proxy, "/conversations", ADMIN_AUTH, source="127.0.0.2")).status == 200
 
 
 async def test_the_right_admin_token_works_from_an_address_others_throttled(
@@ -61,14 +61,14 @@ async def test_the_right_admin_token_works_from_an_address_others_throttled(
     for n in range(25):
         await get(proxy, "/conversations", {"Authorization": f"Bearer guess-{n}"})
     before = counter(FAILURES)
-    assert (await get(proxy, "/conversations", AUTH)).status == 200
+    assert (await get(proxy, "/conversations", ADMIN_AUTH)).status == 200
     assert (await get(proxy, "/conversations", {"Authorization": "Bearer no"})).status == 429
     assert counter(FAILURES) == before + 1
 
 
 @pytest.mark.parametrize("path", ["/conversations", "/conversations/nosuchconversation"])
 async def test_admin_json_is_never_cached_or_sniffed(proxy: RunningProxy, path: str) -> None:
-    for headers in (AUTH, {"Authorization": "Bearer wrong"}):
+    for headers in (ADMIN_AUTH, {"Authorization": "Bearer wrong"}):
         response = await get(proxy, path, headers)
         assert response.headers["Cache-Control"] == "no-store"
         assert response.headers["X-Content-Type-Options"] == "nosniff"
@@ -81,7 +81,7 @@ async def test_admin_json_is_never_cached_or_sniffed(proxy: RunningProxy, path: 
 async def test_a_malformed_summary_answer_to_a_manual_compaction_is_a_502_naming_it(
     proxy: RunningProxy, fake: FakeUpstream, answer: bytes
 ) -> None:
-    conversation = await chat(proxy, history())
+    conversation = await conversation_of(proxy, admin_history())
     fake.fail_next(200, answer)
     status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
     assert status == 502, result
@@ -93,7 +93,7 @@ async def test_a_malformed_summary_answer_to_a_manual_compaction_is_a_502_naming
 async def test_region_positions_must_be_numbers_not_booleans(
     proxy: RunningProxy, region: dict[str, Any]
 ) -> None:
-    conversation = await chat(proxy, history())
+    conversation = await conversation_of(proxy, admin_history())
     status, result = await admin(
         proxy, "POST", f"/conversations/{conversation}/compact-region", json=region
     )

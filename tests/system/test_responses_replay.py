@@ -4,63 +4,34 @@ the client sent it, the facts planted in the first message kept to the last requ
 
 from __future__ import annotations
 
-from typing import Any
-
-import openai
 import pytest
 
 from compaction_proxy.conversation.messages import live_turn_start, split_head
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
-from tests.e2e.test_transcript_replay import BASH_TOOL, FACTS, plant_facts
 from tests.sdk import unwalked
-from tests.transcripts import Transcript, replay_requests, transcripts
+from tests.transcripts import (
+    FACTS,
+    RESPONSES_BASH,
+    Transcript,
+    as_items,
+    plain_text,
+    plant_facts,
+    replay_requests,
+    transcripts,
+)
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "replay-responses"
 WINDOW = 16_000
-# The transcripts' shell tool, in the Responses API's flat shape.
-BASH = [{"type": "function", **BASH_TOOL[0]["function"]}]
-
-
-def text(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return str(content or "")
-
-
-def as_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A chat history as Responses input items."""
-    items: list[dict[str, Any]] = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            output = text(message.get("content"))
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": message["tool_call_id"],
-                    "output": output,
-                }
-            )
-            continue
-        if message.get("content"):
-            items.append({"role": role, "content": text(message["content"])})
-        for call in message.get("tool_calls") or []:
-            function = call["function"]
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call["id"],
-                    "name": function["name"],
-                    "arguments": function["arguments"],
-                }
-            )
-    return items
 
 
 def fits(transcript: Transcript) -> bool:
     """Whether no single message is too big for the window on its own."""
-    return all(len(text(m.get("content"))) < 0.75 * WINDOW * 3 for m in transcript.messages)
+    return all(len(plain_text(m.get("content"))) < 0.75 * WINDOW * 3 for m in transcript.messages)
 
 
 @pytest.mark.parametrize(
@@ -74,14 +45,17 @@ async def test_a_transcript_in_the_responses_format_stays_inside_the_window(
     proxy = await make_proxy(routes=[route])
     messages = plant_facts(transcript.messages, "responses")
     head, _ = split_head(messages)
-    instructions = "\n".join(text(m.get("content")) for m in head)
+    instructions = "\n".join(plain_text(m.get("content")) for m in head)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-rr", max_retries=0) as client:
         for history in replay_requests(messages):
             _, body = split_head(history)
             items = as_items(body)
             seen = len(fake.responses.forwarded)
             await client.responses.create(
-                model=MODEL, instructions=instructions, tools=BASH, **unwalked("input", items)
+                model=MODEL,
+                instructions=instructions,
+                tools=[RESPONSES_BASH],
+                **unwalked("input", items),
             )
             for forwarded in fake.responses.forwarded[seen:]:
                 live = as_items(body[live_turn_start(body) :])
@@ -90,7 +64,8 @@ async def test_a_transcript_in_the_responses_format_stays_inside_the_window(
     for forwarded in fake.responses.forwarded:
         assert fake.responses.input_tokens(forwarded) <= WINDOW
     last = "\n".join(
-        text(i.get("content") or i.get("output")) for i in fake.responses.forwarded[-1]["input"]
+        plain_text(i.get("content") or i.get("output"))
+        for i in fake.responses.forwarded[-1]["input"]
     )
     for fact in FACTS:
         assert fact in last

@@ -16,11 +16,9 @@ pairing as OpenAI does. For every replay:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import openai
 import orjson
 import pytest
 
@@ -30,34 +28,26 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_answers import pairing_error
 from compaction_proxy.testing.fake_upstream import FakeUpstream, Received
 from tests.conftest import ProxyFactory
+from tests.reports import TRANSCRIPT_REPLAY, report
 from tests.sdk import unwalked
 from tests.transcripts import (
-    CHAT_BASH,
+    BASH_TOOL,
+    FACTS,
+    REPLAY_WINDOWS,
     VARIANTS,
     Transcript,
+    plant_facts,
     replay_requests,
     transcript_named,
     transcripts,
 )
 
+pytest.importorskip("openai")
+
+import openai
+
 MODEL = "replay-model"
-WINDOWS = (8_000, 16_000, 32_000)
 THRESHOLD, PRECOMPACT = 0.8, 0.7  # the default watermarks
-BASH_TOOL = [CHAT_BASH]
-FACTS = [
-    "FACT-17: the staging database is pg-stage-3.internal on port 6432",
-    "FACT-23: never touch the vendored copy under third_party/legacy",
-]
-
-REPLAY_REPORT: list[str] = []
-
-
-def plant_facts(messages: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
-    planted = [dict(m) for m in messages]
-    first_user = next(i for i, m in enumerate(planted) if m["role"] == "user")
-    facts = "\n".join(FACTS) + f"\nrun {run} {uuid.uuid4().hex}\n\n"
-    planted[first_user]["content"] = facts + str(planted[first_user]["content"])
-    return planted
 
 
 def cap_of(received: Received) -> int:
@@ -72,9 +62,9 @@ def replays() -> list[Any]:
     about as the transcript as sent does, and a replay costs the suite as much as any other)."""
     params = []
     for transcript in transcripts():
-        for window in WINDOWS:
+        for window in REPLAY_WINDOWS:
             calls = any(m.get("tool_calls") for m in transcript.messages)
-            varied = calls and window < max(WINDOWS)  # the variants change calls only
+            varied = calls and window < max(REPLAY_WINDOWS)  # the variants change calls only
             for variant in VARIANTS if varied else ["as-sent"]:
                 params.append(
                     pytest.param(
@@ -225,10 +215,11 @@ async def replay(
         assert fact in visible
 
     name = f"{transcript.name[:44]} [{label}]"
-    REPLAY_REPORT.append(
+    report(
+        TRANSCRIPT_REPLAY,
         f"{name:<60} {window // 1000:>3}k  requests {len(statuses):>3}"
         f"  raw {raw_tokens:>9,}  forwarded {forwarded_tokens:>9,}"
         f"  ({forwarded_tokens / raw_tokens:.0%})  summary calls {len(committed):>2}"
         f"  prunes {statuses.count('pruned'):>2}  masked {statuses.count('masked'):>3}"
-        f"  rescued {statuses.count('rescued'):>2}"
+        f"  rescued {statuses.count('rescued'):>2}",
     )

@@ -7,16 +7,26 @@ from __future__ import annotations
 
 from typing import Any
 
-import anthropic
 import pytest
 
 from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
-from tests.e2e.test_responses_replay import text
-from tests.e2e.test_transcript_replay import FACTS, WINDOWS, plant_facts
 from tests.sdk import unwalked
-from tests.transcripts import Transcript, as_messages_body, replay_requests, transcripts
+from tests.transcripts import (
+    FACTS,
+    REPLAY_WINDOWS,
+    Transcript,
+    as_messages_body,
+    plain_text,
+    plant_facts,
+    replay_requests,
+    transcripts,
+)
+
+pytest.importorskip("anthropic")
+
+import anthropic
 
 MODEL = "replay-messages"
 
@@ -24,7 +34,7 @@ MODEL = "replay-messages"
 def fits(transcript: Transcript, window: int) -> bool:
     """Whether no single message is too big for the window on its own (a client could not
     send that turn directly either)."""
-    return all(len(text(m.get("content"))) < 0.75 * window * 3 for m in transcript.messages)
+    return all(len(plain_text(m.get("content"))) < 0.75 * window * 3 for m in transcript.messages)
 
 
 def live_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,7 +48,7 @@ def live_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     [
         pytest.param(t, window, id=f"{t.name[:40]}-{window // 1000}k")
         for t in transcripts()
-        for window in WINDOWS
+        for window in REPLAY_WINDOWS
         if fits(t, window)
     ],
 )
@@ -75,7 +85,7 @@ async def test_a_transcript_in_the_messages_format_stays_inside_the_window(
     assert fake.messages.refused == [] and fake.messages.overflows == []
     last = fake.messages.received[-1].body
     visible = "\n".join(
-        text(t["content"]) if isinstance(t["content"], list) else t["content"]
+        plain_text(t["content"]) if isinstance(t["content"], list) else t["content"]
         for t in last["messages"]
     )
     for fact in FACTS:

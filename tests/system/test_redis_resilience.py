@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 import aiohttp
-import openai
+import pytest
 import redis.asyncio
 from prometheus_client import REGISTRY
 
@@ -18,8 +18,12 @@ from compaction_proxy.store import BeginResult
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
-from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
-from tests.redis_server import RedisServer
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.redis_server import RedisServer, shared_redis_url
+
+pytest.importorskip("openai")
+
+import openai
 
 BEGUN = BeginResult.BEGUN
 START = {"type": "compaction/start"}
@@ -96,7 +100,7 @@ async def test_records_and_log_survive_a_proxy_restart(
 ) -> None:
     # A fresh conversation on the shared Redis: unique opening, so unique chain and id.
     history = [system(), user(f"a long task {uuid.uuid4()}"), *agent_turns(3)]
-    first = await make_proxy(store_url=REDIS_URL, tenant_secret=None)
+    first = await make_proxy(store_url=shared_redis_url(), tenant_secret=None)
     _, conversation = await ask(first, history)
     assert conversation is not None
 
@@ -109,13 +113,13 @@ async def test_records_and_log_survive_a_proxy_restart(
     assert await first.store.commit_compaction(conversation, "o", [], [record]) == 1
     await first.server.close()
 
-    second = await make_proxy(store_url=REDIS_URL, tenant_secret=None)
+    second = await make_proxy(store_url=shared_redis_url(), tenant_secret=None)
     later = [*history, user("continue")]
     status, again = await ask(second, later)
     assert (status, again) == ("compacted", conversation)  # it carries the first's checkpoint
     assert fake.chat_requests[-1].body["messages"] == [system(), summary, *later[6:]]
 
-    store = RedisStore(REDIS_URL)
+    store = RedisStore(shared_redis_url())
     events = [e for _, e in (await store.read_log(conversation, limit=1000)).events]
     await store.close()
     assert [e["type"] for e in events].count("request") == 2

@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.processes import free_port, proxy_process, wait_until_ready
+
+pytest.importorskip("openai")
+
+import openai
 
 DASHBOARD = Path(__file__).parents[2] / "charts" / "compaction-proxy" / "dashboards"
 SCRAPE_SECONDS = 1

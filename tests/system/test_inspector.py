@@ -18,17 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 
 from compaction_proxy.http.inspector import SECURITY_HEADERS
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.e2e.test_masking import agent_history
+from tests.builders import agent_history
 from tests.helpers import MASKING_OFF, UNCACHED
 from tests.processes import proxy_process
 from tests.synthetic import agent_conversation
 from tests.transcripts import replay_requests
+
+pytest.importorskip("openai")
+
+import openai
 
 TOKEN = "inspector-admin-token"
 SESSION = "inspect-me"

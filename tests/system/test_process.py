@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 import pytest
 
@@ -22,6 +21,10 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import user
 from tests.processes import free_port, proxy_process
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 
 async def test_sigterm_drains_in_flight_requests(fake: FakeUpstream, upstream_url: str) -> None:

@@ -9,8 +9,8 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-import openai
 import orjson
+import pytest
 
 from compaction_proxy.compaction.masking import observations, placeholder
 from compaction_proxy.compaction.model_policy import bridge_pruner
@@ -25,9 +25,13 @@ from compaction_proxy.conversation.text import text_of
 from compaction_proxy.security.tenant import TenantSecret, tenant_of
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.conftest import REDIS_URL
 from tests.processes import proxy_process
+from tests.redis_server import shared_redis_url
 from tests.transcripts import replay_requests, transcript_named
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "replica-model"
 WINDOW = 16_000
@@ -96,7 +100,7 @@ async def test_two_replicas_on_one_redis_stay_consistent(
     ).decode()
     env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "REDIS_URL": REDIS_URL,
+        "REDIS_URL": shared_redis_url(),
         "COMPACTION_PROXY_ROUTES": routes,
         "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
     }
@@ -110,7 +114,7 @@ async def test_two_replicas_on_one_redis_stay_consistent(
         ]
         await asyncio.gather(*(c.run() for c in clients))
 
-    store = RedisStore(REDIS_URL)
+    store = RedisStore(shared_redis_url())
     try:
         secret = await TenantSecret(None, store).get()
         tenant = tenant_of(secret, API_KEY)

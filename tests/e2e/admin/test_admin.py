@@ -6,67 +6,20 @@ import asyncio
 import uuid
 from typing import Any
 
-import aiohttp
-import openai
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.builders import agent_turns, system, user
-from tests.conftest import REDIS_URL, ProxyFactory, RunningProxy
-from tests.helpers import route
-
-TOKEN = "admin-secret-0123456789"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-MODEL = "fake-model"
-
-
-def history() -> list[dict[str, Any]]:
-    return [
-        system(),
-        user(f"FACT-3: job {uuid.uuid4().hex[:6]}. Fix the race in the cache."),
-        *agent_turns(8, output="cache trace " * 60),
-        user("What now?"),
-    ]
-
-
-async def chat(
-    proxy: RunningProxy, messages: list[dict[str, Any]], session: str | None = None
-) -> str:
-    headers = {"X-Session-Id": session} if session else {}
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-c", max_retries=0) as client:
-        raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
-            extra_headers=headers,
-        )
-        return str(raw.headers["x-compaction-conversation"])
-
-
-async def admin(
-    proxy: RunningProxy,
-    method: str,
-    path: str,
-    headers: dict[str, str] | None = None,
-    **kwargs: Any,
-) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as http:
-        async with http.request(
-            method,
-            f"{proxy.root}/admin{path}",
-            headers=AUTH if headers is None else headers,
-            **kwargs,
-        ) as response:
-            body = await response.json() if response.content_type == "application/json" else None
-            return response.status, body
-
-
-def routes(upstream_url: str) -> list[dict[str, Any]]:
-    return [route(upstream_url, "fake-*", 64_000)]
-
-
-@pytest.fixture
-async def proxy(make_proxy: ProxyFactory, upstream_url: str) -> RunningProxy:
-    return await make_proxy(admin_token=TOKEN, routes=routes(upstream_url))
+from tests.builders import system, user
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import (
+    ADMIN_AUTH,
+    ADMIN_MODEL,
+    ADMIN_TOKEN,
+    admin,
+    admin_history,
+    admin_routes,
+    conversation_of,
+)
 
 
 @pytest.mark.parametrize("configured", [None, "", "   "])
@@ -82,7 +35,7 @@ async def test_admin_is_off_without_a_token(
 
 
 @pytest.mark.parametrize(
-    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}]
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {ADMIN_TOKEN}"}]
 )
 async def test_admin_needs_the_bearer_token(proxy: RunningProxy, headers: dict[str, str]) -> None:
     status, body = await admin(proxy, "GET", "/conversations", headers=headers)
@@ -90,19 +43,20 @@ async def test_admin_needs_the_bearer_token(proxy: RunningProxy, headers: dict[s
     assert body == {"reason": "admin token required"}
 
 
-@pytest.mark.parametrize("store_url", ["memory://", REDIS_URL])
 async def test_inspection_lists_shows_logs_and_derives_the_surface(
     make_proxy: ProxyFactory, upstream_url: str, store_url: str
 ) -> None:
-    proxy = await make_proxy(admin_token=TOKEN, store_url=store_url, routes=routes(upstream_url))
-    messages = history()
-    conversation = await chat(proxy, messages)
-    await chat(proxy, [*messages, user("and then?")])
+    proxy = await make_proxy(
+        admin_token=ADMIN_TOKEN, store_url=store_url, routes=admin_routes(upstream_url)
+    )
+    messages = admin_history()
+    conversation = await conversation_of(proxy, messages)
+    await conversation_of(proxy, [*messages, user("and then?")])
 
     status, listing = await admin(proxy, "GET", "/conversations?limit=500")
     assert status == 200
     entry = next(c for c in listing["conversations"] if c["conversation"] == conversation)
-    assert entry["tenant"] and entry["model"] == MODEL and entry["generation"] == 0
+    assert entry["tenant"] and entry["model"] == ADMIN_MODEL and entry["generation"] == 0
     assert entry["last_pressure"] is not None and 0 < entry["last_pressure"] < 1
 
     status, shown = await admin(proxy, "GET", f"/conversations/{conversation}")
@@ -143,8 +97,8 @@ async def test_unknown_conversation_is_404(proxy: RunningProxy) -> None:
 async def test_manual_compaction_commits_and_later_requests_use_it(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
-    messages = history()
-    conversation = await chat(proxy, messages)
+    messages = admin_history()
+    conversation = await conversation_of(proxy, messages)
     status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
     assert status == 200
     assert result["outcome"] == "committed"
@@ -152,7 +106,7 @@ async def test_manual_compaction_commits_and_later_requests_use_it(
     # Everything but the live turn (the last tool result and the user's message) and the
     # assistant call it answers.
     assert result["span"] == {"start": 0, "end": len(messages) - 5}
-    await chat(proxy, [*messages, user("continue")])
+    await conversation_of(proxy, [*messages, user("continue")])
     forwarded = fake.chat_requests[-1].body
     assert forwarded is not None
     assert forwarded["messages"][0] == system()
@@ -169,8 +123,8 @@ async def test_a_manual_compaction_sends_the_operators_query_with_its_summary_ca
 ) -> None:
     """An upstream that needs ``api-version`` (Azure) gets it from ``X-Upstream-Query``: the
     admin request has no client query to pass on."""
-    conversation = await chat(proxy, history())
-    headers = {**AUTH, "X-Upstream-Query": "?api-version=2024-10-21"}
+    conversation = await conversation_of(proxy, admin_history())
+    headers = {**ADMIN_AUTH, "X-Upstream-Query": "?api-version=2024-10-21"}
     status, result = await admin(
         proxy, "POST", f"/conversations/{conversation}/compact", headers=headers
     )
@@ -181,8 +135,8 @@ async def test_a_manual_compaction_sends_the_operators_query_with_its_summary_ca
 async def test_a_manual_compaction_with_an_invalid_query_is_refused_before_any_summary(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
-    conversation = await chat(proxy, history())
-    headers = {**AUTH, "X-Upstream-Query": "api-version=2024 10 21"}
+    conversation = await conversation_of(proxy, admin_history())
+    headers = {**ADMIN_AUTH, "X-Upstream-Query": "api-version=2024 10 21"}
     status, result = await admin(
         proxy, "POST", f"/conversations/{conversation}/compact", headers=headers
     )
@@ -193,10 +147,10 @@ async def test_a_manual_compaction_with_an_invalid_query_is_refused_before_any_s
 async def test_manual_compaction_is_refused_while_a_request_is_in_flight(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
-    messages = history()
-    conversation = await chat(proxy, messages)
+    messages = admin_history()
+    conversation = await conversation_of(proxy, messages)
     fake.response_delay = 1.0
-    in_flight = asyncio.ensure_future(chat(proxy, [*messages, user("slow one")]))
+    in_flight = asyncio.ensure_future(conversation_of(proxy, [*messages, user("slow one")]))
     while len(fake.chat_requests) < 2:
         await asyncio.sleep(0.02)
     status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
@@ -205,8 +159,8 @@ async def test_manual_compaction_is_refused_while_a_request_is_in_flight(
 
 
 async def test_manual_compaction_needs_logged_content(make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(admin_token=TOKEN, log_content=False)
-    conversation = await chat(proxy, history())
+    proxy = await make_proxy(admin_token=ADMIN_TOKEN, log_content=False)
+    conversation = await conversation_of(proxy, admin_history())
     status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
     assert status == 409
     assert "log_content" in result["reason"]
@@ -227,7 +181,7 @@ async def test_manual_compaction_needs_logged_content(make_proxy: ProxyFactory) 
 async def test_region_is_validated_naming_the_cause(
     proxy: RunningProxy, region: dict[str, Any], cause: str
 ) -> None:
-    conversation = await chat(proxy, history())
+    conversation = await conversation_of(proxy, admin_history())
     status, result = await admin(
         proxy, "POST", f"/conversations/{conversation}/compact-region", json=region
     )
@@ -238,8 +192,8 @@ async def test_region_is_validated_naming_the_cause(
 async def test_region_compaction_merges_a_prior_checkpoint_inside_it(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
-    messages = history()  # body: user, 8 x (call, result), user  -> positions 0..17
-    conversation = await chat(proxy, messages)
+    messages = admin_history()  # body: user, 8 x (call, result), user  -> positions 0..17
+    conversation = await conversation_of(proxy, messages)
     path = f"/conversations/{conversation}/compact-region"
     status, inner = await admin(proxy, "POST", path, json={"start": 3, "end": 6})
     assert (status, inner["outcome"], inner["generation"]) == (200, "committed", 1)
@@ -264,11 +218,11 @@ async def test_region_compaction_merges_a_prior_checkpoint_inside_it(
 async def test_the_timeline_has_a_point_per_request_and_the_compaction_between(
     proxy: RunningProxy,
 ) -> None:
-    messages = history()
-    conversation = await chat(proxy, messages)
+    messages = admin_history()
+    conversation = await conversation_of(proxy, messages)
     status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
     assert (status, result["outcome"]) == (200, "committed")
-    await chat(proxy, [*messages, user("continue")])
+    await conversation_of(proxy, [*messages, user("continue")])
     status, timeline = await admin(proxy, "GET", f"/conversations/{conversation}/timeline")
     assert status == 200
     assert timeline["window"] == 64_000 and timeline["threshold"] == 51_200
@@ -300,8 +254,8 @@ async def test_the_timeline_has_a_point_per_request_and_the_compaction_between(
 async def test_conversations_are_searched_by_session_name_and_paged(proxy: RunningProxy) -> None:
     marker = uuid.uuid4().hex[:8]
     for index in range(3):
-        await chat(proxy, [user(f"hello {index}")], session=f"search-{marker}-{index}")
-    await chat(proxy, [user("unrelated")], session=f"other-{marker}")
+        await conversation_of(proxy, [user(f"hello {index}")], session=f"search-{marker}-{index}")
+    await conversation_of(proxy, [user("unrelated")], session=f"other-{marker}")
     status, found = await admin(proxy, "GET", f"/conversations?q=SEARCH-{marker}&limit=2")
     assert status == 200
     assert [c["session"] for c in found["conversations"]] == [

@@ -8,7 +8,6 @@ import signal
 import time
 from typing import Any
 
-import openai
 import orjson
 import pytest
 
@@ -19,6 +18,10 @@ from tests.conftest import ProxyFactory
 from tests.helpers import MASKING_OFF
 from tests.processes import proxy_process
 from tests.redis_server import RedisServer
+
+pytest.importorskip("openai")
+
+import openai
 
 MODEL = "crash-model"
 WINDOW = 16_000

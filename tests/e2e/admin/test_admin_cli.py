@@ -12,13 +12,13 @@ import pytest
 from compaction_proxy.ops.cli import main
 from compaction_proxy.store.base import StoreUnavailable
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.conftest import ProxyFactory, RunningProxy
-from tests.e2e.test_admin import MODEL, TOKEN, chat, history, routes
-
-
-@pytest.fixture
-async def proxy(make_proxy: ProxyFactory, upstream_url: str) -> RunningProxy:
-    return await make_proxy(admin_token=TOKEN, routes=routes(upstream_url))
+from tests.conftest import RunningProxy
+from tests.helpers import (
+    ADMIN_MODEL,
+    ADMIN_TOKEN,
+    admin_history,
+    conversation_of,
+)
 
 
 async def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -33,10 +33,10 @@ async def test_cli_lists_shows_and_compacts(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("COMPACTION_PROXY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("COMPACTION_PROXY_ADMIN_TOKEN", ADMIN_TOKEN)
     monkeypatch.setenv("COMPACTION_PROXY_ADMIN_URL", proxy.root)
-    messages = history()
-    conversation = await chat(proxy, messages, session="fix-the-cache-race")
+    messages = admin_history()
+    conversation = await conversation_of(proxy, messages, session="fix-the-cache-race")
 
     code, out, _ = await cli(capsys, "list")
     assert code == 0
@@ -54,7 +54,7 @@ async def test_cli_lists_shows_and_compacts(
 
     code, out, _ = await cli(capsys, "show", conversation)
     shown = dict(line.split(None, 1) for line in out.splitlines() if line.strip())
-    assert shown["session"] == "fix-the-cache-race" and shown["model"] == MODEL
+    assert shown["session"] == "fix-the-cache-race" and shown["model"] == ADMIN_MODEL
     assert shown["compaction"] == "on" and shown["pressure"].endswith("%")
     assert "UTC" in shown["last"] and len(shown["tenant"]) >= 12
 
@@ -105,8 +105,8 @@ async def test_cli_refusals_exit_non_zero(
 async def test_options_work_after_the_action_and_a_v1_url_is_forgiven(
     proxy: RunningProxy, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    conversation = await chat(proxy, history())
-    code, out, _ = await cli(capsys, "list", "--json", "--url", proxy.url, "--token", TOKEN)
+    conversation = await conversation_of(proxy, admin_history())
+    code, out, _ = await cli(capsys, "list", "--json", "--url", proxy.url, "--token", ADMIN_TOKEN)
     assert code == 0
     assert json.loads(out)["conversations"][0]["conversation"] == conversation
 
@@ -114,7 +114,7 @@ async def test_options_work_after_the_action_and_a_v1_url_is_forgiven(
 async def test_a_store_outage_is_one_line_and_a_failure_for_every_view(
     proxy: RunningProxy, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conversation = await chat(proxy, history())
+    conversation = await conversation_of(proxy, admin_history())
 
     async def unavailable(*_: Any, **__: Any) -> Any:
         raise StoreUnavailable("read", "ConnectionError")
@@ -129,7 +129,7 @@ async def test_a_store_outage_is_one_line_and_a_failure_for_every_view(
     ):
         for json_flag in ([], ["--json"]):
             code, out, err = await cli(
-                capsys, "--url", proxy.root, "--token", TOKEN, *json_flag, *args
+                capsys, "--url", proxy.root, "--token", ADMIN_TOKEN, *json_flag, *args
             )
             assert code == 1 and out == "", (args, out)
             assert "HTTP 503: the store is unavailable" in err and "Traceback" not in err
@@ -138,7 +138,7 @@ async def test_a_store_outage_is_one_line_and_a_failure_for_every_view(
 async def test_a_failed_manual_compaction_says_why(
     proxy: RunningProxy, capsys: pytest.CaptureFixture[str], fake: FakeUpstream
 ) -> None:
-    conversation = await chat(proxy, history())
+    conversation = await conversation_of(proxy, admin_history())
     refusal = {
         "error": {
             "message": "Incorrect API key provided: sk-****.",
@@ -148,7 +148,9 @@ async def test_a_failed_manual_compaction_says_why(
         }
     }
     fake.fail_next(401, json.dumps(refusal).encode())
-    code, out, _ = await cli(capsys, "--url", proxy.root, "--token", TOKEN, "compact", conversation)
+    code, out, _ = await cli(
+        capsys, "--url", proxy.root, "--token", ADMIN_TOKEN, "compact", conversation
+    )
     assert code == 1
     assert out.startswith("summary_failed: the summary call failed (http_401: Incorrect API key")
     assert "api_key_env" in out
@@ -157,13 +159,13 @@ async def test_a_failed_manual_compaction_says_why(
 async def test_a_region_given_backwards_is_named(
     proxy: RunningProxy, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    conversation = await chat(proxy, history())
+    conversation = await conversation_of(proxy, admin_history())
     code, _, err = await cli(
         capsys,
         "--url",
         proxy.root,
         "--token",
-        TOKEN,
+        ADMIN_TOKEN,
         "compact",
         conversation,
         "--start",
