@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from compaction_proxy.conversation.text import text_of
-from compaction_proxy.formats.messages_summary import summary_messages_body
+from compaction_proxy.formats.anthropic_summary import summary_messages_body
 from tests.synthetic import agent_conversation, synthetic_transcripts
 
 Message = dict[str, Any]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import PricePreset, PricingPolicy
 
 
@@ -58,17 +59,17 @@ PRESETS: dict[str, CachePrices] = {
 }
 
 
-def preset_for(preset: PricePreset, messages: bool) -> CachePrices:
-    """The preset's prices; ``auto`` is Anthropic's for a Messages-format request
-    (``messages``), OpenAI's otherwise."""
+def preset_for(preset: PricePreset, family: ApiFamily) -> CachePrices:
+    """The preset's prices; ``auto`` is the request's family's: Anthropic's for the Messages
+    API, OpenAI's otherwise."""
     if preset == "auto":
-        preset = "anthropic" if messages else "openai"
+        preset = "anthropic" if family is ApiFamily.ANTHROPIC else "openai"
     return PRESETS[preset]
 
 
-def cache_prices(pricing: PricingPolicy, messages: bool) -> CachePrices:
+def cache_prices(pricing: PricingPolicy, family: ApiFamily) -> CachePrices:
     """A route's prices: its preset with the figures it sets in place of the preset's."""
-    base = preset_for(pricing.preset, messages)
+    base = preset_for(pricing.preset, family)
     return CachePrices(
         read=base.read if pricing.cache_read is None else pricing.cache_read,
         write=base.write if pricing.cache_write is None else pricing.cache_write,

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices, cache_prices
 from compaction_proxy.compaction.masking import Masker
 from compaction_proxy.compaction.prune import Pruner
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.policy import (
     configured_window,
-    messages_route_for,
+    family_route_for,
     resolve_policy,
-    route_for,
 )
 from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
 from compaction_proxy.lru import LRU
@@ -209,18 +209,14 @@ class PolicyBook:
     def size(self) -> int:
         return len(self._cache)
 
-    def for_model(self, model: str, messages: bool = False) -> ModelPolicy:
-        """``model``'s policy; ``messages``: for an Anthropic-format request, whose model no
-        route matches goes to ``anthropic_base_url`` (``config.policy.messages_route_for``)."""
-        key = f"messages\x00{model}" if messages else model
+    def for_model(self, model: str, family: ApiFamily = ApiFamily.OPENAI) -> ModelPolicy:
+        """``model``'s policy for a request of ``family``: an Anthropic-family request whose
+        model no route matches goes to ``anthropic_base_url`` (``family_route_for``)."""
+        key = model if family is ApiFamily.OPENAI else f"{family}\x00{model}"
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        route = (
-            messages_route_for(self._settings, model)
-            if messages
-            else route_for(self._settings, model)
-        )
+        route = family_route_for(self._settings, model, family)
         policy = resolve_policy(self._settings, route, model)
         pruner = Pruner(
             threshold_chars=policy.pruner.threshold_chars,
@@ -236,7 +232,7 @@ class PolicyBook:
             mapped_window(model),
             bridge_pruner(policy.pruner),
             masker_for(policy),
-            cache_prices(policy.pricing, messages),
+            cache_prices(policy.pricing, family),
         )
         self._cache.put(key, resolved)
         return resolved

@@ -42,7 +42,7 @@ class SummaryRequest:
     surface from the head to the span's end, when the call carries it exactly as it was
     forwarded (None when a message was cut to fit the call). With it, a call in the client's
     own format can start as the conversation's next request would, and read its cached prefix
-    (``formats.messages_summary``)."""
+    (``formats.anthropic_summary``)."""
 
     body: dict[str, Any]
     prefix: Surface | None = None

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import aiohttp
@@ -20,8 +19,7 @@ import orjson
 from yarl import URL
 
 from compaction_proxy.conversation.messages import Message
-from compaction_proxy.formats.messages_summary import summary_text_of
-from compaction_proxy.formats.responses_summary import responses_summary_text
+from compaction_proxy.formats.wire import SummaryReader, chat_summary_text
 from compaction_proxy.metering.overflow import classify_overflow, error_message
 from compaction_proxy.parsing import jsonio
 
@@ -106,14 +104,6 @@ _EXPLANATIONS = {
 }
 
 
-class AnswerFormat(StrEnum):
-    """The wire format a summary call is made in, and its answer read in."""
-
-    CHAT = "chat"
-    MESSAGES = "messages"
-    RESPONSES = "responses"
-
-
 @dataclass(frozen=True)
 class Summary:
     text: str
@@ -176,11 +166,11 @@ async def call_summarizer(
     headers: Mapping[str, str],
     body: dict[str, Any],
     timeout_seconds: float,
-    answer_format: AnswerFormat = AnswerFormat.CHAT,
+    read: SummaryReader = chat_summary_text,
 ) -> Summary:
     """POST the summary request; raise SummaryFailed unless it returns usable text. The
-    answer is read in ``answer_format``: chat completions, Anthropic's Messages (``content``
-    blocks, ``stop_reason``) or OpenAI's Responses (``output`` items)."""
+    answer is read by ``read``, the format's (``formats.wire.SummaryPost``): a chat
+    completion by default."""
     try:
         async with asyncio.timeout(timeout_seconds):
             async with session.post(
@@ -200,34 +190,11 @@ async def call_summarizer(
     if not 200 <= status < 300:  # a redirect included: the proxy follows none
         said = error_message(raw)[:300]
         raise SummaryFailed(f"http_{status}", upstream_message=said, retry_after=retry_after)
-    if answer_format is AnswerFormat.MESSAGES:
-        return _structured_summary(raw, summary_text_of)
-    if answer_format is AnswerFormat.RESPONSES:
-        return _structured_summary(raw, responses_summary_text)
-    try:
-        parsed = orjson.loads(raw)
-        choice = parsed["choices"][0]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise SummaryFailed("malformed") from exc
-    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict | None):
-        raise SummaryFailed("malformed")
-    message = choice.get("message")
-    if choice.get("finish_reason") == "length":
-        raise SummaryFailed("length")
-    content = (message or {}).get("content")
-    if isinstance(content, list):
-        content = "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    if not isinstance(content, str) or not content.strip():
-        raise SummaryFailed("empty")
-    usage = parsed.get("usage") if isinstance(parsed.get("usage"), dict) else None
-    return Summary(content.strip(), usage)
+    return _structured_summary(raw, read)
 
 
-def _structured_summary(raw: bytes, read: Callable[[Any], tuple[str, bool]]) -> Summary:
-    """A Messages or Responses answer's summary, ``read`` giving its text and whether it was
-    cut at its cap."""
+def _structured_summary(raw: bytes, read: SummaryReader) -> Summary:
+    """An answer's summary, ``read`` giving its text and whether it was cut at its cap."""
     try:
         parsed = orjson.loads(raw)
         text, cut = read(parsed)

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import (
     ConfigError,
     Policy,
@@ -35,12 +36,16 @@ def route_for(settings: Settings, model: str) -> Route:
     return configured_route_for(settings, model) or settings.default_route
 
 
-def messages_route_for(settings: Settings, model: str | None) -> Route:
-    """Where an Anthropic-format request goes: the first configured route matching its
-    ``model``, else ``anthropic_base_url`` (the default route is an OpenAI-format upstream,
-    and its key is not for Anthropic's)."""
+def family_route_for(settings: Settings, model: str | None, family: ApiFamily) -> Route:
+    """Where a request of ``family`` goes: the first configured route matching its ``model``,
+    else the family's default route: ``upstream_base_url``, or ``anthropic_base_url`` for
+    Anthropic's (the default route is an OpenAI-format upstream, its key not for Anthropic)."""
     found = configured_route_for(settings, model) if model is not None else None
-    return found or settings.anthropic_route
+    if found is not None:
+        return found
+    if family is ApiFamily.ANTHROPIC:
+        return settings.anthropic_route
+    return settings.default_route
 
 
 def _overlay(policy: Policy, overrides: PolicyOverrides) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Validation of incoming chat-completion bodies.
+"""Chat completions' adapter: validation of incoming bodies, and the surface written back.
 
 Every field the proxy reads is checked for its type, at every level it reads: ``model``,
 ``messages`` as a list of objects, each with a known ``role``, ``content`` as null, a string or a
@@ -10,9 +10,11 @@ not, is kept as sent and reaches the upstream unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from compaction_proxy.conversation.messages import MESSAGE_ROLES
+from compaction_proxy.config.api_family import ApiFamily
+from compaction_proxy.conversation.messages import MESSAGE_ROLES, Message
+from compaction_proxy.conversation.surface import Surface, written_back
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import (
@@ -22,6 +24,14 @@ from compaction_proxy.formats.request import (
     invalid,
     parse_object_with_model,
 )
+from compaction_proxy.formats.wire import (
+    ParseContext,
+    SummaryPost,
+    WireFormat,
+    chat_summary,
+    one_each,
+)
+from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
 
 _ROLES = ", ".join(f"'{r}'" for r in sorted(MESSAGE_ROLES))
@@ -148,5 +158,46 @@ def _request(
         stream=check_stream(body),
         digests=digests,
         raw=raw,
+        wire=CHAT,
         lineage=lineage,
     )
+
+
+def chat_payload(request: ClientRequest, surface: Surface) -> bytes:
+    """The client's body with only ``messages`` replaced by ``surface``.
+
+    The body was read with orjson alone, which turns integers beyond 64 bits into floats; a
+    body that may hold one (rare) is read again losslessly, and the surface is rebuilt from
+    that reading's messages."""
+    if not request.may_hold_a_big_integer():
+        return jsonio.dumps({**request.body, "messages": surface.messages})
+    exact = jsonio.loads(request.raw)
+    sent: list[Message] = exact["messages"]
+    messages = written_back(surface, one_each(sent), sent, _with_pruned_content, lambda m: m)
+    return jsonio.dumps({**exact, "messages": messages})
+
+
+def _with_pruned_content(sent: Message, pruned: Message) -> Message:
+    return {**sent, "content": pruned.get("content")}
+
+
+class ChatFormat(WireFormat):
+    """``POST /v1/chat/completions``: the messages are the body's own."""
+
+    name: ClassVar[str] = "chat"
+    family: ClassVar[ApiFamily] = ApiFamily.OPENAI
+    upstream_path: ClassVar[str] = "/chat/completions"
+    answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_completion_tokens", "max_tokens")
+    stored_by_default: ClassVar[bool] = False
+
+    def parse(self, raw: bytes, context: ParseContext) -> ClientRequest:
+        return parse_chat_request(raw, context.known, context.recent, context.session_id)
+
+    def payload(self, request: ClientRequest, surface: Surface) -> bytes:
+        return chat_payload(request, surface)
+
+    def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:
+        return chat_summary(body)
+
+
+CHAT = ChatFormat()

@@ -1,19 +1,22 @@
 """The request the shared core works on, whatever API it came in, and what every API's
 parsing needs first.
 
-A client request is a JSON object naming its ``model``. Chat completions (``formats.chat``)
-and the Responses API (``formats.responses``) are adapters at the edge: each validates its own
-body and gives the core the same thing, chat-shaped messages and a way back.
+A client request is a JSON object naming its ``model``. Each API's adapter (``formats.wire``)
+validates its own body and gives the core the same thing: chat-shaped messages, and the
+adapter itself as the way back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.recent_bodies import Lineage
+
+if TYPE_CHECKING:
+    from compaction_proxy.formats.wire import WireFormat
 
 
 def invalid(param: str, expected: str, got: Any) -> BadRequest:
@@ -41,36 +44,40 @@ class ClientRequest:
     """A validated body, as chat messages whatever API it came in. ``body`` is the client's
     object as parsed, never modified.
 
-    ``api`` says which endpoint it goes to and how its surface is written back: ``chat``
-    (``messages`` are the body's own) or ``responses`` (``messages`` translated from the
-    ``input`` items, ``groups[i]`` the items ``messages[i]`` stands for; see
-    ``formats.responses``)."""
+    ``wire`` is the API's adapter: the endpoint it goes to and how its surface is written
+    back. For chat the ``messages`` are the body's own; for the others they are translated,
+    ``groups[i]`` the body's entries ``messages[i]`` stands for (``formats.responses``,
+    ``formats.anthropic``)."""
 
     body: dict[str, Any]
     raw: bytes  # the body as received (parsed with ``jsonio.loads_fast``), sent as is if unchanged
     model: str
     messages: list[dict[str, Any]]
     stream: bool
+    wire: WireFormat
     digests: list[str] | None = None  # each message's ``message_digest``, when computed
-    api: Literal["chat", "responses", "messages"] = "chat"
     groups: list[tuple[int, ...]] | None = None
-    translation: Any = None  # the Messages translation, written back from (formats.messages)
+    translation: Any = None  # the Messages translation (formats.anthropic_blocks)
     lineage: Lineage | None = None  # what it takes from a body it extends, leaves for the next
     # A window the request itself declares, in force instead of the model map's: Anthropic's
-    # 1M-context beta (formats.messages.declared_window).
+    # 1M-context beta (formats.anthropic.declared_window).
     declared_window: int | None = None
 
     @property
-    def upstream_path(self) -> str:
-        return {"responses": "/responses", "messages": "/messages"}.get(
-            self.api, "/chat/completions"
-        )
+    def api(self) -> str:
+        """The API's name (``chat``, ``responses``, ``messages``): a metric label, logged."""
+        return self.wire.name
 
     @property
     def stored(self) -> bool:
         """Whether the provider keeps the answer (``store``: Responses by default, chat only
         when asked), so the client may name it later."""
-        return self.body.get("store", self.api == "responses") is True
+        return self.body.get("store", self.wire.stored_by_default) is True
+
+    def lossless_body(self) -> dict[str, Any]:
+        """The body, read again losslessly when it may hold integers beyond 64 bits (the
+        parse kept for the core may have rounded them)."""
+        return jsonio.loads(self.raw) if self.may_hold_a_big_integer() else self.body
 
     def may_hold_a_big_integer(self) -> bool:
         """Whether the body may hold an integer beyond 64 bits, which its orjson reading
@@ -87,18 +94,21 @@ class ClientRequest:
     def answer_cap(self) -> int | None:
         """The most tokens the client lets the answer take, when it says (a positive integer
         in the API's field; anything else is the upstream's to refuse)."""
-        for key in _ANSWER_CAP_FIELDS[self.api]:
+        for key in self.wire.answer_cap_fields:
             cap = self.body.get(key)
             if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
                 return cap
         return None
 
 
-_ANSWER_CAP_FIELDS = {
-    "chat": ("max_completion_tokens", "max_tokens"),
-    "responses": ("max_output_tokens",),
-    "messages": ("max_tokens",),
-}
+@dataclass(frozen=True)
+class ProviderHeld:
+    """A body whose history the provider holds (a Responses ``previous_response_id`` or
+    ``conversation``): nothing to compact, relayed as sent."""
+
+    body: dict[str, Any]
+    raw: bytes
+    model: str
 
 
 def parse_object_with_model(raw: bytes) -> dict[str, Any]:

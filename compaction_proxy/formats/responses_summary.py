@@ -21,7 +21,7 @@ from typing import Any
 
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.formats.responses import items_for, sent_items
+from compaction_proxy.formats.responses_items import items_for, sent_items
 
 # Request fields that make the cached prefix, or steer which cache a request reads: sent on
 # the cache-safe call as the client sent them.
@@ -41,7 +41,7 @@ def cache_safe_responses_body(
     ``request``: ``prefix`` is the surface from the head to the span's end, exactly as
     forwarded; ``chat_body`` the chat-form summary request (its model, cap and instruction).
     None when the request is no stateless Responses request, or it forces a call."""
-    if request.api != "responses" or request.groups is None:
+    if request.groups is None:
         return None
     if forces_a_call(request.body.get("tool_choice")):
         return None

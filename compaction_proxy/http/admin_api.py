@@ -25,6 +25,7 @@ from compaction_proxy.conversation.log_events import Event
 from compaction_proxy.conversation.log_view import LoggedRequest, latest_request
 from compaction_proxy.conversation.replacements import Checkpoint, ReplacementRecord
 from compaction_proxy.conversation.timeline import timeline
+from compaction_proxy.formats.wire_formats import wire_format_named
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.parsing import jsonio
@@ -261,8 +262,12 @@ async def conversation_timeline(request: web.Request) -> web.StreamResponse:
         return _problem(404, "no such conversation")
     model = state.attributes.model
     limits: dict[str, int | None] = dict.fromkeys(("window", "threshold", "precompact"))
+    events = await _all_events(store, conversation)
     if model is not None:
-        model_policy = request.app[SERVICES].policies.for_model(model)
+        # The route its requests took: the family of the API they came in decides it.
+        api = next((e.get("api") for e in reversed(events) if e.get("type") == "request"), None)
+        family = wire_format_named(api).family
+        model_policy = request.app[SERVICES].policies.for_model(model, family)
         window = request.app[SERVICES].model_window(model_policy, model)
         if window is not None:
             limits["window"] = window
@@ -270,7 +275,6 @@ async def conversation_timeline(request: web.Request) -> web.StreamResponse:
                 found = budgets(model_policy.policy, window)
                 limits["threshold"] = found.threshold
                 limits["precompact"] = found.precompact or None  # 0: precompaction is off
-    events = await _all_events(store, conversation)
     return _json({"conversation": conversation, "model": model, **limits, **timeline(events)})
 
 
@@ -351,15 +355,15 @@ def _job(
     request: web.Request, logged: LoggedRequest, view: RequestView, query: str
 ) -> CompactionJob:
     services = request.app[SERVICES]
-    messages = logged.api == "messages"
-    model_policy = services.policies.for_model(logged.model, messages)
+    wire = wire_format_named(logged.api)
+    model_policy = services.policies.for_model(logged.model, wire.family)
     window = services.model_window(model_policy, logged.model)
     credentials = {}
     if UPSTREAM_AUTH_HEADER in request.headers:
         credentials["Authorization"] = request.headers[UPSTREAM_AUTH_HEADER]
     if UPSTREAM_API_KEY_HEADER in request.headers:
         credentials["x-api-key"] = request.headers[UPSTREAM_API_KEY_HEADER]
-    return compaction_job(services, view, model_policy, window, credentials, query, messages)
+    return compaction_job(services, view, model_policy, window, credentials, query, wire)
 
 
 def _round_result(result: Round, generation: int) -> web.Response:

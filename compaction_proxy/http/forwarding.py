@@ -30,7 +30,7 @@ from compaction_proxy.http.upstream import (
 )
 from compaction_proxy.metrics import UPSTREAM_DURATION, child
 from compaction_proxy.offload import is_big, off_loop_if
-from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
+from compaction_proxy.security.outbound import upstream_headers, upstream_url
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ async def forward(
     payload: bytes,
     extra_headers: Mapping[str, str],
     claim: Claim | None = None,
+    *,
+    anthropic: bool = False,
 ) -> Reply:
     """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
     successful stream is relayed to the client as it arrives; any other answer is returned
@@ -78,7 +80,7 @@ async def forward(
     session = request.app[SERVICES].http_client
     proxy_keys = request.app[SERVICES].client_keys.required
     headers = upstream_headers(
-        request.headers, route.api_key_env, proxy_keys=proxy_keys, anthropic=path == "/messages"
+        request.headers, route.api_key_env, proxy_keys=proxy_keys, anthropic=anthropic
     )
     headers.setdefault("Content-Type", "application/json")
     url = upstream_url(route.base, path, client_query(request))
@@ -117,5 +119,4 @@ async def forward(
                 await claim_created(claim, body)
             return Reply(response, upstream.status, answer=body)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        anthropic = speaks_anthropic(request.path, request.headers)
         return Reply(upstream_failed(route.base, exc, anthropic=anthropic), 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -18,18 +18,13 @@ from aiohttp import web
 
 from compaction_proxy.compaction.model_policy import ModelPolicy
 from compaction_proxy.compaction.pressure import answer_attributes
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.log_events import overflow_event, usage_event
 from compaction_proxy.conversation.messages import is_valid_session_id
 from compaction_proxy.formats.bad_request import BadRequest
-from compaction_proxy.formats.chat import parse_chat_request
-from compaction_proxy.formats.messages import parse_messages_request
-from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.formats.responses import (
-    parse_responses_body,
-    parse_responses_request,
-    stateful,
-)
+from compaction_proxy.formats.request import ClientRequest, ProviderHeld
+from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import bad_request_response, upstream_failed
 from compaction_proxy.http.forwarding import Reply, forward, usage_of
@@ -65,7 +60,6 @@ from compaction_proxy.store import StoreUnavailable
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Session-Id"
-CLAUDE_CODE_SESSION_HEADER = "X-Claude-Code-Session-Id"  # as much weight as X-Session-Id
 
 
 def _session_id(headers: Mapping[str, str], *names: str) -> str | None:
@@ -84,70 +78,41 @@ def _session_id(headers: Mapping[str, str], *names: str) -> str | None:
     return None
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/chat/completions``."""
-    started = time.perf_counter()
-    try:
-        check_headers(request.headers)
-        raw = await read_body(request, request.app[SERVICES].settings.max_body_bytes)
-        session_id = _session_id(request.headers)
-        known, recent = request.app[SERVICES].known_messages, request.app[SERVICES].recent_bodies
-        client_request = await off_loop_if(
-            is_big(len(raw)), lambda: parse_chat_request(raw, known, recent, session_id)
-        )
-        named = await _named(request, raw, client_request.body, client_request.lineage)
-    except BadRequest as error:
-        REQUESTS.labels(route="", outcome="bad_request").inc()
-        return bad_request_response(error)
-    return await _serve(request, client_request, session_id, started, named)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def responses(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/responses``: compacted like chat, unless the provider holds the history
-    (``previous_response_id``, ``conversation``): then forwarded as sent, and counted."""
-    started = time.perf_counter()
-    try:
-        check_headers(request.headers)
-        raw = await read_body(request, request.app[SERVICES].settings.max_body_bytes)
-        session_id = _session_id(request.headers)
-        known, recent = request.app[SERVICES].known_messages, request.app[SERVICES].recent_bodies
-        body, extension = await off_loop_if(
-            is_big(len(raw)), lambda: parse_responses_body(raw, recent, session_id)
-        )
-        if stateful(body):
-            named = await _named(request, raw, body)
-            route = request.app[SERVICES].policies.for_model(body["model"]).route
-            REQUESTS.labels(route=route.model, outcome="stateful").inc()
-            return await relay_as_sent(request, route, raw, named)
-        client_request = await off_loop_if(
-            is_big(len(raw)),
-            lambda: parse_responses_request(body, raw, known, recent, extension, session_id),
-        )
-        named = await _named(request, raw, client_request.body, client_request.lineage)
-    except BadRequest as error:
-        REQUESTS.labels(route="", outcome="bad_request").inc()
-        return bad_request_response(error)
-    return await _serve(request, client_request, session_id, started, named)
+def endpoint(wire: WireFormat) -> Handler:
+    """The handler of ``wire``'s endpoint (``POST /v1/chat/completions``, ``/v1/responses``,
+    ``/v1/messages``): parsed by its adapter, compacted by the shared core, bad input answered
+    in its family's error shape. A body whose history the provider holds (a Responses
+    ``previous_response_id``) is forwarded as sent, and counted."""
+    anthropic = wire.family is ApiFamily.ANTHROPIC
 
+    async def handle(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        services = request.app[SERVICES]
+        try:
+            check_headers(request.headers)
+            raw = await read_body(request, services.settings.max_body_bytes)
+            session_id = _session_id(request.headers, *wire.session_headers)
+            beta = tuple(request.headers.getall("anthropic-beta", ())) if anthropic else ()
+            context = ParseContext(
+                services.known_messages, services.recent_bodies, session_id, beta=beta
+            )
+            parsed = await off_loop_if(is_big(len(raw)), lambda: wire.parse(raw, context))
+            if isinstance(parsed, ProviderHeld):
+                named = await _named(request, raw, parsed.body)
+                route = services.policies.for_model(parsed.model, wire.family).route
+                REQUESTS.labels(route=route.model, outcome="stateful").inc()
+                return await relay_as_sent(request, route, raw, named)
+            named = await _named(request, raw, parsed.body, parsed.lineage)
+        except BadRequest as error:
+            REQUESTS.labels(route="", outcome="bad_request").inc()
+            return bad_request_response(error, anthropic=anthropic)
+        return await _serve(request, parsed, session_id, started, named)
 
-async def messages(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/messages``, Anthropic's Messages API (Claude Code): compacted like chat; bad
-    input answered in Anthropic's error shape."""
-    started = time.perf_counter()
-    try:
-        check_headers(request.headers)
-        raw = await read_body(request, request.app[SERVICES].settings.max_body_bytes)
-        session_id = _session_id(request.headers, CLAUDE_CODE_SESSION_HEADER)
-        known = request.app[SERVICES].known_messages
-        beta = request.headers.getall("anthropic-beta", [])
-        client_request = await off_loop_if(
-            is_big(len(raw)), lambda: parse_messages_request(raw, known, beta)
-        )
-        named = await _named(request, raw, client_request.body)
-    except BadRequest as error:
-        REQUESTS.labels(route="", outcome="bad_request").inc()
-        return bad_request_response(error, anthropic=True)
-    return await _serve(request, client_request, session_id, started, named)
+    handle.__name__ = f"{wire.name}_endpoint"
+    return handle
 
 
 async def _named(
@@ -167,9 +132,7 @@ async def _serve(
     """Bind to the account what names its objects; prepare (compact if need be), forward,
     recover from an overflow, record."""
     services = request.app[SERVICES]
-    model_policy = services.policies.for_model(
-        client_request.model, client_request.api == "messages"
-    )
+    model_policy = services.policies.for_model(client_request.model, client_request.wire.family)
     route = model_policy.route
     refused = await bound_to_the_account(request, route, named)
     if refused is not None:
@@ -276,8 +239,11 @@ async def _send(
     headers = forwarded.compaction_headers()
     # Owned mode: what the provider keeps of the answer is the caller's.
     claim = claimer(request, route) if client_request.stored else None
-    path = client_request.upstream_path
-    return await forward(request, route, path, forwarded.payload, headers, claim)
+    wire = client_request.wire
+    anthropic = wire.family is ApiFamily.ANTHROPIC
+    return await forward(
+        request, route, wire.upstream_path, forwarded.payload, headers, claim, anthropic=anthropic
+    )
 
 
 def _outcome(reply: Reply | None, status: RequestStatus) -> str:

@@ -29,7 +29,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from compaction_proxy.config.policy import messages_route_for
+from compaction_proxy.config.api_family import ApiFamily
+from compaction_proxy.config.policy import family_route_for
 from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
@@ -272,7 +273,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             )
             model = _model_of(parsed)
             if model is not None and anthropic:
-                route = messages_route_for(settings, check_model_name(model))
+                route = family_route_for(settings, check_model_name(model), ApiFamily.ANTHROPIC)
             elif model is not None:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
     except BadRequest as error:

@@ -18,6 +18,7 @@ from compaction_proxy.compaction.model_policy import PolicyBook
 from compaction_proxy.config.policy import validate_all_policies
 from compaction_proxy.config.settings import ConfigError, Settings
 from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.wire_formats import CHAT, MESSAGES, RESPONSES
 from compaction_proxy.http import handlers
 from compaction_proxy.http.admin_api import admin_routes
 from compaction_proxy.http.app_keys import SERVICES
@@ -247,9 +248,9 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_services_context(settings, client_keys))
     app.add_routes(
         [
-            web.post("/v1/chat/completions", guarded(handlers.chat_completions)),
-            web.post("/v1/responses", guarded(handlers.responses)),
-            web.post("/v1/messages", guarded(handlers.messages)),
+            web.post("/v1/chat/completions", guarded(handlers.endpoint(CHAT))),
+            web.post("/v1/responses", guarded(handlers.endpoint(RESPONSES))),
+            web.post("/v1/messages", guarded(handlers.endpoint(MESSAGES))),
             web.get("/v1/models", guarded(handlers.list_models)),
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),

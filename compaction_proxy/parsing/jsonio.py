@@ -5,7 +5,7 @@ changing them) and refuses to serialize them. A client's body must reach the ups
 meant it, so those rare documents go through the standard library instead (``loads``). A client
 body is first read with orjson alone (``loads_fast``): reading is all most requests need, and
 only a body the proxy sends on rewritten is checked for such integers, then read again
-losslessly (``formats.payload.payload_for``).
+losslessly (``ClientRequest.lossless_body``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, MutableMapping
-from typing import Any
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.engine import Engine
@@ -27,22 +26,20 @@ from compaction_proxy.compaction.planning import CompactionJob, SummaryCall, Sum
 from compaction_proxy.compaction.pressure import maybe_precompact, pressure_limits, report_shortfall
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import (
-    AnswerFormat,
     Summary,
     SummaryFailed,
     call_summarizer,
 )
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.client_compaction import (
     is_client_compaction,
     is_continued_history,
 )
 from compaction_proxy.conversation.surface import Surface
-from compaction_proxy.formats.messages import ANTHROPIC_VERSION
-from compaction_proxy.formats.messages_summary import cache_safe_summary_body, summary_messages_body
-from compaction_proxy.formats.payload import payload_for
 from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.formats.responses_summary import cache_safe_responses_body
+from compaction_proxy.formats.wire import SummaryPost, WireFormat
+from compaction_proxy.formats.wire_formats import CHAT
 from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.metrics import (
     CLIENT_COMPACTIONS,
@@ -78,27 +75,29 @@ def summary_call(
     client_query: str,
     request_route: Route,
     summary_model: str,
-    messages: bool = False,
+    wire: WireFormat,
     client_request: ClientRequest | None = None,
 ) -> SummaryCall:
     """The summary call: the summary model's route, the configured timeout, and of the
     client's headers only those ``summary_call_headers`` allows (its credentials only when
     the summary goes to the host its request went to; the route's own key otherwise), with
     the client's query string on the same terms. Made first cache-safe, in the client's own
-    format, when the summary model is the request's and the span goes as forwarded: for a
-    Messages request (``messages``) by ``formats.messages_summary``, for a Responses one by
-    ``formats.responses_summary``; else (or when that gives no summary) rebuilt from the chat
-    form, in Messages form for a Messages request, as a chat completion otherwise."""
-    route = services.policies.for_model(summary_model, messages).route
+    format (``WireFormat.cache_safe_summary``), when the summary model is the request's and
+    the span goes as forwarded; else (or when that gives no summary) rebuilt from the chat
+    form as the format's route takes it (``WireFormat.rebuilt_summary``)."""
+    route = services.policies.for_model(summary_model, wire.family).route
     timeout = services.settings.summary_timeout_seconds
+    anthropic = wire.family is ApiFamily.ANTHROPIC
 
-    async def post(
-        path: str, headers: MutableMapping[str, str], body: dict[str, Any], answer: AnswerFormat
-    ) -> Summary:
+    async def post(headers: MutableMapping[str, str], call: SummaryPost) -> Summary:
         query = summary_call_query(client_query, request_route, route)
-        url = upstream_url(route.base, path, query)
+        url = upstream_url(route.base, call.path, query)
+        for name, value in call.headers.items():
+            headers.setdefault(name, value)
         try:
-            return await call_summarizer(services.http_client, url, headers, body, timeout, answer)
+            return await call_summarizer(
+                services.http_client, url, headers, call.body, timeout, call.read
+            )
         except SummaryFailed as failure:
             sent = api_key_of(headers)
             failure.caller_credential = bool(sent) and sent == api_key_of(client_headers)
@@ -111,7 +110,7 @@ def summary_call(
         # Made here, not per request: most requests never call the summarizer.
         allowed = summary_call_headers(client_headers, request_route, route)
         keys = services.client_keys.required
-        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=messages)
+        headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=anthropic)
         headers["Content-Type"] = "application/json"
         cache_safe = None
         if (
@@ -119,24 +118,15 @@ def summary_call(
             and request.prefix is not None
             and client_request.model == summary_model
         ):
-            write = cache_safe_summary_body if messages else cache_safe_responses_body
-            cache_safe = write(client_request, request.prefix, request.body)
-        if messages:
-            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+            cache_safe = wire.cache_safe_summary(client_request, request.prefix, request.body)
         if cache_safe is not None:
-            path, own = "/responses", AnswerFormat.RESPONSES
-            if messages:
-                path, own = "/messages", AnswerFormat.MESSAGES
             try:
-                return await post(path, headers, cache_safe, own)
+                return await post(headers, cache_safe)
             except SummaryFailed as failure:
                 if failure.reason not in REBUILT_AFTER:
                     raise
                 log.info("cache-safe summary call: %s; made again rebuilt", failure.reason)
-        if messages:
-            rebuilt = summary_messages_body(request.body)
-            return await post("/messages", headers, rebuilt, AnswerFormat.MESSAGES)
-        return await post("/chat/completions", headers, request.body, AnswerFormat.CHAT)
+        return await post(headers, wire.rebuilt_summary(request.body))
 
     return call
 
@@ -253,15 +243,15 @@ def compaction_job(
     window: int | None,
     client_headers: Mapping[str, str],
     client_query: str = "",
-    messages: bool = False,
+    wire: WireFormat = CHAT,
     client_request: ClientRequest | None = None,
 ) -> CompactionJob:
     """The compaction inputs for ``view``: its policy and window, and the summary route with
-    its own window when the summary model is another model (``messages``: the request is in
-    Anthropic's format, and so are its summary calls; ``client_request``, when at hand, lets
-    them start as its own next request would)."""
+    its own window when the summary model is another model (``wire``: the request's format,
+    and its summary calls'; ``client_request``, when at hand, lets them start as its own next
+    request would)."""
     summary_model = model_policy.policy.summary_model or view.model
-    summary_policy = services.policies.for_model(summary_model, messages)
+    summary_policy = services.policies.for_model(summary_model, wire.family)
     summary_window = None
     if summary_model != view.model:
         summary_window = services.model_window(summary_policy, summary_model)
@@ -277,7 +267,7 @@ def compaction_job(
             client_query,
             model_policy.route,
             summary_model,
-            messages,
+            wire,
             client_request,
         ),
         route=model_policy.route.model,
@@ -314,9 +304,15 @@ async def prepare(
     )
     if window is None:
         services.learned_windows.warn_unknown_once(route.model, client_request.model)
-    messages = client_request.api == "messages"
     job = compaction_job(
-        services, view, model_policy, window, client_headers, client_query, messages, client_request
+        services,
+        view,
+        model_policy,
+        window,
+        client_headers,
+        client_query,
+        client_request.wire,
+        client_request,
     )
     misses = checkpoint_misses(view, state, settings.checkpoint_miss_limit)
     proactive = not proactive_compaction_stopped(misses, settings.checkpoint_miss_limit)
@@ -358,7 +354,9 @@ async def prepare(
     tokens_before = None
     payload = client_request.raw
     if surface.changed:
-        payload = await off_loop_if(view.big, lambda: payload_for(client_request, surface))
+        payload = await off_loop_if(
+            view.big, lambda: client_request.wire.payload(client_request, surface)
+        )
         unchanged = view.measure(engine.meter, view.surface(()))
         tokens_before = unchanged.tokens
         _count_savings(route.model, surface, unchanged.estimated - measurement.estimated)

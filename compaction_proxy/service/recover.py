@@ -23,7 +23,6 @@ from compaction_proxy.compaction.guards.miss_guard import (
 from compaction_proxy.compaction.model_policy import ModelPolicy, budgets
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.conversation.messages import Message
-from compaction_proxy.formats.payload import payload_for
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.metrics import COMPACTION_ERRORS
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
@@ -106,7 +105,7 @@ async def recover_overflow(
     if not should_retry(state.generation, failed.messages, fresh.generation, surface.messages):
         return None
     return Forwarded(
-        payload=payload_for(client_request, surface),
+        payload=client_request.wire.payload(client_request, surface),
         status=RequestStatus.RECOVERED,
         conversation=job.view.conversation,
         generation=fresh.generation,

@@ -16,6 +16,7 @@ from compaction_proxy.compaction.cache_prices import (
     turns_ahead,
 )
 from compaction_proxy.compaction.model_policy import budgets
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import Policy, PricingPolicy
 
 pytest.importorskip("hypothesis")
@@ -119,11 +120,11 @@ def test_the_cache_is_warm_only_within_its_lifetime() -> None:
 
 
 def test_auto_prices_follow_the_wire_format_and_figures_override_the_preset() -> None:
-    assert cache_prices(PricingPolicy(), messages=True) == PRESETS["anthropic"]
-    assert cache_prices(PricingPolicy(), messages=False) == PRESETS["openai"]
-    custom = cache_prices(PricingPolicy(preset="openai", cache_read=0.5), messages=True)
+    assert cache_prices(PricingPolicy(), ApiFamily.ANTHROPIC) == PRESETS["anthropic"]
+    assert cache_prices(PricingPolicy(), ApiFamily.OPENAI) == PRESETS["openai"]
+    custom = cache_prices(PricingPolicy(preset="openai", cache_read=0.5), ApiFamily.ANTHROPIC)
     assert (custom.read, custom.write) == (0.5, PRESETS["openai"].write)
-    assert cache_prices(PricingPolicy(preset="none"), messages=True).caches is False
+    assert cache_prices(PricingPolicy(preset="none"), ApiFamily.ANTHROPIC).caches is False
 
 
 def test_a_soft_target_sets_the_watermarks_and_prices_what_lies_between_it_and_the_window() -> None:

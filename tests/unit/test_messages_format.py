@@ -9,18 +9,20 @@ import pytest
 
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
-from compaction_proxy.formats.bad_request import BadRequest
-from compaction_proxy.formats.known_messages import KnownMessages
-from compaction_proxy.formats.messages import (
+from compaction_proxy.formats.anthropic import (
     LONG_CONTEXT_WINDOW,
-    MAX_BREAKPOINTS,
-    breakpoints_in,
     declared_window,
     messages_payload,
     parse_messages_request,
+)
+from compaction_proxy.formats.anthropic_blocks import (
+    MAX_BREAKPOINTS,
+    breakpoints_in,
     translate_messages,
     turns_for,
 )
+from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.testing.fake_messages import sign, thinking_refusal
 

@@ -11,20 +11,19 @@ import pytest
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.conversation.replacements import Checkpoint
 from compaction_proxy.conversation.surface import Surface
-from compaction_proxy.formats.known_messages import KnownMessages
-from compaction_proxy.formats.messages import (
+from compaction_proxy.formats.anthropic import messages_payload, parse_messages_request
+from compaction_proxy.formats.anthropic_blocks import (
     MAX_BREAKPOINTS,
     breakpoints_in,
-    messages_payload,
-    parse_messages_request,
     translate_messages,
 )
-from compaction_proxy.formats.messages_summary import (
+from compaction_proxy.formats.anthropic_summary import (
     cache_safe_summary_body,
     max_tokens_with_thinking,
     summary_messages_body,
     thinking_budget,
 )
+from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.parsing import jsonio
 from tests.unit.test_messages_format import claude_code_session
 

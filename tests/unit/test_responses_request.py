@@ -13,12 +13,8 @@ from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.conversation.surface import Surface, SurfaceNode
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.known_messages import KnownMessages
-from compaction_proxy.formats.responses import (
-    items_for,
-    parse_responses_request,
-    stateful,
-    translate,
-)
+from compaction_proxy.formats.responses import parse_responses_request, stateful
+from compaction_proxy.formats.responses_items import items_for, translate
 
 
 def call(call_id: str, name: str = "bash") -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.conversation.text import text_of
-from compaction_proxy.formats.messages import (
+from compaction_proxy.formats.anthropic_blocks import (
     TranslatedMessages,
     lossless,
     with_breakpoint_at,

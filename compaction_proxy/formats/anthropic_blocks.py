@@ -1,5 +1,5 @@
-"""Anthropic's Messages API at the edge: turns of content blocks in, chat-shaped messages for the
-shared core, and the surface written back as turns (pure).
+"""Anthropic's Messages API, both ways: turns of content blocks in, chat-shaped messages for the
+shared core, and the surface written back as turns (pure; the adapter is ``formats.anthropic``).
 
 The core works on chat messages. A Messages body is translated into them one way, and the
 surface the core derives is written back from the client's own blocks, so a block the proxy does
@@ -15,7 +15,7 @@ not replace reaches the upstream exactly as sent:
 * an assistant turn is one assistant message: its text, its ``tool_use`` blocks as tool calls,
   and the identity of its ``thinking``/``redacted_thinking`` blocks in its name (the chat form
   never holds their text; the blocks themselves go on byte for byte, in summary calls too when
-  those start as the client's next request would: ``messages_summary``); any block the proxy
+  those start as the client's next request would: ``anthropic_summary``); any block the proxy
   does not know is a part of it, kept in place, never pruned.
 
 Written back, each turn keeps its role and its blocks; a checkpoint is a user turn of its own
@@ -35,13 +35,10 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface, written_back
 from compaction_proxy.conversation.text import text_of
 from compaction_proxy.formats.bad_request import BadRequest
-from compaction_proxy.formats.known_messages import KnownMessages
-from compaction_proxy.formats.request import ClientRequest, check_stream, parse_object_with_model
+from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.parsing import jsonio
 
-ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 THINKING = frozenset({"thinking", "redacted_thinking"})
-LONG_CONTEXT_WINDOW = 1_000_000  # with the 1M-context beta (anthropic-beta: context-1m-...)
 MAX_BREAKPOINTS = 4  # cache_control blocks the API accepts in one request
 EPHEMERAL = {"type": "ephemeral"}
 
@@ -286,54 +283,15 @@ def with_checkpoint_breakpoint(
     return with_breakpoint_at(body, turns, checkpoints[-1]) if checkpoints else turns
 
 
-def _no_check(message: Message, index: int) -> None:
+def no_check(message: Message, index: int) -> None:
     """Blocks were validated as they were translated."""
-
-
-def declared_window(beta: Sequence[str]) -> int | None:
-    """The window an ``anthropic-beta`` header (or several: each a comma-separated list)
-    asks for: 1M tokens with ``context-1m-*``, else None (the model's own)."""
-    features = (part.strip() for value in beta for part in value.split(","))
-    return LONG_CONTEXT_WINDOW if any(f.startswith("context-1m") for f in features) else None
-
-
-def parse_messages_request(
-    raw: bytes, known: KnownMessages, beta: Sequence[str] = ()
-) -> ClientRequest:
-    """A Messages body as a request for the shared core (translated whole, each time);
-    ``beta``: the request's ``anthropic-beta`` headers."""
-    body = parse_object_with_model(raw)
-    translated = translate_messages(body)
-    return ClientRequest(
-        body=body,
-        model=body["model"],
-        messages=translated.messages,
-        stream=check_stream(body),
-        digests=known.digests(translated.messages, _no_check),
-        raw=raw,
-        api="messages",
-        groups=translated.groups,
-        translation=translated,
-        declared_window=declared_window(beta),
-    )
 
 
 def lossless(request: ClientRequest) -> tuple[dict[str, Any], TranslatedMessages]:
     """A Messages request's body and translation, read again losslessly when the body may
     hold integers beyond 64 bits (the parse kept for the core may have rounded them)."""
-    body, translated = request.body, request.translation
-    if request.may_hold_a_big_integer():
-        body = jsonio.loads(request.raw)
+    body, translated = request.lossless_body(), request.translation
+    if body is not request.body:
         translated = translate_messages(body)
     assert isinstance(translated, TranslatedMessages)
     return body, translated
-
-
-def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
-    """The client's body with only ``messages`` rebuilt for ``surface``; every other field,
-    and every block the surface keeps, as sent (read again losslessly when the body may hold
-    integers beyond 64 bits)."""
-    body, translated = lossless(request)
-    turns, checkpoints = written_turns(surface, translated)
-    turns = with_checkpoint_breakpoint(body, turns, checkpoints)
-    return jsonio.dumps({**body, "messages": turns})

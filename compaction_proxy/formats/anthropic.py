@@ -1,0 +1,107 @@
+"""Anthropic's Messages API's adapter (Claude Code): a body parsed and translated, the surface
+written back as turns, summary calls in Messages form.
+
+The translation both ways is ``formats.anthropic_blocks``; the summary calls
+``formats.anthropic_summary``. Requests of this format are of the Anthropic family: routed to
+``anthropic_base_url`` when no route matches their model, a route's key sent as ``x-api-key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from compaction_proxy.config.api_family import ApiFamily
+from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.formats.anthropic_blocks import (
+    lossless,
+    no_check,
+    translate_messages,
+    with_checkpoint_breakpoint,
+    written_turns,
+)
+from compaction_proxy.formats.anthropic_summary import (
+    cache_safe_summary_body,
+    summary_messages_body,
+    summary_text_of,
+)
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.request import ClientRequest, check_stream, parse_object_with_model
+from compaction_proxy.formats.wire import ParseContext, SummaryPost, WireFormat
+from compaction_proxy.parsing import jsonio
+
+ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
+LONG_CONTEXT_WINDOW = 1_000_000  # with the 1M-context beta (anthropic-beta: context-1m-...)
+CLAUDE_CODE_SESSION_HEADER = "X-Claude-Code-Session-Id"  # as much weight as X-Session-Id
+_SUMMARY_HEADERS = {"anthropic-version": ANTHROPIC_VERSION}
+
+
+def declared_window(beta: Sequence[str]) -> int | None:
+    """The window an ``anthropic-beta`` header (or several: each a comma-separated list)
+    asks for: 1M tokens with ``context-1m-*``, else None (the model's own)."""
+    features = (part.strip() for value in beta for part in value.split(","))
+    return LONG_CONTEXT_WINDOW if any(f.startswith("context-1m") for f in features) else None
+
+
+def parse_messages_request(
+    raw: bytes, known: KnownMessages, beta: Sequence[str] = ()
+) -> ClientRequest:
+    """A Messages body as a request for the shared core (translated whole, each time);
+    ``beta``: the request's ``anthropic-beta`` headers."""
+    body = parse_object_with_model(raw)
+    translated = translate_messages(body)
+    return ClientRequest(
+        body=body,
+        model=body["model"],
+        messages=translated.messages,
+        stream=check_stream(body),
+        digests=known.digests(translated.messages, no_check),
+        raw=raw,
+        wire=MESSAGES,
+        groups=translated.groups,
+        translation=translated,
+        declared_window=declared_window(beta),
+    )
+
+
+def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
+    """The client's body with only ``messages`` rebuilt for ``surface``; every other field,
+    and every block the surface keeps, as sent (read again losslessly when the body may hold
+    integers beyond 64 bits)."""
+    body, translated = lossless(request)
+    turns, checkpoints = written_turns(surface, translated)
+    turns = with_checkpoint_breakpoint(body, turns, checkpoints)
+    return jsonio.dumps({**body, "messages": turns})
+
+
+class MessagesFormat(WireFormat):
+    """``POST /v1/messages``: turns of blocks translated to messages and back."""
+
+    name: ClassVar[str] = "messages"
+    family: ClassVar[ApiFamily] = ApiFamily.ANTHROPIC
+    upstream_path: ClassVar[str] = "/messages"
+    answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_tokens",)
+    stored_by_default: ClassVar[bool] = False
+    session_headers: ClassVar[tuple[str, ...]] = (CLAUDE_CODE_SESSION_HEADER,)
+
+    def parse(self, raw: bytes, context: ParseContext) -> ClientRequest:
+        return parse_messages_request(raw, context.known, context.beta)
+
+    def payload(self, request: ClientRequest, surface: Surface) -> bytes:
+        return messages_payload(request, surface)
+
+    def cache_safe_summary(
+        self, request: ClientRequest, prefix: Surface, body: dict[str, Any]
+    ) -> SummaryPost | None:
+        written = cache_safe_summary_body(request, prefix, body)
+        if written is None:
+            return None
+        return SummaryPost("/messages", written, summary_text_of, _SUMMARY_HEADERS)
+
+    def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:
+        return SummaryPost(
+            "/messages", summary_messages_body(body), summary_text_of, _SUMMARY_HEADERS
+        )
+
+
+MESSAGES = MessagesFormat()

@@ -1,0 +1,122 @@
+"""What a wire format is: everything the proxy knows of one API, behind one interface.
+
+A ``WireFormat`` is chosen once, by the route the request came in on, and carried by the
+``ClientRequest`` it parses. It owns the API's parsing (its body into chat-shaped messages for
+the shared core), writing a surface back as the API's body, the upstream path, the answer cap
+field, whether the provider stores answers by default, the API's family (``ApiFamily``: its
+default upstream, credentials, error shape and cache prices), the header that names a
+conversation, and the summary call: its cache-safe body in the client's own format, the body
+rebuilt from the chat form, and the reading of the answer. The adapters are ``formats.chat``,
+``formats.responses`` and ``formats.anthropic``; ``formats.wire_formats`` lists them. Code
+outside ``formats`` knows a format by this interface alone (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from compaction_proxy.config.api_family import ApiFamily
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.parsing.recent_bodies import RecentBodies
+
+if TYPE_CHECKING:
+    from compaction_proxy.conversation.messages import Message
+    from compaction_proxy.conversation.surface import Surface
+    from compaction_proxy.formats.request import ClientRequest, ProviderHeld
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What parsing a body may use besides its bytes: the messages this process validated
+    (``KnownMessages``), the bodies it parsed a moment ago (``RecentBodies``), the client's
+    name for the conversation, and the request's headers (Anthropic's ``anthropic-beta``)."""
+
+    known: KnownMessages
+    recent: RecentBodies
+    session_id: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    beta: Sequence[str] = ()  # every ``anthropic-beta`` header value
+
+
+# The text of a summary call's parsed answer and whether it was cut at its cap; ValueError
+# when the answer is not one of the format's.
+SummaryReader = Callable[[Any], tuple[str, bool]]
+
+
+@dataclass(frozen=True)
+class SummaryPost:
+    """One summary call in one format: where it goes, its body, how its answer is read."""
+
+    path: str
+    body: dict[str, Any]
+    read: SummaryReader
+    headers: Mapping[str, str] = field(default_factory=dict)  # set unless the client sent them
+
+
+class WireFormat(ABC):
+    """One API's adapter (see the module's docstring). Instances are stateless singletons."""
+
+    name: ClassVar[str]  # "chat", "responses", "messages": metric labels, the log's ``api``
+    family: ClassVar[ApiFamily]
+    upstream_path: ClassVar[str]
+    answer_cap_fields: ClassVar[tuple[str, ...]]  # first present positive integer wins
+    stored_by_default: ClassVar[bool]  # ``store`` when the body does not say
+    session_headers: ClassVar[tuple[str, ...]] = ()  # read after ``X-Session-Id``
+
+    @abstractmethod
+    def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:
+        """The body as a request for the shared core, or, when the provider holds the
+        history (``ProviderHeld``), as what is relayed as sent. Raises ``BadRequest``."""
+
+    @abstractmethod
+    def payload(self, request: ClientRequest, surface: Surface) -> bytes:
+        """The client's body with only its conversation replaced by ``surface``; every other
+        field, and every message the surface keeps, as sent."""
+
+    def cache_safe_summary(
+        self, request: ClientRequest, prefix: Surface, body: dict[str, Any]
+    ) -> SummaryPost | None:
+        """The summary call in the client's own format, starting as its next request would
+        (so the provider's cache serves its prefix): ``prefix`` is the surface from the head
+        to the span's end, exactly as forwarded, ``body`` the chat-form summary request (its
+        model, cap and instruction). None when it cannot be written."""
+        return None
+
+    @abstractmethod
+    def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:
+        """The summary call ``body`` (a chat completion) as this format's route takes it."""
+
+    def __repr__(self) -> str:
+        return f"<wire format {self.name}>"
+
+
+def chat_summary_text(answer: Any) -> tuple[str, bool]:
+    """A chat completion's text and whether it was cut at its cap (ValueError when it is no
+    chat completion)."""
+    try:
+        choice = answer["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError("not a chat completion") from exc
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict | None):
+        raise ValueError("not a chat completion")
+    if choice.get("finish_reason") == "length":
+        return "", True
+    content = (choice.get("message") or {}).get("content")
+    if isinstance(content, list):
+        content = "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return (content if isinstance(content, str) else ""), False
+
+
+def chat_summary(body: dict[str, Any]) -> SummaryPost:
+    """A chat-completion summary call, as an OpenAI-family route takes it."""
+    return SummaryPost("/chat/completions", body, chat_summary_text)
+
+
+def one_each(messages: Sequence[Message]) -> list[tuple[int, ...]]:
+    """Groups of a body whose messages are each their own (chat's)."""
+    return [(index,) for index in range(len(messages))]
