@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from yarl import URL
 
@@ -22,6 +21,12 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.formats.wire import SummaryReader, chat_summary_text
 from compaction_proxy.metering.overflow import classify_overflow, error_message
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.upstream_seam import (
+    Upstream,
+    UpstreamBroke,
+    UpstreamCall,
+    UpstreamUnreachable,
+)
 
 SECTIONS = (
     "Primary Request and Intent",
@@ -161,8 +166,8 @@ def _seconds(header: str | None) -> float | None:
 
 
 async def call_summarizer(
-    session: aiohttp.ClientSession,
-    url: str | URL,
+    upstream: Upstream,
+    url: URL,
     headers: Mapping[str, str],
     body: dict[str, Any],
     timeout_seconds: float,
@@ -171,17 +176,18 @@ async def call_summarizer(
     """POST the summary request; raise SummaryFailed unless it returns usable text. The
     answer is read by ``read``, the format's (``formats.wire.SummaryPost``): a chat
     completion by default."""
+    call = UpstreamCall("POST", url, headers, jsonio.dumps(body))
     try:
         async with asyncio.timeout(timeout_seconds):
-            async with session.post(
-                url, data=jsonio.dumps(body), headers=headers, allow_redirects=False
-            ) as response:
+            async with upstream.open(call) as response:
                 raw = await response.read()
                 status = response.status
                 retry_after = _seconds(response.headers.get("Retry-After"))
     except TimeoutError as exc:
         raise SummaryFailed("timeout") from exc
-    except aiohttp.ClientError as exc:
+    except (UpstreamUnreachable, UpstreamBroke) as exc:
+        if isinstance(exc.cause, TimeoutError):  # the session's own read timeout
+            raise SummaryFailed("timeout") from exc
         raise SummaryFailed("unreachable") from exc
     if status >= 400:
         verdict = classify_overflow(status, raw)

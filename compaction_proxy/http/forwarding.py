@@ -1,19 +1,21 @@
-"""Forwarding one request body upstream and relaying the answer to the client."""
+"""The edge's side of forwarding: one attempt sent upstream through the ``upstream_seam``, a
+successful stream relayed to the client as it arrives, and ``EdgeLink``, what the service's
+request life (``service.exchange``) asks of the client's connection."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-import aiohttp
 from aiohttp import web
 
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import Route
+from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import upstream_failed
+from compaction_proxy.http.ownership import bound_to_the_account, claimer
 from compaction_proxy.http.upstream import (
     Claim,
     ClientGone,
@@ -26,41 +28,21 @@ from compaction_proxy.http.upstream import (
     cut_off,
     is_event_stream,
     relay_stream,
-    usage_of_body,
 )
 from compaction_proxy.metrics import UPSTREAM_DURATION, child
-from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
+from compaction_proxy.service.exchange import Refusal, Reply
+from compaction_proxy.service.forwarded import Forwarded
+from compaction_proxy.upstream_seam import UpstreamBroke, UpstreamCall, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
+
+EdgeReply = Reply[web.StreamResponse]
 
 
 def _observe(route: Route, started: float) -> None:
     child(UPSTREAM_DURATION, route.model).observe(time.perf_counter() - started)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The client's response, the upstream status (0: unreachable), the usage a stream
-    reported or the answer it is to be read from (``usage_of``), and its raw error body when
-    it answered with an error (not yet sent to the client)."""
-
-    response: web.StreamResponse
-    status: int
-    usage: dict[str, Any] | None = None
-    error_body: bytes | None = None
-    client_gone: bool = False  # the client left before its answer was whole
-    upstream_cut: bool = False  # the upstream broke off a stream already being relayed
-    answer: bytes | None = None  # a successful answer sent whole
-
-
-async def usage_of(reply: Reply) -> dict[str, Any] | None:
-    """The usage the upstream reported: a stream's as it was relayed, a whole answer's read
-    from it. Asked after the client has its answer, so reading it costs the client nothing."""
-    if reply.answer is None:
-        return reply.usage
-    answer = reply.answer
-    return await off_loop_if(is_big(len(answer)), lambda: usage_of_body(answer))
 
 
 async def forward(
@@ -72,23 +54,23 @@ async def forward(
     claim: Claim | None = None,
     *,
     anthropic: bool = False,
-) -> Reply:
+) -> EdgeReply:
     """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
     successful stream is relayed to the client as it arrives; any other answer is returned
     whole, so the caller may still decide to retry. With ``claim``, what a successful answer
     creates is claimed before the client has it (``http.ownership``)."""
-    session = request.app[SERVICES].http_client
-    proxy_keys = request.app[SERVICES].client_keys.required
+    services = request.app[SERVICES]
     headers = upstream_headers(
-        request.headers, route.api_key_env, proxy_keys=proxy_keys, anthropic=anthropic
+        request.headers,
+        route.api_key_env,
+        proxy_keys=services.client_keys.required,
+        anthropic=anthropic,
     )
     headers.setdefault("Content-Type", "application/json")
     url = upstream_url(route.base, path, client_query(request))
     started = time.perf_counter()
     try:
-        async with session.post(
-            url, data=payload, headers=headers, allow_redirects=False
-        ) as upstream:
+        async with services.upstream.open(UpstreamCall("POST", url, headers, payload)) as upstream:
             reply_headers = client_headers(upstream)
             reply_headers.update(extra_headers)
             if upstream.status < 400 and is_event_stream(upstream):
@@ -118,5 +100,44 @@ async def forward(
             if claim is not None:
                 await claim_created(claim, body)
             return Reply(response, upstream.status, answer=body)
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        return Reply(upstream_failed(route.base, exc, anthropic=anthropic), 0)
+    except (UpstreamUnreachable, UpstreamBroke) as exc:
+        return Reply(upstream_failed(route.base, exc.cause, anthropic=anthropic), 0)
+
+
+class EdgeLink:
+    """The client's connection, as the service's request life sees it (``ClientLink``)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.request.headers
+
+    @property
+    def query(self) -> str:
+        return client_query(self.request)
+
+    async def refusal(
+        self, route: Route, named: Sequence[NamedObject]
+    ) -> Refusal[web.StreamResponse] | None:
+        refused = await bound_to_the_account(self.request, route, named)
+        if refused is None:
+            return None
+        return Refusal(refused, "refused" if refused.status == 403 else "not_found")
+
+    async def send(
+        self, route: Route, client_request: ClientRequest, forwarded: Forwarded
+    ) -> EdgeReply:
+        wire = client_request.wire
+        # Owned mode: what the provider keeps of the answer is the caller's.
+        claim = claimer(self.request, route) if client_request.stored else None
+        return await forward(
+            self.request,
+            route,
+            wire.upstream_path,
+            forwarded.payload,
+            forwarded.compaction_headers(),
+            claim,
+            anthropic=wire.family is ApiFamily.ANTHROPIC,
+        )

@@ -18,7 +18,9 @@ from aiohttp import ClientResponse, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from compaction_proxy.formats.usage import usage_in
 from compaction_proxy.security.outbound import HOP_BY_HOP, upstream_url, without
+from compaction_proxy.upstream_seam import UpstreamAnswer, UpstreamBroke
 
 # The client session decompresses, so length and encoding no longer describe the bytes we write.
 _NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "content-encoding"}
@@ -36,53 +38,12 @@ def same_path_upstream_url(base: str, request: web.BaseRequest) -> URL:
     return upstream_url(base, path.removeprefix("/v1"), query)
 
 
-def client_headers(upstream: ClientResponse) -> CIMultiDict[str]:
+def client_headers(upstream: ClientResponse | UpstreamAnswer) -> CIMultiDict[str]:
     return without(upstream.headers, _NOT_FORWARDED_DOWN)
 
 
-def is_event_stream(upstream: ClientResponse) -> bool:
+def is_event_stream(upstream: ClientResponse | UpstreamAnswer) -> bool:
     return upstream.content_type == "text/event-stream"
-
-
-def chat_usage(usage: Any) -> dict[str, Any] | None:
-    """Usage in chat's terms (``prompt_tokens``, ``completion_tokens``), also from the
-    Responses API's (``input_tokens``, ``output_tokens``); None when it is not usage."""
-    if not isinstance(usage, dict):
-        return None
-    if "prompt_tokens" in usage or not ("input_tokens" in usage or "output_tokens" in usage):
-        return usage
-    converted = {**usage, "completion_tokens": usage.get("output_tokens")}
-    if "input_tokens" in usage:
-        # Anthropic counts cache writes and reads apart from ``input_tokens``; the prompt is
-        # all three (the Responses API's ``input_tokens`` holds its cached tokens already).
-        cached = [usage.get(k) for k in ("cache_creation_input_tokens", "cache_read_input_tokens")]
-        prompt = usage.get("input_tokens")
-        if isinstance(prompt, int):
-            prompt += sum(n for n in cached if isinstance(n, int))
-        converted["prompt_tokens"] = prompt
-    return converted
-
-
-def _usage_in(event: Any) -> dict[str, Any] | None:
-    """The usage an answer or stream event carries: at the top (chat, a Messages answer or
-    ``message_delta``), or in its ``response`` (the Responses API's ``response.completed``)
-    or ``message`` (Messages' ``message_start``)."""
-    if not isinstance(event, dict):
-        return None
-    found = chat_usage(event.get("usage"))
-    for key in ("response", "message"):
-        if found is None and isinstance(event.get(key), dict):
-            found = chat_usage(event[key].get("usage"))
-    return found
-
-
-def usage_of_body(body: bytes) -> dict[str, Any] | None:
-    """``usage`` of a non-streamed answer, if the body is one."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return _usage_in(parsed)
 
 
 # Records a created object as the caller's (``http.ownership``).
@@ -168,7 +129,7 @@ class UsageScanner:
             return
         if first:
             self.created = created_id(event)
-        usage = _usage_in(event)
+        usage = usage_in(event)
         if usage is not None:
             # Messages streams the prompt's usage first (``message_start``) and the answer's
             # last (``message_delta``): the later adds to the earlier.
@@ -232,13 +193,15 @@ async def read_upstream(upstream: ClientResponse, response: web.StreamResponse) 
 
 
 async def _next_chunk(
-    upstream: ClientResponse, response: web.StreamResponse, scanner: UsageScanner
+    upstream: UpstreamAnswer, response: web.StreamResponse, scanner: UsageScanner
 ) -> bytes:
     """The upstream's next bytes. aiohttp cancels a handler whose client has gone: one that
     went after the answer's terminal event had its whole answer, so the cancellation is taken
     back and the request ends as answered (``ClientGone(answered=True)``)."""
     try:
-        return await read_upstream(upstream, response)
+        return await upstream.next_chunk()
+    except UpstreamBroke as broke:
+        raise UpstreamCut(response, broke.cause) from broke
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not scanner.finished or task is None:
@@ -256,7 +219,7 @@ def cut_off(request: web.BaseRequest) -> None:
 
 async def relay_stream(
     request: web.Request,
-    upstream: ClientResponse,
+    upstream: UpstreamAnswer,
     headers: CIMultiDict[str],
     scanner: UsageScanner,
     claim: Claim | None = None,

@@ -26,6 +26,7 @@ from compaction_proxy.http.errors import error_response
 from compaction_proxy.http.inspector import inspector_routes
 from compaction_proxy.http.metrics_endpoint import metrics_handler
 from compaction_proxy.http.passthrough import passthrough
+from compaction_proxy.http.upstream_client import AiohttpUpstream
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.metering.tokenizers import warm_up
@@ -139,6 +140,7 @@ def _services_context(
                 engine=engine,
                 policies=PolicyBook(settings),
                 learned_windows=LearnedWindows(),
+                upstream=AiohttpUpstream(http_client),
                 http_client=http_client,
                 relay_client=relay_client,
                 upload_slots=UploadSlots(

@@ -75,6 +75,7 @@ def summary_call(
     client_query: str,
     request_route: Route,
     summary_model: str,
+    route: Route,
     wire: WireFormat,
     client_request: ClientRequest | None = None,
 ) -> SummaryCall:
@@ -84,8 +85,8 @@ def summary_call(
     the client's query string on the same terms. Made first cache-safe, in the client's own
     format (``WireFormat.cache_safe_summary``), when the summary model is the request's and
     the span goes as forwarded; else (or when that gives no summary) rebuilt from the chat
-    form as the format's route takes it (``WireFormat.rebuilt_summary``)."""
-    route = services.policies.for_model(summary_model, wire.family).route
+    form as the format's route takes it (``WireFormat.rebuilt_summary``). ``route``: the
+    summary model's."""
     timeout = services.settings.summary_timeout_seconds
     anthropic = wire.family is ApiFamily.ANTHROPIC
 
@@ -96,7 +97,7 @@ def summary_call(
             headers.setdefault(name, value)
         try:
             return await call_summarizer(
-                services.http_client, url, headers, call.body, timeout, call.read
+                services.upstream, url, headers, call.body, timeout, call.read
             )
         except SummaryFailed as failure:
             sent = api_key_of(headers)
@@ -251,9 +252,9 @@ def compaction_job(
     and its summary calls'; ``client_request``, when at hand, lets them start as its own next
     request would)."""
     summary_model = model_policy.policy.summary_model or view.model
-    summary_policy = services.policies.for_model(summary_model, wire.family)
-    summary_window = None
+    summary_policy, summary_window = model_policy, None
     if summary_model != view.model:
+        summary_policy = services.policies.for_model(summary_model, wire.family)
         summary_window = services.model_window(summary_policy, summary_model)
     return CompactionJob(
         view=view,
@@ -267,6 +268,7 @@ def compaction_job(
             client_query,
             model_policy.route,
             summary_model,
+            summary_policy.route,
             wire,
             client_request,
         ),

@@ -27,6 +27,7 @@ from compaction_proxy.security.tenant import TenantSecret
 from compaction_proxy.security.upload_slots import UploadSlots
 from compaction_proxy.service.pending_records import PendingRecords
 from compaction_proxy.store.base import Store
+from compaction_proxy.upstream_seam import Upstream
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,12 @@ class Services:
     engine: Engine
     policies: PolicyBook
     learned_windows: LearnedWindows
-    # Upstream calls: chat and Responses requests, summary calls (no cookies kept).
+    # Every call to a compacted route's upstream: the requests, their retries, the summary
+    # calls, the model list (``upstream_seam``; aiohttp's client in the product).
+    upstream: Upstream
+    # Relayed as sent, on the same pool: Responses requests whose history the provider holds.
     http_client: aiohttp.ClientSession
-    # Every other relayed path, on a pool of its own: it can never take http_client's.
+    # Every other relayed path, on a pool of its own: it can never take the upstream's.
     relay_client: aiohttp.ClientSession
     upload_slots: UploadSlots
     client_keys: ClientKeys

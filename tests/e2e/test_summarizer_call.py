@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from compaction_proxy.compaction.summarize import (
     SummaryFailed,
@@ -15,6 +16,7 @@ from compaction_proxy.compaction.summarize import (
     frame,
     framed_summary_text,
 )
+from compaction_proxy.http.upstream_client import AiohttpUpstream
 
 
 def completion(content: Any, finish: str = "stop", **message: Any) -> dict[str, Any]:
@@ -73,9 +75,9 @@ async def provider(aiohttp_server: Any) -> str:
 
 async def summarize(base: str, name: str, timeout: float = 2.0) -> str:
     async with aiohttp.ClientSession() as session:
-        summary = await call_summarizer(
-            session, f"{base}/{name}/chat/completions", {}, {"model": "m", "messages": []}, timeout
-        )
+        url = URL(f"{base}/{name}/chat/completions")
+        body = {"model": "m", "messages": []}
+        summary = await call_summarizer(AiohttpUpstream(session), url, {}, body, timeout)
         return summary.text
 
 

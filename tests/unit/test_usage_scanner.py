@@ -6,8 +6,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from compaction_proxy.http.forwarding import Reply, usage_of
-from compaction_proxy.http.upstream import UsageScanner, usage_of_body
+from compaction_proxy.formats.usage import usage_of_body
+from compaction_proxy.http.upstream import UsageScanner
+from compaction_proxy.service.exchange import Reply, usage_of
 
 pytest.importorskip("hypothesis")
 
@@ -63,7 +64,7 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 2}
     ],
 )
 async def test_usage_of_a_reply_is_read_from_its_answer_or_its_stream(
-    reply: Reply, usage: dict[str, int] | None
+    reply: Reply[web.Response], usage: dict[str, int] | None
 ) -> None:
     assert await usage_of(reply) == usage
 

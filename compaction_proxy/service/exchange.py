@@ -1,0 +1,260 @@
+"""The life of a compacted request, from its parsed body to its record: the service's one entry.
+
+The edge parses the body with its ``WireFormat``, authenticates, and hands the request here
+with a ``ClientLink``, its side of the exchange: the client's headers and query, the
+ownership check of the objects the body names, and the sending of an attempt (through the
+``upstream_seam``, relaying a successful stream to the client as it arrives). From there the
+service decides: the policy is resolved once, the request prepared (compacted if need be),
+sent, recovered from a context overflow while the evidence allows, counted, and recorded
+after the client has its answer. Whatever fails in preparation, the client's bytes go as they
+came (``X-Compaction-Status: bypass``): never worse than no proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from compaction_proxy.compaction.model_policy import ModelPolicy
+from compaction_proxy.compaction.pressure import answer_attributes
+from compaction_proxy.config.settings import Route
+from compaction_proxy.conversation.log_events import overflow_event, usage_event
+from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.usage import usage_of_body
+from compaction_proxy.metering.overflow import classify_overflow
+from compaction_proxy.metering.windows import window_key
+from compaction_proxy.metrics import (
+    BYPASSES,
+    CLIENT_DISCONNECTS,
+    FORMAT_REQUESTS,
+    METER_ERROR,
+    OVERFLOW_RECOVERIES,
+    PROMPT_TOKENS_FORWARDED,
+    PROXY_OVERHEAD,
+    REQUEST_DURATION,
+    REQUESTS,
+    child,
+)
+from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.security.object_references import NamedObject
+from compaction_proxy.service.forwarded import Forwarded, RequestStatus
+from compaction_proxy.service.prepare import count_rereads, prepare
+from compaction_proxy.service.record import RequestRecord, write_record
+from compaction_proxy.service.recover import recover_overflow
+from compaction_proxy.service.services import Services
+from compaction_proxy.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+Response = TypeVar("Response")  # what the edge answers its client with
+
+
+@dataclass(frozen=True)
+class Reply(Generic[Response]):
+    """One attempt's outcome: the client's response (the edge's), the upstream status (0:
+    unreachable), the usage a stream reported or the whole answer it is to be read from
+    (``usage_of``), and the raw error body when the upstream answered with an error (not yet
+    sent: the service may still retry)."""
+
+    response: Response
+    status: int
+    usage: dict[str, Any] | None = None
+    error_body: bytes | None = None
+    client_gone: bool = False  # the client left before its answer was whole
+    upstream_cut: bool = False  # the upstream broke off a stream already being relayed
+    answer: bytes | None = None  # a successful answer sent whole
+
+
+@dataclass(frozen=True)
+class Refusal(Generic[Response]):
+    """The client's answer when the body names an object its account may not reach."""
+
+    response: Response
+    outcome: str  # ``refused`` or ``not_found``: the requests counter's outcome
+
+
+class ClientLink(Protocol[Response]):
+    """The edge's side of one request (``http.forwarding.EdgeLink``)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def query(self) -> str:
+        """The client's query string as it encoded it ("" for none)."""
+        ...
+
+    async def refusal(self, route: Route, named: Sequence[NamedObject]) -> Refusal[Response] | None:
+        """A refusal when the body names another account's object (``http.ownership``)."""
+        ...
+
+    async def send(
+        self, route: Route, client_request: ClientRequest, forwarded: Forwarded
+    ) -> Reply[Response]:
+        """Send one attempt upstream; a successful answer reaches the client, an error is
+        returned unsent."""
+        ...
+
+
+async def usage_of(reply: Reply[Any]) -> dict[str, Any] | None:
+    """The usage the upstream reported: a stream's as it was relayed, a whole answer's read
+    from it. Asked after the client has its answer, so reading it costs the client nothing."""
+    if reply.answer is None:
+        return reply.usage
+    answer = reply.answer
+    return await off_loop_if(is_big(len(answer)), lambda: usage_of_body(answer))
+
+
+async def serve(
+    services: Services,
+    link: ClientLink[Response],
+    client_request: ClientRequest,
+    session_id: str | None,
+    started: float,
+    named: Sequence[NamedObject] = (),
+) -> Response:
+    """Bind to the account what names its objects; prepare (compact if need be), forward,
+    recover from an overflow, record. ``started``: when the edge began reading the request."""
+    model_policy = services.policies.for_model(client_request.model, client_request.wire.family)
+    route = model_policy.route
+    refused = await link.refusal(route, named)
+    if refused is not None:
+        REQUESTS.labels(route=route.model, outcome=refused.outcome).inc()
+        return refused.response
+    record: RequestRecord | None = None
+    try:
+        forwarded, record = await prepare(
+            services, client_request, model_policy, session_id, link.headers, link.query
+        )
+    except StoreUnavailable as exc:
+        log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
+        BYPASSES.labels(route=route.model, cause="store").inc()
+        forwarded = Forwarded.bypass(client_request.raw)
+    except Exception:
+        # Never worse than no proxy: a fault of our own sends the client's bytes as they came.
+        log.exception("preparing the request failed: forwarding it unchanged")
+        BYPASSES.labels(route=route.model, cause="error").inc()
+        forwarded = Forwarded.bypass(client_request.raw)
+
+    child(PROXY_OVERHEAD, route.model).observe(time.perf_counter() - started)
+    in_flight = services.in_flight
+    conversation = forwarded.conversation
+    if conversation is not None:
+        in_flight[conversation] += 1
+    reply: Reply[Response] | None = None
+    try:
+        reply, forwarded = await _forward_with_recovery(
+            services, link, client_request, model_policy, forwarded, record
+        )
+    finally:
+        if conversation is not None:
+            in_flight[conversation] -= 1
+            if in_flight[conversation] <= 0:
+                del in_flight[conversation]
+        if record is not None:
+            # Written once the client has its answer (the conversation's next request waits
+            # for it); logged even when the client went away mid-answer.
+            work = _record(services, forwarded, record, reply)
+            services.pending_records.spawn(record.log.view.conversation, work)
+        # Counted however the request ended, a client that left included.
+        outcome = _outcome(reply, forwarded.status)
+        child(REQUESTS, route.model, outcome).inc()
+        child(FORMAT_REQUESTS, client_request.api, forwarded.status.value).inc()
+        child(REQUEST_DURATION, route.model).observe(time.perf_counter() - started)
+        if outcome == "client_disconnected":
+            CLIENT_DISCONNECTS.labels(route=route.model).inc()
+    return reply.response
+
+
+async def _forward_with_recovery(
+    services: Services,
+    link: ClientLink[Response],
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    forwarded: Forwarded,
+    record: RequestRecord | None,
+) -> tuple[Reply[Response], Forwarded]:
+    """Forward; after a context overflow, compact and retry while the evidence allows."""
+    route = model_policy.route
+    reply = await _send(link, route, client_request, forwarded)
+    retries = 0
+    while reply.error_body is not None:
+        verdict = classify_overflow(reply.status, reply.error_body)
+        if not verdict.is_overflow:
+            break
+        if verdict.limit is not None:
+            named = window_key(client_request.model, client_request.declared_window)
+            services.learned_windows.learn(route.model, named, verdict.limit)
+        retry, overflowed_at = None, time.time()
+        if record is not None and retries < model_policy.policy.max_overflow_retries:
+            retries += 1
+            try:
+                retry = await recover_overflow(
+                    services, client_request, model_policy, forwarded, record
+                )
+            except Exception:
+                log.exception("overflow recovery failed: the upstream's error stands")
+        if record is not None:
+            retried = retry is not None
+            record.add(overflow_event(now=overflowed_at, limit=verdict.limit, retried=retried))
+            if retry is not None:
+                record.add_forwarded(retry, client_request.model, route.model, time.time())
+        if retry is None:
+            OVERFLOW_RECOVERIES.labels(result="passed_through").inc()
+            break
+        OVERFLOW_RECOVERIES.labels(result="retried").inc()
+        forwarded = retry
+        reply = await _send(link, route, client_request, forwarded)
+    return reply, forwarded
+
+
+async def _send(
+    link: ClientLink[Response], route: Route, client_request: ClientRequest, forwarded: Forwarded
+) -> Reply[Response]:
+    if forwarded.measurement is not None:
+        child(PROMPT_TOKENS_FORWARDED, route.model).inc(forwarded.measurement.tokens)
+    return await link.send(route, client_request, forwarded)
+
+
+def _outcome(reply: Reply[Any] | None, status: RequestStatus) -> str:
+    if reply is not None and reply.upstream_cut:
+        return "upstream_error"
+    if reply is None or reply.client_gone:
+        return "client_disconnected"
+    upstream_status = reply.status
+    if upstream_status == 0:
+        return "upstream_unavailable"
+    if upstream_status >= 400:
+        return "upstream_error"
+    return "bypass" if status is RequestStatus.BYPASS else "ok"
+
+
+async def _record(
+    services: Services, forwarded: Forwarded, record: RequestRecord, reply: Reply[Any] | None
+) -> None:
+    """The request's second round trip: its messages, what was forwarded, the upstream's
+    usage, the anchor (see ``service.record``)."""
+    anchor = None
+    await count_rereads(forwarded)
+    usage = await usage_of(reply) if reply is not None else None
+    if reply is not None and usage is not None:
+        record.add(usage_event(now=time.time(), usage=usage, status=reply.status))
+        record.set(answer_attributes(forwarded.state, usage))
+        prompt_tokens = usage.get("prompt_tokens")
+        measurement = forwarded.measurement
+        if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
+            anchor = measurement.anchor_for(prompt_tokens)
+            if not measurement.anchored:
+                METER_ERROR.observe((measurement.tokens - prompt_tokens) / prompt_tokens)
+                model = record.log.view.model
+                services.engine.meter.calibrate(model, measurement.estimated, prompt_tokens)
+    # A lost record is counted by the instrumented store; not worth failing a request.
+    try:
+        await write_record(services.store, services.settings, record, anchor)
+    except StoreUnavailable:
+        pass
+    except Exception:
+        log.exception("recording the request failed")
