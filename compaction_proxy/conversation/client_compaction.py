@@ -32,7 +32,10 @@ KNOWN_PROMPTS = (
     "Here is the conversation so far:\n\n<conversation>",
     "Provide a detailed prompt for continuing our conversation",  # opencode, earlier
 )
-_KNOWN = re.compile("|".join(re.escape(prompt) for prompt in KNOWN_PROMPTS), re.IGNORECASE)
+_KNOWN_LOWERED = tuple(prompt.lower() for prompt in KNOWN_PROMPTS)
+# Every request's last user turn is read, often a long observation: the words ``_ASKS`` needs
+# are looked for first (a substring search), and the expression runs only on text that has one.
+_ASKING_WORDS = ("summar", "recap", "condense")
 _ASKS = re.compile(
     r"\b(summar(y|ize|ise)|recap|condense)\b[^.\n]{0,80}\b(conversation|chat|session|history|"
     r"work so far|discussion)\b",
@@ -57,10 +60,12 @@ def last_user_text(body: Sequence[Message]) -> str:
 
 def is_client_compaction(body: Sequence[Message], tools: Any) -> bool:
     """Whether the request asks the model to summarize the conversation for the client."""
-    text = last_user_text(body)
-    if _KNOWN.search(text):
+    text = last_user_text(body).lower()
+    if any(prompt in text for prompt in _KNOWN_LOWERED):
         return True
-    return not tools and bool(_ASKS.search(text))
+    if tools or not any(word in text for word in _ASKING_WORDS):
+        return False
+    return _ASKS.search(text) is not None
 
 
 def is_continued_history(body: Sequence[Message]) -> bool:

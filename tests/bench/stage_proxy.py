@@ -28,8 +28,9 @@ import time
 from typing import IO, Any
 
 from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.http import handlers
+from compaction_proxy.formats.wire_formats import CHAT
 from compaction_proxy.ops.cli import main
+from compaction_proxy.service import exchange
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import prepare
 from compaction_proxy.service.record import RequestRecord
@@ -49,7 +50,7 @@ def leave_out(stages: set[str], model: str) -> None:
         async def no_record(*_: object) -> None:
             return None
 
-        handlers._record = no_record  # type: ignore[assignment]
+        exchange._record = no_record  # type: ignore[assignment]
     if "prepare" in stages:
 
         async def forwarded_as_sent(
@@ -58,18 +59,20 @@ def leave_out(stages: set[str], model: str) -> None:
             # No record: nothing is written after the answer either.
             return Forwarded(payload=client_request.raw, status=RequestStatus.NONE), None
 
-        handlers.prepare = forwarded_as_sent  # type: ignore[assignment]
+        exchange.prepare = forwarded_as_sent  # type: ignore[assignment]
     if "parse" in stages:
 
         def unparsed(raw: bytes, *_: object) -> ClientRequest:
-            return ClientRequest(body={}, raw=raw, model=model, messages=[], stream=False)
+            return ClientRequest(
+                body={}, raw=raw, model=model, messages=[], stream=False, wire=CHAT
+            )
 
-        handlers.parse_chat_request = unparsed  # type: ignore[assignment]
+        CHAT.parse = unparsed  # type: ignore[method-assign]
 
 
 def time_stages(out: IO[str]) -> None:
     """Time each request's parse, preparation and record (see the module's docstring)."""
-    parse, record = handlers.parse_chat_request, handlers._record
+    parse, record = CHAT.parse, exchange._record
     parsed: dict[int, int] = {}  # id(client request) -> its parse's CPU time
     prepared: dict[int, tuple[int, int]] = {}  # id(RequestRecord) -> parse, prepare
 
@@ -98,9 +101,9 @@ def time_stages(out: IO[str]) -> None:
         body = len(request_record.log.view.body)
         out.write(f"{body} {forwarded.generation} {parse_ns} {prepare_ns} {spent}\n")
 
-    handlers.parse_chat_request = timed_parse  # type: ignore[assignment]
-    handlers.prepare = timed_prepare  # type: ignore[assignment]
-    handlers._record = timed_record  # type: ignore[assignment]
+    CHAT.parse = timed_parse  # type: ignore[method-assign]
+    exchange.prepare = timed_prepare  # type: ignore[assignment]
+    exchange._record = timed_record  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
+from compaction_proxy.conversation import client_compaction
 from compaction_proxy.conversation.client_compaction import (
+    KNOWN_PROMPTS,
     is_client_compaction,
     is_continued_history,
 )
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
 CODEX = (
@@ -79,3 +87,45 @@ def test_a_history_rebuilt_from_an_agents_summary_is_told_by_its_opening(
     ]
     assert is_continued_history(history) is continued
     assert not is_continued_history([{"role": "user", "content": "Fix it."}] * 9 + history[1:])
+
+
+_FRAGMENTS = [
+    "Summarize",
+    "SUMMARY of",
+    "recap",
+    "Condense",
+    " the ",
+    "conversation",
+    "HISTORY",
+    "work so far",
+    "chat",
+    ".",
+    "\n",
+    " ",
+    "x" * 90,
+    "Recap the conversation",
+    "please condense this chat",
+    "İ",
+    "\u212a",
+    *(prompt.upper() for prompt in KNOWN_PROMPTS),
+    *(prompt[: len(prompt) // 2] for prompt in KNOWN_PROMPTS),
+]
+
+
+def reference(last: str, tools: Any) -> bool:
+    """The definition, as one case-insensitive expression per test (slow on long turns)."""
+    known = re.compile("|".join(re.escape(p) for p in KNOWN_PROMPTS), re.IGNORECASE)
+    text = last[:4096]
+    return bool(known.search(text)) or (not tools and bool(client_compaction._ASKS.search(text)))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=6), max_size=6).map("".join),
+    st.booleans(),
+)
+def test_the_quick_look_at_the_last_user_turn_decides_as_the_expressions_do(
+    last: str, with_tools: bool
+) -> None:
+    tools = TOOLS if with_tools else None
+    assert is_client_compaction(body(last), tools) == reference(last, tools)
