@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.anthropic_blocks import (
+    TranslatedMessages,
     lossless,
     no_check,
+    system_message,
     translate_messages,
     with_checkpoint_breakpoint,
     written_turns,
@@ -26,9 +28,15 @@ from compaction_proxy.formats.anthropic_summary import (
     summary_text_of,
 )
 from compaction_proxy.formats.known_messages import KnownMessages
-from compaction_proxy.formats.request import ClientRequest, check_stream, parse_object_with_model
+from compaction_proxy.formats.request import (
+    ClientRequest,
+    check_object_with_model,
+    check_stream,
+    parse_object_with_model,
+)
 from compaction_proxy.formats.wire import ParseContext, SummaryPost, WireFormat
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
 
 ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 LONG_CONTEXT_WINDOW = 1_000_000  # with the 1M-context beta (anthropic-beta: context-1m-...)
@@ -44,24 +52,68 @@ def declared_window(beta: Sequence[str]) -> int | None:
 
 
 def parse_messages_request(
-    raw: bytes, known: KnownMessages, beta: Sequence[str] = ()
+    raw: bytes,
+    known: KnownMessages,
+    beta: Sequence[str] = (),
+    recent: RecentBodies | None = None,
+    hint: str | None = None,
 ) -> ClientRequest:
-    """A Messages body as a request for the shared core (translated whole, each time);
-    ``beta``: the request's ``anthropic-beta`` headers."""
-    body = parse_object_with_model(raw)
-    translated = translate_messages(body)
+    """A Messages body as a request for the shared core; ``beta``: the request's
+    ``anthropic-beta`` headers. With ``recent``, a body extending one parsed a moment ago is
+    parsed from where it differs, and translated and hashed from its first new turn (``hint``:
+    the client's name for the conversation), as chat and Responses bodies are."""
+    extension = recent.extend(raw, "messages", hint) if recent is not None else None
+    if extension is None:
+        body = parse_object_with_model(raw)
+        translated = translate_messages(body)
+        reused = 0
+        digests = known.digests(translated.messages, no_check)
+    else:
+        body = check_object_with_model(extension.body)
+        prefix = _reusable(extension, body)
+        translated = translate_messages(body, prefix, extension.known)
+        reused = 0 if prefix is None else len(prefix.messages)
+        digests = first_of(extension.base.digests, reused)
+        digests += known.digests(translated.messages[reused:], no_check)
+    lineage: Lineage | None = None
+    turns = body.get("messages")
+    if recent is not None and isinstance(turns, list):
+        lineage = recent.remember(
+            raw, turns, digests, "messages", extension, translated, reused, hint=hint
+        )
     return ClientRequest(
         body=body,
         model=body["model"],
         messages=translated.messages,
         stream=check_stream(body),
-        digests=known.digests(translated.messages, no_check),
+        digests=digests,
         raw=raw,
         wire=MESSAGES,
         groups=translated.groups,
         translation=translated,
+        lineage=lineage,
         declared_window=declared_window(beta),
     )
+
+
+def _reusable(extension: Extension, body: dict[str, Any]) -> TranslatedMessages | None:
+    """The remembered body's translation of the turns this body shares with it (its first
+    ``extension.known``), under the same ``system``; None when there is none to take."""
+    base = extension.base.translation
+    if not isinstance(base, TranslatedMessages):
+        return None
+    head = 1 if base.groups and not base.groups[0] else 0
+    system = system_message(body)
+    if (base.messages[0] if head else None) != system:
+        return None
+    shared = 0  # the entries of the shared turns
+    entries = base.entries
+    while shared < len(entries) and (entries[shared].turn or 0) < extension.known:
+        shared += 1
+    count = head
+    while count < len(base.groups) and base.groups[count][-1] < shared:
+        count += 1
+    return TranslatedMessages(base.messages[:count], base.groups[:count], entries[:shared])
 
 
 def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
@@ -85,7 +137,9 @@ class MessagesFormat(WireFormat):
     session_headers: ClassVar[tuple[str, ...]] = (CLAUDE_CODE_SESSION_HEADER,)
 
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest:
-        return parse_messages_request(raw, context.known, context.beta)
+        return parse_messages_request(
+            raw, context.known, context.beta, context.recent, context.session_id
+        )
 
     def payload(self, request: ClientRequest, surface: Surface) -> bytes:
         return messages_payload(request, surface)

@@ -139,19 +139,33 @@ def _assistant(blocks: Sequence[dict[str, Any]], param: str) -> Message:
     return message
 
 
-def translate_messages(body: dict[str, Any]) -> TranslatedMessages:
-    """The chat messages for a Messages body's ``system`` and ``messages``."""
-    messages: list[Message] = []
-    groups: list[tuple[int, ...]] = []
-    entries: list[Entry] = []
+def system_message(body: dict[str, Any]) -> Message | None:
+    """The head message standing for the body's ``system``, if it has one."""
     system = body.get("system")
-    if system is not None:
-        messages.append({"role": "system", "content": _system_text(system)})
-        groups.append(())
+    return None if system is None else {"role": "system", "content": _system_text(system)}
+
+
+def translate_messages(
+    body: dict[str, Any], prefix: TranslatedMessages | None = None, start: int = 0
+) -> TranslatedMessages:
+    """The chat messages for a Messages body's ``system`` and ``messages``; with ``prefix``,
+    the translation of its first ``start`` turns and its head (a turn's messages depend on
+    that turn alone), the rest translated after it."""
     turns = body.get("messages")
+    if prefix is not None:
+        messages, groups = list(prefix.messages), list(prefix.groups)
+        entries = list(prefix.entries)
+    else:
+        messages, groups, entries = [], [], []
+        head = system_message(body)
+        if head is not None:
+            messages.append(head)
+            groups.append(())
+        start = 0
     if not isinstance(turns, list):
         raise _invalid("messages", "an array of messages")
-    for turn_index, turn in enumerate(turns):
+    for turn_index in range(start, len(turns)):
+        turn = turns[turn_index]
         param = f"messages.{turn_index}"
         role = turn.get("role") if isinstance(turn, dict) else None
         if not isinstance(role, str) or not role:

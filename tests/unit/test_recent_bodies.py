@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from compaction_proxy.compaction.request_view import RequestView
+from compaction_proxy.formats.anthropic import parse_messages_request
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.chat import parse_chat_request
 from compaction_proxy.formats.known_messages import KnownMessages
@@ -497,3 +498,115 @@ def test_a_body_is_scanned_only_where_it_differs_from_a_remembered_one_found_cle
     # The first from its start; the second from its new message on (the shared bytes end
     # with the first body's last message); the third whole, since the second was not clean.
     assert starts == [0, first.rindex(b"]"), 0]
+
+
+# -- Anthropic's Messages ------------------------------------------------------------------
+
+valid_turns = st.sampled_from(
+    [
+        {"role": "user", "content": "Fix it."},
+        {"role": "user", "content": []},
+        {"role": "user", "content": [{"type": "text", "text": "Go on."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "done"},
+                {"type": "text", "text": "and then?"},
+                {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text"}]},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hm", "signature": "s1"},
+                {"type": "text", "text": "On it."},
+                {"type": "tool_use", "id": "t1", "name": "bash", "input": {"c": 1}},
+            ],
+        },
+        {"role": "assistant", "content": "Done."},
+        {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]},
+    ]
+)
+turns = valid_turns | responses_junk  # junk as often as not: in forks only
+
+
+def messages_outcome(
+    raw: bytes, known: KnownMessages, recent: RecentBodies | None, hint: str | None = None
+) -> tuple[Any, ...]:
+    try:
+        request = parse_messages_request(raw, known, (), recent, hint)
+    except BadRequest as error:
+        return ("refused", error.message, error.param)
+    view = RequestView.of(
+        "t", "m", request.messages, None, digests=request.digests, lineage=request.lineage
+    )
+    assert view.chain == RequestView.of("t", "m", request.messages, None).chain
+    translated = request.translation
+    entries = [(e.turn, e.role, e.content) for e in translated.entries]
+    return ("parsed", request.body, request.messages, request.groups, request.digests, entries)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shared=st.lists(valid_turns, min_size=1, max_size=6),
+    forks=st.lists(
+        st.lists(valid_turns, max_size=4) | st.lists(turns, max_size=3), min_size=2, max_size=2
+    ),
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 1),
+            st.integers(1, 10),
+            st.sampled_from([None, "Be brief.", [{"type": "text", "text": "Be brief."}], 7]),
+            st.sampled_from(sorted(STYLES)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    hint=st.sampled_from([None, "conversation"]),
+)
+def test_a_growing_messages_conversation_parses_as_if_each_body_were_parsed_whole(
+    shared: list[Any],
+    forks: list[list[Any]],
+    steps: list[tuple[int, int, Any, str]],
+    hint: str | None,
+) -> None:
+    """Anthropic's Messages: translation, entries, digests and chain included, whatever the
+    order of bodies and however their ``system`` changes (or is not valid)."""
+    known, recent = KnownMessages(), RecentBodies()
+    for fork, cut, system_prompt, style in steps:
+        value: dict[str, Any] = {
+            "model": "m",
+            "max_tokens": 64,
+            "messages": [*shared, *forks[fork % len(forks)]][:cut],
+        }
+        if system_prompt is not None:
+            value["system"] = system_prompt
+        raw = STYLES[style](value)
+        assert messages_outcome(raw, known, recent, hint) == messages_outcome(
+            raw, KnownMessages(), None
+        )
+
+
+def test_an_appended_messages_body_is_translated_from_the_recent_one() -> None:
+    """Not vacuous: the shared turns' messages are the remembered body's own."""
+    first_turns = [
+        {"role": "user", "content": "Fix it."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "bash", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}],
+        },
+    ]
+    more = [{"role": "assistant", "content": "Done."}]
+    known, recent = KnownMessages(), RecentBodies()
+    value = {"model": "m", "max_tokens": 9, "system": "Be brief.", "messages": first_turns}
+    first = parse_messages_request(STYLES["compact"](value), known, (), recent)
+    raw = STYLES["compact"]({**value, "messages": [*first_turns, *more]})
+    second = parse_messages_request(raw, known, (), recent)
+    assert second.lineage is not None and len(second.messages) == 5
+    assert all(a is b for a, b in zip(second.messages[:4], first.messages[:4], strict=True))
+    assert second.digests is not None and second.digests[:4] == first.digests
