@@ -21,7 +21,7 @@ from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, mask_relieves
 from compaction_proxy.compaction.model_policy import Budgets, precompaction_retain
 from compaction_proxy.compaction.planning import CompactionJob
-from compaction_proxy.compaction.select import first_node_at, priced_nodes
+from compaction_proxy.compaction.range_selection import first_node_at, priced_nodes
 from compaction_proxy.compaction.summarize import INSTRUCTION
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import counter_for

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from compaction_proxy.compaction.select import Span
+from compaction_proxy.compaction.range_selection import Span
 from compaction_proxy.compaction.summarize import SummaryFailed
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import Measurement

@@ -20,8 +20,7 @@ from compaction_proxy.compaction.fit import (
 )
 from compaction_proxy.compaction.masking import Masker
 from compaction_proxy.compaction.prune import Pruner
-from compaction_proxy.compaction.request_view import RequestView
-from compaction_proxy.compaction.select import (
+from compaction_proxy.compaction.range_selection import (
     Span,
     first_node_at,
     priced_nodes,
@@ -29,6 +28,7 @@ from compaction_proxy.compaction.select import (
     retained_node,
     select_span,
 )
+from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import INSTRUCTION, Summary
 from compaction_proxy.config.settings import Policy
 from compaction_proxy.conversation.messages import Message

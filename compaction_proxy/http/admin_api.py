@@ -19,8 +19,8 @@ from compaction_proxy.compaction.guards.miss_guard import proactive_compaction_s
 from compaction_proxy.compaction.model_policy import budgets
 from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.planning import CompactionJob
+from compaction_proxy.compaction.range_selection import call_pairs
 from compaction_proxy.compaction.request_view import RequestView
-from compaction_proxy.compaction.select import call_pairs
 from compaction_proxy.conversation.log_events import Event
 from compaction_proxy.conversation.log_view import LoggedRequest, latest_request
 from compaction_proxy.conversation.replacements import Checkpoint, ReplacementRecord
@@ -414,7 +414,7 @@ async def compact(request: web.Request) -> web.StreamResponse:
 
 
 @admin_only
-async def compact_region(request: web.Request) -> web.StreamResponse:
+async def compact_region_endpoint(request: web.Request) -> web.StreamResponse:
     try:
         body = orjson.loads(await request.read())
         start, end = body["start"], body["end"]
@@ -439,5 +439,5 @@ def admin_routes() -> list[web.RouteDef]:
         web.get(base + "/{conversation}/surface", conversation_surface),
         web.get(base + "/{conversation}/timeline", conversation_timeline),
         web.post(base + "/{conversation}/compact", compact),
-        web.post(base + "/{conversation}/compact-region", compact_region),
+        web.post(base + "/{conversation}/compact-region", compact_region_endpoint),
     ]

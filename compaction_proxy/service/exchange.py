@@ -43,7 +43,7 @@ from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.record import RequestRecord, write_record
-from compaction_proxy.service.recover import recover_overflow
+from compaction_proxy.service.recover import retry_after_overflow
 from compaction_proxy.service.services import Services
 from compaction_proxy.store import StoreUnavailable
 
@@ -192,7 +192,7 @@ async def _forward_with_recovery(
         if record is not None and retries < model_policy.policy.max_overflow_retries:
             retries += 1
             try:
-                retry = await recover_overflow(
+                retry = await retry_after_overflow(
                     services, client_request, model_policy, forwarded, record
                 )
             except Exception:

@@ -61,7 +61,7 @@ async def _compact(
         log.exception("overflow compaction failed")
 
 
-async def recover_overflow(
+async def retry_after_overflow(
     services: Services,
     client_request: ClientRequest,
     model_policy: ModelPolicy,

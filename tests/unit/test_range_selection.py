@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from compaction_proxy.compaction.select import (
+from compaction_proxy.compaction.range_selection import (
     PricedNode,
     Span,
     balanced_cuts,
