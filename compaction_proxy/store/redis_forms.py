@@ -47,8 +47,9 @@ def chain_args(chain: Sequence[str] | None) -> list[Arg]:
         return ["", 0]
     if not chain:
         return ["", 1]
+    widths = set(map(len, chain))  # one C-level pass: a chain holds hundreds of hashes
     width = len(chain[0])
-    if width == 0 or any(len(h) != width for h in chain):
+    if width == 0 or len(widths) != 1:
         raise ValueError("the chain's hashes differ in width")
     return ["".join(chain), width]
 
