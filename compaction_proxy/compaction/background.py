@@ -33,7 +33,7 @@ from compaction_proxy.compaction.model_policy import Budgets, precompaction_reta
 from compaction_proxy.compaction.outcomes import Outcome
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.metrics import PRECOMPACTION_DURATION, PRECOMPACTIONS_IN_FLIGHT
-from compaction_proxy.store.base import ConversationState
+from compaction_proxy.store.base import ConversationState, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,13 @@ class BackgroundCompactions:
             if result.outcome.is_failure:
                 await triggers.remember_failure(engine, job, tokens)
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            outcome = Outcome.CANCELLED.value
             # Shutting down, or the client abandoned the branch: the engine closed the
             # attempt and released the lease.
             raise
+        except StoreUnavailable as exc:
+            # The store went away mid-round: said as everywhere else, without a traceback.
+            log.warning("store unavailable during a background round (%s)", exc.operation)
         except Exception:
             log.exception("background compaction failed; the threshold request will compact")
         finally:

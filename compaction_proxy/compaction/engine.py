@@ -171,21 +171,23 @@ class Engine:
             yield
         except BaseException as exc:
             # Logged by whoever handles it; here the attempt is only closed.
-            await self._close_quietly(attempt, type(exc).__name__)
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            outcome = Outcome.CANCELLED if cancelled else Outcome.ERROR
+            await self._close_quietly(attempt, type(exc).__name__, outcome)
             raise
         else:
-            await self._close_quietly(attempt, "left open")
+            await self._close_quietly(attempt, "left open", Outcome.ERROR)
         finally:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
 
-    async def _close_quietly(self, attempt: Attempt, detail: str) -> None:
+    async def _close_quietly(self, attempt: Attempt, detail: str, outcome: Outcome) -> None:
         if attempt.closed:
             return
         with contextlib.suppress(Exception):
             # Shielded: a cancelled request must still release what it holds.
-            await asyncio.shield(self._fail(attempt, Outcome.ERROR, detail))
+            await asyncio.shield(self._fail(attempt, outcome, detail))
 
     async def _keep_renewed(self, attempt: Attempt) -> None:
         ttl = self.settings.lease_ttl_seconds

@@ -26,6 +26,7 @@ class Outcome(StrEnum):
     CEILING = "ceiling"  # the tenant reached its summary calls per minute
     BREAKER = "breaker"  # the summary route failed recently: nobody waits for it now
     ERROR = "error"  # an unexpected exception; the attempt was closed on the way out
+    CANCELLED = "cancelled"  # shutting down, or the client abandoned the branch
 
     @property
     def is_failure(self) -> bool:
@@ -36,7 +37,14 @@ class Outcome(StrEnum):
 
 
 _NOT_FAILURES = frozenset(
-    {Outcome.COMMITTED, Outcome.NO_RANGE, Outcome.CEILING, Outcome.BREAKER, Outcome.BUSY}
+    {
+        Outcome.COMMITTED,
+        Outcome.NO_RANGE,
+        Outcome.CEILING,
+        Outcome.BREAKER,
+        Outcome.BUSY,
+        Outcome.CANCELLED,
+    }
 )
 
 

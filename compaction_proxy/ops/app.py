@@ -111,8 +111,9 @@ def _services_context(
     settings: Settings, client_keys: ClientKeys
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """Opens the ``Services`` at start-up and closes them in reverse order at shutdown: the
-    last pending records are written, then the HTTP client closes, then background rounds are
-    cancelled (each closes its attempt and frees its lease), and the store closes last."""
+    last pending records are written, then background rounds are cancelled (each closes its
+    attempt as ``cancelled`` and frees its lease: its summary call is cancelled, not cut off by
+    a closed client), then the HTTP clients close, and the store closes last."""
 
     async def services(app: web.Application) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
@@ -125,13 +126,13 @@ def _services_context(
             # Stops waiting for it; the thread itself ends with the import.
             stack.callback(importing.cancel)
             background = BackgroundCompactions(engine, settings.precompact_concurrency)
-            stack.push_async_callback(background.close)
             http_client = await stack.enter_async_context(
                 _http_client(settings, settings.upstream_pool_size)
             )
             relay_client = await stack.enter_async_context(
                 _http_client(settings, settings.relay_pool_size)
             )
+            stack.push_async_callback(background.close)  # before the clients it calls through
             pending_records = PendingRecords()
             stack.push_async_callback(pending_records.drain, settings.shutdown_timeout)
             app[SERVICES] = Services(

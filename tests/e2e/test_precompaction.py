@@ -164,7 +164,8 @@ async def test_a_background_round_cut_short_by_shutdown_frees_its_lease(
     state = await proxy.store.load(conversation)
     assert state.lease_owner is None
     log = await proxy.read_log(conversation, limit=1000)
-    assert log[-1]["type"] == "compaction/end" and log[-1]["outcome"] != "committed"
+    # Cancelled, not failed: the round went before the HTTP client it was calling through.
+    assert log[-1]["type"] == "compaction/end" and log[-1]["outcome"] == "cancelled"
 
 
 async def test_two_replicas_prepare_one_checkpoint_per_span(
@@ -404,4 +405,5 @@ async def test_sigterm_during_a_background_summary_frees_the_lease_and_exits(
     finally:
         await store.close()
     assert state.lease_owner is None
-    assert log[-1]["type"] == "compaction/end" and log[-1]["outcome"] != "committed"
+    # Cancelled, not failed: the round went before the HTTP client it was calling through.
+    assert log[-1]["type"] == "compaction/end" and log[-1]["outcome"] == "cancelled"
