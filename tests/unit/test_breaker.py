@@ -1,6 +1,7 @@
 """The summarizer breaker: a failure is charged to whom it concerns. One tenant's refused key
-or rate limit is that tenant's alone; an outage seen by several tenants opens the summarizer
-for a cooldown, then one probe goes through."""
+or rate limit is that tenant's alone; an outage seen by several tenants opens the summarizer,
+then one probe goes through, seconds later at first, then twice as long each outage in a row,
+up to the cooldown."""
 
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ def test_an_outage_seen_by_two_tenants_opens_the_summarizer_then_one_probe_goes_
     clock = Clock()
     breaker = SummaryBreaker(60, clock=clock)
     assert breaker.allow("r", "a")
-    outage(breaker, "a", "b")
+    outage(breaker, "a", "b")  # a's backs a off 2 s; b's opens the summarizer for 4 s
     assert not breaker.allow("r", "c")
-    clock.now += 59
+    clock.now += 3.9
     assert not breaker.allow("r", "c")
-    clock.now += 2
+    clock.now += 0.2
     assert breaker.allow("r", "c")  # the probe
     assert not breaker.allow("r", "d")  # everyone else waits for its result
     breaker.succeeded("r", "c")
@@ -38,10 +39,12 @@ def test_an_outage_seen_by_two_tenants_opens_the_summarizer_then_one_probe_goes_
 def test_an_outage_seen_by_one_tenant_backs_that_tenant_off_only() -> None:
     clock = Clock()
     breaker = SummaryBreaker(60, clock=clock)
-    outage(breaker, "a", "a", "a")
+    outage(breaker, "a", "a", "a")  # backs off 2, 4, then 8 s
     assert not breaker.allow("r", "a")
     assert breaker.allow("r", "b")
-    clock.now += 61
+    clock.now += 7.9
+    assert not breaker.allow("r", "a")
+    clock.now += 0.2
     assert breaker.allow("r", "a")
 
 
@@ -60,9 +63,11 @@ def test_a_failed_probe_opens_it_again() -> None:
     outage(breaker, "a", "b")
     clock.now += 61
     assert breaker.allow("r", "c")
-    outage(breaker, "c")
+    outage(breaker, "c")  # the third outage in a row: 8 s
     assert not breaker.allow("r", "d")
-    clock.now += 61
+    clock.now += 7.9
+    assert not breaker.allow("r", "d")
+    clock.now += 0.2
     assert breaker.allow("r", "d")
 
 
@@ -138,3 +143,34 @@ def test_only_failures_of_the_callers_own_key_spare_the_routes_ceiling(
     reason: str, caller_credential: bool, alone: bool
 ) -> None:
     assert concerns_the_caller_alone(reason, caller_credential) is alone
+
+
+def test_the_waits_double_with_each_failed_probe_up_to_the_cooldown_and_a_success_resets_them() -> (
+    None
+):
+    clock = Clock()
+    breaker = SummaryBreaker(60, clock=clock)
+    outage(breaker, "a", "b")
+    waits = []
+    for _ in range(8):  # the summarizer stays down: each probe fails
+        opened_at = clock.now
+        while not breaker.allow("r", "probe"):
+            clock.now += 0.5
+        waits.append(clock.now - opened_at)
+        outage(breaker, "probe")
+    assert waits == [4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0, 60.0]
+    breaker.succeeded("r", "probe")
+    outage(breaker, "a", "b")
+    assert not breaker.allow("r", "c")
+    clock.now += 4.1
+    assert breaker.allow("r", "c")  # back to seconds
+
+
+def test_calls_that_fail_after_the_summarizer_opened_do_not_lengthen_its_wait() -> None:
+    clock = Clock()
+    breaker = SummaryBreaker(60, clock=clock)
+    outage(breaker, "a", "b")  # open for 4 s
+    outage(breaker, *(f"in-flight-{n}" for n in range(20)))  # made before it opened
+    assert not breaker.allow("r", "in-flight-3")
+    clock.now += 4.1
+    assert breaker.allow("r", "c")

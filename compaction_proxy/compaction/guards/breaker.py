@@ -8,9 +8,14 @@ A failure is read for what it says and charged to whom it concerns:
 * the tenant is being rate-limited (429): that tenant backs off for the ``Retry-After`` the
   upstream stated, else ``cooldown_seconds``; a back-off, not an outage;
 * the service looks down (a timeout, no connection, a 5xx, a garbled answer): that tenant backs
-  off for ``cooldown_seconds``, and once ``tenants_for_outage`` different tenants have seen it
-  within a cooldown, the whole summarizer is open: no request waits for it until the cooldown
-  has passed, then one request probes it, and its result closes it or opens it again.
+  off, and once ``tenants_for_outage`` different tenants have seen it within
+  ``cooldown_seconds``, the whole summarizer is open: no request waits for it until its wait has
+  passed, then one request probes it (half-open), and its result closes it or opens it again.
+  The wait (a tenant's back-off and the opening alike) starts at ``first_probe_seconds`` and
+  doubles with each outage in a row, up to ``cooldown_seconds``: a summarizer back after a
+  blip is probed within seconds, a dead one costs one wait a minute. A failure of a call made
+  before it opened changes nothing; a success (or any answer that shows it alive) starts the
+  waits over.
 
 Answers that show the summarizer alive (an overflow, a truncated or empty summary, another 4xx)
 clear that tenant's back-off. So one tenant can never switch compaction off for another: its
@@ -61,16 +66,18 @@ class SummaryBreaker:
     cooldown_seconds: float = 60.0
     refused_seconds: float = 300.0
     tenants_for_outage: int = 2
+    first_probe_seconds: float = 2.0
     clock: Callable[[], float] = time.monotonic
     max_tenants: int = 100_000  # back-offs kept; past it, the expired ones are forgotten
     _open_until: dict[str, float] = field(default_factory=dict)  # by summarizer
     _probing: set[str] = field(default_factory=set)
     _outages: dict[str, dict[str, float]] = field(default_factory=dict)  # summarizer: tenant: when
     _backoff: dict[tuple[str, str], float] = field(default_factory=dict)  # (summarizer, tenant)
+    _outages_in_a_row: dict[str, int] = field(default_factory=dict)  # by summarizer
 
     def __post_init__(self) -> None:
-        if self.cooldown_seconds < 0 or self.refused_seconds < 0:
-            raise ValueError("cooldown_seconds and refused_seconds must not be negative")
+        if min(self.cooldown_seconds, self.refused_seconds, self.first_probe_seconds) < 0:
+            raise ValueError("the breaker's waits must not be negative")
         if self.tenants_for_outage < 1:
             raise ValueError("tenants_for_outage must be at least 1")
 
@@ -92,7 +99,14 @@ class SummaryBreaker:
         self._open_until.pop(summarizer, None)
         self._probing.discard(summarizer)
         self._outages.pop(summarizer, None)
+        self._outages_in_a_row.pop(summarizer, None)
         self._backoff.pop((summarizer, tenant), None)
+
+    def outage_wait(self, summarizer: str) -> float:
+        """How long the next outage backs off (a tenant, or the summarizer when it opens):
+        ``first_probe_seconds`` doubled per outage in a row, at most ``cooldown_seconds``."""
+        in_a_row = min(self._outages_in_a_row.get(summarizer, 0), 32)
+        return min(self.cooldown_seconds, self.first_probe_seconds * float(2**in_a_row))
 
     def failed(
         self, summarizer: str, tenant: str, reason: str, retry_after: float | None = None
@@ -103,12 +117,19 @@ class SummaryBreaker:
         if scope is FailureScope.ALIVE:
             self.succeeded(summarizer, tenant)
             return
-        self._probing.discard(summarizer)
+        until = self._open_until.get(summarizer)
+        if until is not None and now < until and scope is FailureScope.OUTAGE:
+            # A call made before the summarizer opened: the opening stands as it is.
+            self._back_off(summarizer, tenant, until)
+            return
+        self._probing.discard(summarizer)  # half-open, this is the probe's answer
         wait = self.cooldown_seconds
         if scope is FailureScope.REFUSED:
             wait = self.refused_seconds
         elif scope is FailureScope.RATE_LIMITED and retry_after is not None:
             wait = retry_after
+        elif scope is FailureScope.OUTAGE:
+            wait = self.outage_wait(summarizer)
         self._back_off(summarizer, tenant, now + wait)
         if scope is not FailureScope.OUTAGE:
             return
@@ -117,8 +138,9 @@ class SummaryBreaker:
         for other, when in list(seen.items()):
             if now - when >= self.cooldown_seconds:
                 del seen[other]
-        if len(seen) >= self.tenants_for_outage or summarizer in self._open_until:
-            self._open_until[summarizer] = now + self.cooldown_seconds
+        self._outages_in_a_row[summarizer] = self._outages_in_a_row.get(summarizer, 0) + 1
+        if len(seen) >= self.tenants_for_outage or until is not None:
+            self._open_until[summarizer] = now + wait
 
     def abandoned(self, summarizer: str) -> None:
         """An allowed call never happened (the conversation was busy): free the probe slot."""
