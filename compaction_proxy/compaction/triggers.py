@@ -85,7 +85,10 @@ async def relieve_pressure(
     4. summarize head spans while the surface stays at or above the threshold:
        ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
        short to fit the summary call;
-    5. only if the request would still not fit its window, prune inside the retain budget.
+    5. only if the request would still not fit its window, prune inside the retain budget;
+    6. and if it still would not (no summary could be made: the summarizer down, a ceiling,
+       a cooldown), the bridge's cuts reach every observation before the live turn, for this
+       request alone: it goes within its window rather than to a certain overflow.
 
     The live turn is never touched here. When it alone (with head and tools) cannot fit the
     window, the history is compacted all the same if the rescue is on (``rescue`` then cuts
@@ -147,6 +150,15 @@ async def relieve_pressure(
         state, surface, pruned_late = await engine.prune(job, state, surface, "pressure")
         pruned = pruned or pruned_late
         measurement = await engine.measure(job, state, surface)
+    if measurement.tokens > limits.window and job.bridge is not None:
+        # No summary could be made and the request would overflow: the bridge's cuts reach
+        # every observation before the live turn, for this request alone (model-free relief).
+        reach = job.view.live_start
+        cut = await _bridge(engine, job, job.bridge, state, surface, reach, measurement, limits)
+        if cut is not None:
+            shortfall = rounds.shortfall if cut.measurement.tokens >= threshold else None
+            compacted = rounds.compacted or meanwhile.compacted
+            return dataclasses.replace(cut, compacted=compacted, shortfall=shortfall)
     return Relief(
         state,
         surface,
@@ -248,8 +260,9 @@ async def _bridge(
     measurement: Measurement,
     limits: Budgets,
 ) -> Relief | None:
-    """This request under ``must_compact`` at once, with the bridge's cuts (not committed:
-    ``compaction/bridge.py``); None when they cannot get it there."""
+    """This request under ``must_compact`` at once, with the bridge's cuts of observations
+    before ``before`` (not committed: ``compaction/bridge.py``); None when they cannot get it
+    there."""
     view, meter = job.view, engine.meter
     count = counter_for(view.model)
     limit = min(before, view.live_start)

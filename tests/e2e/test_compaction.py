@@ -494,3 +494,37 @@ async def test_twins_compact_at_once_and_each_keeps_its_own_checkpoint(
         others = [other for other in range(TWINS) if other != twin]
         assert not any(f"twin {other} keeps its notes" in sent for other in others)
     assert len(fake.summary_requests) == TWINS
+
+
+async def test_with_the_summarizer_down_a_request_over_its_window_goes_cut_to_fit(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Every summary call fails and the history is past the window: the request is not sent to
+    a certain overflow. The bridge's cuts (observations to their head and tail, for this
+    request alone) bring it within the window; the live turn goes as sent."""
+    proxy = await make_proxy(routes=routes(upstream_url))
+    fake.windows[MODEL] = WINDOW
+    fake.summary_failures = 1_000
+    messages = [
+        system(),
+        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
+        *agent_turns(30, output="importer log line " * 300),  # about 27k tokens
+        user("Where are we?"),
+    ]
+    reply = await ask(proxy.url, messages)
+    assert reply.status_code == 200
+    assert reply.headers["x-compaction-status"] == "pruned"
+    assert fake.summary_requests  # it was tried
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+    assert sent["messages"][-1] == messages[-1]
+    assert len(sent["messages"]) == len(messages)  # every message kept, observations cut
+    # Nothing was committed: the next request, while the conversation cools down after the
+    # failure (no summary is tried), is cut to fit again, from the client's own messages.
+    more = [*messages, {"role": "assistant", "content": "On it."}, user("Go on.")]
+    tried = len(fake.summary_requests)
+    reply = await ask(proxy.url, more)
+    assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "pruned"
+    assert len(fake.summary_requests) == tried
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
