@@ -32,9 +32,13 @@ KNOWN_PROMPTS = (
     "Here is the conversation so far:\n\n<conversation>",
     "Provide a detailed prompt for continuing our conversation",  # opencode, earlier
 )
+_KNOWN = re.compile("|".join(re.escape(prompt) for prompt in KNOWN_PROMPTS), re.IGNORECASE)
 _KNOWN_LOWERED = tuple(prompt.lower() for prompt in KNOWN_PROMPTS)
-# Every request's last user turn is read, often a long observation: the words ``_ASKS`` needs
-# are looked for first (a substring search), and the expression runs only on text that has one.
+# Every request's last user turn is read, often a long observation. ASCII text (the common
+# case) is looked at first with substring searches of its lowered form, exactly what the
+# case-insensitive expressions decide on ASCII; the asking expression runs only on text holding
+# one of its words. Other text goes to the expressions: lowering it can change its length and
+# its word boundaries (``İ``), and the expressions match more than lowering does (a long s, U+017F).
 _ASKING_WORDS = ("summar", "recap", "condense")
 _ASKS = re.compile(
     r"\b(summar(y|ize|ise)|recap|condense)\b[^.\n]{0,80}\b(conversation|chat|session|history|"
@@ -60,10 +64,13 @@ def last_user_text(body: Sequence[Message]) -> str:
 
 def is_client_compaction(body: Sequence[Message], tools: Any) -> bool:
     """Whether the request asks the model to summarize the conversation for the client."""
-    text = last_user_text(body).lower()
-    if any(prompt in text for prompt in _KNOWN_LOWERED):
+    text = last_user_text(body)
+    if not text.isascii():
+        return _KNOWN.search(text) is not None or (not tools and _ASKS.search(text) is not None)
+    lowered = text.lower()
+    if any(prompt in lowered for prompt in _KNOWN_LOWERED):
         return True
-    if tools or not any(word in text for word in _ASKING_WORDS):
+    if tools or not any(word in lowered for word in _ASKING_WORDS):
         return False
     return _ASKS.search(text) is not None
 

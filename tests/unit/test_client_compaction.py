@@ -16,7 +16,7 @@ from compaction_proxy.conversation.client_compaction import (
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
@@ -107,6 +107,8 @@ _FRAGMENTS = [
     "please condense this chat",
     "İ",
     "\u212a",
+    "\u017f",  # a long s: the expressions take it for an s
+    "\u0131",  # a dotless i: the expressions take it for an i
     *(prompt.upper() for prompt in KNOWN_PROMPTS),
     *(prompt[: len(prompt) // 2] for prompt in KNOWN_PROMPTS),
 ]
@@ -120,6 +122,8 @@ def reference(last: str, tools: Any) -> bool:
 
 
 @settings(max_examples=500, deadline=None)
+@example("İSummarize:0Recap the conversation", False)  # lowering moves a word boundary
+@example("\u017fummarize the conversation", False)  # folds more than lower() does
 @given(
     st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=6), max_size=6).map("".join),
     st.booleans(),
