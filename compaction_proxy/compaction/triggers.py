@@ -80,8 +80,8 @@ async def relieve_pressure(
     2. mask observations older than the retain budget (``masking.py``) when that frees enough
        to leave ``clear_at_least`` of room under the threshold; stop if below it;
     3. with precompaction on, stop if below ``must_compact`` (shortfall ``ahead``: the caller
-       prepares the checkpoint in the background); over it, unless on first contact, stop if
-       the bridge's cuts, for this request alone, bring it below (``compaction/bridge.py``);
+       prepares the checkpoint in the background); over it, stop if the bridge's cuts, for
+       this request alone, bring it below (``compaction/bridge.py``), on first contact too;
     4. summarize head spans while the surface stays at or above the threshold:
        ``1 + compaction_retries`` rounds, more (up to ``max_rounds``) while each round was cut
        short to fit the summary call;
@@ -196,12 +196,12 @@ async def _priced_relief(
 
 
 def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -> Pruner | None:
-    """The bridge's cut for this request, or None: it is off, precompaction is off (no
-    round is on its way), or the history is on first contact (no answered request of its own
-    that it extends: a new conversation, a client rewriting an early message). Cutting an
-    oversized history would cut nearly every observation: it waits for its summary."""
-    anchor = state.anchor
-    if not limits.precompact or anchor is None or not anchor.answered(job.view.chain):
+    """The bridge's cut for this request, or None: it is off, or precompaction is off (no
+    round would be on its way). A history on first contact (a new conversation, a session
+    resumed through the proxy, a store that lost its state) is bridged too: it goes at once
+    with its older observations cut, and its checkpoint is prepared in the background,
+    instead of waiting on rounds of summaries (only when the cuts cannot fit it, it waits)."""
+    if not limits.precompact:
         return None
     return job.bridge
 

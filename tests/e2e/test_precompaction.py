@@ -320,17 +320,34 @@ async def test_from_must_compact_on_a_request_the_bridge_cannot_fit_waits_for_th
     assert REGISTRY.get_sample_value("compaction_proxy_compactions_total", samples)
 
 
-async def test_on_first_contact_a_history_past_must_compact_waits_for_its_summary(
+async def test_on_first_contact_a_history_past_must_compact_goes_at_once_and_is_summarized_behind(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    """No answer yet in this conversation: the proxy has not kept it in its window, and
-    the bridge would cut an oversized history nearly whole. It is summarized first."""
+    """No answer yet in this conversation (new to the proxy, resumed, or its state lost): it
+    does not wait on a summary. It goes at once with older observations cut for it alone, and
+    its checkpoint is prepared in the background for the next request."""
     fake.summary_delay = 1.0
     proxy = await make_proxy(routes=routes(upstream_url))
     status, latency = await send(proxy, tool_rounds(34))
+    assert status == "pruned" and latency < fake.summary_delay
+    sent = (fake.chat_requests[-1].body or {})["messages"]
+    assert any(cut_by_the_proxy(m) for m in sent) and not carries_a_checkpoint(fake)
+    assert fake.chat_requests[-1].prompt_tokens < WINDOW
+    await proxy.app[SERVICES].background.idle()
+    assert (await send(proxy, tool_rounds(35)))[0] == "compacted"
+    assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
+
+
+async def test_on_first_contact_a_history_the_cuts_cannot_fit_waits_for_its_summary(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Observations cut to their head and tail are still too many for the window: the
+    request waits for its summary, as before (the bridge never sends a certain overflow)."""
+    fake.summary_delay = 1.0
+    proxy = await make_proxy(routes=routes(upstream_url))
+    status, latency = await send(proxy, tool_rounds(120))
     assert status == "compacted" and latency >= 1.0
     assert carries_a_checkpoint(fake)
-    assert not any(cut_by_the_proxy(m) for m in (fake.chat_requests[-1].body or {})["messages"])
 
 
 @pytest.mark.slow  # seconds of examples or waits: the full run has it
