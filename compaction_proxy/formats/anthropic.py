@@ -16,7 +16,6 @@ from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.anthropic_blocks import (
     TranslatedMessages,
     lossless,
-    no_check,
     system_message,
     translate_messages,
     with_checkpoint_breakpoint,
@@ -33,10 +32,12 @@ from compaction_proxy.formats.request import (
     check_object_with_model,
     check_stream,
     parse_object_with_model,
+    remembered,
+    translated_digests,
 )
 from compaction_proxy.formats.wire import ParseContext, SummaryPost, WireFormat
 from compaction_proxy.parsing import jsonio
-from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
+from compaction_proxy.parsing.recent_bodies import Extension, RecentBodies
 
 ANTHROPIC_VERSION = "2023-06-01"  # sent on a summary call when the client named none
 LONG_CONTEXT_WINDOW = 1_000_000  # with the 1M-context beta (anthropic-beta: context-1m-...)
@@ -65,22 +66,16 @@ def parse_messages_request(
     extension = recent.extend(raw, "messages", hint) if recent is not None else None
     if extension is None:
         body = parse_object_with_model(raw)
-        translated = translate_messages(body)
-        reused = 0
-        digests = known.digests(translated.messages, no_check)
+        translated, reused = translate_messages(body), 0
     else:
         body = check_object_with_model(extension.body)
         prefix = _reusable(extension, body)
         translated = translate_messages(body, prefix, extension.known)
         reused = 0 if prefix is None else len(prefix.messages)
-        digests = first_of(extension.base.digests, reused)
-        digests += known.digests(translated.messages[reused:], no_check)
-    lineage: Lineage | None = None
-    turns = body.get("messages")
-    if recent is not None and isinstance(turns, list):
-        lineage = recent.remember(
-            raw, turns, digests, "messages", extension, translated, reused, hint=hint
-        )
+    digests = translated_digests(translated.messages, reused, extension, known)
+    lineage = remembered(
+        recent, raw, body, "messages", digests, extension, translated, reused, hint
+    )
     return ClientRequest(
         body=body,
         model=body["model"],

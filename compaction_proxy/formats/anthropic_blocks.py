@@ -297,10 +297,6 @@ def with_checkpoint_breakpoint(
     return with_breakpoint_at(body, turns, checkpoints[-1]) if checkpoints else turns
 
 
-def no_check(message: Message, index: int) -> None:
-    """Blocks were validated as they were translated."""
-
-
 def lossless(request: ClientRequest) -> tuple[dict[str, Any], TranslatedMessages]:
     """A Messages request's body and translation, read again losslessly when the body may
     hold integers beyond 64 bits (the parse kept for the core may have rounded them)."""

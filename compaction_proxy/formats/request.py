@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.parsing import jsonio
-from compaction_proxy.parsing.recent_bodies import Lineage
+from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
 
 if TYPE_CHECKING:
     from compaction_proxy.formats.wire import WireFormat
@@ -150,3 +151,39 @@ def check_stream(body: dict[str, Any]) -> bool:
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", "a boolean", stream)
     return bool(stream)
+
+
+def translated_digests(
+    messages: list[dict[str, Any]],
+    reused: int,
+    extension: Extension | None,
+    known: KnownMessages,
+) -> list[str]:
+    """Each translated message's digest: the first ``reused`` the remembered body's (the
+    messages of its translation this body took), the rest hashed (validated as translated)."""
+    digests = [] if extension is None else first_of(extension.base.digests, reused)
+    digests += known.digests(messages[reused:], _validated)
+    return digests
+
+
+def remembered(
+    recent: RecentBodies | None,
+    raw: bytes,
+    body: dict[str, Any],
+    name: str,
+    digests: list[str],
+    extension: Extension | None,
+    translation: Any,
+    reused: int,
+    hint: str | None,
+) -> Lineage | None:
+    """The body remembered with its translation, so the next body extending it starts from
+    here (``RecentBodies.remember``), when its array ``name`` is a list."""
+    elements = body.get(name)
+    if recent is None or not isinstance(elements, list):
+        return None
+    return recent.remember(raw, elements, digests, name, extension, translation, reused, hint=hint)
+
+
+def _validated(message: dict[str, Any], index: int) -> None:
+    """A translated message was validated as it was translated."""

@@ -19,11 +19,12 @@ from compaction_proxy.formats.request import (
     check_object_with_model,
     check_stream,
     parse_object_with_model,
+    remembered,
+    translated_digests,
 )
 from compaction_proxy.formats.responses_items import (
     Translated,
     items_for,
-    no_check,
     sent_items,
     translate,
 )
@@ -38,7 +39,7 @@ from compaction_proxy.formats.wire import (
     chat_summary,
 )
 from compaction_proxy.parsing import jsonio
-from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
+from compaction_proxy.parsing.recent_bodies import Extension, RecentBodies
 
 STATEFUL_FIELDS = ("previous_response_id", "conversation")
 
@@ -92,14 +93,8 @@ def parse_responses_request(
     prefix = _reusable(extension, body) if extension is not None else None
     translated = translate(body, prefix)
     reused = 0 if prefix is None else len(prefix.messages)
-    digests = [] if extension is None else first_of(extension.base.digests, reused)
-    digests += known.digests(translated.messages[reused:], no_check)
-    lineage: Lineage | None = None
-    items = body.get("input")
-    if recent is not None and isinstance(items, list):
-        lineage = recent.remember(
-            raw, items, digests, "input", extension, translated, reused, hint=hint
-        )
+    digests = translated_digests(translated.messages, reused, extension, known)
+    lineage = remembered(recent, raw, body, "input", digests, extension, translated, reused, hint)
     return ClientRequest(
         body=body,
         model=body["model"],

@@ -211,10 +211,6 @@ def items_for(surface: Surface, groups: Sequence[tuple[int, ...]], sent: list[An
     return written_back(surface, groups, sent, _pruned_item, _summary_item)
 
 
-def no_check(message: Message, index: int) -> None:
-    """Items were validated as they were translated."""
-
-
 def sent_items(request: ClientRequest) -> tuple[dict[str, Any], list[Any]]:
     """The client's body and its ``input`` as items, as sent (read again losslessly when the
     body may hold integers beyond 64 bits)."""
