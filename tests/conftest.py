@@ -160,19 +160,6 @@ async def proxy(make_proxy: ProxyFactory) -> RunningProxy:
     return await make_proxy()
 
 
-@pytest.fixture
-def proxy_url(proxy: RunningProxy) -> str:
-    return proxy.url
-
-
-@pytest.fixture
-async def client(proxy_url: str) -> AsyncIterator[Any]:
-    """The real openai SDK's async client on the proxy (skipped without the SDK)."""
-    openai = pytest.importorskip("openai")
-    async with openai.AsyncOpenAI(base_url=proxy_url, api_key="sk-test", max_retries=0) as c:
-        yield c
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """pytest-xdist: a worker's report lines, to the controller's."""

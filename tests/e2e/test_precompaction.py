@@ -338,6 +338,7 @@ async def test_on_first_contact_a_history_past_must_compact_goes_at_once_and_is_
     assert carries_a_checkpoint(fake) and len(fake.summary_requests) == 1
 
 
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
 async def test_on_first_contact_a_history_the_cuts_cannot_fit_waits_for_its_summary(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
