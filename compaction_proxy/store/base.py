@@ -41,6 +41,7 @@ class StoreUnavailable(Exception):
     def __init__(self, operation: str, detail: str = "") -> None:
         super().__init__(f"store {operation} failed{': ' + detail if detail else ''}")
         self.operation = operation
+        self.detail = detail  # the failure's class, when known (``store.circuit``)
 
 
 class BeginResult(Enum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -53,6 +54,15 @@ async def ready(proxy: RunningProxy) -> int:
         return response.status
 
 
+async def back(proxy: RunningProxy) -> None:
+    """Wait until the proxy uses its store again: ready once its probe found Redis back
+    (``store.circuit``: within about 2 s)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while await ready(proxy) != 200:
+        assert asyncio.get_running_loop().time() < deadline, "the store was not used again"
+        await asyncio.sleep(0.1)
+
+
 async def test_stopped_redis_bypasses_then_recovers_without_restart(
     make_proxy: ProxyFactory, private_redis: RedisServer, fake: FakeUpstream
 ) -> None:
@@ -71,7 +81,7 @@ async def test_stopped_redis_bypasses_then_recovers_without_restart(
     assert store_errors() > errors_before
 
     await private_redis.start()
-    assert await ready(proxy) == 200
+    await back(proxy)
     status, conversation = await ask(proxy, [*history, user("redis is back")])
     assert status == "none"
     assert conversation is not None
@@ -92,6 +102,7 @@ async def test_generated_tenant_secret_waits_for_the_store(
     proxy = await make_proxy(store_url=private_redis.url, tenant_secret=None)
     assert (await ask(proxy, [user("hello")]))[0] == "bypass"
     await private_redis.start()
+    await back(proxy)
     assert (await ask(proxy, [user("hello")]))[0] == "none"
 
 
@@ -145,6 +156,7 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
                 await private_redis.stop()
             if turn == 15:
                 await private_redis.start()
+                await back(proxy)
             raw = await client.chat.completions.with_raw_response.create(
                 model="resilient-model",
                 messages=history,  # type: ignore[arg-type]
