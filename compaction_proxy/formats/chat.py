@@ -29,7 +29,6 @@ from compaction_proxy.formats.wire import (
     SummaryPost,
     WireFormat,
     chat_summary,
-    one_each,
 )
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
@@ -173,7 +172,8 @@ def chat_payload(request: ClientRequest, surface: Surface) -> bytes:
         return jsonio.dumps({**request.body, "messages": surface.messages})
     exact = jsonio.loads(request.raw)
     sent: list[Message] = exact["messages"]
-    messages = written_back(surface, one_each(sent), sent, _with_pruned_content, lambda m: m)
+    one_each = [(index,) for index in range(len(sent))]
+    messages = written_back(surface, one_each, sent, _with_pruned_content, lambda m: m)
     return jsonio.dumps({**exact, "messages": messages})
 
 

@@ -23,7 +23,6 @@ from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 
 if TYPE_CHECKING:
-    from compaction_proxy.conversation.messages import Message
     from compaction_proxy.conversation.surface import Surface
     from compaction_proxy.formats.request import ClientRequest, ProviderHeld
 
@@ -32,12 +31,11 @@ if TYPE_CHECKING:
 class ParseContext:
     """What parsing a body may use besides its bytes: the messages this process validated
     (``KnownMessages``), the bodies it parsed a moment ago (``RecentBodies``), the client's
-    name for the conversation, and the request's headers (Anthropic's ``anthropic-beta``)."""
+    name for the conversation, and Anthropic's ``anthropic-beta`` headers."""
 
     known: KnownMessages
     recent: RecentBodies
     session_id: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
     beta: Sequence[str] = ()  # every ``anthropic-beta`` header value
 
 
@@ -115,8 +113,3 @@ def chat_summary_text(answer: Any) -> tuple[str, bool]:
 def chat_summary(body: dict[str, Any]) -> SummaryPost:
     """A chat-completion summary call, as an OpenAI-family route takes it."""
     return SummaryPost("/chat/completions", body, chat_summary_text)
-
-
-def one_each(messages: Sequence[Message]) -> list[tuple[int, ...]]:
-    """Groups of a body whose messages are each their own (chat's)."""
-    return [(index,) for index in range(len(messages))]
