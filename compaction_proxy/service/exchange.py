@@ -45,6 +45,7 @@ from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.record import RequestRecord, write_record
 from compaction_proxy.service.recover import retry_after_overflow
 from compaction_proxy.service.services import Services
+from compaction_proxy.service.without_store import relieved_without_store
 from compaction_proxy.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,10 @@ async def serve(
             services, client_request, model_policy, session_id, link.headers, link.query
         )
     except StoreUnavailable as exc:
-        log.warning("store unavailable (%s): forwarding unchanged", exc.operation)
-        BYPASSES.labels(route=route.model, cause="store").inc()
-        forwarded = Forwarded.bypass(client_request.raw)
+        log.warning("store unavailable (%s): relieved from the request alone", exc.operation)
+        forwarded = await _without_store(services, link, client_request, model_policy, session_id)
+        if forwarded.status is RequestStatus.BYPASS:
+            BYPASSES.labels(route=route.model, cause="store").inc()
     except Exception:
         # Never worse than no proxy: a fault of our own sends the client's bytes as they came.
         log.exception("preparing the request failed: forwarding it unchanged")
@@ -167,6 +169,23 @@ async def serve(
         if outcome == "client_disconnected":
             CLIENT_DISCONNECTS.labels(route=route.model).inc()
     return reply.response
+
+
+async def _without_store(
+    services: Services,
+    link: ClientLink[Response],
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+) -> Forwarded:
+    """The store out of reach: relieved from the request alone, else as it came."""
+    try:
+        return await relieved_without_store(
+            services, client_request, model_policy, session_id, link.headers, link.query
+        )
+    except Exception:
+        log.exception("relieving a request without the store failed: forwarding it unchanged")
+        return Forwarded.bypass(client_request.raw)
 
 
 async def _forward_with_recovery(

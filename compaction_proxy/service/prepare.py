@@ -207,7 +207,7 @@ def _replaced_history(view: RequestView, state: ConversationState) -> bool:
     return not answered and is_continued_history(view.body)
 
 
-async def _view_of(
+async def view_of(
     meter: TokenMeter, tenant: str, client_request: ClientRequest, session_id: str | None
 ) -> RequestView:
     """The request's view; for a big request, built and metered once off the loop, so every
@@ -293,7 +293,7 @@ async def prepare(
     settings, engine = services.settings, services.engine
     route = model_policy.route
     tenant = tenant_of(await services.tenant_secret.get(), api_key_of(client_headers))
-    view = await _view_of(engine.meter, tenant, client_request, session_id)
+    view = await view_of(engine.meter, tenant, client_request, session_id)
     # The previous request's writes (its anchor, its miss count, its log) come first.
     await services.pending_records.settled(view.conversation)
     state = await services.store.load(view.conversation, view.chain)

@@ -18,7 +18,7 @@ from tests.builders import agent_turns, assistant, system, tool, user
 from tests.conftest import ProxyFactory
 from tests.helpers import MASKING_OFF, chat, counter, route
 from tests.processes import proxy_process
-from tests.redis_server import shared_redis_url
+from tests.redis_server import RedisServer, shared_redis_url
 
 pytest.importorskip("openai")
 
@@ -528,3 +528,31 @@ async def test_with_the_summarizer_down_a_request_over_its_window_goes_cut_to_fi
     assert len(fake.summary_requests) == tried
     sent = fake.chat_requests[-1].body
     assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+
+
+async def test_with_the_store_down_a_request_over_its_window_goes_cut_to_fit(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    """Redis is gone: no checkpoint can be read or made, yet the request carries its whole
+    history. Its observations are cut for it alone until it fits; before, it went as sent,
+    to the upstream's overflow. A request that fits still goes as it came."""
+    proxy = await make_proxy(routes=routes(upstream_url), store_url=private_redis.url)
+    fake.windows[MODEL] = WINDOW
+    messages = [
+        system(),
+        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
+        *agent_turns(30, output="importer log line " * 300),  # about 27k tokens
+        user("Where are we?"),
+    ]
+    await private_redis.stop()
+    reply = await ask(proxy.url, messages)
+    assert reply.status_code == 200
+    assert reply.headers["x-compaction-status"] == "pruned"
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+    assert sent["messages"][-1] == messages[-1] and sent["messages"][1] == messages[1]
+    assert not fake.summary_requests  # nothing to commit a summary to
+    small = [system(), user("hello")]
+    reply = await ask(proxy.url, small)
+    assert reply.headers["x-compaction-status"] == "bypass"
+    assert fake.chat_requests[-1].body == {"model": MODEL, "messages": small}
