@@ -139,7 +139,9 @@ async def relieve_pressure(
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
         return Relief(state, surface, measurement, pruned=pruned, shortfall=ShortfallReason.AHEAD)
     if bridge is not None:
-        bridged = await _bridge(engine, job, bridge, state, surface, before, measurement, limits)
+        bridged = await bridge_relief(
+            engine, job, bridge, state, surface, before, measurement, limits
+        )
         if bridged is not None:
             return dataclasses.replace(bridged, compacted=meanwhile.compacted)
     rounds = Relief(state, surface, measurement, shortfall=ShortfallReason.COOLDOWN)
@@ -154,7 +156,9 @@ async def relieve_pressure(
         # No summary could be made and the request would overflow: the bridge's cuts reach
         # every observation before the live turn, for this request alone (model-free relief).
         reach = job.view.live_start
-        cut = await _bridge(engine, job, job.bridge, state, surface, reach, measurement, limits)
+        cut = await bridge_relief(
+            engine, job, job.bridge, state, surface, reach, measurement, limits
+        )
         if cut is not None:
             shortfall = rounds.shortfall if cut.measurement.tokens >= threshold else None
             compacted = rounds.compacted or meanwhile.compacted
@@ -250,7 +254,7 @@ async def rescue(
     return dataclasses.replace(relief, surface=rescued, measurement=measurement, rescued=True)
 
 
-async def _bridge(
+async def bridge_relief(
     engine: Engine,
     job: CompactionJob,
     pruner: Pruner,
@@ -262,7 +266,8 @@ async def _bridge(
 ) -> Relief | None:
     """This request under ``must_compact`` at once, with the bridge's cuts of observations
     before ``before`` (not committed: ``compaction/bridge.py``); None when they cannot get it
-    there."""
+    there. Also the relief of a request served without the store (``service.without_store``,
+    with an empty ``state``)."""
     view, meter = job.view, engine.meter
     count = counter_for(view.model)
     limit = min(before, view.live_start)

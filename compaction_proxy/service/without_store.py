@@ -5,25 +5,24 @@ logged. Sent as it came, a history that has outgrown its window would meet a cer
 overflow, for the clients that lean on the proxy most (those that never trim). The request
 itself carries all the bridge needs: its observations before the live turn are cut to their
 head and tail, for this request alone and as few as it takes, until it fits under
-``must_compact`` (``compaction/bridge.py``). A request that fits, a route with the bridge off
-or no known window, or cuts that cannot make it fit: it goes as it came (``bypass``).
+``must_compact``: the bridge of ``compaction.triggers``, on an empty state. A request that
+fits, a route with the bridge off or no known window, or cuts that cannot make it fit: it
+goes as it came (``bypass``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from compaction_proxy.compaction.bridge import bridge_cuts
-from compaction_proxy.compaction.cut_records import prune_records
 from compaction_proxy.compaction.model_policy import ModelPolicy
+from compaction_proxy.compaction.triggers import bridge_relief
 from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.security.tenant import api_key_of, tenant_of
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import compaction_job, view_of
 from compaction_proxy.service.services import Services
-from compaction_proxy.store.base import StoreUnavailable
+from compaction_proxy.store.base import ConversationState, StoreUnavailable
 
 
 async def relieved_without_store(
@@ -46,29 +45,9 @@ async def relieved_without_store(
         secret = await services.tenant_secret.get()
     except StoreUnavailable:
         return as_it_came  # a secret kept in the store and never read: no tenant to hash
-    meter = services.engine.meter
-    view = await view_of(
-        meter, tenant_of(secret, api_key_of(client_headers)), client_request, session_id
-    )
-    surface = view.surface(())
-    tokens = view.measure(meter, surface).tokens
-    must_compact = model_policy.budgets(window).must_compact
-    if tokens < must_compact:
-        return as_it_came
-    count = counter_for(view.model)
-    cuts = await off_loop_if(
-        view.big,
-        lambda: bridge_cuts(
-            surface.nodes,
-            view.body,
-            view.live_start,
-            pruner,
-            lambda m: meter.message(m, count),
-            tokens - must_compact + 1,
-        ),
-    )
-    if cuts is None:
-        return as_it_came
+    engine = services.engine
+    tenant = tenant_of(secret, api_key_of(client_headers))
+    view = await view_of(engine.meter, tenant, client_request, session_id)
     job = compaction_job(
         services,
         view,
@@ -79,6 +58,17 @@ async def relieved_without_store(
         client_request.wire,
         client_request,
     )
-    cut = view.surface(prune_records(job, cuts.cuts))
+    nothing = ConversationState()  # no records, no anchor: the request alone
+    surface = view.surface(())
+    measurement = await engine.measure(job, nothing, surface)
+    limits = model_policy.budgets(window)
+    if measurement.tokens < limits.must_compact:
+        return as_it_came
+    relief = await bridge_relief(
+        engine, job, pruner, nothing, surface, view.live_start, measurement, limits
+    )
+    if relief is None:
+        return as_it_came
+    cut = relief.surface
     payload = await off_loop_if(view.big, lambda: client_request.wire.payload(client_request, cut))
-    return Forwarded(payload=payload, status=RequestStatus.PRUNED, tokens_before=tokens)
+    return Forwarded(payload=payload, status=RequestStatus.PRUNED, tokens_before=measurement.tokens)

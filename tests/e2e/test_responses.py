@@ -57,6 +57,15 @@ def observation(step: int) -> str:
     return f"step {step} output: " + "importer log line with details " * 220
 
 
+def read_file_round(step: int, call_id: str | None = None) -> list[dict[str, Any]]:
+    """One tool round as Responses items: a ``read_file`` call and its output."""
+    call_id = call_id or f"call_{step}"
+    return [
+        {"type": "function_call", "call_id": call_id, "name": "read_file", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": call_id, "output": observation(step)},
+    ]
+
+
 def as_input(item: Any) -> dict[str, Any]:
     dumped: dict[str, Any] = item.model_dump(exclude_none=True)
     return dumped
@@ -190,17 +199,7 @@ async def test_reasoning_items_stay_with_their_call_and_reach_only_their_own_mod
                 "summary": [],
                 "encrypted_content": f"{secret}{step}",
             },
-            {
-                "type": "function_call",
-                "call_id": f"call_{step}",
-                "name": "read_file",
-                "arguments": "{}",
-            },
-            {
-                "type": "function_call_output",
-                "call_id": f"call_{step}",
-                "output": observation(step),
-            },
+            *read_file_round(step),
         ]
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
         await client.responses.create(model=MODEL, input=items, tools=TOOLS)
@@ -229,19 +228,7 @@ async def test_a_summary_call_in_responses_form_carries_integers_beyond_64_bits_
     big = 123456789012345678901234567890
     items: list[Any] = [{"role": "user", "content": OPENING, "ticket": big}]
     for step in range(12):
-        items += [
-            {
-                "type": "function_call",
-                "call_id": f"call_{step}",
-                "name": "read_file",
-                "arguments": "{}",
-            },
-            {
-                "type": "function_call_output",
-                "call_id": f"call_{step}",
-                "output": observation(step),
-            },
-        ]
+        items += read_file_round(step)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
         await client.responses.create(model=MODEL, input=items, tools=TOOLS)
     calls = [r for r in fake.summary_requests if r.path.endswith("/responses")]
@@ -259,15 +246,7 @@ async def test_an_overflow_in_the_responses_shape_is_recovered_streamed(
     proxy = await make_proxy(routes=routes(upstream_url, None))
     items: list[Any] = [{"role": "user", "content": OPENING}]
     for step in range(8):
-        items += [
-            {
-                "type": "function_call",
-                "call_id": f"c{step}",
-                "name": "read_file",
-                "arguments": "{}",
-            },
-            {"type": "function_call_output", "call_id": f"c{step}", "output": observation(step)},
-        ]
+        items += read_file_round(step, f"c{step}")
     items.append({"role": "user", "content": "Where are we?"})
     before = counter("compaction_proxy_overflow_recoveries_total", result="retried")
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
