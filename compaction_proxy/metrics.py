@@ -55,6 +55,7 @@ STATUSES = (
     "precompacting",
     "recovered",
     "rescued",
+    "trimmed",
     "bypass",
 )
 FORMAT_REQUESTS = Counter(

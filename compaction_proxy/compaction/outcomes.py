@@ -61,6 +61,7 @@ class Relief:
     # The tokens before the bridge (compaction/bridge.py) when the surface carries its cuts.
     bridged_from: int | None = None
     rescued: bool = False  # the live turn's observations cut to fit (compaction/rescue.py)
+    dropped_turns: int = 0  # the oldest turns left out for a marker (compaction/drop_turns.py)
 
 
 @dataclass(frozen=True)

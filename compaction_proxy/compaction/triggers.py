@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from compaction_proxy.compaction.bridge import bridge_cuts
 from compaction_proxy.compaction.cut_records import prune_records
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
 from compaction_proxy.compaction.mask_step import mask_plan, take_mask_step
 from compaction_proxy.compaction.masking import mask_relieves
+from compaction_proxy.compaction.model_free import bridge_relief, model_free_relief
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.outcomes import Outcome, Relief, Round
 from compaction_proxy.compaction.planning import CompactionJob
@@ -154,9 +154,10 @@ async def relieve_pressure(
         measurement = await engine.measure(job, state, surface)
     if measurement.tokens > limits.window and job.bridge is not None:
         # No summary could be made and the request would overflow: the bridge's cuts reach
-        # every observation before the live turn, for this request alone (model-free relief).
+        # every observation before the live turn, and failing that the oldest turns are left
+        # out, for this request alone (model-free relief).
         reach = job.view.live_start
-        cut = await bridge_relief(
+        cut = await model_free_relief(
             engine, job, job.bridge, state, surface, reach, measurement, limits
         )
         if cut is not None:
@@ -252,53 +253,6 @@ async def rescue(
     rescued = view.surface((*kept, *cut))
     measurement = await engine.measure(job, relief.state, rescued)
     return dataclasses.replace(relief, surface=rescued, measurement=measurement, rescued=True)
-
-
-async def bridge_relief(
-    engine: Engine,
-    job: CompactionJob,
-    pruner: Pruner,
-    state: ConversationState,
-    surface: Surface,
-    before: int,
-    measurement: Measurement,
-    limits: Budgets,
-) -> Relief | None:
-    """This request under ``must_compact`` at once, with the bridge's cuts of observations
-    before ``before`` (not committed: ``compaction/bridge.py``); None when they cannot get it
-    there. Also the relief of a request served without the store (``service.without_store``,
-    with an empty ``state``)."""
-    view, meter = job.view, engine.meter
-    count = counter_for(view.model)
-    limit = min(before, view.live_start)
-    if state.lease_end is not None:
-        # Only what the summary being written will shadow: an observation cut here and sent
-        # whole once the checkpoint lands would break the provider's prompt cache twice.
-        limit = min(limit, state.lease_end + 1)
-    need = measurement.tokens - limits.must_compact + 1
-    cuts = await engine.off_loop(
-        job,
-        lambda: bridge_cuts(
-            surface.nodes, view.body, limit, pruner, lambda m: meter.message(m, count), need
-        ),
-    )
-    outcome = "applied" if cuts is not None else "not_enough"
-    COMPACTIONS.labels(trigger="pressure", mechanism="bridge", outcome=outcome).inc()
-    if cuts is None:
-        return None
-    bridged = view.surface((*prune_records(job, cuts.cuts), *state.records))
-    remeasured = await engine.measure(job, state, bridged)
-    # The cuts' saving from where the request stood (anchored, most often): the cuts are in
-    # no anchor, so a measure of the bridged surface is a fresh estimate of all of it.
-    tokens = measurement.tokens - cuts.saved
-    return Relief(
-        state,
-        bridged,
-        dataclasses.replace(remeasured, tokens=tokens),
-        pruned=True,
-        shortfall=ShortfallReason.AHEAD,
-        bridged_from=measurement.tokens,
-    )
 
 
 async def _summarize_rounds(

@@ -26,6 +26,7 @@ class RequestStatus(StrEnum):
     PRECOMPACTING = "precompacting"  # as sent, with a checkpoint on its way in the background
     RECOVERED = "recovered"  # a retry after an overflow, compacted harder
     RESCUED = "rescued"  # the live turn's observations cut: whole, it could never fit
+    TRIMMED = "trimmed"  # the oldest agent turns left out for a marker: no summary to be had
     BYPASS = "bypass"  # the store or the proxy failed: the client's bytes as they came
 
 

@@ -348,7 +348,9 @@ async def prepare(
             checkpoint_misses=misses, last_pressure=pressure, over_threshold=reason
         )
     )
-    status = RequestStatus.RESCUED if relief.rescued else status_of(surface)
+    status = status_of(surface)
+    if relief.rescued or relief.dropped_turns:
+        status = RequestStatus.RESCUED if relief.rescued else RequestStatus.TRIMMED
     precompacting = proactive and await maybe_precompact(
         engine, services.background, job, relief, limits
     )

@@ -3,10 +3,11 @@
 Without the store there are no checkpoints to apply and none to commit, and nothing is
 logged. Sent as it came, a history that has outgrown its window would meet a certain
 overflow, for the clients that lean on the proxy most (those that never trim). The request
-itself carries all the bridge needs: its observations before the live turn are cut to their
-head and tail, for this request alone and as few as it takes, until it fits under
-``must_compact``: the bridge of ``compaction.triggers``, on an empty state. A request that
-fits, a route with the bridge off or no known window, or cuts that cannot make it fit: it
+itself carries all model-free relief needs: its observations before the live turn are cut
+to their head and tail, for this request alone and as few as it takes, until it fits under
+``must_compact``; when that is not enough, its oldest agent turns are left out for a marker
+(``compaction.model_free``, on an empty state). A request that fits, a route with the bridge
+off or no known window, or cuts that cannot make it fit (a person's words in the way): it
 goes as it came (``bypass``).
 """
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from compaction_proxy.compaction.model_free import model_free_relief
 from compaction_proxy.compaction.model_policy import ModelPolicy
-from compaction_proxy.compaction.triggers import bridge_relief
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.security.tenant import api_key_of, tenant_of
@@ -64,11 +65,12 @@ async def relieved_without_store(
     limits = model_policy.budgets(window)
     if measurement.tokens < limits.must_compact:
         return as_it_came
-    relief = await bridge_relief(
+    relief = await model_free_relief(
         engine, job, pruner, nothing, surface, view.live_start, measurement, limits
     )
     if relief is None:
         return as_it_came
     cut = relief.surface
     payload = await off_loop_if(view.big, lambda: client_request.wire.payload(client_request, cut))
-    return Forwarded(payload=payload, status=RequestStatus.PRUNED, tokens_before=measurement.tokens)
+    status = RequestStatus.TRIMMED if relief.dropped_turns else RequestStatus.PRUNED
+    return Forwarded(payload=payload, status=status, tokens_before=measurement.tokens)

@@ -556,3 +556,99 @@ async def test_with_the_store_down_a_request_over_its_window_goes_cut_to_fit(
     reply = await ask(proxy.url, small)
     assert reply.headers["x-compaction-status"] == "bypass"
     assert fake.chat_requests[-1].body == {"model": MODEL, "messages": small}
+
+
+def short_output_turns(count: int) -> list[dict[str, Any]]:
+    """An agent whose outputs are short: nothing for the bridge to cut, 28k tokens in all."""
+    return [
+        system(),
+        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
+        *agent_turns(count, output="importer log line " * 10),
+        {"role": "assistant", "content": "Looking at the last step."},
+        user("Where are we?"),
+    ]
+
+
+async def test_with_no_summary_the_oldest_turns_are_left_out_for_a_marker_to_fit(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Every summary call fails and no cut of an observation can bring the history within
+    its window: the oldest whole turns after the task are left out for this request, a marker
+    in their place; the task, the newest turns and the live turn go as sent. Once summaries
+    work again, the next request is compacted by a real checkpoint and the marker is gone."""
+    proxy = await make_proxy(
+        routes=routes(upstream_url),
+        failure_cooldown_seconds=0,
+        summary_breaker_cooldown_seconds=0,  # summaries tried again as soon as they work
+    )
+    fake.windows[MODEL] = WINDOW
+    fake.summary_failures = 1_000
+    messages = short_output_turns(400)
+    dropped = counter(
+        "compaction_proxy_compactions_total",
+        trigger="pressure",
+        mechanism="drop",
+        outcome="applied",
+    )
+    reply = await ask(proxy.url, messages)
+    assert reply.status_code == 200
+    assert reply.headers["x-compaction-status"] == "trimmed"
+    assert (
+        counter(
+            "compaction_proxy_compactions_total",
+            trigger="pressure",
+            mechanism="drop",
+            outcome="applied",
+        )
+        == dropped + 1
+    )
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+    forwarded = sent["messages"]
+    assert forwarded[:2] == messages[:2] and forwarded[-3:] == messages[-3:]
+    marker = forwarded[2]
+    assert marker["role"] == "user" and "earlier turns" in marker["content"]
+    assert forwarded[3]["role"] == "assistant"  # a whole turn: its call, then its result
+    kept = forwarded[3:]
+    assert kept == messages[len(messages) - len(kept) :]  # the newest turns, whole
+
+    fake.summary_failures = 0
+    more = [*messages, {"role": "assistant", "content": "On it."}, user("Go on.")]
+    reply = await ask(proxy.url, more)
+    assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "compacted"
+    sent = str(fake.chat_requests[-1].body)
+    assert "earlier turns" not in sent and "compacted-summary" in sent
+
+
+async def test_a_persons_conversation_is_never_trimmed_to_fit(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """A person chatting, past the window, with the summarizer down: none of their words is
+    left out; the request goes as sent and the client gets the upstream's own overflow."""
+    proxy = await make_proxy(routes=routes(upstream_url))
+    fake.windows[MODEL] = WINDOW
+    fake.summary_failures = 1_000
+    messages: list[dict[str, Any]] = [system()]
+    for i in range(60):
+        messages += [user(f"Paragraph {i}: " + "words of my draft " * 100), assistant("Noted.")]
+    messages.append(user("Now rewrite it."))
+    with pytest.raises(openai.BadRequestError):
+        await ask(proxy.url, messages)
+    assert fake.chat_requests[-1].body == {"model": MODEL, "messages": messages}
+
+
+async def test_with_the_store_down_the_oldest_turns_are_left_out_when_cuts_are_not_enough(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    """Redis is gone and the history's outputs are too short for any cut to matter: the
+    request is still made to fit, from its own messages, by leaving out its oldest turns."""
+    proxy = await make_proxy(routes=routes(upstream_url), store_url=private_redis.url)
+    fake.windows[MODEL] = WINDOW
+    messages = short_output_turns(400)
+    await private_redis.stop()
+    reply = await ask(proxy.url, messages)
+    assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "trimmed"
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+    assert sent["messages"][:2] == messages[:2] and sent["messages"][-3:] == messages[-3:]
+    assert "earlier turns" in sent["messages"][2]["content"]
