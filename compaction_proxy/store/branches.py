@@ -29,6 +29,9 @@ from compaction_proxy.conversation.replacements import (
 from compaction_proxy.parsing import jsonio
 
 ORDER_BITS = 16  # a record's order: its commit's generation, then its index in the commit
+# Generations count from here, in tenths of a second (``generation_after``); lua/commit.lua
+# holds the same figure.
+GENERATION_EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z
 WHOLE_CONVERSATION = -1  # a lease position that lies on every chain
 
 
@@ -56,6 +59,17 @@ def order_of(generation: int, index: int) -> int:
 
 def generation_of(order: int) -> int:
     return order >> ORDER_BITS
+
+
+def generation_after(counter: int, now: float) -> int:
+    """The generation a commit takes: one past ``counter``, and never below the clock (tenths
+    of a second since ``GENERATION_EPOCH``). A store that lost a conversation (flushed,
+    restarted empty, its keys expired) counts it again from 0; from the clock, its next commit
+    still lands past every generation it had, unless that conversation committed more than
+    ten times a second, so an ``X-Compaction-Generation`` never repeats with other content
+    and a surface derived before the loss never passes for a current one. Its orders
+    (``order_of``) stay below 2**53, which Redis's Lua numbers hold exactly, for centuries."""
+    return max(counter + 1, int((now - GENERATION_EPOCH) * 10))
 
 
 @dataclass(frozen=True)

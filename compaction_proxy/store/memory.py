@@ -32,6 +32,7 @@ from compaction_proxy.store.branches import (
     AnchoredLease,
     AnchoredLeases,
     AnchoredRecords,
+    generation_after,
     lease_anchor,
 )
 from compaction_proxy.store.log_bound import log_bytes_dropped
@@ -350,7 +351,7 @@ class MemoryStore:
         before = entry.size
         for event in events:
             entry.add(event)
-        entry.generation += 1
+        entry.generation = generation_after(entry.generation, time.time())
         entry.records.remove(superseded, entry.generation)
         entry.records.add(records, entry.generation, now)
         entry.recent_ends = tuple(checkpoint_ends(entry.recent_ends, records))

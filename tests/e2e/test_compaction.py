@@ -60,7 +60,8 @@ async def test_pressure_compaction_headers_and_metrics(
     messages = history()
     reply = await ask(proxy.url, messages)
     assert reply.headers["x-compaction-status"] == "compacted"
-    assert reply.headers["x-compaction-generation"] == "1"
+    generation = reply.headers["x-compaction-generation"]
+    assert int(generation) > 0
     assert int(reply.headers["x-compaction-tokens"]) < 0.8 * WINDOW
     assert int(reply.headers["x-compaction-tokens-before"]) >= 0.8 * WINDOW
     assert counter("compaction_proxy_compactions_total", **committed) == before + 1
@@ -74,7 +75,7 @@ async def test_pressure_compaction_headers_and_metrics(
         counter("compaction_proxy_tokens_saved_total", route="small-*", mechanism="summary") > saved
     )
     assert again.headers["x-compaction-status"] == "compacted"  # it carries the checkpoint
-    assert again.headers["x-compaction-generation"] == "1"
+    assert again.headers["x-compaction-generation"] == generation
     assert len(fake.summary_requests) == 1
 
 

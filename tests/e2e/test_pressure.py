@@ -51,7 +51,8 @@ async def test_huge_tool_results_are_pruned_once_and_reused(
     history = heavy_history()
     first = await post(proxy, history)
     assert first.headers["x-compaction-status"] == "pruned"
-    assert first.headers["x-compaction-generation"] == "1"
+    generation = first.headers["x-compaction-generation"]
+    assert int(generation) > 0
     tokens = int(first.headers["x-compaction-tokens"])
     assert tokens < 0.8 * SMALL_WINDOW < int(first.headers["x-compaction-tokens-before"])
     forwarded = fake.chat_requests[-1].body["messages"]
@@ -71,7 +72,7 @@ async def test_huge_tool_results_are_pruned_once_and_reused(
     later = [*history, assistant("The tests failed."), user("Fix them.")]
     second = await post(proxy, later)
     assert second.headers["x-compaction-status"] == "pruned"  # the same prunes, reused
-    assert second.headers["x-compaction-generation"] == "1"
+    assert second.headers["x-compaction-generation"] == generation
     again = fake.chat_requests[-1].body["messages"]
     assert again[: len(forwarded)] == forwarded
     conversation = second.headers["x-compaction-conversation"]

@@ -108,26 +108,31 @@ async def test_twins_never_wait_on_each_others_leases(store: Store, conversation
     assert not await store.wait_for_lease(conversation, 0.05, later)
     # The whole conversation sees both.
     assert await store.begin_compaction(conversation, "admin", 30, START) is BUSY
-    assert await store.commit_compaction(conversation, "a1", [], [summary_of(a, 15)]) == 1
+    committed = await store.commit_compaction(conversation, "a1", [], [summary_of(a, 15)])
+    assert committed is not None
     assert await store.wait_for_lease(conversation, 0.0, later)
-    assert await store.begin_compaction(conversation, "a2", 30, START, 1, later, 18) is BEGUN
+    assert (
+        await store.begin_compaction(conversation, "a2", 30, START, committed, later, 18) is BEGUN
+    )
 
 
 async def test_a_branchs_generation_moves_only_with_its_own_commits(
     store: Store, conversation: str
 ) -> None:
     a, b = chain("a", 20), chain("b", 20)
-    assert await commit(store, conversation, a, [summary_of(a, 10)]) == 1
-    assert await commit(store, conversation, a, [summary_of(a, 14)]) == 2
-    assert (await store.load(conversation, a)).generation == 2
+    first = await commit(store, conversation, a, [summary_of(a, 10)])
+    second = await commit(store, conversation, a, [summary_of(a, 14)])
+    assert first is not None and second is not None and 0 < first < second
+    assert (await store.load(conversation, a)).generation == second
     assert (await store.load(conversation, b)).generation == 0
-    assert (await store.load(conversation)).generation == 2
+    assert (await store.load(conversation)).generation == second
     # A twin that read its branch before the other's commits is not stale for them ...
     assert await store.begin_compaction(conversation, "b", 30, START, 0, b, 12) is BEGUN
-    assert await store.commit_compaction(conversation, "b", [], [summary_of(b, 12)]) == 3
+    third = await store.commit_compaction(conversation, "b", [], [summary_of(b, 12)])
+    assert third is not None and third > second
     # ... but a request that read its own branch before that branch's commit is.
-    assert await store.begin_compaction(conversation, "a", 30, START, 1, a, 16) is STALE
-    assert await store.begin_compaction(conversation, "a", 30, START, 2, a, 16) is BEGUN
+    assert await store.begin_compaction(conversation, "a", 30, START, first, a, 16) is STALE
+    assert await store.begin_compaction(conversation, "a", 30, START, second, a, 16) is BEGUN
 
 
 async def test_the_conversation_keeps_its_last_checkpoint_ends_of_every_branch(
@@ -174,11 +179,12 @@ async def test_records_no_request_reaches_are_dropped_while_a_twin_goes_on(
 async def test_a_superseded_record_leaves_its_anchor_free(store: Store, conversation: str) -> None:
     a = chain("a", 20)
     pruned = Prune(4, a[4], "[pruned]")
-    await commit(store, conversation, a, [pruned])
+    first = await commit(store, conversation, a, [pruned])
     wider = summary_of(a, 9)
     owner = "wider"
     assert await store.begin_compaction(conversation, owner, 30, START, None, a, 9) is BEGUN
-    assert await store.commit_compaction(conversation, owner, [], [wider], [pruned]) == 2
+    second = await store.commit_compaction(conversation, owner, [], [wider], [pruned])
+    assert first is not None and second is not None and second > first
     assert (await store.load(conversation, a)).records == (wider,)
     assert (await store.load(conversation)).records == (wider,)
     # Anchored again at the same place later, it is read again.
@@ -191,16 +197,17 @@ async def test_a_twin_superseding_a_shared_record_never_takes_a_generation_back(
 ) -> None:
     a, b = chain("a", 20, shared=6), chain("b", 20, shared=6)
     shared = summary_of(a, 4)
-    assert await commit(store, conversation, a, [shared]) == 1
-    assert (await store.load(conversation, a)).generation == 1
+    first = await commit(store, conversation, a, [shared])
+    assert first is not None and (await store.load(conversation, a)).generation == first
     # b's wider checkpoint supersedes the shared one (it is on b's chain too) ...
     wider = summary_of(b, 12)
-    assert await store.begin_compaction(conversation, "b", 30, START, 1, b, 12) is BEGUN
-    assert await store.commit_compaction(conversation, "b", [], [wider], [shared]) == 2
+    assert await store.begin_compaction(conversation, "b", 30, START, first, b, 12) is BEGUN
+    second = await store.commit_compaction(conversation, "b", [], [wider], [shared])
+    assert second is not None and second > first
     # ... so a lost it: its branch moved on, it did not go back.
     state = await store.load(conversation, a)
-    assert (state.records, state.generation) == ((), 2)
-    assert await store.begin_compaction(conversation, "a", 30, START, 1, a, 14) is STALE
+    assert (state.records, state.generation) == ((), second)
+    assert await store.begin_compaction(conversation, "a", 30, START, first, a, 14) is STALE
 
 
 # (branch, position, checkpoint?, supersede?) commits, over chains that share a prefix.
@@ -224,7 +231,7 @@ def test_both_backends_read_every_branch_alike_and_no_generation_goes_back(
         )
         conversation = f"test-{uuid.uuid4().hex}"
         held: list[Checkpoint | Prune] = []  # the model: what the conversation holds
-        seen = dict.fromkeys(chains, 0)
+        seen = {backend: dict.fromkeys(chains, 0) for backend in ("memory", "redis")}
         try:
             for index, (name, position, is_checkpoint, supersede) in enumerate(steps):
                 on = chains[name]
@@ -251,8 +258,13 @@ def test_both_backends_read_every_branch_alike_and_no_generation_goes_back(
                     ours = await memory.load(conversation, other_chain)
                     theirs = await redis.load(conversation, other_chain)
                     assert ours.records == theirs.records
-                    assert ours.generation == theirs.generation >= seen[other]
-                    seen[other] = ours.generation
+                    # Generations follow each backend's clock: they move, or stay, alike.
+                    moved = (ours.generation > seen["memory"][other]) == (
+                        theirs.generation > seen["redis"][other]
+                    )
+                    assert moved and ours.generation >= seen["memory"][other]
+                    assert theirs.generation >= seen["redis"][other]
+                    seen["memory"][other], seen["redis"][other] = ours.generation, theirs.generation
                     expected = [r for r in held if on_chain(other_chain, *anchor_of(r))]
                     assert sorted(map(repr, ours.records)) == sorted(map(repr, expected))
             assert (await memory.load(conversation)).records == (

@@ -74,7 +74,7 @@ async def test_a_superseded_record_of_a_newer_version_is_dropped_by_a_commit(
     start = {"type": "compaction/start"}
     assert (await redis_store.begin_compaction(conversation, "me", 30, start)).value == "begun"
     deeper = checkpoint(7)
-    assert await redis_store.commit_compaction(conversation, "me", [], [deeper], [old]) == 1
+    assert await redis_store.commit_compaction(conversation, "me", [], [deeper], [old])
     assert (await redis_store.load(conversation)).records == (deeper,)
 
 
@@ -111,7 +111,8 @@ async def test_an_unreadable_state_field_is_ignored_and_counted_and_commits_go_o
     a commit after it lands with a generation past every one on record."""
     start = {"type": "compaction/start"}
     assert (await redis_store.begin_compaction(conversation, "me", 30, start)).value == "begun"
-    assert await redis_store.commit_compaction(conversation, "me", [], [checkpoint(3)], []) == 1
+    first = await redis_store.commit_compaction(conversation, "me", [], [checkpoint(3)], [])
+    assert first is not None
     client = aioredis.Redis.from_url(shared_redis_url())
     try:
         await client.hset(conversation_keys(conversation)["state"], field, value)
@@ -126,7 +127,7 @@ async def test_an_unreadable_state_field_is_ignored_and_counted_and_commits_go_o
     generation = await redis_store.commit_compaction(
         conversation, "me", [], [checkpoint(7)], [checkpoint(3)]
     )
-    assert generation is not None and generation >= 2
+    assert generation is not None and generation > first
     assert (await redis_store.load(conversation)).records == (checkpoint(7),)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import orjson
@@ -14,6 +15,7 @@ from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.store import BeginResult, MemoryStore, Store
 from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.branches import generation_after
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.store.redis_keys import conversation_keys
 from tests.helpers import counter
@@ -106,23 +108,28 @@ async def test_commit_lands_whole_and_bumps_the_generation(store: Store, convers
         [{"type": "compaction/summary"}, {"type": "compaction/end"}],
         [checkpoint(2), prune],
     )
-    assert generation == 1
+    assert generation is not None and generation > 0
     state = await store.load(conversation)
     assert state.records == (checkpoint(2), prune)
-    assert state.generation == 1
+    assert state.generation == generation
     assert state.lease_owner is None
     types = [e["type"] for e in await log_of(store, conversation)]
     assert types == ["compaction/start", "compaction/summary", "compaction/end"]
 
 
-async def test_generation_is_monotonic(store: Store, conversation: str) -> None:
-    generations = []
-    for i in range(5):
-        assert await store.begin_compaction(conversation, f"o{i}", 30, START) is BEGUN
-        generations.append(
-            await store.commit_compaction(conversation, f"o{i}", [], [checkpoint(i)])
-        )
-    assert generations == [1, 2, 3, 4, 5]
+async def commit_one(store: Store, conversation: str, end: int) -> int:
+    assert await store.begin_compaction(conversation, f"o{end}", 30, START) is BEGUN
+    generation = await store.commit_compaction(conversation, f"o{end}", [], [checkpoint(end)])
+    assert generation is not None
+    return generation
+
+
+async def test_generation_is_monotonic_and_never_below_the_clock(
+    store: Store, conversation: str
+) -> None:
+    floor = generation_after(0, time.time())
+    generations = [await commit_one(store, conversation, i) for i in range(5)]
+    assert generations == sorted(set(generations)) and generations[0] >= floor
     assert [r.end for r in (await store.load(conversation)).records] == [0, 1, 2, 3, 4]
 
 
@@ -144,7 +151,7 @@ async def test_commit_refused_after_the_lease_was_taken_over(
     await asyncio.sleep(0.25)
     assert await store.begin_compaction(conversation, "fast", 30, START) is BEGUN
     assert await store.commit_compaction(conversation, "slow", [], [checkpoint(1)]) is None
-    assert await store.commit_compaction(conversation, "fast", [], [checkpoint(2)]) == 1
+    assert await store.commit_compaction(conversation, "fast", [], [checkpoint(2)])
     assert [r.end for r in (await store.load(conversation)).records] == [2]
 
 
@@ -168,7 +175,7 @@ async def test_a_renewed_lease_outlives_its_first_ttl_and_only_its_owner_renews(
         assert await store.renew_lease(conversation, "me", 0.3)
     assert not await store.renew_lease(conversation, "someone-else", 30)
     assert await store.begin_compaction(conversation, "other", 30, START) is BUSY
-    assert await store.commit_compaction(conversation, "me", [], [checkpoint(1)]) == 1
+    assert await store.commit_compaction(conversation, "me", [], [checkpoint(1)])
     assert not await store.renew_lease(conversation, "me", 30)  # released by the commit
 
 
@@ -312,10 +319,11 @@ async def test_memory_store_evicts_the_least_recently_used() -> None:
 
 async def test_begin_is_stale_when_the_generation_moved_on(store: Store, conversation: str) -> None:
     assert await store.begin_compaction(conversation, "a", 30, START, 0) is BEGUN
-    assert await store.commit_compaction(conversation, "a", [], [checkpoint(1)]) == 1
+    generation = await store.commit_compaction(conversation, "a", [], [checkpoint(1)])
+    assert generation is not None
     assert await store.begin_compaction(conversation, "b", 30, START, 0) is STALE
     assert (await store.load(conversation)).lease_owner is None
-    assert await store.begin_compaction(conversation, "b", 30, START, 1) is BEGUN
+    assert await store.begin_compaction(conversation, "b", 30, START, generation) is BEGUN
     starts = [e for e in await log_of(store, conversation) if e["type"] == "compaction/start"]
     assert len(starts) == 2
 
@@ -338,15 +346,19 @@ async def test_recently_active_conversations_are_listed_newest_first(store: Stor
 
 async def test_superseded_records_are_dropped_at_commit(store: Store, conversation: str) -> None:
     older, prune = checkpoint(2), Prune(3, "hash-3", "[pruned]")
+    generations = []
     for records in ([older], [prune]):
         assert await store.begin_compaction(conversation, "o", 30, START) is BEGUN
-        assert await store.commit_compaction(conversation, "o", [], records) is not None
+        generations.append(await store.commit_compaction(conversation, "o", [], records))
     kept = checkpoint(1)  # of no concern to the commit below: not in its superseded list
     assert await store.begin_compaction(conversation, "o", 30, START) is BEGUN
-    assert await store.commit_compaction(conversation, "o", [], [kept]) == 3
+    generations.append(await store.commit_compaction(conversation, "o", [], [kept]))
     newer = checkpoint(5)
     assert await store.begin_compaction(conversation, "o", 30, START) is BEGUN
-    assert await store.commit_compaction(conversation, "o", [], [newer], [older, prune]) == 4
+    generations.append(
+        await store.commit_compaction(conversation, "o", [], [newer], [older, prune])
+    )
+    assert generations == sorted(set(generations))  # every commit a generation of its own
     assert (await store.load(conversation)).records == (kept, newer)
 
 
@@ -489,7 +501,7 @@ async def test_records_expire_after_record_ttl_while_the_log_stays(
     try:
         await store.append(conversation, messages(3))
         assert await store.begin_compaction(conversation, "me", 30, START) is BEGUN
-        assert await store.commit_compaction(conversation, "me", [], [checkpoint(2)]) == 1
+        assert await store.commit_compaction(conversation, "me", [], [checkpoint(2)])
         assert (await store.load(conversation)).records == (checkpoint(2),)
         await asyncio.sleep(0.5)
         state = await store.load(conversation)
@@ -529,3 +541,30 @@ async def test_an_object_keeps_its_first_owner_until_its_record_expires(store: S
     await asyncio.sleep(0.4)
     assert await store.object_owners([brief]) == [None]
     assert await store.object_owners([]) == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_conversation_the_store_lost_never_repeats_a_generation(
+    backend: str, conversation: str
+) -> None:
+    """A store flushed or restarted empty counts the conversation again from nothing; its next
+    commit still lands past every generation it had (commits under ten a second), so
+    ``X-Compaction-Generation`` never names two surfaces."""
+    store: Store = MemoryStore() if backend == "memory" else RedisStore(shared_redis_url())
+    try:
+        before = [await commit_one(store, conversation, end) for end in range(3)]
+        await asyncio.sleep(0.35)
+        if backend == "memory":
+            await store.close()
+            store = MemoryStore()  # the process restarted
+        else:
+            client = aioredis.Redis.from_url(shared_redis_url())
+            try:
+                await client.delete(*conversation_keys(conversation).values())
+            finally:
+                await client.aclose()
+        assert (await store.load(conversation)).generation == 0
+        after = await commit_one(store, conversation, 1)
+        assert after > max(before)
+    finally:
+        await store.close()

@@ -3,7 +3,8 @@
 -- ARGV: owner, ttl_ms, n_events, event*, n_records, (anchor, record)*, n_superseded,
 --       (anchor, record)*, new checkpoint ends (JSON), ends kept, records_ttl_ms
 -- Lands only while the lease is still ours: events, records under their anchors (superseded
--- ones dropped), the conversation's last checkpoint ends, generation + 1, lease released.
+-- ones dropped), the conversation's last checkpoint ends, the next generation (one past the
+-- counter, never below the clock: branches.py's generation_after), lease released.
 local now = now_ms()
 local lease = redis.call('HGET', KEYS[1], ARGV[1])
 local expires = lease and tonumber(string.match(lease, ':(%d+)$'))
@@ -35,7 +36,9 @@ if counter and not string.match(counter, '^%d+$') then
   end
   redis.call('HSET', KEYS[4], 'generation', newest)
 end
-local generation = redis.call('HINCRBY', KEYS[4], 'generation', 1)
+local clock = math.floor((now - 1767225600000) / 100)  -- tenths of a second since 2026
+local generation = math.max(tonumber(redis.call('HGET', KEYS[4], 'generation') or '0') + 1, clock)
+redis.call('HSET', KEYS[4], 'generation', string.format('%d', generation))
 local mark = string.format('%d', generation * 65536)
 n = tonumber(ARGV[i] or '0'); i = i + 1
 for _ = 1, n do

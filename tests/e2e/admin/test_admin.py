@@ -102,7 +102,7 @@ async def test_manual_compaction_commits_and_later_requests_use_it(
     status, result = await admin(proxy, "POST", f"/conversations/{conversation}/compact")
     assert status == 200
     assert result["outcome"] == "committed"
-    assert result["tokens_shadowed"] > 0 and result["generation"] == 1
+    assert result["tokens_shadowed"] > 0 and result["generation"] > 0
     # Everything but the live turn (the last tool result and the user's message) and the
     # assistant call it answers.
     assert result["span"] == {"start": 0, "end": len(messages) - 5}
@@ -196,9 +196,10 @@ async def test_region_compaction_merges_a_prior_checkpoint_inside_it(
     conversation = await conversation_of(proxy, messages)
     path = f"/conversations/{conversation}/compact-region"
     status, inner = await admin(proxy, "POST", path, json={"start": 3, "end": 6})
-    assert (status, inner["outcome"], inner["generation"]) == (200, "committed", 1)
+    assert (status, inner["outcome"]) == (200, "committed")
     status, outer = await admin(proxy, "POST", path, json={"start": 1, "end": 10})
-    assert (status, outer["outcome"], outer["generation"]) == (200, "committed", 2)
+    assert (status, outer["outcome"]) == (200, "committed")
+    assert outer["generation"] > inner["generation"] > 0
     summary_call = fake.summary_requests[-1].body
     assert summary_call is not None
     assert any("<compacted-summary>" in str(m.get("content")) for m in summary_call["messages"])
@@ -231,7 +232,7 @@ async def test_the_timeline_has_a_point_per_request_and_the_compaction_between(
     assert first["sent_tokens"] == first["forwarded_tokens"] and first["prompt_tokens"] > 0
     # The second request resent everything and was forwarded with the checkpoint.
     assert second["sent_tokens"] > second["forwarded_tokens"]
-    assert second["generation"] == 1
+    assert second["generation"] == result["generation"] > first["generation"] == 0
     (compaction,) = timeline["compactions"]
     assert (compaction["trigger"], compaction["outcome"], compaction["before_request"]) == (
         "manual",
