@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -108,3 +109,12 @@ class RedisServer:
             self.process.kill()
             await self.process.wait()
         self.process = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)

@@ -94,8 +94,7 @@ class BackgroundCompactions:
             surface = job.view.surface(state.records)
             result = await engine.summarize_round(job, state, surface, retain, TRIGGER)
             outcome = result.outcome.value
-            if result.outcome.is_failure:
-                await triggers.remember_failure(engine, job, tokens)
+            await triggers.remember_failure(engine, job, tokens, result)
         except asyncio.CancelledError:
             outcome = Outcome.CANCELLED.value
             # Shutting down, or the client abandoned the branch: the engine closed the

@@ -12,6 +12,7 @@ import time
 from compaction_proxy.compaction.cut_records import prune_records
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
+from compaction_proxy.compaction.guards.breaker import FailureScope, failure_scope
 from compaction_proxy.compaction.mask_step import mask_plan, take_mask_step
 from compaction_proxy.compaction.masking import mask_relieves
 from compaction_proxy.compaction.model_free import bridge_relief, model_free_relief
@@ -60,7 +61,20 @@ def cooling_down(engine: Engine, state: ConversationState, tokens: int) -> bool:
     return recent and not grew
 
 
-async def remember_failure(engine: Engine, job: CompactionJob, tokens: int) -> None:
+async def remember_failure(engine: Engine, job: CompactionJob, tokens: int, result: Round) -> None:
+    """Put the conversation in the failure cooldown (``cooling_down``) after ``result``, when
+    it failed for the conversation's own sake: the summarizer answered, but with nothing
+    usable (empty, truncated, not smaller), or the commit failed; the same history would
+    likely fail again. An outage, a rate limit or a refused credential is the breaker's to
+    wait out (``guards/breaker.py``): it probes, and lets every conversation back in as soon
+    as the summarizer answers, where a cooldown per conversation would keep checkpoints off for
+    minutes after it healed (the conversation kept under its window by model-free relief
+    never grows enough to end it)."""
+    failure = result.failure
+    if not result.outcome.is_failure or (
+        failure is not None and failure_scope(failure.reason) is not FailureScope.ALIVE
+    ):
+        return
     await engine.store.append(
         job.view.conversation,
         [],
@@ -139,9 +153,11 @@ async def relieve_pressure(
         # Precompaction is on: a checkpoint is prepared in the background, no need to wait.
         return Relief(state, surface, measurement, pruned=pruned, shortfall=ShortfallReason.AHEAD)
     if bridge is not None:
-        bridged = await bridge_relief(
-            engine, job, bridge, state, surface, before, measurement, limits
-        )
+        # A history on first contact (no state: new, resumed, or lost by the store) goes at
+        # once even when no cut of an observation is enough: its oldest turns are left out
+        # while its checkpoint is prepared, instead of rounds of summaries on the request.
+        relieve = model_free_relief if _first_contact(state) else bridge_relief
+        bridged = await relieve(engine, job, bridge, state, surface, before, measurement, limits)
         if bridged is not None:
             return dataclasses.replace(bridged, compacted=meanwhile.compacted)
     rounds = Relief(state, surface, measurement, shortfall=ShortfallReason.COOLDOWN)
@@ -211,6 +227,12 @@ def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -
     return job.bridge
 
 
+def _first_contact(state: ConversationState) -> bool:
+    """Whether the store holds nothing of the conversation's compaction: no record, and no
+    commit ever (a conversation it lost counts as new)."""
+    return not state.records and state.generation == 0
+
+
 async def rescue(
     engine: Engine, job: CompactionJob, relief: Relief, window: int, answer_cap: int | None
 ) -> Relief:
@@ -277,8 +299,7 @@ async def _summarize_rounds(
             measurement = await engine.measure(job, state, surface)
             continue
         if result.outcome is not Outcome.COMMITTED or result.state is None:
-            if result.outcome.is_failure:
-                await remember_failure(engine, job, measurement.tokens)
+            await remember_failure(engine, job, measurement.tokens, result)
             shortfall = ShortfallReason(result.outcome.value)
             break
         compacted = True
