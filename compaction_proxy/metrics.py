@@ -111,6 +111,20 @@ STORE_ERRORS = Counter(
     "Store operations that failed; the request was served without the store (bypass).",
     ["operation"],
 )
+STORE_CIRCUIT_OPEN = Gauge(
+    "compaction_proxy_store_circuit_open",
+    "1 while this process serves without its store after an outage (a background ping probes "
+    "it), else 0; with workers, how many of them do.",
+    multiprocess_mode="livesum",
+)
+SUMMARY_BREAKER_OPEN = Gauge(
+    "compaction_proxy_summary_breaker_open",
+    "1 while a summarizer's breaker is open or half-open in this process (no request waits for "
+    "it; one probes it when its wait has passed), else 0; with workers, how many of them hold "
+    "it open.",
+    ["summarizer"],
+    multiprocess_mode="livesum",
+)
 
 
 PRESSURE = Histogram(

@@ -39,7 +39,7 @@ from compaction_proxy.conversation.replacements import (
 )
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import Measurement, TokenMeter, counter_for
-from compaction_proxy.metrics import COMPACTIONS, SUMMARY_DURATION
+from compaction_proxy.metrics import COMPACTIONS, SUMMARY_BREAKER_OPEN, SUMMARY_DURATION
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.store.base import BeginResult, ConversationState, Store, StoreUnavailable
 
@@ -396,11 +396,13 @@ class Engine:
             log.warning("summary call failed: %s", failure.reason)
             tenant = view.tenant
             self.breaker.failed(summarizer, tenant, failure.reason, failure.retry_after)
+            SUMMARY_BREAKER_OPEN.labels(summarizer).set(self.breaker.is_open(summarizer))
             if concerns_the_caller_alone(failure.reason, failure.caller_credential):
                 await self.ceilings.give_back_route(self.store, job.route)
             await self._fail(attempt, Outcome.SUMMARY_FAILED, failure.reason)
             return Round(Outcome.SUMMARY_FAILED, span, failure=failure)
         self.breaker.succeeded(summarizer, view.tenant)
+        SUMMARY_BREAKER_OPEN.labels(summarizer).set(0)
         SUMMARY_DURATION.labels(result="ok").observe(time.perf_counter() - started)
 
         message = frame(summary.text)

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from compaction_proxy.metrics import STORE_CIRCUIT_OPEN
 from compaction_proxy.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class StoreCircuit:
             error.detail,
         )
         self._probe = asyncio.get_running_loop().create_task(self._probing())
+        STORE_CIRCUIT_OPEN.set(1)
 
     async def _probing(self) -> None:
         wait = self.first_probe_seconds
@@ -80,6 +82,7 @@ class StoreCircuit:
                 continue
             log.warning("store answering again")
             self._probe = None
+            STORE_CIRCUIT_OPEN.set(0)
             return
 
     async def close(self) -> None:

@@ -559,6 +559,10 @@ async def test_with_the_store_down_a_request_over_its_window_goes_cut_to_fit(
     assert fake.chat_requests[-1].body == {"model": MODEL, "messages": small}
 
 
+def breaker_open() -> float:
+    return counter("compaction_proxy_summary_breaker_open", summarizer="small-*")
+
+
 def short_output_turns(count: int) -> list[dict[str, Any]]:
     """An agent whose outputs are short: nothing for the bridge to cut, 28k tokens in all."""
     return [
@@ -580,7 +584,7 @@ async def test_with_no_summary_the_oldest_turns_are_left_out_for_a_marker_to_fit
     proxy = await make_proxy(
         routes=routes(upstream_url),
         failure_cooldown_seconds=0,
-        summary_breaker_cooldown_seconds=0,  # summaries tried again as soon as they work
+        summary_breaker_cooldown_seconds=1,  # the breaker's longest wait: probed again soon
     )
     fake.windows[MODEL] = WINDOW
     fake.summary_failures = 1_000
@@ -594,6 +598,11 @@ async def test_with_no_summary_the_oldest_turns_are_left_out_for_a_marker_to_fit
     reply = await ask(proxy.url, messages)
     assert reply.status_code == 200
     assert reply.headers["x-compaction-status"] == "trimmed"
+    sent = fake.chat_requests[-1].body
+    # A second tenant sees the outage too: the summarizer's breaker opens for everyone.
+    other = await ask(proxy.url, short_output_turns(400), key="sk-b")
+    assert other.headers["x-compaction-status"] == "trimmed"
+    assert breaker_open() == 1
     assert (
         counter(
             "compaction_proxy_compactions_total",
@@ -601,9 +610,8 @@ async def test_with_no_summary_the_oldest_turns_are_left_out_for_a_marker_to_fit
             mechanism="drop",
             outcome="applied",
         )
-        == dropped + 1
+        == dropped + 2  # a request of each tenant
     )
-    sent = fake.chat_requests[-1].body
     assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
     forwarded = sent["messages"]
     assert forwarded[:2] == messages[:2] and forwarded[-3:] == messages[-3:]
@@ -614,9 +622,11 @@ async def test_with_no_summary_the_oldest_turns_are_left_out_for_a_marker_to_fit
     assert kept == messages[len(messages) - len(kept) :]  # the newest turns, whole
 
     fake.summary_failures = 0
+    await asyncio.sleep(1.1)  # the breaker's wait: the next request probes the summarizer
     more = [*messages, {"role": "assistant", "content": "On it."}, user("Go on.")]
     reply = await ask(proxy.url, more)
     assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "compacted"
+    assert breaker_open() == 0
     sent = str(fake.chat_requests[-1].body)
     assert "earlier turns" not in sent and "compacted-summary" in sent
 

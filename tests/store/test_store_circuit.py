@@ -16,6 +16,7 @@ from compaction_proxy.store.base import Store
 from compaction_proxy.store.circuit import StoreCircuit, is_outage
 from compaction_proxy.store.instrumented import InstrumentedStore
 from compaction_proxy.store.redis import RedisStore
+from tests.helpers import counter
 from tests.redis_server import RedisServer
 
 BOUND = 0.5  # seconds a store operation may take
@@ -49,6 +50,7 @@ async def test_a_paused_redis_costs_one_operation_its_bound_and_is_used_again_on
     try:
         assert BOUND * 0.9 <= await failing_time(store) < BOUND * 1.8
         assert store.circuit.is_open
+        assert counter("compaction_proxy_store_circuit_open") == 1
         later = [await failing_time(store) for _ in range(20)]
         assert max(later) < 0.05  # no operation waits for it any more
         with pytest.raises(StoreUnavailable):
@@ -61,6 +63,7 @@ async def test_a_paused_redis_costs_one_operation_its_bound_and_is_used_again_on
     while store.circuit.is_open and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not store.circuit.is_open
+    assert counter("compaction_proxy_store_circuit_open") == 0
     assert (await store.load("c")).attributes == ConversationAttributes(session="c")
 
 

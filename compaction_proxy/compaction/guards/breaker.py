@@ -95,6 +95,10 @@ class SummaryBreaker:
         self._probing.add(summarizer)
         return True
 
+    def is_open(self, summarizer: str) -> bool:
+        """Whether ``summarizer`` is open or half-open: only a probe may call it."""
+        return summarizer in self._open_until
+
     def succeeded(self, summarizer: str, tenant: str) -> None:
         self._open_until.pop(summarizer, None)
         self._probing.discard(summarizer)
