@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import os
@@ -68,6 +69,9 @@ def _serve(args: argparse.Namespace) -> int:
     # interpreter while one runs: a small request takes several wake-ups. 1 ms keeps other
     # clients' latency close to what it is without the big request, for little throughput.
     sys.setswitchinterval(0.001)
+    # ``kill -USR1 <pid>`` prints every thread's stack to stderr: what a process that does not
+    # stop (or start) is waiting on, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger("compaction_proxy")
     for warning in start_up_warnings(settings):
         log.warning("%s", warning)
@@ -105,19 +109,21 @@ def _serve(args: argparse.Namespace) -> int:
         address = f"{settings.host}:{settings.port}"
         print(f"compaction-proxy: cannot listen on {address}: {reason}", file=sys.stderr)
         return 1
-    exit_after_an_import_under_way(settings.shutdown_timeout)
+    exit_after_an_import_under_way()
     return 0
 
 
-def exit_after_an_import_under_way(timeout: float) -> None:
+def exit_after_an_import_under_way(timeout: float = 0.0) -> None:
     """Once the app has shut down (records written, store closed): if litellm's import,
-    started in the background, is still under way ``timeout`` seconds on, leave without
+    started in the background, is still under way ``timeout`` seconds on, leave at once without
     finalizing the interpreter, which could wait on that import forever
-    (``lazy_litellm.settle``); logs and standard streams are flushed first."""
+    (``lazy_litellm.settle``); logs and standard streams are flushed first. Nothing is left
+    to do by then: waiting for the import (seconds, on a busy host) only delayed a stop in a
+    process's first seconds, and a supervisor's restart or an orchestrator's rollout with it."""
     if lazy_litellm.settle(timeout):
         return
-    logging.getLogger("compaction_proxy").warning(
-        "litellm's import still under way %.0f s after shutdown: exiting without it", timeout
+    logging.getLogger("compaction_proxy").info(
+        "litellm's import still under way at exit: leaving without finalizing the interpreter"
     )
     logging.shutdown()
     sys.stdout.flush()

@@ -58,15 +58,28 @@ class Supervisor:
         )
         assert process.stdout is not None
         try:
-            line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
+            ready = await asyncio.wait_for(_ready_line(process.stdout), READY_TIMEOUT_SECONDS)
         except TimeoutError:
-            line = b""
-        if line != READY_LINE:
+            ready = False
+        if not ready:
             with contextlib.suppress(ProcessLookupError):  # it may have exited already
                 process.kill()
             await process.wait()
             raise WorkerDidNotStart("a worker process did not start (see its log above)")
         return process
+
+    async def _spawn_set(self) -> list[asyncio.subprocess.Process]:
+        """``workers`` new workers started side by side, once all listen; if one does not
+        start, those that did are stopped and WorkerDidNotStart is raised."""
+        spawned = await asyncio.gather(
+            *(self._spawn() for _ in range(self._count)), return_exceptions=True
+        )
+        started = [p for p in spawned if isinstance(p, asyncio.subprocess.Process)]
+        failed = [e for e in spawned if isinstance(e, BaseException)]
+        if failed:
+            await _stop_all(started)
+            raise failed[0]
+        return started
 
     def _adopt(self, process: asyncio.subprocess.Process) -> None:
         self._workers[process.pid] = process
@@ -84,25 +97,30 @@ class Supervisor:
         if self._workers.pop(process.pid, None) is not None and not self._stopping:
             log.warning("worker %d exited with status %s: starting another", process.pid, code)
             try:
-                self._adopt(await self._spawn())
+                replacement = await self._spawn()
             except WorkerDidNotStart:
                 log.error("the replacement worker did not start: %d left", len(self._workers))
+                return
+            if self._stopping:  # stopped while it started: it is not wanted any more
+                await _stop_all([replacement])
+                return
+            self._adopt(replacement)
+            log.info("worker %d listening in place of %d", replacement.pid, process.pid)
 
     async def start(self) -> None:
-        for _ in range(self._count):
-            self._adopt(await self._spawn())
+        """All workers at once: each is up in the time one takes to start, not after the
+        others (a worker that does not start stops those that did)."""
+        for process in await self._spawn_set():
+            self._adopt(process)
         log.info("%d workers listening: %s", self._count, sorted(self._workers))
 
     async def reload(self) -> None:
         """A new set of workers, then the old one drained; if a new worker does not start
         (a configuration broken since), the running workers stay."""
-        fresh: list[asyncio.subprocess.Process] = []
         try:
-            for _ in range(self._count):
-                fresh.append(await self._spawn())
+            fresh = await self._spawn_set()
         except WorkerDidNotStart:
             log.error("reload failed: a new worker did not start; the running workers stay")
-            await _stop_all(fresh)
             return
         old = list(self._workers.values())
         self._workers.clear()  # replaced: not to be restarted
@@ -112,12 +130,26 @@ class Supervisor:
         log.info("reloaded: workers %s", sorted(self._workers))
 
     async def stop(self) -> None:
+        """Stop every worker, and any replacement still starting (its watcher stops it once it
+        listens), so no worker outlives the supervisor."""
         self._stopping = True
         await _stop_all(list(self._workers.values()))
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class WorkerDidNotStart(Exception):
     pass
+
+
+async def _ready_line(stdout: asyncio.StreamReader) -> bool:
+    """Whether the worker said it listens before it exited. What it printed before (a
+    library's notice at import, say) is passed on: a worker is never taken for dead because
+    another line came first."""
+    async for line in stdout:
+        if line == READY_LINE:
+            return True
+        sys.stdout.buffer.write(line)
+    return False
 
 
 async def _stop_all(processes: Sequence[asyncio.subprocess.Process]) -> None:

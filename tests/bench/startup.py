@@ -37,7 +37,7 @@ async def one_start(upstream: str) -> tuple[float, float]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "proxy",
+        "compaction_proxy",
         "serve",
         "--port",
         str(port),
