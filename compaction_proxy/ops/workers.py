@@ -58,7 +58,7 @@ class Supervisor:
         )
         assert process.stdout is not None
         try:
-            ready = await asyncio.wait_for(_ready_line(process.stdout), READY_TIMEOUT_SECONDS)
+            ready = await asyncio.wait_for(said_ready(process.stdout), READY_TIMEOUT_SECONDS)
         except TimeoutError:
             ready = False
         if not ready:
@@ -141,7 +141,7 @@ class WorkerDidNotStart(Exception):
     pass
 
 
-async def _ready_line(stdout: asyncio.StreamReader) -> bool:
+async def said_ready(stdout: asyncio.StreamReader) -> bool:
     """Whether the worker said it listens before it exited. What it printed before (a
     library's notice at import, say) is passed on: a worker is never taken for dead because
     another line came first."""
