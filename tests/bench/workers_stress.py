@@ -1,6 +1,7 @@
 """Start and stop ``serve --workers 2`` over and over: no hang, every worker up in time.
 
-Run: ``python -m tests.bench.workers_stress [--cycles 200] [--parallel 2]``. Not collected by
+Run: ``python -m tests.bench.workers_stress [--cycles 200] [--parallel 2] [--against DIR]``
+(``--against``: another checkout's package runs instead, for a side-by-side). Not collected by
 pytest (``tests/system/test_workers_stress.py`` runs a few cycles of the same code). Each cycle
 starts a supervisor with two workers on Redis, sends a request that takes a moment, and then,
 in turn: SIGTERM to the supervisor, SIGINT to the supervisor, or SIGKILL to one worker
@@ -68,7 +69,7 @@ async def _log_until(cycle: Cycle, needle: str, seconds: float) -> bool:
     return False
 
 
-async def one_cycle(kind: str, upstream_url: str, redis_url: str) -> Cycle:
+async def one_cycle(kind: str, upstream_url: str, redis_url: str, cwd: str | None) -> Cycle:
     cycle = Cycle(kind)
     port = free_port()
     env = {
@@ -83,6 +84,7 @@ async def one_cycle(kind: str, upstream_url: str, redis_url: str) -> Cycle:
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,  # ``-m`` puts it first on the path: that checkout's package runs
     )
 
     async def read_log() -> None:
@@ -190,13 +192,14 @@ async def stress_setup() -> AsyncIterator[tuple[str, str]]:
         await runner.cleanup()
 
 
-async def run_cycles(cycles: int, parallel: int) -> list[Cycle]:
+async def run_cycles(cycles: int, parallel: int, cwd: str | None = None) -> list[Cycle]:
     async with stress_setup() as (upstream_url, redis_url):
         gate = asyncio.Semaphore(parallel)
 
         async def gated(index: int) -> Cycle:
             async with gate:
-                return await one_cycle(KINDS[index % len(KINDS)], upstream_url, redis_url)
+                kind = KINDS[index % len(KINDS)]
+                return await one_cycle(kind, upstream_url, redis_url, cwd)
 
         return await asyncio.gather(*(gated(i) for i in range(cycles)))
 
@@ -229,9 +232,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--against", help="another checkout whose package to run")
     args = parser.parse_args()
     started = time.monotonic()
-    results = asyncio.run(run_cycles(args.cycles, args.parallel))
+    results = asyncio.run(run_cycles(args.cycles, args.parallel, args.against))
     for line in summary(results):
         print(line)
     print(f"({time.monotonic() - started:.0f} s)")
