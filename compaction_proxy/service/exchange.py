@@ -12,6 +12,7 @@ came (``X-Compaction-Status: bypass``): never worse than no proxy.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -149,7 +150,7 @@ async def serve(
     reply: Reply[Response] | None = None
     try:
         reply, forwarded = await _forward_with_recovery(
-            services, link, client_request, model_policy, forwarded, record
+            services, link, client_request, model_policy, forwarded, record, session_id
         )
     finally:
         if conversation is not None:
@@ -195,8 +196,12 @@ async def _forward_with_recovery(
     model_policy: ModelPolicy,
     forwarded: Forwarded,
     record: RequestRecord | None,
+    session_id: str | None,
 ) -> tuple[Reply[Response], Forwarded]:
-    """Forward; after a context overflow, compact and retry while the evidence allows."""
+    """Forward; after a context overflow, compact and retry while the evidence allows. With
+    the store out of reach (no ``record``), the overflow may have taught the window (its
+    stated limit): the request is relieved again from its own history, and retried only when
+    that changed what goes."""
     route = model_policy.route
     reply = await _send(link, route, client_request, forwarded)
     retries = 0
@@ -208,12 +213,17 @@ async def _forward_with_recovery(
             named = window_key(client_request.model, client_request.declared_window)
             services.learned_windows.learn(route.model, named, verdict.limit)
         retry, overflowed_at = None, time.time()
-        if record is not None and retries < model_policy.policy.max_overflow_retries:
+        if retries < model_policy.policy.max_overflow_retries:
             retries += 1
             try:
-                retry = await retry_after_overflow(
-                    services, client_request, model_policy, forwarded, record
-                )
+                if record is not None:
+                    retry = await retry_after_overflow(
+                        services, client_request, model_policy, forwarded, record
+                    )
+                else:
+                    retry = await _relieved_again(
+                        services, link, client_request, model_policy, forwarded, session_id
+                    )
             except Exception:
                 log.exception("overflow recovery failed: the upstream's error stands")
         if record is not None:
@@ -228,6 +238,23 @@ async def _forward_with_recovery(
         forwarded = retry
         reply = await _send(link, route, client_request, forwarded)
     return reply, forwarded
+
+
+async def _relieved_again(
+    services: Services,
+    link: ClientLink[Response],
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    failed: Forwarded,
+    session_id: str | None,
+) -> Forwarded | None:
+    """After an overflow with the store out of reach: the request relieved from its own
+    history again (the window it may have taught is known now); None when that sends the same
+    bytes, which the upstream has just refused."""
+    again = await _without_store(services, link, client_request, model_policy, session_id)
+    if again.payload == failed.payload:
+        return None
+    return dataclasses.replace(again, status=RequestStatus.RECOVERED)
 
 
 async def _send(

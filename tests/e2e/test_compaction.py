@@ -663,3 +663,27 @@ async def test_with_the_store_down_the_oldest_turns_are_left_out_when_cuts_are_n
     assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
     assert sent["messages"][:2] == messages[:2] and sent["messages"][-3:] == messages[-3:]
     assert "earlier turns" in sent["messages"][2]["content"]
+
+
+async def test_with_the_store_down_an_overflow_that_states_the_window_is_recovered(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    """No window known and no store: the request goes as it came and overflows. The error
+    states the window; the request is relieved from its own history under it and retried once,
+    since that changed what goes."""
+    unknown_window = [route(upstream_url, "small-*", precompact_ratio=0, **MASKING_OFF)]
+    proxy = await make_proxy(routes=unknown_window, store_url=private_redis.url)
+    fake.windows[MODEL] = WINDOW
+    messages = [
+        system(),
+        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
+        *agent_turns(30, output="importer log line " * 300),  # about 27k tokens
+        user("Where are we?"),
+    ]
+    await private_redis.stop()
+    reply = await ask(proxy.url, messages)
+    assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "recovered"
+    assert len(fake.overflows) == 1 and len(fake.chat_requests) == 2
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+    assert sent["messages"][-1] == messages[-1]
