@@ -130,7 +130,7 @@ class RunningProxy:
     async def read_log(self, conversation: str, limit: int = 10_000) -> list[dict[str, Any]]:
         """The conversation's log events as the admin API reads them: once every answered
         request's record is written (a request logs its messages after its answer)."""
-        await self.app[SERVICES].pending_records.settled_all()
+        await self.app[SERVICES].pending_log_writes.settled_all()
         page = await self.store.read_log(conversation, limit=limit)
         return [event for _, event in page.events]
 

@@ -13,6 +13,6 @@ WIRE_FORMATS: dict[str, WireFormat] = {wire.name: wire for wire in (CHAT, RESPON
 
 
 def wire_format_named(name: str | None) -> WireFormat:
-    """The format a request was logged in (``RequestRecord.api``); chat for a record older
+    """The format a request was logged in (``RequestLogEntry.api``); chat for a record older
     than the field."""
     return WIRE_FORMATS.get(name or "", CHAT)

@@ -30,7 +30,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.credentials import operator_query
-from compaction_proxy.service.pending_records import shielded
+from compaction_proxy.service.pending_writes import shielded
 from compaction_proxy.service.prepare import compaction_job
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import ConversationState, Store, StoreUnavailable
@@ -128,7 +128,7 @@ def admin_only(handler: Handler) -> Handler:
         if conversation is not None and not _CONVERSATION_ID.fullmatch(conversation):
             return _problem(404, "no such conversation")
         # What this process still has to write after its answers is read back too.
-        pending = request.app[SERVICES].pending_records
+        pending = request.app[SERVICES].pending_log_writes
         await (pending.settled(conversation) if conversation else pending.settled_all())
         try:
             return await handler(request)

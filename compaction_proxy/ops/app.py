@@ -44,7 +44,7 @@ from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
 from compaction_proxy.security.tenant import TenantSecret, api_key_of
 from compaction_proxy.security.upload_slots import UploadSlots
-from compaction_proxy.service.pending_records import PendingRecords
+from compaction_proxy.service.pending_writes import PendingLogWrites
 from compaction_proxy.service.services import Services
 from compaction_proxy.store import StoreUnavailable, open_store
 from compaction_proxy.store.base import Store
@@ -133,8 +133,8 @@ def _services_context(
                 _http_client(settings, settings.relay_pool_size)
             )
             stack.push_async_callback(background.close)  # before the clients it calls through
-            pending_records = PendingRecords()
-            stack.push_async_callback(pending_records.drain, settings.shutdown_timeout)
+            pending_log_writes = PendingLogWrites()
+            stack.push_async_callback(pending_log_writes.drain, settings.shutdown_timeout)
             app[SERVICES] = Services(
                 settings=settings,
                 store=store,
@@ -154,7 +154,7 @@ def _services_context(
                 background=background,
                 known_messages=KnownMessages(settings.known_messages_bytes),
                 recent_bodies=RecentBodies(settings.recent_bodies_bytes),
-                pending_records=pending_records,
+                pending_log_writes=pending_log_writes,
             )
             yield
 

@@ -1,4 +1,4 @@
-"""The life of a compacted request, from its parsed body to its record: the service's one entry.
+"""The life of a compacted request, from its parsed body to its log entry: the service's one entry.
 
 The edge parses the body with its ``WireFormat``, authenticates, and hands the request here
 with a ``ClientLink``, its side of the exchange: the client's headers and query, the
@@ -43,8 +43,8 @@ from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import count_rereads, prepare
-from compaction_proxy.service.record import RequestRecord, write_record
 from compaction_proxy.service.recover import retry_after_overflow
+from compaction_proxy.service.request_log import RequestLogEntry, write_request_log
 from compaction_proxy.service.services import Services
 from compaction_proxy.service.without_store import relieved_without_store
 from compaction_proxy.store import StoreUnavailable
@@ -119,16 +119,16 @@ async def serve(
     named: Sequence[NamedObject] = (),
 ) -> Response:
     """Bind to the account what names its objects; prepare (compact if need be), forward,
-    recover from an overflow, record. ``started``: when the edge began reading the request."""
+    recover from an overflow, log. ``started``: when the edge began reading the request."""
     model_policy = services.policies.for_model(client_request.model, client_request.wire.family)
     route = model_policy.route
     refused = await link.refusal(route, named)
     if refused is not None:
         REQUESTS.labels(route=route.model, outcome=refused.outcome).inc()
         return refused.response
-    record: RequestRecord | None = None
+    log_entry: RequestLogEntry | None = None
     try:
-        forwarded, record = await prepare(
+        forwarded, log_entry = await prepare(
             services, client_request, model_policy, session_id, link.headers, link.query
         )
     except StoreUnavailable as exc:
@@ -150,18 +150,18 @@ async def serve(
     reply: Reply[Response] | None = None
     try:
         reply, forwarded = await _forward_with_recovery(
-            services, link, client_request, model_policy, forwarded, record, session_id
+            services, link, client_request, model_policy, forwarded, log_entry, session_id
         )
     finally:
         if conversation is not None:
             in_flight[conversation] -= 1
             if in_flight[conversation] <= 0:
                 del in_flight[conversation]
-        if record is not None:
+        if log_entry is not None:
             # Written once the client has its answer (the conversation's next request waits
             # for it); logged even when the client went away mid-answer.
-            work = _record(services, forwarded, record, reply)
-            services.pending_records.spawn(record.log.view.conversation, work)
+            work = _write_log(services, forwarded, log_entry, reply)
+            services.pending_log_writes.spawn(log_entry.log.view.conversation, work)
         # Counted however the request ended, a client that left included.
         outcome = _outcome(reply, forwarded.status)
         child(REQUESTS, route.model, outcome).inc()
@@ -195,11 +195,11 @@ async def _forward_with_recovery(
     client_request: ClientRequest,
     model_policy: ModelPolicy,
     forwarded: Forwarded,
-    record: RequestRecord | None,
+    log_entry: RequestLogEntry | None,
     session_id: str | None,
 ) -> tuple[Reply[Response], Forwarded]:
     """Forward; after a context overflow, compact and retry while the evidence allows. With
-    the store out of reach (no ``record``), the overflow may have taught the window (its
+    the store out of reach (no ``log_entry``), the overflow may have taught the window (its
     stated limit): the request is relieved again from its own history, and retried only when
     that changed what goes."""
     route = model_policy.route
@@ -216,9 +216,9 @@ async def _forward_with_recovery(
         if retries < model_policy.policy.max_overflow_retries:
             retries += 1
             try:
-                if record is not None:
+                if log_entry is not None:
                     retry = await retry_after_overflow(
-                        services, client_request, model_policy, forwarded, record
+                        services, client_request, model_policy, forwarded, log_entry
                     )
                 else:
                     retry = await _relieved_again(
@@ -226,11 +226,11 @@ async def _forward_with_recovery(
                     )
             except Exception:
                 log.exception("overflow recovery failed: the upstream's error stands")
-        if record is not None:
+        if log_entry is not None:
             retried = retry is not None
-            record.add(overflow_event(now=overflowed_at, limit=verdict.limit, retried=retried))
+            log_entry.add(overflow_event(now=overflowed_at, limit=verdict.limit, retried=retried))
             if retry is not None:
-                record.add_forwarded(retry, client_request.model, route.model, time.time())
+                log_entry.add_forwarded(retry, client_request.model, route.model, time.time())
         if retry is None:
             OVERFLOW_RECOVERIES.labels(result="passed_through").inc()
             break
@@ -278,28 +278,28 @@ def _outcome(reply: Reply[Any] | None, status: RequestStatus) -> str:
     return "bypass" if status is RequestStatus.BYPASS else "ok"
 
 
-async def _record(
-    services: Services, forwarded: Forwarded, record: RequestRecord, reply: Reply[Any] | None
+async def _write_log(
+    services: Services, forwarded: Forwarded, log_entry: RequestLogEntry, reply: Reply[Any] | None
 ) -> None:
     """The request's second round trip: its messages, what was forwarded, the upstream's
-    usage, the anchor (see ``service.record``)."""
+    usage, the anchor (see ``service.request_log``)."""
     anchor = None
     await count_rereads(forwarded)
     usage = await usage_of(reply) if reply is not None else None
     if reply is not None and usage is not None:
-        record.add(usage_event(now=time.time(), usage=usage, status=reply.status))
-        record.set(answer_attributes(forwarded.state, usage))
+        log_entry.add(usage_event(now=time.time(), usage=usage, status=reply.status))
+        log_entry.set(answer_attributes(forwarded.state, usage))
         prompt_tokens = usage.get("prompt_tokens")
         measurement = forwarded.measurement
         if measurement is not None and isinstance(prompt_tokens, int) and prompt_tokens > 0:
             anchor = measurement.anchor_for(prompt_tokens)
             if not measurement.anchored:
                 METER_ERROR.observe((measurement.tokens - prompt_tokens) / prompt_tokens)
-                model = record.log.view.model
+                model = log_entry.log.view.model
                 services.engine.meter.calibrate(model, measurement.estimated, prompt_tokens)
-    # A lost record is counted by the instrumented store; not worth failing a request.
+    # A lost log entry is counted by the instrumented store; not worth failing a request.
     try:
-        await write_record(services.store, services.settings, record, anchor)
+        await write_request_log(services.store, services.settings, log_entry, anchor)
     except StoreUnavailable:
         pass
     except Exception:

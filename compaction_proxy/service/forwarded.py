@@ -2,7 +2,7 @@
 
 A request is forwarded once, and again after an overflow when recovery has the evidence for a
 retry (``service.recover``): each attempt is a new ``Forwarded``. What the request writes to
-its log after its answer accumulates apart, in its ``service.record.RequestRecord``.
+its log after its answer accumulates apart, in its ``service.record.RequestLogEntry``.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ from compaction_proxy.security.credentials import summary_call_headers, summary_
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.security.tenant import api_key_of, tenant_of
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus, status_of
-from compaction_proxy.service.pending_records import shielded
-from compaction_proxy.service.record import RequestRecord
+from compaction_proxy.service.pending_writes import shielded
+from compaction_proxy.service.request_log import RequestLogEntry
 from compaction_proxy.service.services import Services
 from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
 from compaction_proxy.store.base import ConversationState, StoreUnavailable
@@ -288,17 +288,17 @@ async def prepare(
     session_id: str | None,
     client_headers: Mapping[str, str],
     client_query: str,
-) -> tuple[Forwarded, RequestRecord]:
-    """What to forward for ``client_request``, and its record, begun."""
+) -> tuple[Forwarded, RequestLogEntry]:
+    """What to forward for ``client_request``, and its log_entry, begun."""
     settings, engine = services.settings, services.engine
     route = model_policy.route
     tenant = tenant_of(await services.tenant_secret.get(), api_key_of(client_headers))
     view = await view_of(engine.meter, tenant, client_request, session_id)
     # The previous request's writes (its anchor, its miss count, its log) come first.
-    await services.pending_records.settled(view.conversation)
+    await services.pending_log_writes.settled(view.conversation)
     state = await services.store.load(view.conversation, view.chain)
     now = time.time()
-    record = RequestRecord.start(
+    log_entry = RequestLogEntry.start(
         view, state, client_request.model, tenant, session_id, now, client_request.api
     )
     window = services.model_window(
@@ -324,14 +324,14 @@ async def prepare(
         CLIENT_COMPACTIONS.labels(route=route.model).inc()
         # The branch being summarized is about to be replaced: a round for it is wasted.
         services.background.abandon(view.conversation, view.chain)
-        record.set(ConversationAttributes(client_compactions=seen + 1))
+        log_entry.set(ConversationAttributes(client_compactions=seen + 1))
     elif _replaced_history(view, state):
         # The first request of a history the client rebuilt from its own summary (its
         # summarization request, if any, went unrecognized when ``seen`` is 0).
         services.background.abandon(view.conversation, view.chain, replaced=True)
         if not seen:
             CLIENT_COMPACTIONS.labels(route=route.model).inc()
-            record.set(ConversationAttributes(client_compactions=1))
+            log_entry.set(ConversationAttributes(client_compactions=1))
     limits = pressure_limits(model_policy, window, client_request, state, client_compacting)
     relief = await _relieve(engine, job, state, limits, proactive)
     if window is not None and model_policy.policy.rescue_live_turn:
@@ -343,7 +343,7 @@ async def prepare(
         child(PRESSURE, route.model).observe(pressure)
         if limits is not None:
             reason = report_shortfall(view, state, route.model, relief, limits.threshold)
-    record.set(
+    log_entry.set(
         ConversationAttributes(
             checkpoint_misses=misses, last_pressure=pressure, over_threshold=reason
         )
@@ -376,5 +376,5 @@ async def prepare(
         surface=surface,
         precompacting=precompacting,
     )
-    record.add_forwarded(forwarded, client_request.model, route.model, time.time())
-    return forwarded, record
+    log_entry.add_forwarded(forwarded, client_request.model, route.model, time.time())
+    return forwarded, log_entry

@@ -26,8 +26,8 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.metrics import COMPACTION_ERRORS
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
-from compaction_proxy.service.pending_records import shielded
-from compaction_proxy.service.record import RequestRecord
+from compaction_proxy.service.pending_writes import shielded
+from compaction_proxy.service.request_log import RequestLogEntry
 from compaction_proxy.service.services import Services
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import ConversationState, StoreUnavailable
@@ -66,7 +66,7 @@ async def retry_after_overflow(
     client_request: ClientRequest,
     model_policy: ModelPolicy,
     forwarded: Forwarded,
-    record: RequestRecord,
+    log_entry: RequestLogEntry,
 ) -> Forwarded | None:
     """Compact after an overflow; the attempt to retry with, or None to pass the error on.
     The retry's ``request`` event is the caller's to add, after the overflow's."""
@@ -88,14 +88,14 @@ async def retry_after_overflow(
         # The live turn alone (with head and tools) does not fit: compacting the past cannot
         # help, so the upstream's own answer stands.
         return None
-    if proactive_compaction_stopped(record.attributes.misses, settings.checkpoint_miss_limit):
+    if proactive_compaction_stopped(log_entry.attributes.misses, settings.checkpoint_miss_limit):
         now = time.time()
         last = state.attributes.overflow_recovery_at
         cooldown = settings.failure_cooldown_seconds
         if recovery_cooling_down(last, now, cooldown, job.view.conversation):
             return None
         # Written with the request's other attributes, whether this recovery commits or not.
-        record.set(ConversationAttributes(overflow_recovery_at=now))
+        log_entry.set(ConversationAttributes(overflow_recovery_at=now))
     try:
         await _compact(engine, job, state, threshold, window_is_a_guess)
         fresh = await services.store.load(job.view.conversation, job.view.chain)

@@ -25,7 +25,7 @@ from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.client_keys import ClientKeys
 from compaction_proxy.security.tenant import TenantSecret
 from compaction_proxy.security.upload_slots import UploadSlots
-from compaction_proxy.service.pending_records import PendingRecords
+from compaction_proxy.service.pending_writes import PendingLogWrites
 from compaction_proxy.store.base import Store
 from compaction_proxy.upstream_seam import Upstream
 
@@ -50,7 +50,7 @@ class Services:
     background: BackgroundCompactions
     known_messages: KnownMessages
     recent_bodies: RecentBodies
-    pending_records: PendingRecords
+    pending_log_writes: PendingLogWrites
     # Requests being forwarded per conversation on this process (manual compaction waits
     # for 0).
     in_flight: Counter[str] = field(default_factory=Counter)

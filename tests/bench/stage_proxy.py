@@ -33,7 +33,7 @@ from compaction_proxy.ops.cli import main
 from compaction_proxy.service import exchange
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.prepare import prepare
-from compaction_proxy.service.record import RequestRecord
+from compaction_proxy.service.request_log import RequestLogEntry
 
 STAGE_NAMES = ("parse", "prepare", "record")  # in a request's order: a timings line's columns
 STAGES = frozenset(STAGE_NAMES)
@@ -50,7 +50,7 @@ def leave_out(stages: set[str], model: str) -> None:
         async def no_record(*_: object) -> None:
             return None
 
-        exchange._record = no_record  # type: ignore[assignment]
+        exchange._write_log = no_record  # type: ignore[assignment]
     if "prepare" in stages:
 
         async def forwarded_as_sent(
@@ -72,9 +72,9 @@ def leave_out(stages: set[str], model: str) -> None:
 
 def time_stages(out: IO[str]) -> None:
     """Time each request's parse, preparation and record (see the module's docstring)."""
-    parse, record = CHAT.parse, exchange._record
+    parse, record = CHAT.parse, exchange._write_log
     parsed: dict[int, int] = {}  # id(client request) -> its parse's CPU time
-    prepared: dict[int, tuple[int, int]] = {}  # id(RequestRecord) -> parse, prepare
+    prepared: dict[int, tuple[int, int]] = {}  # id(RequestLogEntry) -> parse, prepare
 
     def timed_parse(*args: Any, **kwargs: Any) -> ClientRequest:
         started = time.thread_time_ns()
@@ -84,7 +84,7 @@ def time_stages(out: IO[str]) -> None:
 
     async def timed_prepare(
         services: Any, client_request: ClientRequest, *args: Any, **kwargs: Any
-    ) -> tuple[Forwarded, RequestRecord]:
+    ) -> tuple[Forwarded, RequestLogEntry]:
         parse_ns = parsed.pop(id(client_request), 0)
         started = time.thread_time_ns()
         forwarded, request_record = await prepare(services, client_request, *args, **kwargs)
@@ -92,7 +92,7 @@ def time_stages(out: IO[str]) -> None:
         return forwarded, request_record
 
     async def timed_record(
-        services: Any, forwarded: Forwarded, request_record: RequestRecord, *args: Any
+        services: Any, forwarded: Forwarded, request_record: RequestLogEntry, *args: Any
     ) -> None:
         started = time.thread_time_ns()
         await record(services, forwarded, request_record, *args)
@@ -103,7 +103,7 @@ def time_stages(out: IO[str]) -> None:
 
     CHAT.parse = timed_parse  # type: ignore[method-assign]
     exchange.prepare = timed_prepare  # type: ignore[assignment]
-    exchange._record = timed_record  # type: ignore[assignment]
+    exchange._write_log = timed_record  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ async def test_a_reread_of_a_masked_output_is_counted_and_not_masked_again(
         tool("call_again", file_output("m0x")),
     ]
     await chat(proxy.url, again, MODEL)
-    await proxy.app[SERVICES].pending_records.settled_all()  # counted after the answer
+    await proxy.app[SERVICES].pending_log_writes.settled_all()  # counted after the answer
     assert counter("compaction_proxy_masked_rereads_total", route="mask-*") == before + 1
     # Three more reads age it past the newest three and the retained tail; pressure masks.
     later = list(again)

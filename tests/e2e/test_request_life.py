@@ -135,7 +135,7 @@ async def test_an_overflow_is_compacted_and_retried_with_every_upstream_call_in_
     assert len(calls) >= 3
     assert len(upstream.calls[2].body or b"") < len(raw) / 2
     assert upstream.calls[0].body == raw  # the first attempt went as the client sent it
-    await services.pending_records.settled_all()
+    await services.pending_log_writes.settled_all()
 
 
 async def test_a_request_resolves_its_policy_once(
@@ -160,4 +160,4 @@ async def test_a_request_resolves_its_policy_once(
     status, _ = await serve(services, ScriptedLink(upstream), request, None, 0.0, named)
     assert status == 200
     assert asked == [MODEL]
-    await services.pending_records.settled_all()
+    await services.pending_log_writes.settled_all()

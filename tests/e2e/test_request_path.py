@@ -36,7 +36,7 @@ async def ask(proxy: RunningProxy, session: str, turns: int) -> None:
         await client.chat.completions.create(
             model=MODEL, messages=messages, extra_headers={"X-Session-Id": session}
         )
-    await proxy.app[SERVICES].pending_records.settled_all()
+    await proxy.app[SERVICES].pending_log_writes.settled_all()
 
 
 class Commands:
@@ -148,5 +148,5 @@ async def test_the_answer_does_not_wait_for_the_requests_log_write(
         await asyncio.sleep(0.3)
         written.set()
         await asyncio.wait_for(following, timeout=20)
-    await proxy.app[SERVICES].pending_records.settled_all()
+    await proxy.app[SERVICES].pending_log_writes.settled_all()
     assert order == ["load", "record", "load", "record"]

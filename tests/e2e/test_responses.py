@@ -181,7 +181,7 @@ async def test_a_streamed_response_is_relayed_and_its_usage_anchors_the_meter(
                 usage = event.response.usage
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert text == "Done (1 items read)." and usage is not None
-    await proxy.app[SERVICES].pending_records.settled_all()
+    await proxy.app[SERVICES].pending_log_writes.settled_all()
     state = await proxy.store.load(conversation)
     assert state.anchor is not None and state.anchor.prompt_tokens == usage.input_tokens
 

@@ -218,7 +218,7 @@ async def test_a_huge_first_request_is_logged_whole_in_batches(
     must not hold the server for a whole huge body), and other clients are served between
     them (the in-process store never waits on I/O, so nothing else would let them); it still
     reads back whole and in order, and the next turn logs only what is new."""
-    from compaction_proxy.service.record import LOG_BATCH
+    from compaction_proxy.service.request_log import LOG_BATCH
 
     store_url = private_redis.url if backend == "redis" else "memory://"
     proxy = await make_proxy(store_url=store_url)
@@ -242,7 +242,9 @@ async def test_a_huge_first_request_is_logged_whole_in_batches(
     ticker = asyncio.create_task(another_client())
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
         conversation, _ = await send(client, history)
-        await proxy.app[SERVICES].pending_records.settled_all()  # logged with the request's record
+        await proxy.app[
+            SERVICES
+        ].pending_log_writes.settled_all()  # logged with the request's record
         first_batches = list(ticks_at_batches)
         again, _ = await send(
             client, [*history, {"role": "assistant", "content": "ok"}, user("more")]

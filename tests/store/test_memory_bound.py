@@ -142,7 +142,7 @@ async def test_one_conversation_past_the_bound_is_still_compacted_from_its_reque
             proxy.url, [*history, user("Where are we?")], "small-1", extra_headers=SESSION
         )
         statuses.append(answer.headers["x-compaction-status"])
-        await proxy.app[SERVICES].pending_records.settled_all()
+        await proxy.app[SERVICES].pending_log_writes.settled_all()
         memory = proxy.store.inner  # type: ignore[attr-defined]
         assert isinstance(memory, MemoryStore) and memory.size_bytes <= bound
     assert "bypass" not in statuses

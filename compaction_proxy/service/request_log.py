@@ -2,7 +2,7 @@
 
 Nothing in the log gates forwarding (it is read by operators, never by the request path), so a
 request's one round trip before forwarding only reads the conversation's state, and everything
-it logs goes with its record after the answer, in one round trip: its new messages (and its
+it logs goes with its log entry after the answer, in one round trip: its new messages (and its
 context, when that changed), its ``request`` and ``usage`` events, the meter's anchor, its
 attributes. What is new is known from the state read before forwarding: the store's logged tip
 says which of the body's messages it holds already.
@@ -50,11 +50,11 @@ class PendingLog:
 
 
 @dataclass
-class RequestRecord:
+class RequestLogEntry:
     """What a request writes to its conversation after its answer, gathered while it is
     served: its pending log, its events (``request`` per attempt, ``overflow``, ``usage``) and
     its attributes, and the replacement records its branch reached (kept while requests
-    reach them). Owned by the request; written once, by ``write_record``."""
+    reach them). Owned by the request; written once, by ``write_request_log``."""
 
     log: PendingLog
     attributes: ConversationAttributes
@@ -72,7 +72,7 @@ class RequestRecord:
         session_id: str | None,
         now: float,
         api: str = "chat",
-    ) -> RequestRecord:
+    ) -> RequestLogEntry:
         """What ``view`` has to log, given the conversation's state read before forwarding.
 
         A known conversation whose logged tip is not on this body's chain had an early message
@@ -151,8 +151,8 @@ def _messages(pending: PendingLog, settings: Settings) -> list[MessageEvent]:
     return messages
 
 
-async def write_record(
-    store: Store, settings: Settings, request: RequestRecord, anchor: Anchor | None
+async def write_request_log(
+    store: Store, settings: Settings, request: RequestLogEntry, anchor: Anchor | None
 ) -> None:
     """The request's round trip after its answer: its messages, events, ``anchor`` and
     attributes.
@@ -164,7 +164,7 @@ async def write_record(
     view = pending.view
     messages = await off_loop_if(view.big, lambda: _messages(pending, settings))
     conversation = view.conversation
-    # Where the last batch starts: it goes with the record, the batches before it first.
+    # Where the last batch starts: it goes with the log entry, the batches before it first.
     last = (len(messages) - 1) // LOG_BATCH * LOG_BATCH if messages else 0
     for start_of_batch in range(0, last, LOG_BATCH):
         await store.append(conversation, messages[start_of_batch : start_of_batch + LOG_BATCH])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from compaction_proxy.service.pending_records import PendingRecords
+from compaction_proxy.service.pending_writes import PendingLogWrites
 
 
 async def write(log: list[str], name: str, delay: float, gate: asyncio.Event | None = None) -> None:
@@ -15,7 +15,7 @@ async def write(log: list[str], name: str, delay: float, gate: asyncio.Event | N
 
 
 async def test_one_conversations_writes_run_in_the_order_they_were_spawned() -> None:
-    pending, log = PendingRecords(), []
+    pending, log = PendingLogWrites(), []
     pending.spawn("a", write(log, "a1", 0.05))
     pending.spawn("a", write(log, "a2", 0.0))
     pending.spawn("b", write(log, "b1", 0.0))
@@ -26,7 +26,7 @@ async def test_one_conversations_writes_run_in_the_order_they_were_spawned() -> 
 
 
 async def test_settled_waits_for_every_write_of_the_conversation_so_far() -> None:
-    pending, log, gate = PendingRecords(), [], asyncio.Event()
+    pending, log, gate = PendingLogWrites(), [], asyncio.Event()
     pending.spawn("a", write(log, "a1", 0.0, gate))
     pending.spawn("b", write(log, "b1", 0.0, gate))
     waiting = asyncio.create_task(pending.settled("a"))
@@ -41,7 +41,7 @@ async def test_settled_waits_for_every_write_of_the_conversation_so_far() -> Non
 
 
 async def test_a_failed_write_does_not_block_the_next_one() -> None:
-    pending, log = PendingRecords(), []
+    pending, log = PendingLogWrites(), []
 
     async def failing() -> None:
         raise RuntimeError("store gone")
@@ -54,7 +54,7 @@ async def test_a_failed_write_does_not_block_the_next_one() -> None:
 
 async def test_draining_at_shutdown_gives_up_on_a_write_that_never_ends() -> None:
     """A process told to stop must stop: a stuck write is left after the timeout."""
-    pending, log, never = PendingRecords(), [], asyncio.Event()
+    pending, log, never = PendingLogWrites(), [], asyncio.Event()
     pending.spawn("a", write(log, "quick", 0.0))
     pending.spawn("b", write(log, "stuck", 0.0, never))
     started = asyncio.get_running_loop().time()

@@ -36,7 +36,7 @@ async def _after(previous: asyncio.Task[None], work: Coroutine[Any, Any, None]) 
     await work
 
 
-class PendingRecords:
+class PendingLogWrites:
     """What a request writes after its answer (its log events, usage and anchor), run after
     the client has the answer instead of before.
 
