@@ -39,3 +39,6 @@ class LRU(Generic[K, V]):
         if len(self._data) > self._size:
             with contextlib.suppress(KeyError):  # another thread took the oldest first
                 self._data.popitem(last=False)
+
+    def pop(self, key: K) -> V | None:
+        return self._data.pop(key, None)

@@ -111,6 +111,13 @@ STORE_ERRORS = Counter(
     "Store operations that failed; the request was served without the store (bypass).",
     ["operation"],
 )
+STORE_FALLBACK = Counter(
+    "compaction_proxy_store_fallback_total",
+    "Conversations carried on without the store (store/fallback.py): loads served from this "
+    "process's local copy (served), local work committed to the store once it answered "
+    "(restored), or dropped because the conversation moved on there meanwhile (dropped).",
+    ["event"],
+)
 STORE_CIRCUIT_OPEN = Gauge(
     "compaction_proxy_store_circuit_open",
     "1 while this process serves without its store after an outage (a background ping probes "

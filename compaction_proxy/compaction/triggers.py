@@ -228,9 +228,10 @@ def _bridge_for(job: CompactionJob, state: ConversationState, limits: Budgets) -
 
 
 def _first_contact(state: ConversationState) -> bool:
-    """Whether the store holds nothing of the conversation's compaction: no record, and no
-    commit ever (a conversation it lost counts as new)."""
-    return not state.records and state.generation == 0
+    """Whether the store holds nothing of the conversation's compaction: no record, no commit
+    ever (a conversation it lost counts as new) and no round under way (a request that
+    finds one waits for its checkpoint, as any other does)."""
+    return not state.records and state.generation == 0 and state.lease_owner is None
 
 
 async def rescue(

@@ -285,6 +285,10 @@ class Settings(BaseSettings):
     store_pool_size: PositiveInt = 50
     store_socket_timeout: float = Field(default=2.0, gt=0)
     store_connect_timeout: float = Field(default=1.0, gt=0)
+    # While a shared store is out of reach, go on with this process's own copy of the
+    # conversations it serves, summaries included (store/fallback.py); off: model-free
+    # relief from the request alone.
+    store_fallback: bool = True
     memory_max_conversations: PositiveInt = 10_000
     memory_max_bytes: PositiveInt = 512 * 1024 * 1024
     log_max_events: int = Field(default=10_000, ge=100)

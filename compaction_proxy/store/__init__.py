@@ -12,13 +12,18 @@ from compaction_proxy.store.base import (
     Store,
     StoreUnavailable,
 )
+from compaction_proxy.store.fallback import FallbackStore
 from compaction_proxy.store.instrumented import InstrumentedStore
 from compaction_proxy.store.memory import MemoryStore
 
 
 def open_store(settings: Settings) -> Store:
-    """The store ``store_url`` names (``memory://`` or a Redis URL), instrumented."""
-    return InstrumentedStore(_backend(settings))
+    """The store ``store_url`` names (``memory://`` or a Redis URL), instrumented; a shared
+    one with this process's fallback while it is out of reach (``store/fallback.py``)."""
+    store = InstrumentedStore(_backend(settings))
+    if settings.store_url.startswith("memory://") or not settings.store_fallback:
+        return store
+    return FallbackStore(store)
 
 
 def _backend(settings: Settings) -> Store:

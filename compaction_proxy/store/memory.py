@@ -191,6 +191,24 @@ class MemoryStore:
         evicted = self._conversations.pop(name)
         self._bytes -= evicted.size
 
+    def seed(self, conversation: str, state: ConversationState) -> None:
+        """Start ``conversation`` from ``state`` read from another store (its records, at its
+        generation, its anchor, attributes and logged tip): the local copy a fallback goes on
+        with (``store/fallback.py``). Replaces what was held of it."""
+        if conversation in self._conversations:
+            self._drop(conversation)
+        entry = self._get(conversation, create=True)
+        assert entry is not None
+        entry.generation = state.generation
+        entry.records.add(state.records, state.generation, time.monotonic())
+        entry.anchor, entry.attributes = state.anchor, state.attributes
+        entry.logged_tip, entry.recent_ends = state.logged_tip, state.recent_ends
+        self._grew(conversation, entry, 0)
+
+    def forget(self, conversation: str) -> None:
+        if conversation in self._conversations:
+            self._drop(conversation)
+
     @property
     def size_bytes(self) -> int:
         """About the bytes of logged events held (what ``max_bytes`` bounds)."""

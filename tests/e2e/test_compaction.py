@@ -531,13 +531,15 @@ async def test_with_the_summarizer_down_a_request_over_its_window_goes_cut_to_fi
     assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
 
 
-async def test_with_the_store_down_a_request_over_its_window_goes_cut_to_fit(
+async def test_without_store_or_fallback_a_request_over_its_window_goes_cut_to_fit(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
     """Redis is gone: no checkpoint can be read or made, yet the request carries its whole
     history. Its observations are cut for it alone until it fits; before, it went as sent,
     to the upstream's overflow. A request that fits still goes as it came."""
-    proxy = await make_proxy(routes=routes(upstream_url), store_url=private_redis.url)
+    proxy = await make_proxy(
+        routes=routes(upstream_url), store_url=private_redis.url, store_fallback=False
+    )
     fake.windows[MODEL] = WINDOW
     messages = [
         system(),
@@ -648,12 +650,14 @@ async def test_a_persons_conversation_is_never_trimmed_to_fit(
     assert fake.chat_requests[-1].body == {"model": MODEL, "messages": messages}
 
 
-async def test_with_the_store_down_the_oldest_turns_are_left_out_when_cuts_are_not_enough(
+async def test_without_store_or_fallback_the_oldest_turns_go_when_cuts_are_not_enough(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
     """Redis is gone and the history's outputs are too short for any cut to matter: the
     request is still made to fit, from its own messages, by leaving out its oldest turns."""
-    proxy = await make_proxy(routes=routes(upstream_url), store_url=private_redis.url)
+    proxy = await make_proxy(
+        routes=routes(upstream_url), store_url=private_redis.url, store_fallback=False
+    )
     fake.windows[MODEL] = WINDOW
     messages = short_output_turns(400)
     await private_redis.stop()
@@ -665,14 +669,16 @@ async def test_with_the_store_down_the_oldest_turns_are_left_out_when_cuts_are_n
     assert "earlier turns" in sent["messages"][2]["content"]
 
 
-async def test_with_the_store_down_an_overflow_that_states_the_window_is_recovered(
+async def test_without_store_or_fallback_an_overflow_that_states_the_window_is_recovered(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
     """No window known and no store: the request goes as it came and overflows. The error
     states the window; the request is relieved from its own history under it and retried once,
     since that changed what goes."""
     unknown_window = [route(upstream_url, "small-*", precompact_ratio=0, **MASKING_OFF)]
-    proxy = await make_proxy(routes=unknown_window, store_url=private_redis.url)
+    proxy = await make_proxy(
+        routes=unknown_window, store_url=private_redis.url, store_fallback=False
+    )
     fake.windows[MODEL] = WINDOW
     messages = [
         system(),

@@ -255,11 +255,18 @@ async def test_a_stream_is_relayed_event_by_event_with_its_pings_and_its_error(
         assert "overloaded_error" in str(raised.value)
 
 
+@pytest.mark.parametrize(("fallback", "status"), [(True, "none"), (False, "bypass")])
 async def test_a_store_that_is_down_forwards_a_messages_request_as_sent(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, fallback: bool, status: str
 ) -> None:
+    """Its bytes as they came, whether the process's own copy carries the conversation (the
+    fallback) or the request goes around the store (``bypass``)."""
     nothing_listens = f"redis://127.0.0.1:{free_port()}"
-    proxy = await make_proxy(routes=[route(upstream_url, "claude-*")], store_url=nothing_listens)
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*")],
+        store_url=nothing_listens,
+        store_fallback=fallback,
+    )
     raw = (  # its odd spacing goes as it came
         b'{"model": "claude-sonnet-4-5",  "max_tokens": 8,'
         b' "messages": [{"role": "user", "content": "hi"}]}'
@@ -268,6 +275,6 @@ async def test_a_store_that_is_down_forwards_a_messages_request_as_sent(
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{proxy.url}/messages", data=raw, headers=headers) as reply:
             assert reply.status == 200
-            assert reply.headers["X-Compaction-Status"] == "bypass"
+            assert reply.headers["X-Compaction-Status"] == status
             assert (await reply.json())["content"][0]["text"] == "Done."
     assert fake.messages.received[-1].body == orjson.loads(raw)

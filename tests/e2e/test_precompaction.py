@@ -339,16 +339,22 @@ async def test_on_first_contact_a_history_past_must_compact_goes_at_once_and_is_
 
 
 @pytest.mark.slow  # seconds of examples or waits: the full run has it
-async def test_on_first_contact_a_history_the_cuts_cannot_fit_waits_for_its_summary(
+async def test_on_first_contact_a_history_the_cuts_cannot_fit_goes_at_once_trimmed(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    """Observations cut to their head and tail are still too many for the window: the
-    request waits for its summary, as before (the bridge never sends a certain overflow)."""
+    """Observations cut to their head and tail are still too many for the window, and the
+    store holds nothing of the conversation (new, or lost): the oldest turns are left out for
+    this request, which goes at once within its window, and its checkpoint is prepared behind
+    it (it waited on rounds of summaries before: seconds, 14 to 28 after a store wipe)."""
     fake.summary_delay = 1.0
     proxy = await make_proxy(routes=routes(upstream_url))
     status, latency = await send(proxy, tool_rounds(120))
-    assert status == "compacted" and latency >= 1.0
-    assert carries_a_checkpoint(fake)
+    assert status == "trimmed" and latency < 1.0
+    assert fake.chat_requests[-1].prompt_tokens < WINDOW and not carries_a_checkpoint(fake)
+    await proxy.app[SERVICES].background.idle()
+    assert len(fake.summary_requests) >= 1  # the checkpoint, prepared behind it
+    status, _ = await send(proxy, tool_rounds(121))
+    assert status == "compacted" and carries_a_checkpoint(fake)
 
 
 @pytest.mark.slow  # seconds of examples or waits: the full run has it

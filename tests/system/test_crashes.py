@@ -4,6 +4,7 @@ middle of a summary, and a summarizer that stopped answering."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from typing import Any
@@ -74,7 +75,9 @@ async def test_a_proxy_killed_mid_summary_blocks_the_next_request_only_briefly(
             await asyncio.sleep(0.05)
         first.send_signal(signal.SIGKILL)
         await first.wait()
-        with pytest.raises(openai.APIConnectionError):
+        # It went at once (first contact: model-free relief) or died with its proxy; either
+        # way the dead proxy's background round left its lease behind.
+        with contextlib.suppress(openai.APIConnectionError):
             await doomed
 
     fake.summary_delay = 0.0
@@ -109,9 +112,10 @@ async def test_a_dead_summarizer_costs_one_wait_per_cooldown(
         reply = await ask(proxy.url, [*heavy(), user(f"conversation {run}")])
         waits.append(time.monotonic() - started)
         assert reply.parse().choices[0].message.content == "ok"
-    assert len(fake.summary_requests) == 1  # only the first waited for the summarizer
-    assert waits[0] >= 1.0
-    assert max(waits[1:]) < 1.0, waits
+    # Only the first conversation's round called the summarizer, in the background: no
+    # request waited for it (each went at once with model-free relief).
+    assert len(fake.summary_requests) == 1
+    assert max(waits) < 1.0, waits
 
     # The overflow path respects the breaker too: the upstream's error, and no wait.
     fake.windows[MODEL] = 8_000

@@ -138,7 +138,8 @@ async def test_redis_killed_under_load_costs_no_request(
     reported("Redis killed", outcomes)
     assert outcomes.failures == []
     assert not fake.overflows and not over_window(fake)
-    assert {"pruned", "trimmed"} & set(outcomes.statuses[1])  # relieved without the store
+    # Summaries went on in each replica's own copy of its conversations meanwhile.
+    assert "compacted" in outcomes.statuses[1]
 
 
 async def test_redis_paused_costs_no_request_and_its_timeout_once(

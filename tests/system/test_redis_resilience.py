@@ -63,10 +63,13 @@ async def back(proxy: RunningProxy) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_stopped_redis_bypasses_then_recovers_without_restart(
-    make_proxy: ProxyFactory, private_redis: RedisServer, fake: FakeUpstream
+@pytest.mark.parametrize("fallback", [False, True])
+async def test_stopped_redis_is_served_around_then_used_again_without_restart(
+    make_proxy: ProxyFactory, private_redis: RedisServer, fake: FakeUpstream, fallback: bool
 ) -> None:
-    proxy = await make_proxy(store_url=private_redis.url)
+    """With the fallback off, a request that fits goes as it came (``bypass``); with it on
+    (the default), the conversation goes on in the process's own copy (``none`` here)."""
+    proxy = await make_proxy(store_url=private_redis.url, store_fallback=fallback)
     history = [system(), user("keep going"), *agent_turns(2)]
     assert (await ask(proxy, history))[0] == "none"
     assert await ready(proxy) == 200
@@ -74,8 +77,7 @@ async def test_stopped_redis_bypasses_then_recovers_without_restart(
     await private_redis.stop()
     errors_before = store_errors()
     status, conversation = await ask(proxy, [*history, user("while redis is down")])
-    assert status == "bypass"
-    assert conversation is None
+    assert (status, conversation is None) == (("none", False) if fallback else ("bypass", True))
     assert fake.chat_requests[-1].body["messages"] == [*history, user("while redis is down")]
     assert await ready(proxy) == 503
     assert store_errors() > errors_before
@@ -91,8 +93,10 @@ async def test_wrong_store_url_still_answers_every_request(make_proxy: ProxyFact
     from tests.processes import free_port
 
     proxy = await make_proxy(store_url=f"redis://127.0.0.1:{free_port()}/0")
-    assert (await ask(proxy, [user("hello")]))[0] == "bypass"
+    assert (await ask(proxy, [user("hello")]))[0] == "none"  # the process's own copy
     assert await ready(proxy) == 503
+    alone = await make_proxy(store_url=f"redis://127.0.0.1:{free_port()}/0", store_fallback=False)
+    assert (await ask(alone, [user("hello")]))[0] == "bypass"
 
 
 async def test_generated_tenant_secret_waits_for_the_store(
@@ -164,7 +168,8 @@ async def test_redis_lost_mid_replay_then_compaction_resumes(
             assert raw.parse().choices[0].message.content == "ok"
             statuses.append(raw.headers["x-compaction-status"])
     assert set(statuses[:5]) == {"none"}
-    assert set(statuses[5:15]) == {"bypass"}
+    # The process's own copy carried the conversation while Redis was away.
+    assert "bypass" not in statuses[5:15]
     assert "bypass" not in statuses[15:]
     # Compaction resumed on the restarted Redis: masks, or a summary (in the background or on
     # the request), whichever relieved the conversation.
