@@ -64,7 +64,10 @@ def parse_responses_body(
 def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:
     """The messages of the remembered body's translation this body's begins with: under the
     same instructions, those made of shared items only, less the last of them (the items
-    after it may continue its turn, or it holds reasoning waiting for them)."""
+    after it may continue its turn, or it holds reasoning waiting for them), and less the
+    assistant messages before it that it followed in the same turn: reasoning kept apart from
+    an answer merges with it once a call follows (one assistant message), so that whole turn
+    is translated again."""
     base = extension.base.translation
     if not isinstance(base, Translated):
         return None
@@ -76,6 +79,13 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:
     while count < len(base.groups) and base.groups[count][-1] < extension.known:
         count += 1
     count = max(head, count - 1)
+    messages = base.messages
+    while (
+        head < count < len(messages)
+        and messages[count - 1].get("role") == "assistant"
+        and messages[count].get("role") == "assistant"
+    ):
+        count -= 1
     return Translated(base.messages[:count], base.groups[:count])
 
 

@@ -36,12 +36,15 @@ def routes(upstream_url: str, **policy: Any) -> list[dict[str, Any]]:
     ]
 
 
-def history(tool_rounds: int = 30) -> list[dict[str, Any]]:
-    """About 14k tokens: above the 12.8k threshold, inside the 16k window."""
+def history(
+    tool_rounds: int = 30, output: str = "importer log line " * 150
+) -> list[dict[str, Any]]:
+    """About 14k tokens (with the default output): above the 12.8k threshold, inside the 16k
+    window."""
     return [
         system(),
         user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
-        *agent_turns(tool_rounds, output="importer log line " * 150),
+        *agent_turns(tool_rounds, output=output),
         user("Where are we?"),
     ]
 
@@ -506,12 +509,7 @@ async def test_with_the_summarizer_down_a_request_over_its_window_goes_cut_to_fi
     proxy = await make_proxy(routes=routes(upstream_url))
     fake.windows[MODEL] = WINDOW
     fake.summary_failures = 1_000
-    messages = [
-        system(),
-        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
-        *agent_turns(30, output="importer log line " * 300),  # about 27k tokens
-        user("Where are we?"),
-    ]
+    messages = history(output="importer log line " * 300)  # about 27k tokens
     reply = await ask(proxy.url, messages)
     assert reply.status_code == 200
     assert reply.headers["x-compaction-status"] == "pruned"
@@ -541,12 +539,7 @@ async def test_without_store_or_fallback_a_request_over_its_window_goes_cut_to_f
         routes=routes(upstream_url), store_url=private_redis.url, store_fallback=False
     )
     fake.windows[MODEL] = WINDOW
-    messages = [
-        system(),
-        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
-        *agent_turns(30, output="importer log line " * 300),  # about 27k tokens
-        user("Where are we?"),
-    ]
+    messages = history(output="importer log line " * 300)  # about 27k tokens
     await private_redis.stop()
     reply = await ask(proxy.url, messages)
     assert reply.status_code == 200
@@ -680,12 +673,7 @@ async def test_without_store_or_fallback_an_overflow_that_states_the_window_is_r
         routes=unknown_window, store_url=private_redis.url, store_fallback=False
     )
     fake.windows[MODEL] = WINDOW
-    messages = [
-        system(),
-        user(f"FACT-5: ticket {uuid.uuid4().hex[:6]}. Make the importer idempotent."),
-        *agent_turns(30, output="importer log line " * 300),  # about 27k tokens
-        user("Where are we?"),
-    ]
+    messages = history(output="importer log line " * 300)  # about 27k tokens
     await private_redis.stop()
     reply = await ask(proxy.url, messages)
     assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "recovered"

@@ -46,6 +46,19 @@ async def commit(store: Store, conversation: str, *records: Checkpoint) -> int:
     return generation
 
 
+async def summarized_during_an_outage(
+    shared: Switchable, fallback: FallbackStore, text: str
+) -> int:
+    """A checkpoint read from the store, the store gone, a later one made locally; the
+    generation of the first."""
+    before = await commit(fallback, "c", checkpoint(3))
+    await fallback.load("c")
+    shared.down = True
+    await fallback.load("c")
+    await commit(fallback, "c", checkpoint(6, text))
+    return before
+
+
 @pytest.fixture
 def shared() -> Switchable:
     return Switchable(MemoryStore())
@@ -72,11 +85,7 @@ async def test_while_the_store_is_away_a_conversation_goes_on_from_what_was_last
 async def test_once_the_store_answers_the_local_work_is_committed_to_it(
     shared: Switchable, fallback: FallbackStore
 ) -> None:
-    before = await commit(fallback, "c", checkpoint(3))
-    await fallback.load("c")
-    shared.down = True
-    await fallback.load("c")
-    await commit(fallback, "c", checkpoint(6, "later"))
+    before = await summarized_during_an_outage(shared, fallback, "later")
     shared.down = False
     state = await fallback.load("c")
     assert checkpoint(6, "later") in state.records and state.generation > before
@@ -88,11 +97,7 @@ async def test_once_the_store_answers_the_local_work_is_committed_to_it(
 async def test_local_work_is_dropped_when_the_conversation_moved_on_in_the_store(
     shared: Switchable, fallback: FallbackStore
 ) -> None:
-    await commit(fallback, "c", checkpoint(3))
-    await fallback.load("c")
-    shared.down = True
-    await fallback.load("c")
-    await commit(fallback, "c", checkpoint(6, "ours"))
+    await summarized_during_an_outage(shared, fallback, "ours")
     await commit(shared.inner, "c", checkpoint(5, "another replica's"))  # it reached the store
     shared.down = False
     records = (await fallback.load("c")).records
@@ -136,11 +141,7 @@ async def test_ownership_secrets_quotas_logs_and_readiness_never_fall_back(
 async def test_a_store_back_empty_gets_the_local_copy_whole(
     shared: Switchable, fallback: FallbackStore
 ) -> None:
-    await commit(fallback, "c", checkpoint(3))
-    await fallback.load("c")
-    shared.down = True
-    await fallback.load("c")
-    await commit(fallback, "c", checkpoint(6, "later"))
+    await summarized_during_an_outage(shared, fallback, "later")
     shared.inner.forget("c")  # restarted without its data
     shared.down = False
     assert (await fallback.load("c")).records == (checkpoint(3), checkpoint(6, "later"))

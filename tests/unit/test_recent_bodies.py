@@ -610,3 +610,27 @@ def test_an_appended_messages_body_is_translated_from_the_recent_one() -> None:
     assert second.lineage is not None and len(second.messages) == 5
     assert all(a is b for a, b in zip(second.messages[:4], first.messages[:4], strict=True))
     assert second.digests is not None and second.digests[:4] == first.digests
+
+
+def test_a_function_call_after_an_answer_and_its_reasoning_parses_as_the_whole_body() -> None:
+    """Found by the property above: the answer, then reasoning, then (in the next body) the
+    call the reasoning led to. The call joins the assistant's turn, so no message of that turn
+    may be reused from the body before."""
+    items = [
+        {"role": "user", "content": "Fix it."},
+        {"role": "user", "content": "Fix it."},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "ok"}],
+        },
+        {"type": "reasoning", "id": "r1", "encrypted_content": "x"},
+        {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+    ]
+    known, recent = KnownMessages(), RecentBodies()
+    for cut in (4, 5):
+        value = {"model": "m", "input": items[:cut], "instructions": "Be brief."}
+        raw = STYLES["spaced"](value)
+        assert responses_outcome(raw, known, recent) == responses_outcome(
+            raw, KnownMessages(), None
+        )
