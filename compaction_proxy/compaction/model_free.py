@@ -66,8 +66,7 @@ async def bridge_relief(
 ) -> Relief | None:
     """This request under ``must_compact`` at once, with the bridge's cuts of observations
     before ``before`` (not committed: ``compaction/bridge.py``); None when they cannot get it
-    there. Also the relief of a request served without the store (``service.without_store``,
-    with an empty ``state``)."""
+    there."""
     view, meter = job.view, engine.meter
     count = counter_for(view.model)
     limit = min(before, view.live_start)

@@ -119,7 +119,8 @@ async def serve(
     named: Sequence[NamedObject] = (),
 ) -> Response:
     """Bind to the account what names its objects; prepare (compact if need be), forward,
-    recover from an overflow, log. ``started``: when the edge began reading the request."""
+    recover from an overflow, write its log entry. ``started``: when the edge began reading
+    the request."""
     model_policy = services.policies.for_model(client_request.model, client_request.wire.family)
     route = model_policy.route
     refused = await link.refusal(route, named)

@@ -289,7 +289,7 @@ async def prepare(
     client_headers: Mapping[str, str],
     client_query: str,
 ) -> tuple[Forwarded, RequestLogEntry]:
-    """What to forward for ``client_request``, and its log_entry, begun."""
+    """What to forward for ``client_request``, and its log entry, begun."""
     settings, engine = services.settings, services.engine
     route = model_policy.route
     tenant = tenant_of(await services.tenant_secret.get(), api_key_of(client_headers))
