@@ -289,6 +289,10 @@ class Settings(BaseSettings):
     # conversations it serves, summaries included (store/fallback.py); off: model-free
     # relief from the request alone.
     store_fallback: bool = True
+    # Set where several replicas share this configuration (the Helm chart sets it with more
+    # than one replica or autoscaling): the in-process store is refused, since each replica
+    # would hold its own part of every conversation.
+    require_shared_store: bool = False
     memory_max_conversations: PositiveInt = 10_000
     memory_max_bytes: PositiveInt = 512 * 1024 * 1024
     log_max_events: int = Field(default=10_000, ge=100)
@@ -368,6 +372,12 @@ class Settings(BaseSettings):
                 f"workers {self.workers} needs a store the workers share: set store_url (or "
                 "REDIS_URL) to a Redis URL; with the in-process store each worker would see "
                 "a different part of every conversation"
+            )
+        if self.require_shared_store and self.store_url.startswith("memory://"):
+            raise ValueError(
+                "require_shared_store: several replicas share this configuration, and the "
+                "in-process store would give each its own part of every conversation: set "
+                "store_url (or REDIS_URL) to a Redis URL"
             )
         return self
 

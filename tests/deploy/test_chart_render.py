@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
-from compaction_proxy.config.settings import Policy, PrunerPolicy
+from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
 
 pytest.importorskip("helm_python")
 pytest.importorskip("kubernetes_validate")
@@ -153,3 +154,47 @@ def test_every_policy_key_the_proxy_takes_passes_the_charts_schema() -> None:
     assert set(policy["pruner"]) == set(PrunerPolicy.model_fields)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize(
+    "several", [{"replicaCount": 2}, {"autoscaling": {"enabled": True}}], ids=["replicas", "hpa"]
+)
+def test_several_pods_without_a_shared_store_are_refused_at_render(
+    chart: Chart, several: dict[str, Any]
+) -> None:
+    with pytest.raises(Exception, match="need a store they share"):
+        render(chart, several)
+
+
+def test_several_pods_with_a_shared_store_each_refuse_the_in_process_store(chart: Chart) -> None:
+    """Whether the operator's secret holds a Redis URL is unknown at render: the pods are told
+    to refuse the in-process store, so a missing one stops them with a message instead of
+    splitting every conversation between them."""
+    several = render(chart, {"replicaCount": 2, "secrets": {"existingSecret": "operator"}})
+    assert env_of(several)["COMPACTION_PROXY_REQUIRE_SHARED_STORE"]["value"] == "true"
+    assert "COMPACTION_PROXY_REQUIRE_SHARED_STORE" not in env_of(render(chart))
+
+
+def test_the_grace_period_outlasts_a_drain_and_the_last_log_writes(chart: Chart) -> None:
+    shutdown_timeout = Settings().shutdown_timeout
+    spec = render(chart)["deployment.yaml"]["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] > 2 * shutdown_timeout
+
+
+def test_every_route_key_the_proxy_takes_passes_the_charts_schema() -> None:
+    schema = orjson.loads((Path(CHART) / "values.schema.json").read_bytes())
+    route = schema["properties"]["config"]["properties"]["routes"]["items"]["properties"]
+    assert set(route) == set(Route.model_fields)
+    config = {
+        "routes": [
+            {
+                "model": "gpt-*",
+                "base_url": "https://api.openai.com/v1",
+                "account_endpoints": "owned",
+            }
+        ]
+    }
+    report = helm_python.lint(
+        CHART, {"config": config}, strict=True, kube_version=f"v{KUBE_VERSION}"
+    )
+    assert report["errors"] == []

@@ -291,3 +291,16 @@ def test_a_malformed_redis_url_is_refused_at_start(tmp_path: Path, url: str, pro
 def test_a_password_never_reaches_a_report() -> None:
     assert redacted_url("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
     assert redacted_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_a_configuration_several_replicas_share_refuses_the_in_process_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set by the Helm chart with several pods: each would otherwise hold its own part of every
+    conversation, silently."""
+    monkeypatch.setenv("COMPACTION_PROXY_REQUIRE_SHARED_STORE", "true")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(ConfigError, match="require_shared_store"):
+        load_settings(None)
+    monkeypatch.setenv("REDIS_URL", "redis://cache:6379/0")
+    assert load_settings(None).store_url == "redis://cache:6379/0"

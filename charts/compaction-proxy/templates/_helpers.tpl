@@ -39,3 +39,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/name: {{ include "compaction-proxy.name" . }}-redis
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{/* More than one pod may serve: several replicas, or autoscaling. */}}
+{{- define "compaction-proxy.severalPods" -}}
+{{- if or (gt (int .Values.replicaCount) 1) .Values.autoscaling.enabled -}}true{{- end -}}
+{{- end -}}
