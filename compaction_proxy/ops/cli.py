@@ -170,6 +170,7 @@ def start_up_line(settings: Settings, path: Path | str | None) -> str:
     return (
         f"compaction-proxy {__version__} on http://{settings.host}:{settings.port}: "
         f"config {path or 'defaults and environment'}; upstream {settings.upstream_base_url}; "
+        f"Anthropic upstream {settings.anthropic_base_url}; "
         f"routes {routes or 'none'}; store {redacted_url(settings.store_url)}; "
         f"workers {settings.workers}; "
         f"admin API {'on' if settings.admin_token is not None else 'off'}"
@@ -203,6 +204,8 @@ def _check_config(args: argparse.Namespace) -> int:
         "config_file": str(path) if path else "(none: defaults and environment)",
         "store_url": redacted_url(settings.store_url),
         "listen": f"{settings.host}:{settings.port}",
+        "upstream_base_url": str(settings.upstream_base_url),
+        "anthropic_base_url": str(settings.anthropic_base_url),
         "admin_api": "on" if settings.admin_token is not None else "off",
         "routes": resolved_routes(settings),
     }

@@ -11,7 +11,7 @@ from compaction_proxy.compaction.model_policy import budgets
 from compaction_proxy.config.policy import configured_window, resolve_policy, route_for
 from compaction_proxy.config.settings import ConfigError, load_settings, redacted_url
 from compaction_proxy.ops.app import create_app
-from compaction_proxy.ops.cli import main, resolved_routes
+from compaction_proxy.ops.cli import main, resolved_routes, start_up_line
 
 REPO_CONFIG = Path(__file__).parents[2] / "config" / "proxy.yaml"
 
@@ -304,3 +304,14 @@ def test_a_configuration_several_replicas_share_refuses_the_in_process_store(
         load_settings(None)
     monkeypatch.setenv("REDIS_URL", "redis://cache:6379/0")
     assert load_settings(None).store_url == "redis://cache:6379/0"
+
+
+def test_the_start_up_line_and_check_config_say_where_anthropic_traffic_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_ANTHROPIC_BASE_URL", "https://claude.internal/v1")
+    assert "Anthropic upstream https://claude.internal/v1" in start_up_line(
+        load_settings(None), None
+    )
+    assert main(["check-config", str(write(tmp_path, "port: 8081\n"))]) == 0
+    assert "anthropic_base_url: https://claude.internal/v1" in capsys.readouterr().out
