@@ -193,9 +193,22 @@ class Policy(_Strict):
 
 
 class ModelOverride(PolicyOverrides):
-    """Overrides for one exact model name within a route."""
+    """Overrides for one exact model name within a route: policy keys directly under the
+    model, or under ``policy:`` as a route writes them (both shapes read alike)."""
 
     context_window: PositiveInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_as_a_route_writes_it(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
+            return data
+        nested = data["policy"]
+        flat = {key: value for key, value in data.items() if key != "policy"}
+        both = sorted(set(flat) & set(nested))
+        if both:
+            raise ValueError(f"{', '.join(both)} given both under policy: and beside it")
+        return {**flat, **nested}
 
 
 class Route(_Strict):

@@ -315,3 +315,22 @@ def test_the_start_up_line_and_check_config_say_where_anthropic_traffic_goes(
     )
     assert main(["check-config", str(write(tmp_path, "port: 8081\n"))]) == 0
     assert "anthropic_base_url: https://claude.internal/v1" in capsys.readouterr().out
+
+
+def test_a_models_overrides_read_alike_flat_or_under_policy(tmp_path: Path) -> None:
+    """A model override written the way a route's is (under ``policy:``) was refused with
+    no hint; both shapes now mean the same."""
+    route = "routes:\n  - model: gpt-*\n    base_url: https://x.example/v1\n    models:\n"
+    flat = load_settings(write(tmp_path, route + "      gpt-4o: {threshold_ratio: 0.7}\n"))
+    nested = load_settings(
+        write(tmp_path, route + "      gpt-4o: {policy: {threshold_ratio: 0.7}}\n")
+    )
+    assert flat.routes[0].models == nested.routes[0].models
+    assert nested.routes[0].models["gpt-4o"].threshold_ratio == 0.7
+    with pytest.raises(ConfigError, match="threshold_ratio given both"):
+        load_settings(
+            write(
+                tmp_path,
+                route + "      gpt-4o: {threshold_ratio: 0.6, policy: {threshold_ratio: 0.7}}\n",
+            )
+        )
