@@ -424,6 +424,11 @@ def main(argv: list[str] | None = None) -> None:
     fake = FakeUpstream(
         default_window=args.window, count_tokens=not args.instant, keep_requests=not args.instant
     )
+    print(
+        f"fake upstream on http://{args.host}:{args.port}/v1: every model has a "
+        f"{args.window}-token window; any API key is accepted",
+        flush=True,
+    )
     web.run_app(fake.app(), host=args.host, port=args.port, print=None, access_log=None)
 
 
