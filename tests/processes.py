@@ -8,6 +8,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 
@@ -84,3 +85,31 @@ async def stop(process: asyncio.subprocess.Process) -> None:
         raise AssertionError(
             f"the proxy did not stop within {STOP_SECONDS:.0f} s of SIGTERM"
         ) from None
+
+
+def children_of(pid: int) -> set[int]:
+    """Live child processes of ``pid`` (from /proc)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[1].split()  # after "(command name)": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.add(int(entry))
+    return children
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

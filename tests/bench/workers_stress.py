@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.processes import free_port
+from tests.processes import alive, children_of, free_port
 from tests.redis_server import RedisServer
 
 KINDS = ("sigterm", "sigint", "kill-worker")
@@ -43,21 +43,6 @@ class Cycle:
     answered: bool = False  # the request in flight at the signal was answered
     problems: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
-
-
-def children_of(pid: int) -> set[int]:
-    children = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            children.add(int(entry))
-    return children
 
 
 async def _log_until(cycle: Cycle, needle: str, seconds: float) -> bool:
@@ -132,7 +117,7 @@ async def one_cycle(kind: str, upstream_url: str, redis_url: str, cwd: str | Non
             except TimeoutError:
                 cycle.problems.append(f"hang: not exited {EXIT_SECONDS:.0f} s after {sent.name}")
                 await _stacks_then_kill(supervisor.pid, workers)
-            left = [pid for pid in workers if _alive(pid)]
+            left = [pid for pid in workers if alive(pid)]
             if left:
                 cycle.problems.append(f"workers outlived their supervisor: {left}")
                 for pid in left:
@@ -152,16 +137,6 @@ async def _ask(http: aiohttp.ClientSession, base: str) -> bool:
     headers = {"Authorization": "Bearer k"}
     async with http.post(f"{base}/v1/chat/completions", json=body, headers=headers) as reply:
         return reply.status == 200
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    return False
 
 
 async def _stacks_then_kill(supervisor: int, workers: set[int]) -> None:

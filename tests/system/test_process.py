@@ -19,7 +19,7 @@ import pytest
 from compaction_proxy import __version__
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import user
-from tests.processes import free_port, proxy_process
+from tests.processes import alive, children_of, free_port, proxy_process
 from tests.redis_server import RedisServer
 
 pytest.importorskip("openai")
@@ -150,30 +150,6 @@ async def test_start_up_logs_one_line_naming_what_it_serves(
     shown = private_redis.url.replace("redis://", "redis://default:***@", 1)
     assert "admin API off" in line and f"store {shown}" in line and "hunter2" not in logged
     assert "COMPACTION_PROXY_COLOUR names no setting" in logged
-
-
-def children_of(pid: int) -> set[int]:
-    """Live child processes of ``pid`` (from /proc)."""
-    children = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        fields = stat.rsplit(")", 1)[1].split()  # after "(command name)": state, ppid, ...
-        if int(fields[1]) == pid and fields[0] != "Z":
-            children.add(int(entry))
-    return children
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @asynccontextmanager
