@@ -11,18 +11,21 @@ summarizer was away: every request of the fault's phase failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import route
+from tests.processes import proxy_process
 from tests.redis_server import RedisServer
 from tests.reports import report
 from tests.synthetic import agent_conversation
@@ -80,17 +83,23 @@ async def run_with_fault(
     redis_server: RedisServer,
     start_fault: Callable[[], Awaitable[None]],
     end_fault: Callable[[], Awaitable[None]],
+    bases: list[str] | None = None,
     **settings: Any,
 ) -> Outcomes:
+    """The scenario against two replicas: in this process (``make_proxy``), or the
+    processes listening at ``bases``."""
     fake.windows[MODEL] = WINDOW
     fake.summary_delay = 1.0
-    routes = [route(upstream_url, MODEL, WINDOW)]
-    replicas: list[RunningProxy] = [
-        await make_proxy(store_url=redis_server.url, routes=routes, **settings) for _ in range(2)
-    ]
+    if bases is None:
+        routes = [route(upstream_url, MODEL, WINDOW)]
+        replicas: list[RunningProxy] = [
+            await make_proxy(store_url=redis_server.url, routes=routes, **settings)
+            for _ in range(2)
+        ]
+        bases = [replica.url for replica in replicas]
     clients = [
-        openai.AsyncOpenAI(base_url=r.url, api_key="sk-agent", max_retries=0, timeout=60)
-        for r in replicas
+        openai.AsyncOpenAI(base_url=base, api_key="sk-agent", max_retries=0, timeout=60)
+        for base in bases
     ]
     run = uuid.uuid4().hex
     conversations = []
@@ -210,3 +219,32 @@ async def test_summaries_failing_for_a_while_cost_no_request(
     assert outcomes.failures == []
     assert not fake.overflows and not over_window(fake)
     assert "compacted" in outcomes.statuses[2]  # checkpoints again once summaries work
+
+
+async def test_redis_killed_under_two_replica_processes_costs_no_request(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+) -> None:
+    """The same outage against two proxy processes, as they run in production: each carries
+    the conversations it serves on in its own copy, summaries included."""
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "fault-secret",
+        "COMPACTION_PROXY_ROUTES": orjson.dumps([route(upstream_url, MODEL, WINDOW)]).decode(),
+        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+        "REDIS_URL": private_redis.url,
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        bases = [(await stack.enter_async_context(proxy_process(env)))[1] for _ in range(2)]
+        outcomes = await run_with_fault(
+            make_proxy,
+            upstream_url,
+            fake,
+            private_redis,
+            private_redis.stop,
+            private_redis.start,
+            bases=[f"{base}/v1" for base in bases],
+        )
+    reported("Redis killed, two processes", outcomes)
+    assert outcomes.failures == []
+    assert not fake.overflows and not over_window(fake)
+    assert "compacted" in outcomes.statuses[1]
