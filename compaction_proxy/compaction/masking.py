@@ -270,3 +270,27 @@ def mask_candidates(
             continue
         candidates.append(MaskCandidate(position, line, observation.tool, len(text)))
     return candidates
+
+
+class MaskCuts(NamedTuple):
+    candidates: list[MaskCandidate]
+    saved: int  # tokens, as the caller priced each placeholder against what it replaces
+
+
+def oldest_masks(
+    candidates: Sequence[MaskCandidate], saving: Callable[[MaskCandidate], int], need: int
+) -> MaskCuts:
+    """The fewest of ``candidates`` (oldest first, as ``mask_candidates`` gives them) that save
+    ``need`` tokens, each worth ``saving(candidate)``; all of them when together they save
+    less. Consecutive requests clear the same oldest observations first, so a provider's
+    prefix cache holds between them."""
+    chosen: list[MaskCandidate] = []
+    saved = 0
+    for candidate in candidates:
+        if saved >= need:
+            break
+        worth = saving(candidate)
+        if worth > 0:
+            chosen.append(candidate)
+            saved += worth
+    return MaskCuts(chosen, saved)

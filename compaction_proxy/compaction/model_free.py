@@ -1,12 +1,17 @@
 """Model-free relief: a request brought under its window without a summary call.
 
-Two steps, both for the request at hand alone and never committed (docs/design.md §6):
+Three steps, each taken only when the one before cannot make the request fit, all for the
+request at hand alone and never committed (docs/design.md §6):
 
 * **the bridge** (``compaction/bridge.py``): observations cut to head and tail, oldest first,
   as few as it takes;
-* **dropped turns** (``compaction/drop_turns.py``): when cutting every observation cannot make
-  it fit and no summary can be made, the oldest agent turns after the task left out whole,
-  with a marker in their place.
+* **masks** (``compaction/masking.py``): observations before the live turn cleared to their
+  one-line placeholder, oldest first, as few as it takes, the newest few kept. The agent's
+  calls and reasoning stay, and it can run a tool again; this holds even where the route
+  turned masking off, since the only step left would leave out whole turns;
+* **dropped turns** (``compaction/drop_turns.py``): when even every mask leaves it over,
+  the fewest oldest agent turns after the task left out whole, with a marker in their place
+  (the turns kept keep their masks).
 
 They serve the pressure trigger (a request that goes before its checkpoint is ready, or whose
 summaries failed) and a request served while the store is out of reach
@@ -19,9 +24,16 @@ import dataclasses
 from collections.abc import Sequence
 
 from compaction_proxy.compaction.bridge import bridge_cuts
-from compaction_proxy.compaction.cut_records import prune_records
+from compaction_proxy.compaction.cut_records import mask_records, prune_records
 from compaction_proxy.compaction.drop_turns import DroppedTurns, drop_marker, turns_to_drop
 from compaction_proxy.compaction.engine import Engine
+from compaction_proxy.compaction.masking import (
+    MaskCandidate,
+    MaskCuts,
+    Masker,
+    mask_candidates,
+    oldest_masks,
+)
 from compaction_proxy.compaction.model_policy import Budgets
 from compaction_proxy.compaction.outcomes import Relief
 from compaction_proxy.compaction.planning import CompactionJob
@@ -46,12 +58,75 @@ async def model_free_relief(
     measurement: Measurement,
     limits: Budgets,
 ) -> Relief | None:
-    """The bridge's cuts before body position ``before``; failing that, the oldest turns
-    dropped; None when neither brings the request under ``must_compact``."""
+    """The bridge's cuts before body position ``before``; failing that, masks; failing
+    those, the oldest turns dropped besides; None when nothing brings the request under
+    ``must_compact``."""
     bridged = await bridge_relief(engine, job, pruner, state, surface, before, measurement, limits)
     if bridged is not None:
         return bridged
-    return await drop_relief(engine, job, pruner, state, surface, measurement, limits)
+    need = measurement.tokens - limits.must_compact + 1
+    masked = await _masks(engine, job, pruner, state, surface, need)
+    if masked is None:
+        return await drop_relief(engine, job, pruner, state, surface, measurement, limits)
+    masked_surface, saved = masked
+    tokens = measurement.tokens - saved
+    if saved >= need:
+        remeasured = await engine.measure(job, state, masked_surface)
+        return Relief(
+            state,
+            masked_surface,
+            dataclasses.replace(remeasured, tokens=tokens),
+            pruned=True,
+            shortfall=ShortfallReason.AHEAD,
+            bridged_from=measurement.tokens,
+        )
+    dropped = await drop_relief(
+        engine,
+        job,
+        pruner,
+        state,
+        masked_surface,
+        dataclasses.replace(measurement, tokens=tokens),
+        limits,
+    )
+    return dropped and dataclasses.replace(dropped, bridged_from=measurement.tokens)
+
+
+async def _masks(
+    engine: Engine,
+    job: CompactionJob,
+    pruner: Pruner,
+    state: ConversationState,
+    surface: Surface,
+    need: int,
+) -> tuple[Surface, int] | None:
+    """``surface`` with the fewest oldest observations before the live turn masked that save
+    ``need`` tokens, or all of them when that is not enough, and what they save; None when
+    none qualifies."""
+    view, meter = job.view, engine.meter
+    count = counter_for(view.model)
+    masker = job.masker or Masker(user_messages=pruner.user_messages)
+    masked = {record.position for record in surface.masks}
+
+    def plan() -> MaskCuts:
+        shown = {n.start: n.message for n in surface.nodes if n.start is not None}
+
+        def saving(candidate: MaskCandidate) -> int:
+            message = shown[candidate.position]
+            cleared = {**message, "content": candidate.placeholder}
+            return meter.message(message, count) - meter.message(cleared, count)
+
+        candidates = mask_candidates(
+            surface.nodes, view.body, view.live_start, masker, masked.__contains__
+        )
+        return oldest_masks(candidates, saving, need)
+
+    cuts = await engine.off_loop(job, plan)
+    outcome = "applied" if cuts.saved >= need else "not_enough"
+    COMPACTIONS.labels(trigger="pressure", mechanism="mask", outcome=outcome).inc()
+    if not cuts.candidates:
+        return None
+    return view.surface((*mask_records(job, cuts.candidates), *state.records)), cuts.saved
 
 
 async def bridge_relief(

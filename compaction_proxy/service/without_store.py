@@ -20,7 +20,7 @@ from compaction_proxy.compaction.model_policy import ModelPolicy
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.security.tenant import api_key_of, tenant_of
-from compaction_proxy.service.forwarded import Forwarded, RequestStatus
+from compaction_proxy.service.forwarded import Forwarded, RequestStatus, status_of
 from compaction_proxy.service.prepare import compaction_job, view_of
 from compaction_proxy.service.services import Services
 from compaction_proxy.store.base import ConversationState, StoreUnavailable
@@ -72,5 +72,5 @@ async def relieved_without_store(
         return as_it_came
     cut = relief.surface
     payload = await off_loop_if(view.big, lambda: client_request.wire.payload(client_request, cut))
-    status = RequestStatus.TRIMMED if relief.dropped_turns else RequestStatus.PRUNED
+    status = RequestStatus.TRIMMED if relief.dropped_turns else status_of(cut)
     return Forwarded(payload=payload, status=status, tokens_before=measurement.tokens)

@@ -626,6 +626,44 @@ async def test_with_no_summary_the_oldest_turns_are_left_out_for_a_marker_to_fit
     assert "earlier turns" not in sent and "compacted-summary" in sent
 
 
+async def test_with_no_summary_old_observations_are_masked_before_any_turn_is_left_out(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Every summary call fails and cutting every observation to its head and tail is not
+    enough: the oldest observations are cleared to placeholders for this request instead, as
+    few as it takes, and every turn of the agent goes (its calls, and the newest outputs
+    whole), though masking is off on the route."""
+    proxy = await make_proxy(routes=routes(upstream_url), failure_cooldown_seconds=0)
+    fake.windows[MODEL] = WINDOW
+    fake.summary_failures = 1_000
+    messages = history(tool_rounds=100)  # about 47k tokens
+    masked = counter(
+        "compaction_proxy_compactions_total",
+        trigger="pressure",
+        mechanism="mask",
+        outcome="applied",
+    )
+    reply = await ask(proxy.url, messages)
+    assert reply.status_code == 200 and reply.headers["x-compaction-status"] == "masked"
+    sent = fake.chat_requests[-1].body
+    assert sent is not None and fake.prompt_tokens(sent) <= WINDOW
+    forwarded = sent["messages"]
+    assert len(forwarded) == len(messages) and forwarded[-4:] == messages[-4:]
+    assert [m for m in forwarded if m["role"] == "assistant"] == [
+        m for m in messages if m["role"] == "assistant"
+    ]
+    cleared = [m for m in forwarded if "cleared this output of bash" in str(m["content"])]
+    assert 0 < len(cleared) < 97  # the oldest, as few as it takes: not every one
+    assert "cleared this output" in forwarded[3]["content"]
+    applied = counter(
+        "compaction_proxy_compactions_total",
+        trigger="pressure",
+        mechanism="mask",
+        outcome="applied",
+    )
+    assert applied == masked + 1
+
+
 async def test_a_persons_conversation_is_never_trimmed_to_fit(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:

@@ -339,22 +339,54 @@ async def test_on_first_contact_a_history_past_must_compact_goes_at_once_and_is_
 
 
 @pytest.mark.slow  # seconds of examples or waits: the full run has it
-async def test_on_first_contact_a_history_the_cuts_cannot_fit_goes_at_once_trimmed(
+async def test_on_first_contact_a_history_the_cuts_cannot_fit_goes_at_once_masked(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     """Observations cut to their head and tail are still too many for the window, and the
-    store holds nothing of the conversation (new, or lost): the oldest turns are left out for
-    this request, which goes at once within its window, and its checkpoint is prepared behind
-    it (it waited on rounds of summaries before: seconds, 14 to 28 after a store wipe)."""
+    store holds nothing of the conversation (new, or lost): its oldest observations are
+    cleared to placeholders for this request (even with masking off on the route: the only
+    step left would leave out whole turns), every turn of the agent's kept, and it goes at
+    once within its window while its checkpoint is prepared behind it (it waited on rounds of
+    summaries before: seconds, 14 to 28 after a store wipe)."""
     fake.summary_delay = 1.0
     proxy = await make_proxy(routes=routes(upstream_url))
-    status, latency = await send(proxy, tool_rounds(120))
-    assert status == "trimmed" and latency < 1.0
-    assert fake.chat_requests[-1].prompt_tokens < WINDOW and not carries_a_checkpoint(fake)
+    messages = tool_rounds(120)
+    status, latency = await send(proxy, messages)
+    assert status == "masked" and latency < 1.0
+    sent = fake.chat_requests[-1]
+    assert sent.prompt_tokens < WINDOW and not carries_a_checkpoint(fake)
+    assert sent.body is not None
+    forwarded = sent.body["messages"]
+    assert len(forwarded) == len(messages) and forwarded[-3:] == messages[-3:]
+    calls = [m for m in messages if m["role"] == "assistant"]
+    assert [m for m in forwarded if m["role"] == "assistant"] == calls
+    assert "cleared this output of bash" in forwarded[3]["content"]
     await proxy.app[SERVICES].background.idle()
     assert len(fake.summary_requests) >= 1  # the checkpoint, prepared behind it
     status, _ = await send(proxy, tool_rounds(121))
     assert status == "compacted" and carries_a_checkpoint(fake)
+
+
+@pytest.mark.slow  # seconds of examples or waits: the full run has it
+async def test_on_first_contact_a_history_even_masks_cannot_fit_goes_at_once_trimmed(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Every observation cleared is still too much: the oldest turns are left out besides,
+    for a marker, and the turns kept keep their placeholders; the request goes at once."""
+    fake.summary_delay = 1.0
+    proxy = await make_proxy(routes=routes(upstream_url))
+    messages = tool_rounds(300)
+    status, latency = await send(proxy, messages)
+    assert status == "trimmed" and latency < 2.0
+    sent = fake.chat_requests[-1]
+    assert sent.prompt_tokens < WINDOW and not carries_a_checkpoint(fake)
+    assert sent.body is not None
+    forwarded = sent.body["messages"]
+    assert forwarded[:2] == messages[:2] and "earlier turns" in forwarded[2]["content"]
+    assert forwarded[-3:] == messages[-3:]  # the newest observations kept whole
+    assert "cleared this output of bash" in forwarded[4]["content"]
+    await proxy.app[SERVICES].background.idle()
+    assert len(fake.summary_requests) >= 1
 
 
 @pytest.mark.slow  # seconds of examples or waits: the full run has it

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from compaction_proxy.compaction.masking import (
+    MaskCandidate,
     Masker,
     live_rereads,
     mask_candidates,
     mask_relieves,
     observations,
+    oldest_masks,
     rereads,
 )
 from compaction_proxy.conversation.surface import SurfaceNode
@@ -213,6 +215,27 @@ def test_clear_at_least_defaults_to_a_tenth_of_the_window() -> None:
 def test_a_masker_refuses_negative_settings(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         Masker(**bad)
+
+
+def offered(*positions: int) -> list[MaskCandidate]:
+    return [MaskCandidate(p, "[cleared]", "bash", 1_000) for p in positions]
+
+
+@pytest.mark.parametrize(
+    ("worth", "need", "chosen", "saved"),
+    [
+        ({2: 100, 4: 100, 6: 100}, 150, [2, 4], 200),  # the fewest, oldest first
+        ({2: 100, 4: 100, 6: 100}, 100, [2], 100),
+        ({2: 0, 4: 100, 6: 100}, 100, [4], 100),  # one that saves nothing is skipped
+        ({2: 100, 4: 100}, 500, [2, 4], 200),  # not enough: all of them, the saving short
+        ({2: 100}, 0, [], 0),  # nothing needed, nothing cleared
+    ],
+)
+def test_the_fewest_oldest_masks_that_save_what_is_needed(
+    worth: dict[int, int], need: int, chosen: list[int], saved: int
+) -> None:
+    cuts = oldest_masks(offered(*worth), lambda c: worth[c.position], need)
+    assert [c.position for c in cuts.candidates] == chosen and cuts.saved == saved
 
 
 roles = st.sampled_from(["tool", "assistant", "user"])
