@@ -76,27 +76,71 @@ class Conversation:
                 outcomes.firsts.setdefault(phase, []).append(took)
 
 
-async def run_with_fault(
+@dataclass
+class Replicas:
+    """Where the two replicas run: both in this process (each with its own services, sharing
+    the process's metrics), or each in a process of its own, as in production."""
+
+    separate: bool
+    make_proxy: ProxyFactory
+    upstream_url: str
+    redis_server: RedisServer
+
+    @property
+    def label(self) -> str:
+        return "two processes" if self.separate else "one process"
+
+    async def start(self, stack: contextlib.AsyncExitStack, **settings: Any) -> list[str]:
+        """The base URLs of two replicas started with ``settings``."""
+        routes = [route(self.upstream_url, MODEL, WINDOW)]
+        if not self.separate:
+            started: list[RunningProxy] = [
+                await self.make_proxy(store_url=self.redis_server.url, routes=routes, **settings)
+                for _ in range(2)
+            ]
+            return [replica.url for replica in started]
+        env = {
+            "COMPACTION_PROXY_UPSTREAM_BASE_URL": self.upstream_url,
+            "COMPACTION_PROXY_TENANT_SECRET": "fault-secret",
+            "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
+            "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+            "REDIS_URL": self.redis_server.url,
+            **{f"COMPACTION_PROXY_{key.upper()}": str(value) for key, value in settings.items()},
+        }
+        bases = [(await stack.enter_async_context(proxy_process(env)))[1] for _ in range(2)]
+        return [f"{base}/v1" for base in bases]
+
+
+@pytest.fixture(params=[False, True], ids=["one-process", "two-processes"])
+def replicas(
+    request: pytest.FixtureRequest,
     make_proxy: ProxyFactory,
     upstream_url: str,
+    private_redis: RedisServer,
+) -> Replicas:
+    return Replicas(request.param, make_proxy, upstream_url, private_redis)
+
+
+async def run_with_fault(
+    replicas: Replicas,
     fake: FakeUpstream,
-    redis_server: RedisServer,
     start_fault: Callable[[], Awaitable[None]],
     end_fault: Callable[[], Awaitable[None]],
-    bases: list[str] | None = None,
     **settings: Any,
 ) -> Outcomes:
-    """The scenario against two replicas: in this process (``make_proxy``), or the
-    processes listening at ``bases``."""
+    """The scenario against two replicas started with ``settings``."""
     fake.windows[MODEL] = WINDOW
     fake.summary_delay = 1.0
-    if bases is None:
-        routes = [route(upstream_url, MODEL, WINDOW)]
-        replicas: list[RunningProxy] = [
-            await make_proxy(store_url=redis_server.url, routes=routes, **settings)
-            for _ in range(2)
-        ]
-        bases = [replica.url for replica in replicas]
+    async with contextlib.AsyncExitStack() as stack:
+        bases = await replicas.start(stack, **settings)
+        return await _run(bases, start_fault, end_fault)
+
+
+async def _run(
+    bases: list[str],
+    start_fault: Callable[[], Awaitable[None]],
+    end_fault: Callable[[], Awaitable[None]],
+) -> Outcomes:
     clients = [
         openai.AsyncOpenAI(base_url=base, api_key="sk-agent", max_retries=0, timeout=60)
         for base in bases
@@ -121,8 +165,9 @@ async def run_with_fault(
     return outcomes
 
 
-def reported(scenario: str, outcomes: Outcomes) -> None:
+def reported(scenario: str, replicas: Replicas, outcomes: Outcomes) -> None:
     """One line per scenario at the end of the run: what the clients saw during the fault."""
+    scenario = f"{scenario}, {replicas.label}"
     during = outcomes.statuses.get(1, [])
     counts = ", ".join(f"{s} {during.count(s)}" for s in sorted(set(during)))
     firsts = "/".join(f"{s:.2f}" for s in outcomes.firsts.get(1, []))
@@ -139,20 +184,19 @@ def over_window(fake: FakeUpstream) -> list[int]:
 
 
 async def test_redis_killed_under_load_costs_no_request(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+    replicas: Replicas, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
-    outcomes = await run_with_fault(
-        make_proxy, upstream_url, fake, private_redis, private_redis.stop, private_redis.start
-    )
-    reported("Redis killed", outcomes)
+    """Each replica carries the conversations it serves on in its own copy meanwhile,
+    summaries included."""
+    outcomes = await run_with_fault(replicas, fake, private_redis.stop, private_redis.start)
+    reported("Redis killed", replicas, outcomes)
     assert outcomes.failures == []
     assert not fake.overflows and not over_window(fake)
-    # Summaries went on in each replica's own copy of its conversations meanwhile.
     assert "compacted" in outcomes.statuses[1]
 
 
 async def test_redis_paused_costs_no_request_and_its_timeout_once(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+    replicas: Replicas, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
     async def pause() -> None:
         private_redis.pause()
@@ -160,8 +204,8 @@ async def test_redis_paused_costs_no_request_and_its_timeout_once(
     async def resume() -> None:
         private_redis.resume()
 
-    outcomes = await run_with_fault(make_proxy, upstream_url, fake, private_redis, pause, resume)
-    reported("Redis paused (SIGSTOP)", outcomes)
+    outcomes = await run_with_fault(replicas, fake, pause, resume)
+    reported("Redis paused (SIGSTOP)", replicas, outcomes)
     assert outcomes.failures == []
     assert not fake.overflows
     # A hung Redis costs its store timeout (2 s) to the requests in flight when it hung, then
@@ -171,7 +215,7 @@ async def test_redis_paused_costs_no_request_and_its_timeout_once(
 
 
 async def test_redis_restarted_empty_costs_no_request_and_no_synchronous_rebuild(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+    replicas: Replicas, fake: FakeUpstream, private_redis: RedisServer
 ) -> None:
     """Redis comes back without its data: every conversation arrives far over its window with
     no state. It goes at once with model-free relief, its checkpoint prepared behind it,
@@ -187,8 +231,8 @@ async def test_redis_restarted_empty_costs_no_request_and_no_synchronous_rebuild
     async def nothing() -> None:
         return None
 
-    outcomes = await run_with_fault(make_proxy, upstream_url, fake, private_redis, flush, nothing)
-    reported("Redis back empty", outcomes)
+    outcomes = await run_with_fault(replicas, fake, flush, nothing)
+    reported("Redis back empty", replicas, outcomes)
     assert outcomes.failures == []
     assert not fake.overflows
     first_after_wipe = outcomes.firsts[1]
@@ -196,7 +240,7 @@ async def test_redis_restarted_empty_costs_no_request_and_no_synchronous_rebuild
 
 
 async def test_summaries_failing_for_a_while_cost_no_request(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
+    replicas: Replicas, fake: FakeUpstream
 ) -> None:
     async def fail() -> None:
         fake.summary_failures = 1_000_000
@@ -206,45 +250,8 @@ async def test_summaries_failing_for_a_while_cost_no_request(
 
     # The breaker's longest wait, a second here (60 by default): the phase after the fault
     # outlasts it several times, so the summarizer is probed again and found healed.
-    outcomes = await run_with_fault(
-        make_proxy,
-        upstream_url,
-        fake,
-        private_redis,
-        fail,
-        heal,
-        summary_breaker_cooldown_seconds=1,
-    )
-    reported("summary calls 500", outcomes)
+    outcomes = await run_with_fault(replicas, fake, fail, heal, summary_breaker_cooldown_seconds=1)
+    reported("summary calls 500", replicas, outcomes)
     assert outcomes.failures == []
     assert not fake.overflows and not over_window(fake)
     assert "compacted" in outcomes.statuses[2]  # checkpoints again once summaries work
-
-
-async def test_redis_killed_under_two_replica_processes_costs_no_request(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, private_redis: RedisServer
-) -> None:
-    """The same outage against two proxy processes, as they run in production: each carries
-    the conversations it serves on in its own copy, summaries included."""
-    env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "COMPACTION_PROXY_TENANT_SECRET": "fault-secret",
-        "COMPACTION_PROXY_ROUTES": orjson.dumps([route(upstream_url, MODEL, WINDOW)]).decode(),
-        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
-        "REDIS_URL": private_redis.url,
-    }
-    async with contextlib.AsyncExitStack() as stack:
-        bases = [(await stack.enter_async_context(proxy_process(env)))[1] for _ in range(2)]
-        outcomes = await run_with_fault(
-            make_proxy,
-            upstream_url,
-            fake,
-            private_redis,
-            private_redis.stop,
-            private_redis.start,
-            bases=[f"{base}/v1" for base in bases],
-        )
-    reported("Redis killed, two processes", outcomes)
-    assert outcomes.failures == []
-    assert not fake.overflows and not over_window(fake)
-    assert "compacted" in outcomes.statuses[1]
