@@ -221,6 +221,10 @@ class Route(_Strict):
     # batches, stored responses...) through the route's shared key: refused, shared, or owned
     # (each client key its own objects; security.account_endpoints, security.owned_objects).
     account_endpoints: Literal["refused", "shared", "owned"] = "refused"
+    # The providers' own compaction APIs (/v1/responses/compact, a Responses
+    # ``compaction_trigger``): made by the proxy (serve), passed to the upstream (relay), or
+    # relayed only to the providers known to have them (auto; config.native_compaction).
+    native_compaction: Literal["auto", "serve", "relay"] = "auto"
     context_window: PositiveInt | None = None
     policy: PolicyOverrides = PolicyOverrides()
     models: dict[str, ModelOverride] = {}
@@ -265,8 +269,9 @@ class Settings(BaseSettings):
     # The key (an environment variable's name) sent as x-api-key on the Anthropic catch-all
     # route: what reaches the model list, message batches and unrouted models under it.
     anthropic_api_key_env: str | None = None
-    # The catch-all routes' account_endpoints (see Route).
+    # The catch-all routes' account_endpoints and native_compaction (see Route).
     account_endpoints: Literal["refused", "shared", "owned"] = "refused"
+    native_compaction: Literal["auto", "serve", "relay"] = "auto"
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_pool_size: PositiveInt = 256
@@ -433,6 +438,7 @@ class Settings(BaseSettings):
             base_url=self.anthropic_base_url,
             api_key_env=self.anthropic_api_key_env,
             account_endpoints=self.account_endpoints,
+            native_compaction=self.native_compaction,
         )
 
     @property
@@ -443,6 +449,7 @@ class Settings(BaseSettings):
             base_url=self.upstream_base_url,
             api_key_env=self.upstream_api_key_env,
             account_endpoints=self.account_endpoints,
+            native_compaction=self.native_compaction,
         )
 
 

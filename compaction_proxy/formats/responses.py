@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.formats import compaction_items
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import (
     ClientRequest,
@@ -134,6 +135,10 @@ class ResponsesFormat(WireFormat):
     upstream_path: ClassVar[str] = "/responses"
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_output_tokens",)
     stored_by_default: ClassVar[bool] = True
+    carries_compaction_items: ClassVar[bool] = True
+
+    def asks_for_compaction(self, body: dict[str, Any]) -> bool:
+        return compaction_items.asks_for_compaction(body)
 
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:
         body, extension = parse_responses_body(raw, context.recent, context.session_id)

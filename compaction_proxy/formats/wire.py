@@ -63,6 +63,8 @@ class WireFormat(ABC):
     answer_cap_fields: ClassVar[tuple[str, ...]]  # first present positive integer wins
     stored_by_default: ClassVar[bool]  # ``store`` when the body does not say
     session_headers: ClassVar[tuple[str, ...]] = ()  # read after ``X-Session-Id``
+    # Whether its bodies may carry the proxy's compaction items (``formats.compaction_items``).
+    carries_compaction_items: ClassVar[bool] = False
 
     @abstractmethod
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:
@@ -82,6 +84,11 @@ class WireFormat(ABC):
         to the span's end, exactly as forwarded, ``body`` the chat-form summary request (its
         model, cap and instruction). None when it cannot be written."""
         return None
+
+    def asks_for_compaction(self, body: dict[str, Any]) -> bool:
+        """Whether the body asks for its history compacted in place of an answer (a
+        Responses ``compaction_trigger``)."""
+        return False
 
     @abstractmethod
     def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:

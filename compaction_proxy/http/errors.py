@@ -90,3 +90,16 @@ def upstream_failed(base: str, exc: BaseException, *, anthropic: bool = False) -
         code="upstream_unavailable",
         anthropic=anthropic,
     )
+
+
+def store_unavailable_response() -> web.Response:
+    """503: what the request needs of the store (the tenant secret a compaction item is
+    verified under) cannot be had yet."""
+    response = error_response(
+        503,
+        "The proxy's store is unavailable; the compaction item cannot be verified yet.",
+        error_type="server_error",
+        code="store_unavailable",
+    )
+    response.headers["Retry-After"] = "2"
+    return response

@@ -34,6 +34,7 @@ from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.service.exchange import Refusal, Reply
 from compaction_proxy.service.forwarded import Forwarded
+from compaction_proxy.service.native_compaction import MadeAnswer
 from compaction_proxy.upstream_seam import UpstreamBroke, UpstreamCall, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,11 @@ class EdgeLink:
         if refused is None:
             return None
         return Refusal(refused, "refused" if refused.status == 403 else "not_found")
+
+    def made_here(self, answer: MadeAnswer) -> web.StreamResponse:
+        return web.Response(
+            status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type}
+        )
 
     async def send(
         self, route: Route, client_request: ClientRequest, forwarded: Forwarded

@@ -23,7 +23,11 @@ from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import ProviderHeld
 from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import bad_request_response, upstream_failed
+from compaction_proxy.http.errors import (
+    bad_request_response,
+    store_unavailable_response,
+    upstream_failed,
+)
 from compaction_proxy.http.forwarding import EdgeLink
 from compaction_proxy.http.intake import check_headers, read_body
 from compaction_proxy.http.ownership import named_in_body
@@ -37,6 +41,7 @@ from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
 from compaction_proxy.service.exchange import serve
+from compaction_proxy.service.native_compaction import opened
 from compaction_proxy.store import StoreUnavailable
 from compaction_proxy.upstream_seam import UpstreamBroke, UpstreamCall, UpstreamUnreachable
 
@@ -77,6 +82,8 @@ def endpoint(wire: WireFormat) -> Handler:
         try:
             check_headers(request.headers)
             raw = await read_body(request, services.settings.max_body_bytes)
+            if wire.carries_compaction_items:
+                raw = await opened(services, request.headers, raw)
             session_id = _session_id(request.headers, *wire.session_headers)
             beta = tuple(request.headers.getall("anthropic-beta", ())) if anthropic else ()
             context = ParseContext(
@@ -92,6 +99,8 @@ def endpoint(wire: WireFormat) -> Handler:
         except BadRequest as error:
             REQUESTS.labels(route="", outcome="bad_request").inc()
             return bad_request_response(error, anthropic=anthropic)
+        except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
+            return store_unavailable_response()
         return await serve(services, EdgeLink(request), parsed, session_id, started, named)
 
     handle.__name__ = f"{wire.name}_endpoint"

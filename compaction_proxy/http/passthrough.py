@@ -35,7 +35,13 @@ from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import bad_request_response, error_response, upstream_failed
+from compaction_proxy.http.compact_endpoint import opened_on_the_way, serve_compact, served_here
+from compaction_proxy.http.errors import (
+    bad_request_response,
+    error_response,
+    store_unavailable_response,
+    upstream_failed,
+)
 from compaction_proxy.http.forwarding import forward
 from compaction_proxy.http.intake import check_headers, read_body
 from compaction_proxy.http.ownership import (
@@ -77,6 +83,7 @@ from compaction_proxy.security.outbound import speaks_anthropic, upstream_header
 from compaction_proxy.security.owned_objects import addressed_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import SlotRefusal, client_of
+from compaction_proxy.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -276,8 +283,17 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = family_route_for(settings, check_model_name(model), ApiFamily.ANTHROPIC)
             elif model is not None:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
+            if not anthropic:
+                data = await opened_on_the_way(request, template, body)
+                if served_here(template, request.method, route, parsed):
+                    refused = await bound_to_the_account(request, route, named)
+                    if refused is not None:
+                        return refused, "refused" if refused.status == 403 else "not_found"
+                    return await serve_compact(request, data), "served"
     except BadRequest as error:
         return bad_request_response(error, anthropic=anthropic), "bad_request"
+    except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
+        return store_unavailable_response(), "store_unavailable"
     held = holds_key(request, route)
     if refused_account_endpoint(template, request.method, held, route.account_endpoints):
         return account_endpoint_refused(anthropic), "refused"

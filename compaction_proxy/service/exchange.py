@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from compaction_proxy.compaction.model_policy import ModelPolicy
 from compaction_proxy.compaction.pressure import answer_attributes
+from compaction_proxy.config.native_compaction import serves_compaction
 from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.log_events import overflow_event, usage_event
 from compaction_proxy.formats.request import ClientRequest
@@ -42,6 +43,7 @@ from compaction_proxy.metrics import (
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
+from compaction_proxy.service.native_compaction import MadeAnswer, answer_trigger
 from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.recover import retry_after_overflow
 from compaction_proxy.service.request_log import RequestLogEntry, write_request_log
@@ -100,6 +102,10 @@ class ClientLink(Protocol[Response]):
         returned unsent."""
         ...
 
+    def made_here(self, answer: MadeAnswer) -> Response:
+        """An answer the proxy made itself (``service.native_compaction``)."""
+        ...
+
 
 async def usage_of(reply: Reply[Any]) -> dict[str, Any] | None:
     """The usage the upstream reported: a stream's as it was relayed, a whole answer's read
@@ -127,6 +133,13 @@ async def serve(
     if refused is not None:
         REQUESTS.labels(route=route.model, outcome=refused.outcome).inc()
         return refused.response
+    if client_request.wire.asks_for_compaction(client_request.body) and serves_compaction(route):
+        answer = await answer_trigger(
+            services, client_request, model_policy, session_id, link.headers, link.query
+        )
+        outcome = "compacted" if answer.status == 200 else "compaction_unavailable"
+        REQUESTS.labels(route=route.model, outcome=outcome).inc()
+        return link.made_here(answer)
     log_entry: RequestLogEntry | None = None
     try:
         forwarded, log_entry = await prepare(

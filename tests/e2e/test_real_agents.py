@@ -82,6 +82,33 @@ async def run_codex(
     return await run_agent(command, env, workdir)
 
 
+async def run_codex_remote_compacting(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
+    """Codex on its built-in OpenAI provider at ``base_url``, told its window is 16k: it
+    compacts remotely, a Responses request ending with a ``compaction_trigger`` that must be
+    answered with exactly one ``compaction`` item, which it sends back from then on."""
+    codex_home = home / "codex"
+    codex_home.mkdir(parents=True)
+    (codex_home / "config.toml").write_text(
+        f'model = "{MODEL}"\n'
+        f'openai_base_url = "{base_url}"\n'
+        f"model_context_window = {WINDOW}\n"
+        f"model_auto_compact_token_limit = {WINDOW * 8 // 10}\n"
+    )
+    command = [
+        agent_binary("codex", "@openai/codex"),
+        "exec",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "danger-full-access",
+        TASK,
+    ]
+    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "OPENAI_API_KEY": "sk-codex"}
+    return await run_agent(command, env, workdir)
+
+
+REMOTE_COMPACTION_FAILED = "expected exactly one compaction output item"
+
+
 def carried_checkpoints(fake: FakeUpstream) -> set[str]:
     """The distinct checkpoints the requests forwarded for the agent carried."""
     found: set[str] = set()
@@ -266,3 +293,40 @@ async def test_opencode_pointed_straight_at_the_model_runs_out_of_window(
     fake.agent = FileReader(data_files(tmp_path, OPENCODE_FILE_CHARS))
     _, output = await run_opencode(upstream_url, tmp_path / "home", tmp_path)
     assert fake.overflows, output
+
+
+async def test_codex_remote_compaction_succeeds_through_the_proxy(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Codex's remote compaction against an upstream that has none: the proxy answers the
+    trigger with its own compaction item, and Codex's next requests carry it, opened into the
+    proxy's checkpoint before they reach the model."""
+    agent_binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path))
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    served = counter("compaction_proxy_requests_total", route="agent-*", outcome="compacted")
+    code, output = await run_codex_remote_compacting(proxy.url, tmp_path / "home", tmp_path)
+    assert code == 0, output
+    assert f"Read all {FILES} files." in output, output
+    assert REMOTE_COMPACTION_FAILED not in output, output
+    triggers = counter("compaction_proxy_requests_total", route="agent-*", outcome="compacted")
+    assert triggers - served >= 1
+    forwarded = fake.responses.forwarded
+    assert all("compaction_trigger" not in str(body) for body in forwarded)
+    assert any("<compacted-summary>" in str(body["input"]) for body in forwarded)
+    assert fake.responses.overflows == []
+    report(
+        REAL_AGENTS, f"codex remote compaction through the proxy: {triggers - served:.0f} served"
+    )
+
+
+async def test_codex_remote_compaction_fails_straight_at_an_upstream_without_it(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """The witness: pointed straight at the model, Codex's remote compaction fails."""
+    agent_binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path))
+    _, output = await run_codex_remote_compacting(upstream_url, tmp_path / "home", tmp_path)
+    assert REMOTE_COMPACTION_FAILED in output, output

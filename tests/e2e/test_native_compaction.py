@@ -1,0 +1,168 @@
+"""The providers' own compaction APIs through the openai SDK, against an upstream that has none
+(the fake's Responses endpoint knows no ``compaction_trigger``; its compact endpoint is only
+reached when the route relays): ``/v1/responses/compact`` and a ``compaction_trigger`` are
+answered from the proxy's engine with one compaction item the proxy made, and that item,
+sent back on any route, becomes the checkpoint; another tenant's, or an altered one, is
+refused and nothing reaches the upstream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from compaction_proxy.formats.compaction_items import TOKEN_PREFIX
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory
+from tests.helpers import counter, route
+
+pytest.importorskip("openai")
+
+import openai
+
+MODEL = "compact-model"
+FACT = "FACT-1: the importer listens on port 8431"
+
+
+def native_route(base_url: str, model: str = "compact-*", **fields: Any) -> dict[str, Any]:
+    return {**route(base_url, model, 16_000), **fields}
+
+
+def history(turns: int = 12) -> list[dict[str, Any]]:
+    """A Responses agent history: a task naming a fact, then tool rounds (about 3k tokens)."""
+    items: list[dict[str, Any]] = [{"role": "user", "content": f"{FACT}. Fix the importer."}]
+    for index in range(turns):
+        call = f"call_{index}"
+        arguments = f'{{"command": "cat part_{index}.log"}}'
+        items.append(
+            {"type": "function_call", "call_id": call, "name": "shell", "arguments": arguments}
+        )
+        output = " ".join(f"line{index}-{n}" for n in range(80))
+        items.append({"type": "function_call_output", "call_id": call, "output": output})
+    return items
+
+
+def client(proxy_url: str, key: str = "sk-alice") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=proxy_url, api_key=key, max_retries=0)
+
+
+async def test_compact_is_served_by_the_proxy_and_its_item_becomes_the_checkpoint(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """``responses.compact``: the input's user messages, then one compaction item the proxy
+    made (the upstream's compact endpoint never reached); sent back, the item reaches the
+    upstream as the checkpoint's message, the fact kept."""
+    proxy = await make_proxy(routes=[native_route(upstream_url)])
+    async with client(proxy.url) as alice:
+        compacted = await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+        assert compacted.object == "response.compaction"
+        item = compacted.output[-1]
+        assert item.type == "compaction" and item.encrypted_content.startswith(TOKEN_PREFIX)
+        assert [o.type for o in compacted.output[:-1]] == ["message"]
+        assert fake.endpoints.requests == []  # served here
+        assert len(fake.summary_requests) >= 1
+        answer = await alice.responses.create(
+            model=MODEL,
+            input=[
+                *[o.model_dump(exclude_none=True) for o in compacted.output],
+                {"role": "user", "content": "Go on."},
+            ],  # type: ignore[arg-type]
+        )
+    assert answer.output_text
+    sent = fake.responses.forwarded[-1]
+    text = str(sent["input"])
+    assert FACT in text and "<compacted-summary>" in text and TOKEN_PREFIX not in text
+
+
+async def test_an_item_made_on_one_route_is_the_checkpoint_on_another_upstream(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """The compacted history moves with the user: made on a route to one upstream, accepted
+    on a route to another."""
+    other = FakeUpstream()
+    other_url = str((await aiohttp_server(other.app())).make_url("/v1"))
+    routes = [native_route(upstream_url), native_route(other_url, "elsewhere-*")]
+    proxy = await make_proxy(routes=routes)
+    async with client(proxy.url) as alice:
+        compacted = await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+        item = compacted.output[-1].model_dump(exclude_none=True)
+        await alice.responses.create(
+            model="elsewhere-model",
+            input=[item, {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+        )
+    assert FACT in str(other.responses.forwarded[-1]["input"])
+
+
+async def test_another_tenants_or_an_altered_item_is_refused_and_nothing_goes_upstream(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=[native_route(upstream_url)])
+    async with client(proxy.url) as alice:
+        compacted = await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+    item = compacted.output[-1].model_dump(exclude_none=True)
+    content = item["encrypted_content"]
+    altered = {**item, "encrypted_content": content[:-2] + ("AA" if content[-2:] != "AA" else "BB")}
+    forwarded = len(fake.responses.received)
+    cases = [("sk-bob", item), ("sk-alice", altered)]
+    for key, sent in cases:
+        async with client(proxy.url, key) as caller:
+            with pytest.raises(openai.BadRequestError) as refused:
+                await caller.responses.create(
+                    model=MODEL,
+                    input=[sent, {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+                )
+        body = refused.value.body
+        assert isinstance(body, dict) and body["code"] == "invalid_encrypted_content"
+        assert body["param"] == "input[0].encrypted_content"
+    assert len(fake.responses.received) == forwarded
+
+
+async def test_a_compaction_trigger_is_answered_with_exactly_one_compaction_item_streamed(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Codex's remote compaction: a streamed Responses request ending with a
+    ``compaction_trigger`` gets one ``compaction`` output item, which the upstream (that
+    knows no trigger) never sees."""
+    proxy = await make_proxy(routes=[native_route(upstream_url)])
+    served = counter("compaction_proxy_requests_total", route="compact-*", outcome="compacted")
+    async with client(proxy.url) as alice:
+        stream = await alice.responses.create(
+            model=MODEL,
+            input=[*history(), {"type": "compaction_trigger"}],  # type: ignore[list-item]
+            stream=True,
+        )
+        events = [event async for event in stream]
+    assert [e.type for e in events][-1] == "response.completed"
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert len(done) == 1 and done[0].item.type == "compaction"
+    completed = events[-1].response  # type: ignore[union-attr]
+    assert [o.type for o in completed.output] == ["compaction"]
+    assert all("compaction_trigger" not in str(b) for b in fake.responses.forwarded)
+    assert counter("compaction_proxy_requests_total", route="compact-*", outcome="compacted") == (
+        served + 1
+    )
+
+
+async def test_a_short_history_is_compacted_too(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Below the size a checkpoint pays for on its own, an asked-for compaction is still made
+    (a client's ``/compact`` at any length)."""
+    proxy = await make_proxy(routes=[native_route(upstream_url)])
+    async with client(proxy.url) as alice:
+        compacted = await alice.responses.compact(
+            model=MODEL, input=[{"role": "user", "content": f"{FACT}. Hello."}]
+        )
+    assert compacted.output[-1].type == "compaction"
+
+
+async def test_relay_sends_compact_to_an_upstream_that_has_it(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """``native_compaction: relay`` (what ``auto`` does for OpenAI's own API): the upstream's
+    compact endpoint answers, the proxy makes nothing."""
+    proxy = await make_proxy(routes=[native_route(upstream_url, native_compaction="relay")])
+    async with client(proxy.url) as alice:
+        compacted = await alice.responses.compact(model=MODEL, input="Hello.")
+    assert [r.path for r in fake.endpoints.requests] == ["/v1/responses/compact"]
+    assert compacted.output[-1].type == "message" and fake.summary_requests == []
