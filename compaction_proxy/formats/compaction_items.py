@@ -77,7 +77,8 @@ def unseal(key: bytes, tenant: str, content: str) -> str:
     by this proxy for ``tenant`` and is unaltered."""
     body = content[len(TOKEN_PREFIX) :] if content.startswith(TOKEN_PREFIX) else None
     payload, dot, mac = (body or "").partition(".")
-    if not dot or not hmac.compare_digest(mac, _mac(key, tenant, payload)):
+    expected = _mac(key, tenant, payload).encode()
+    if not dot or not hmac.compare_digest(mac.encode(errors="replace"), expected):
         raise ForgedItem("the compaction item was not made for this account, or was altered")
     try:
         decoded = orjson.loads(_unb64(payload))

@@ -54,6 +54,7 @@ from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.tenant import api_key_of, tenant_of
 from compaction_proxy.service.prepare import prepare
 from compaction_proxy.service.services import Services
+from compaction_proxy.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,10 @@ async def opened(services: Services, headers: Mapping[str, str], raw: bytes) -> 
     if SEALED_MARK not in raw:
         return raw
     big = is_big(len(raw))
-    body = await off_loop_if(big, lambda: jsonio.loads(raw))
+    try:
+        body = await off_loop_if(big, lambda: jsonio.loads(raw))
+    except (ValueError, RecursionError):  # not JSON: the format's parse refuses it
+        return raw
     items = body.get("input") if isinstance(body, dict) else None
     if not isinstance(items, list) or not any(is_sealed(item) for item in items):
         return raw
@@ -206,6 +210,12 @@ async def answer_trigger(
     except CompactionUnavailable as exc:
         log.warning("compaction_trigger not answered: %s", exc)
         return _unavailable(str(exc))
+    except StoreUnavailable as exc:
+        log.warning("compaction_trigger not answered: store unavailable (%s)", exc.operation)
+        return _unavailable("the proxy's store is unavailable")
+    except Exception:
+        log.exception("compaction_trigger not answered")
+        return _unavailable("the proxy failed to compact it")
     key, tenant = await _key_and_tenant(services, headers)
     now = int(time.time())
     item = seal(key, tenant, summary, now)
@@ -232,6 +242,12 @@ async def answer_compact(
     except CompactionUnavailable as exc:
         log.warning("/responses/compact not answered: %s", exc)
         return _unavailable(str(exc))
+    except StoreUnavailable as exc:
+        log.warning("/responses/compact not answered: store unavailable (%s)", exc.operation)
+        return _unavailable("the proxy's store is unavailable")
+    except Exception:
+        log.exception("/responses/compact not answered")
+        return _unavailable("the proxy failed to compact it")
     key, tenant = await _key_and_tenant(services, headers)
     now = int(time.time())
     item = seal(key, tenant, summary, now)

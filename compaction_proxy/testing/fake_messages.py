@@ -67,16 +67,19 @@ def refusal(body: dict[str, Any]) -> str | None:
         return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
     for index, turn in enumerate(turns):
         previous = turns[index - 1] if index else {}
-        called = {
+        calls = [
             b.get("id")
             for b in _blocks(previous)
             if isinstance(b, dict) and b.get("type") == "tool_use"
-        }
+        ]
         answered = [
             b.get("tool_use_id")
             for b in _blocks(turn)
             if isinstance(b, dict) and b.get("type") == "tool_result"
         ]
+        if not all(isinstance(c, str) for c in (*answered, *calls)):
+            return f"messages.{index}: `tool_use_id` and `id`: Input should be a valid string"
+        called = set(calls)
         orphans = [call for call in answered if call not in called]
         if orphans:
             return (
