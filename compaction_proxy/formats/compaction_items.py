@@ -187,3 +187,29 @@ def compacted_response(
         "output": [*user_message_items(items), item],
         "usage": usage,
     }
+
+
+def _is_compaction_option(entry: Any) -> bool:
+    return isinstance(entry, dict) and entry.get("type") == ITEM_TYPE
+
+
+def compaction_option(body: dict[str, Any]) -> int | bool | None:
+    """A Responses body's ``context_management`` compaction: its ``compact_threshold``
+    (tokens), None when it gives none, False when the body asks for no such thing."""
+    entries = body.get("context_management")
+    if not isinstance(entries, list):
+        return False
+    for entry in entries:
+        if _is_compaction_option(entry):
+            threshold = entry.get("compact_threshold")
+            valid = isinstance(threshold, int) and not isinstance(threshold, bool)
+            return threshold if valid and threshold > 0 else None
+    return False
+
+
+def without_compaction_option(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without its ``context_management`` compaction (the field left out when
+    nothing else is in it), for an upstream that has no such option."""
+    kept = [e for e in body["context_management"] if not _is_compaction_option(e)]
+    rest = {key: value for key, value in body.items() if key != "context_management"}
+    return {**rest, "context_management": kept} if kept else rest

@@ -140,6 +140,14 @@ class ResponsesFormat(WireFormat):
     def asks_for_compaction(self, body: dict[str, Any]) -> bool:
         return compaction_items.asks_for_compaction(body)
 
+    def compaction_option(self, body: dict[str, Any]) -> int | bool | None:
+        if "context_management" not in body:  # most bodies: nothing more to look at
+            return False
+        return compaction_items.compaction_option(body)
+
+    def without_compaction_option(self, request: ClientRequest) -> bytes:
+        return jsonio.dumps(compaction_items.without_compaction_option(request.lossless_body()))
+
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:
         body, extension = parse_responses_body(raw, context.recent, context.session_id)
         if stateful(body):

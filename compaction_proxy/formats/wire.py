@@ -90,6 +90,16 @@ class WireFormat(ABC):
         Responses ``compaction_trigger``)."""
         return False
 
+    def compaction_option(self, body: dict[str, Any]) -> int | bool | None:
+        """The compaction a body asks the provider to make on the way, if it may be asked
+        (a Responses ``context_management`` compaction): its threshold in tokens, None for
+        none given, False when not asked."""
+        return False
+
+    def without_compaction_option(self, request: ClientRequest) -> bytes:
+        """The body of ``request`` without that option."""
+        return request.raw
+
     @abstractmethod
     def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:
         """The summary call ``body`` (a chat completion) as this format's route takes it."""

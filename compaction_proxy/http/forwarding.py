@@ -12,6 +12,7 @@ from aiohttp import web
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import Route
+from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import upstream_failed
@@ -55,11 +56,13 @@ async def forward(
     claim: Claim | None = None,
     *,
     anthropic: bool = False,
+    edit: AnswerEdit | None = None,
 ) -> EdgeReply:
     """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
     successful stream is relayed to the client as it arrives; any other answer is returned
     whole, so the caller may still decide to retry. With ``claim``, what a successful answer
-    creates is claimed before the client has it (``http.ownership``)."""
+    creates is claimed before the client has it (``http.ownership``). With ``edit``, a
+    successful answer reaches the client as it edits it (``formats.answer_edits``)."""
     services = request.app[SERVICES]
     headers = upstream_headers(
         request.headers,
@@ -77,7 +80,10 @@ async def forward(
             if upstream.status < 400 and is_event_stream(upstream):
                 scanner = UsageScanner(wants_created=claim is not None)
                 try:
-                    streamed = await relay_stream(request, upstream, reply_headers, scanner, claim)
+                    editor = edit.editor() if edit is not None else None
+                    streamed = await relay_stream(
+                        request, upstream, reply_headers, scanner, claim, editor
+                    )
                 except ClientGone as gone:
                     if not gone.answered:
                         log.info("the client went away mid-answer")
@@ -95,6 +101,8 @@ async def forward(
                 return Reply(streamed, upstream.status, scanner.usage)
             body = await upstream.read()
             _observe(route, started)
+            if edit is not None and upstream.status < 300:
+                body = edit.whole(body)
             response = buffered_response(upstream.status, reply_headers, body)
             if upstream.status >= 400:
                 return Reply(response, upstream.status, error_body=body)
@@ -146,4 +154,5 @@ class EdgeLink:
             forwarded.compaction_headers(),
             claim,
             anthropic=wire.family is ApiFamily.ANTHROPIC,
+            edit=forwarded.answer_edit,
         )

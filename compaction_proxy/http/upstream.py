@@ -18,6 +18,7 @@ from aiohttp import ClientResponse, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from compaction_proxy.formats.answer_edits import EventEditor
 from compaction_proxy.formats.usage import usage_in
 from compaction_proxy.security.outbound import HOP_BY_HOP, upstream_url, without
 from compaction_proxy.upstream_seam import UpstreamAnswer, UpstreamBroke
@@ -223,13 +224,15 @@ async def relay_stream(
     headers: CIMultiDict[str],
     scanner: UsageScanner,
     claim: Claim | None = None,
+    editor: EventEditor | None = None,
 ) -> web.StreamResponse:
     """Write the upstream's SSE bytes to the client as they arrive, chunk by chunk; with
     ``claim``, what the stream creates is claimed before the client reads of it, so its next
     request can name it.
 
     The upstream breaking off is ``UpstreamCut``; a failure writing to the client is
-    ``ClientGone``: the two are never confused."""
+    ``ClientGone``: the two are never confused. With ``editor``, the client gets the events
+    as it edits them (``formats.answer_edits``); usage is read from the upstream's own."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     try:
         await response.prepare(request)
@@ -241,12 +244,16 @@ async def relay_stream(
         if claim is not None and scanner.created is not None:
             await claim(scanner.created)
             claim = None
+        sent = chunk if editor is None else editor.feed(chunk)
         try:
-            await response.write(chunk)
+            if sent:
+                await response.write(sent)
         except ConnectionError as exc:
             raise ClientGone(response, answered) from exc
     scanner.close()
     try:
+        if editor is not None and (rest := editor.close()):
+            await response.write(rest)
         await response.write_eof()
     except ConnectionError as exc:
         raise ClientGone(response, scanner.finished) from exc

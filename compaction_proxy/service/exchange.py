@@ -26,6 +26,7 @@ from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.log_events import overflow_event, usage_event
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.usage import usage_of_body
+from compaction_proxy.formats.wire import ParseContext
 from compaction_proxy.metering.overflow import classify_overflow
 from compaction_proxy.metering.windows import window_key
 from compaction_proxy.metrics import (
@@ -43,7 +44,11 @@ from compaction_proxy.metrics import (
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
-from compaction_proxy.service.native_compaction import MadeAnswer, answer_trigger
+from compaction_proxy.service.native_compaction import (
+    MadeAnswer,
+    answer_trigger,
+    prepared_with_compaction,
+)
 from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.recover import retry_after_overflow
 from compaction_proxy.service.request_log import RequestLogEntry, write_request_log
@@ -140,11 +145,27 @@ async def serve(
         outcome = "compacted" if answer.status == 200 else "compaction_unavailable"
         REQUESTS.labels(route=route.model, outcome=outcome).inc()
         return link.made_here(answer)
+    option = client_request.wire.compaction_option(client_request.body)
+    served_option = option is not False and serves_compaction(route)
+    if served_option:  # the upstream has no such option: it never sees it
+        client_request = await _without_option(services, client_request, session_id)
     log_entry: RequestLogEntry | None = None
     try:
-        forwarded, log_entry = await prepare(
-            services, client_request, model_policy, session_id, link.headers, link.query
-        )
+        if served_option:
+            threshold = None if isinstance(option, bool) else option
+            forwarded, log_entry = await prepared_with_compaction(
+                services,
+                client_request,
+                threshold,
+                model_policy,
+                session_id,
+                link.headers,
+                link.query,
+            )
+        else:
+            forwarded, log_entry = await prepare(
+                services, client_request, model_policy, session_id, link.headers, link.query
+            )
     except StoreUnavailable as exc:
         log.warning("store unavailable (%s): relieved from the request alone", exc.operation)
         forwarded = await _without_store(services, link, client_request, model_policy, session_id)
@@ -184,6 +205,19 @@ async def serve(
         if outcome == "client_disconnected":
             CLIENT_DISCONNECTS.labels(route=route.model).inc()
     return reply.response
+
+
+async def _without_option(
+    services: Services, client_request: ClientRequest, session_id: str | None
+) -> ClientRequest:
+    """``client_request`` without the compaction option the proxy serves for it."""
+    wire = client_request.wire
+    big = is_big(len(client_request.raw))
+    raw = await off_loop_if(big, lambda: wire.without_compaction_option(client_request))
+    context = ParseContext(services.known_messages, services.recent_bodies, session_id)
+    parsed = await off_loop_if(big, lambda: wire.parse(raw, context))
+    assert isinstance(parsed, ClientRequest)  # a body the provider holds never comes here
+    return parsed
 
 
 async def _without_store(

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.metering.meter import Measurement
 from compaction_proxy.store.base import ConversationState
 
@@ -60,6 +61,8 @@ class Forwarded:
     # A checkpoint is being prepared in the background (said in the header of a request sent
     # as it came; its log event keeps the status of what was sent).
     precompacting: bool = False
+    # An edit to the upstream's answer: a compaction the proxy served (native_compaction).
+    answer_edit: AnswerEdit | None = None
 
     @classmethod
     def bypass(cls, raw: bytes) -> Forwarded:

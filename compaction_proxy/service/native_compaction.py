@@ -28,11 +28,13 @@ import orjson
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.model_policy import ModelPolicy
 from compaction_proxy.compaction.outcomes import Outcome
+from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.summarize import frame, framed_summary_text
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.replacements import Checkpoint
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.conversation.text import text_of
+from compaction_proxy.formats.answer_edits import FirstOutputItem
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.compaction_items import (
     SEALED_MARK,
@@ -52,9 +54,12 @@ from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.tenant import api_key_of, tenant_of
+from compaction_proxy.service.forwarded import Forwarded
 from compaction_proxy.service.prepare import prepare
+from compaction_proxy.service.request_log import RequestLogEntry
 from compaction_proxy.service.services import Services
 from compaction_proxy.store import StoreUnavailable
+from compaction_proxy.store.base import ConversationState
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +119,9 @@ def _opened_body(body: dict[str, Any], items: list[Any], key: bytes, tenant: str
     return jsonio.dumps({**body, "input": opened_items})
 
 
-def _sole_checkpoint(surface: Surface) -> Checkpoint | None:
-    """The checkpoint standing for everything before the trigger (the last message), when
-    one does."""
-    body_nodes = [n for n in surface.nodes if n.kind != "head"]
-    if len(body_nodes) != 2 or body_nodes[0].kind != "checkpoint":
-        return None
-    return next((c for c in surface.checkpoints if c.start == body_nodes[0].start), None)
+def _from_start(surface: Surface) -> Checkpoint | None:
+    """The checkpoint the surface applies from the first body message, if any."""
+    return next((c for c in surface.checkpoints if c.start == 0), None)
 
 
 async def _checkpoint(
@@ -131,25 +132,45 @@ async def _checkpoint(
     headers: Mapping[str, str],
     query: str,
 ) -> tuple[str, dict[str, Any]]:
-    """The summary of everything before the trigger ending ``client_request``, committed as
-    the conversation's checkpoint, and the usage reported for it."""
+    """What the item answering the trigger ending ``client_request`` carries: the summary of
+    everything before it, committed as the conversation's checkpoint, and its usage. A
+    history too short for a summary to be any smaller is its own compaction, whole."""
     forwarded, _ = await prepare(services, client_request, model_policy, session_id, headers, query)
     job, state = forwarded.job, forwarded.state
     if job is None or state is None:
         raise CompactionUnavailable("the conversation could not be read")
-    engine = services.engine
-    body_count = len(job.view.body)
-    if body_count < 2:
+    trigger = len(job.view.body) - 1
+    if trigger < 1:
         return "None.", responses_usage(None)
+    try:
+        return await made_checkpoint(services, job, state, trigger)
+    except TooShort:
+        return transcript(job.view.body[:trigger]), responses_usage(None)
+
+
+class TooShort(CompactionUnavailable):
+    """The history is too short for a summary of it to be any smaller."""
+
+
+async def made_checkpoint(
+    services: Services, job: CompactionJob, state: ConversationState, end: int
+) -> tuple[str, dict[str, Any]]:
+    """What an item standing for every body message before position ``end`` carries: one
+    checkpoint committed from the first message as far as a summary may reach (merging any
+    earlier one; a span never parts a tool call from its result), then the messages after it,
+    verbatim; and the usage reported for it."""
+    engine = services.engine
+    reached = -1  # where the checkpoint from the start ended after the round before
     for _ in range(ROUNDS):
-        found = _sole_checkpoint(job.view.surface(state.records))
-        if found is not None:
-            text = framed_summary_text(found.message) or ""
-            usage = {"input_tokens": found.shadowed_tokens, "output_tokens": found.tokens}
-            return text, responses_usage(usage)
+        found = _from_start(job.view.surface(state.records))
+        if found is not None and (found.end >= end - 1 or found.end == reached):
+            return _carried(job, found, end)
+        reached = found.end if found is not None else -1
         made = await triggers.compact_manual(engine, job, state)
         if made.outcome is Outcome.NO_RANGE:
-            region = await triggers.compact_region(engine, job, state, 0, body_count - 2)
+            if found is not None:  # as far as the pairing lets a summary reach
+                return _carried(job, found, end)
+            region = await triggers.compact_region(engine, job, state, 0, end - 1)
             if isinstance(region, str):
                 raise CompactionUnavailable(region)
             made = region
@@ -157,15 +178,59 @@ async def _checkpoint(
             state, _ = await engine.wait_and_reload(job)
             continue
         if made.outcome is Outcome.NOT_SMALLER:
-            # Too short for a summary to be any smaller: the history itself is its compaction.
-            surface = job.view.surface(state.records)
-            messages = [n.message for n in surface.nodes if n.kind != "head"][:-1]
-            return transcript(messages), responses_usage(None)
+            raise TooShort("the history is too short to compact")
         if made.outcome is not Outcome.COMMITTED or made.state is None:
             reason = made.failure.reason if made.failure is not None else made.outcome.value
             raise CompactionUnavailable(f"no summary could be made ({reason})")
         state = made.state
     raise CompactionUnavailable("the history did not fit the summary calls allowed")
+
+
+def _carried(job: CompactionJob, checkpoint: Checkpoint, end: int) -> tuple[str, dict[str, Any]]:
+    text = framed_summary_text(checkpoint.message) or ""
+    after = job.view.body[checkpoint.end + 1 : end]
+    if after:
+        text += f"\n\n## Latest messages, verbatim\n{transcript(after)}"
+    usage = {"input_tokens": checkpoint.shadowed_tokens, "output_tokens": checkpoint.tokens}
+    return text, responses_usage(usage)
+
+
+async def prepared_with_compaction(
+    services: Services,
+    client_request: ClientRequest,
+    threshold: int | None,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+    headers: Mapping[str, str],
+    query: str,
+) -> tuple[Forwarded, RequestLogEntry]:
+    """A Responses request that asked for ``context_management`` compaction, on a route
+    whose upstream lacks it (``client_request``: without the option). Its history at or over
+    ``threshold`` tokens (as the client sent it): everything before its live turn is
+    summarized and committed, the request forwarded with that checkpoint, and the answer
+    given the compaction item first (``formats.answer_edits.FirstOutputItem``). Below it, or
+    no summary to be had: prepared as any request."""
+    forwarded, log_entry = await prepare(
+        services, client_request, model_policy, session_id, headers, query
+    )
+    job, state, measured = forwarded.job, forwarded.state, forwarded.measurement
+    if threshold is None or job is None or state is None or measured is None:
+        return forwarded, log_entry
+    sent_tokens = forwarded.tokens_before or measured.tokens
+    if sent_tokens < threshold or job.view.live_start < 1:
+        return forwarded, log_entry
+    try:
+        # The item stands for the whole input: the client keeps only what follows it.
+        summary, _ = await made_checkpoint(services, job, state, len(job.view.body))
+    except CompactionUnavailable as exc:
+        log.info("context_management compaction not made: %s", exc)
+        return forwarded, log_entry
+    forwarded, log_entry = await prepare(
+        services, client_request, model_policy, session_id, headers, query
+    )
+    key, tenant = await _key_and_tenant(services, headers)
+    item = seal(key, tenant, summary, int(time.time()))
+    return dataclasses.replace(forwarded, answer_edit=FirstOutputItem(item)), log_entry
 
 
 def transcript(messages: list[Message]) -> str:

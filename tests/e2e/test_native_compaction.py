@@ -166,3 +166,78 @@ async def test_relay_sends_compact_to_an_upstream_that_has_it(
         compacted = await alice.responses.compact(model=MODEL, input="Hello.")
     assert [r.path for r in fake.endpoints.requests] == ["/v1/responses/compact"]
     assert compacted.output[-1].type == "message" and fake.summary_requests == []
+
+
+def over_threshold(turns: int = 12) -> list[dict[str, Any]]:
+    return [*history(turns), {"role": "user", "content": "What did part 3 say?"}]
+
+
+COMPACTION_OPTION = [{"type": "compaction", "compact_threshold": 1_000}]
+
+
+async def test_context_management_compaction_puts_the_item_first_and_sends_the_checkpoint(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """``context_management`` compaction over its threshold, whole and streamed: the upstream
+    (which has no such option, and never sees it) gets the checkpoint and the live turn; the
+    answer lists the compaction item first, the model's answer after it, so a client that
+    keeps what follows the item loses nothing. Sent back, the item is the checkpoint."""
+    proxy = await make_proxy(routes=[native_route(upstream_url)])
+    async with client(proxy.url) as alice:
+        whole = await alice.responses.create(
+            model=MODEL,
+            input=over_threshold(),  # type: ignore[arg-type]
+            context_management=COMPACTION_OPTION,  # type: ignore[arg-type]
+        )
+        assert [o.type for o in whole.output] == ["compaction", "message"]
+        sent = fake.responses.forwarded[-1]
+        assert "context_management" not in sent
+        # The checkpoint, then the live turn: the last call, its result, the question.
+        assert "<compacted-summary>" in str(sent["input"][0])
+        assert sent["input"][1:] == over_threshold()[-3:]
+        async with alice.responses.stream(
+            model=MODEL,
+            input=over_threshold(13),  # type: ignore[arg-type]
+            context_management=COMPACTION_OPTION,  # type: ignore[arg-type]
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_response()
+        assert [o.type for o in final.output] == ["compaction", "message"]
+        added = [e for e in events if e.type == "response.output_item.added"]
+        assert [(e.output_index, e.item.type) for e in added] == [(0, "compaction"), (1, "message")]
+        assert final.output_text
+        item = whole.output[0].model_dump(exclude_none=True)
+        await alice.responses.create(
+            model=MODEL,
+            input=[item, {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+        )
+    assert FACT in str(fake.responses.forwarded[-1]["input"])
+
+
+async def test_context_management_under_its_threshold_changes_nothing_but_the_option(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=[native_route(upstream_url)])
+    option = [{"type": "compaction", "compact_threshold": 100_000}]
+    async with client(proxy.url) as alice:
+        answer = await alice.responses.create(
+            model=MODEL,
+            input=over_threshold(),  # type: ignore[arg-type]
+            context_management=option,  # type: ignore[arg-type]
+        )
+    assert [o.type for o in answer.output] == ["message"]
+    sent = fake.responses.forwarded[-1]
+    assert "context_management" not in sent and len(sent["input"]) == len(over_threshold())
+
+
+async def test_context_management_is_relayed_as_sent_where_the_route_relays(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    proxy = await make_proxy(routes=[native_route(upstream_url, native_compaction="relay")])
+    async with client(proxy.url) as alice:
+        await alice.responses.create(
+            model=MODEL,
+            input=over_threshold(),  # type: ignore[arg-type]
+            context_management=COMPACTION_OPTION,  # type: ignore[arg-type]
+        )
+    assert fake.responses.forwarded[-1]["context_management"] == COMPACTION_OPTION

@@ -1,0 +1,152 @@
+"""Edits the proxy makes to an upstream's successful answer (pure): only for a request that
+asked for something the upstream lacks and the proxy served (``service.native_compaction``).
+Every other answer reaches the client byte for byte; these never touch the common path.
+
+An edit works on a whole JSON answer (``whole``) and on a stream of server-sent events
+(``EventEditor``: events are cut at their blank line, those the edit leaves alone pass as
+they came, byte for byte, the others are written again as ``event:``/``data:`` lines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+# One event as parsed, in: the events to send in its place, out.
+EventEdit = Callable[[dict[str, Any]], list[dict[str, Any]] | None]  # None: leave it as it is
+
+TERMINAL_RESPONSES_EVENTS = frozenset(
+    {"response.completed", "response.incomplete", "response.failed"}
+)
+
+
+class AnswerEdit(Protocol):
+    def whole(self, body: bytes) -> bytes:
+        """A whole JSON answer, edited."""
+        ...
+
+    def editor(self) -> EventEditor:
+        """A fresh editor for one streamed answer."""
+        ...
+
+
+class EventEditor:
+    """Applies ``edit`` to each ``data:`` event of a stream fed in chunks."""
+
+    def __init__(self, edit: EventEdit) -> None:
+        self._edit = edit
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What to send of ``chunk`` now: the events it completes, edited."""
+        data = self._held + chunk
+        end = max(data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n"))
+        if end < 0:
+            self._held = data
+            return b""
+        cut = end + (4 if data[end : end + 4] == b"\r\n\r\n" else 2)
+        self._held = data[cut:]
+        return self._edited(data[:cut])
+
+    def close(self) -> bytes:
+        """What is left: an event the stream did not end with a blank line, edited."""
+        rest, self._held = self._held, b""
+        return self._edited(rest) if rest.strip() else rest
+
+    def _edited(self, block: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in _events(block):
+            out.append(self._one(event))
+        return b"".join(out)
+
+    def _one(self, event: bytes) -> bytes:
+        data_lines = [line for line in event.splitlines() if line.startswith(b"data:")]
+        if len(data_lines) != 1:
+            return event
+        try:
+            parsed = orjson.loads(data_lines[0][5:].strip())
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(parsed, dict):
+            return event
+        replaced = self._edit(parsed)
+        if replaced is None:
+            return event
+        return b"".join(sse_event(e) for e in replaced)
+
+
+def _events(block: bytes) -> list[bytes]:
+    """``block`` cut after each blank line, each piece keeping its line ends."""
+    pieces: list[bytes] = []
+    start = 0
+    while start < len(block):
+        lf, crlf = block.find(b"\n\n", start), block.find(b"\r\n\r\n", start)
+        ends = [e + 2 for e in (lf,) if e >= 0] + [e + 4 for e in (crlf,) if e >= 0]
+        stop = min(ends) if ends else len(block)
+        pieces.append(block[start:stop])
+        start = stop
+    return pieces
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One event as ``event:`` and ``data:`` lines, named by its ``type``."""
+    name = str(event.get("type", "message")).encode()
+    return b"event: %s\ndata: %s\n\n" % (name, orjson.dumps(event))
+
+
+@dataclass(frozen=True)
+class FirstOutputItem:
+    """A Responses answer with ``item`` as its first output, the upstream's after it (a
+    ``context_management`` compaction: the client drops what comes before the item, so the
+    answer must follow it). In a stream the item is added and done right after
+    ``response.created``; every later event's ``output_index`` moves up by one and its
+    ``sequence_number`` by two, and the terminal response lists the item first."""
+
+    item: dict[str, Any]
+
+    def whole(self, body: bytes) -> bytes:
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        if not isinstance(answer, dict) or not isinstance(answer.get("output"), list):
+            return body
+        return orjson.dumps({**answer, "output": [self.item, *answer["output"]]})
+
+    def editor(self) -> EventEditor:
+        return EventEditor(_ItemFirst(self.item).event)
+
+
+@dataclass
+class _ItemFirst:
+    """One stream's state for ``FirstOutputItem``."""
+
+    item: dict[str, Any]
+    sent: bool = field(default=False)
+
+    def event(self, event: dict[str, Any]) -> list[dict[str, Any]] | None:
+        kind = event.get("type")
+        if kind == "response.created" and not self.sent:
+            self.sent = True
+            number = event.get("sequence_number")
+            added = {"type": "response.output_item.added", "output_index": 0, "item": self.item}
+            done = {**added, "type": "response.output_item.done"}
+            if isinstance(number, int):
+                added["sequence_number"], done["sequence_number"] = number + 1, number + 2
+            return [event, added, done]
+        if not self.sent:
+            return None
+        moved = dict(event)
+        if isinstance(moved.get("output_index"), int):
+            moved["output_index"] += 1
+        if isinstance(moved.get("sequence_number"), int):
+            moved["sequence_number"] += 2
+        response = moved.get("response")
+        if kind in TERMINAL_RESPONSES_EVENTS and isinstance(response, dict):
+            output = response.get("output")
+            if isinstance(output, list):
+                moved["response"] = {**response, "output": [self.item, *output]}
+        return [moved]
