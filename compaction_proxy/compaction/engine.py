@@ -386,7 +386,14 @@ class Engine:
         job = attempt.job
         view = job.view
         span = plan.span
-        body = summary_body(job.summary_model, view.head, plan.messages, view.tools, plan.cap)
+        body = summary_body(
+            job.summary_model,
+            view.head,
+            plan.messages,
+            view.tools,
+            plan.cap,
+            job.summary_instructions,
+        )
         started = time.perf_counter()
         summarizer = job.summarizer
         try:

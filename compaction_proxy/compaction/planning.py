@@ -67,6 +67,8 @@ class CompactionJob:
     bridge: Pruner | None = None  # the harder cut of a request that must not wait (bridge.py)
     masker: Masker | None = None  # old observations cleared before a summary (masking.py)
     prices: CachePrices = PRESETS["openai"]  # how the provider bills a step (cache_prices.py)
+    # The client's own words for its summaries (Anthropic's compact ``instructions``).
+    summary_instructions: str | None = None
 
     @property
     def summarizer(self) -> str:

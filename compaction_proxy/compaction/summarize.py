@@ -143,10 +143,13 @@ def summary_body(
     span: list[Message],
     tools: Any,
     max_tokens: int,
+    instructions: str | None = None,
 ) -> dict[str, Any]:
+    """The summary call in chat form; ``instructions``, the client's own, follow ours."""
+    ask = INSTRUCTION if not instructions else f"{INSTRUCTION}\n\nAlso: {instructions.strip()}"
     body: dict[str, Any] = {
         "model": model,
-        "messages": [*head, *span, {"role": "user", "content": INSTRUCTION}],
+        "messages": [*head, *span, {"role": "user", "content": ask}],
         "stream": False,
     }
     body["max_completion_tokens" if _uses_completion_tokens_field(model) else "max_tokens"] = (

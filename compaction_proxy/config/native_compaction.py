@@ -13,8 +13,9 @@ from yarl import URL
 
 from compaction_proxy.config.settings import Route
 
-# Hosts whose Responses API has /responses/compact and compaction_trigger.
-OFFERS_COMPACTION = frozenset({"api.openai.com"})
+# Hosts whose APIs have them: OpenAI's /responses/compact, compaction_trigger and
+# context_management; Anthropic's context_management edits (under their beta headers).
+OFFERS_COMPACTION = frozenset({"api.openai.com", "api.anthropic.com"})
 
 
 def serves_compaction(route: Route) -> bool:

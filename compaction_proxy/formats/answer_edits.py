@@ -10,17 +10,12 @@ they came, byte for byte, the others are written again as ``event:``/``data:`` l
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 # One event as parsed, in: the events to send in its place, out.
 EventEdit = Callable[[dict[str, Any]], list[dict[str, Any]] | None]  # None: leave it as it is
-
-TERMINAL_RESPONSES_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed"}
-)
 
 
 class AnswerEdit(Protocol):
@@ -95,58 +90,3 @@ def sse_event(event: dict[str, Any]) -> bytes:
     """One event as ``event:`` and ``data:`` lines, named by its ``type``."""
     name = str(event.get("type", "message")).encode()
     return b"event: %s\ndata: %s\n\n" % (name, orjson.dumps(event))
-
-
-@dataclass(frozen=True)
-class FirstOutputItem:
-    """A Responses answer with ``item`` as its first output, the upstream's after it (a
-    ``context_management`` compaction: the client drops what comes before the item, so the
-    answer must follow it). In a stream the item is added and done right after
-    ``response.created``; every later event's ``output_index`` moves up by one and its
-    ``sequence_number`` by two, and the terminal response lists the item first."""
-
-    item: dict[str, Any]
-
-    def whole(self, body: bytes) -> bytes:
-        try:
-            answer = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body
-        if not isinstance(answer, dict) or not isinstance(answer.get("output"), list):
-            return body
-        return orjson.dumps({**answer, "output": [self.item, *answer["output"]]})
-
-    def editor(self) -> EventEditor:
-        return EventEditor(_ItemFirst(self.item).event)
-
-
-@dataclass
-class _ItemFirst:
-    """One stream's state for ``FirstOutputItem``."""
-
-    item: dict[str, Any]
-    sent: bool = field(default=False)
-
-    def event(self, event: dict[str, Any]) -> list[dict[str, Any]] | None:
-        kind = event.get("type")
-        if kind == "response.created" and not self.sent:
-            self.sent = True
-            number = event.get("sequence_number")
-            added = {"type": "response.output_item.added", "output_index": 0, "item": self.item}
-            done = {**added, "type": "response.output_item.done"}
-            if isinstance(number, int):
-                added["sequence_number"], done["sequence_number"] = number + 1, number + 2
-            return [event, added, done]
-        if not self.sent:
-            return None
-        moved = dict(event)
-        if isinstance(moved.get("output_index"), int):
-            moved["output_index"] += 1
-        if isinstance(moved.get("sequence_number"), int):
-            moved["sequence_number"] += 2
-        response = moved.get("response")
-        if kind in TERMINAL_RESPONSES_EVENTS and isinstance(response, dict):
-            output = response.get("output")
-            if isinstance(output, list):
-                moved["response"] = {**response, "output": [self.item, *output]}
-        return [moved]

@@ -8,11 +8,14 @@ The translation both ways is ``formats.anthropic_blocks``; the summary calls
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.formats import anthropic_compaction
+from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.formats.anthropic_blocks import (
     TranslatedMessages,
     lossless,
@@ -26,6 +29,7 @@ from compaction_proxy.formats.anthropic_summary import (
     summary_messages_body,
     summary_text_of,
 )
+from compaction_proxy.formats.asked_compaction import AskedCompaction, ClearedToolUses
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import (
     ClientRequest,
@@ -35,6 +39,7 @@ from compaction_proxy.formats.request import (
     remembered,
     translated_digests,
 )
+from compaction_proxy.formats.sealed_checkpoints import MadeCompaction
 from compaction_proxy.formats.wire import ParseContext, SummaryPost, WireFormat
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.recent_bodies import Extension, RecentBodies
@@ -130,6 +135,31 @@ class MessagesFormat(WireFormat):
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_tokens",)
     stored_by_default: ClassVar[bool] = False
     session_headers: ClassVar[tuple[str, ...]] = (CLAUDE_CODE_SESSION_HEADER,)
+    carries_sealed_checkpoints: ClassVar[bool] = True
+
+    def asked_compaction(self, body: dict[str, Any]) -> AskedCompaction | None:
+        if "context_management" not in body:  # most bodies: nothing more to look at
+            return None
+        return anthropic_compaction.asked_compaction(body)
+
+    def without_asked_compaction(self, request: ClientRequest) -> bytes:
+        body = anthropic_compaction.without_context_management(request.lossless_body())
+        return jsonio.dumps(body)
+
+    def opened_checkpoints(self, body: Any, opened: Callable[[str], str]) -> dict[str, Any] | None:
+        return anthropic_compaction.opened_blocks(body, opened)
+
+    def compaction_edit(
+        self, made: MadeCompaction | None, cleared: ClearedToolUses | None, asked: AskedCompaction
+    ) -> AnswerEdit | None:
+        reported = asked.clear_tool_uses is not None
+        if made is None and not reported:
+            return None
+        return anthropic_compaction.ManagedAnswer(made, cleared, reported)
+
+    def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
+        message_id = f"msg_{uuid.uuid4().hex}"
+        return anthropic_compaction.paused_answer(message_id, model, made, stream)
 
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest:
         return parse_messages_request(

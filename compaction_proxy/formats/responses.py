@@ -8,11 +8,16 @@ The translation both ways is ``formats.responses_items``; the cache-safe summary
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.conversation.surface import Surface
-from compaction_proxy.formats import compaction_items
+from compaction_proxy.formats import responses_compaction
+from compaction_proxy.formats.answer_edits import AnswerEdit
+from compaction_proxy.formats.asked_compaction import AskedCompaction, ClearedToolUses
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import (
     ClientRequest,
@@ -33,6 +38,7 @@ from compaction_proxy.formats.responses_summary import (
     cache_safe_responses_body,
     responses_summary_text,
 )
+from compaction_proxy.formats.sealed_checkpoints import MadeCompaction
 from compaction_proxy.formats.wire import (
     ParseContext,
     SummaryPost,
@@ -135,18 +141,49 @@ class ResponsesFormat(WireFormat):
     upstream_path: ClassVar[str] = "/responses"
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_output_tokens",)
     stored_by_default: ClassVar[bool] = True
-    carries_compaction_items: ClassVar[bool] = True
+    carries_sealed_checkpoints: ClassVar[bool] = True
 
     def asks_for_compaction(self, body: dict[str, Any]) -> bool:
-        return compaction_items.asks_for_compaction(body)
+        return responses_compaction.asks_for_compaction(body)
 
-    def compaction_option(self, body: dict[str, Any]) -> int | bool | None:
+    def asked_compaction(self, body: dict[str, Any]) -> AskedCompaction | None:
         if "context_management" not in body:  # most bodies: nothing more to look at
-            return False
-        return compaction_items.compaction_option(body)
+            return None
+        return responses_compaction.asked_compaction(body)
 
-    def without_compaction_option(self, request: ClientRequest) -> bytes:
-        return jsonio.dumps(compaction_items.without_compaction_option(request.lossless_body()))
+    def without_asked_compaction(self, request: ClientRequest) -> bytes:
+        body = responses_compaction.without_compaction_option(request.lossless_body())
+        return jsonio.dumps(body)
+
+    def opened_checkpoints(self, body: Any, opened: Callable[[str], str]) -> dict[str, Any] | None:
+        return responses_compaction.opened_items(body, opened)
+
+    def compaction_edit(
+        self, made: MadeCompaction | None, cleared: ClearedToolUses | None, asked: AskedCompaction
+    ) -> AnswerEdit | None:
+        if made is None:
+            return None
+        return responses_compaction.FirstOutputItem(
+            responses_compaction.compaction_item(made.token)
+        )
+
+    def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
+        created = int(time.time())
+        return responses_compaction.trigger_answer(
+            f"resp_{uuid.uuid4().hex}", model, created, made, stream
+        )
+
+    def compact_request(self, body: dict[str, Any]) -> bytes:
+        """A ``/v1/responses/compact`` body as a Responses request ending with a trigger."""
+        return jsonio.dumps(responses_compaction.compact_request_body(body))
+
+    def compacted_answer(self, request: ClientRequest, made: MadeCompaction) -> bytes:
+        """``/v1/responses/compact``'s answer for ``request`` (a ``compact_request``)."""
+        items = request.body.get("input")
+        created = int(time.time())
+        return responses_compaction.compacted_answer(
+            f"cmp_{uuid.uuid4().hex}", created, items if isinstance(items, list) else [], made
+        )
 
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:
         body, extension = parse_responses_body(raw, context.recent, context.session_id)

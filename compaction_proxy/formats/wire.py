@@ -24,7 +24,10 @@ from compaction_proxy.parsing.recent_bodies import RecentBodies
 
 if TYPE_CHECKING:
     from compaction_proxy.conversation.surface import Surface
+    from compaction_proxy.formats.answer_edits import AnswerEdit
+    from compaction_proxy.formats.asked_compaction import AskedCompaction, ClearedToolUses
     from compaction_proxy.formats.request import ClientRequest, ProviderHeld
+    from compaction_proxy.formats.sealed_checkpoints import MadeCompaction
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ class WireFormat(ABC):
     answer_cap_fields: ClassVar[tuple[str, ...]]  # first present positive integer wins
     stored_by_default: ClassVar[bool]  # ``store`` when the body does not say
     session_headers: ClassVar[tuple[str, ...]] = ()  # read after ``X-Session-Id``
-    # Whether its bodies may carry the proxy's compaction items (``formats.compaction_items``).
-    carries_compaction_items: ClassVar[bool] = False
+    # Whether its bodies may carry the proxy's sealed checkpoints (``formats.sealed_checkpoints``).
+    carries_sealed_checkpoints: ClassVar[bool] = False
 
     @abstractmethod
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:
@@ -90,15 +93,33 @@ class WireFormat(ABC):
         Responses ``compaction_trigger``)."""
         return False
 
-    def compaction_option(self, body: dict[str, Any]) -> int | bool | None:
-        """The compaction a body asks the provider to make on the way, if it may be asked
-        (a Responses ``context_management`` compaction): its threshold in tokens, None for
-        none given, False when not asked."""
-        return False
+    def asked_compaction(self, body: dict[str, Any]) -> AskedCompaction | None:
+        """What the body asks the provider to compact or clear on the way (Responses'
+        ``context_management`` compaction, Anthropic's ``context_management.edits``); None
+        when nothing. Raises ``BadRequest`` for an option the API would refuse."""
+        return None
 
-    def without_compaction_option(self, request: ClientRequest) -> bytes:
-        """The body of ``request`` without that option."""
+    def without_asked_compaction(self, request: ClientRequest) -> bytes:
+        """The body of ``request`` without that option, for an upstream that lacks it."""
         return request.raw
+
+    def opened_checkpoints(self, body: Any, opened: Callable[[str], str]) -> dict[str, Any] | None:
+        """``body`` with each sealed checkpoint the proxy gave the client replaced by the
+        checkpoint, ``opened(token)`` giving its text (``ForgedCheckpoint`` when the token
+        does not verify: ``BadRequest`` naming where it was); None when it holds none."""
+        return None
+
+    def compaction_edit(
+        self, made: MadeCompaction | None, cleared: ClearedToolUses | None, asked: AskedCompaction
+    ) -> AnswerEdit | None:
+        """The edit that gives the client, with the upstream's answer, what the proxy did for
+        ``asked``: the compaction ``made``, the tool uses ``cleared``."""
+        return None
+
+    def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
+        """The answer that is the compaction alone (a ``compaction_trigger``, Anthropic's
+        ``pause_after_compaction``), as events when ``stream``."""
+        raise NotImplementedError(f"{self.name} has no compaction-only answer")
 
     @abstractmethod
     def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:

@@ -1,37 +1,46 @@
-"""``/v1/responses/compact`` and ``/v1/responses/input_tokens`` at the edge.
+"""The relayed paths that carry compaction: ``/v1/responses/compact``, ``/v1/responses/
+input_tokens`` and ``/v1/messages/count_tokens``.
 
-Both are relayed by ``http.passthrough``. On the way, a compaction item the proxy made is
-opened into its checkpoint (``service.native_compaction.opened``): the upstream could not read
-it. Where the route's upstream lacks the compact endpoint (``config.native_compaction``), the
-proxy answers it itself: the body is read as a Responses request ending with a
-``compaction_trigger``, and answered with its user messages and one compaction item.
+All three are relayed by ``http.passthrough``. On the way, a checkpoint the proxy sealed for
+the client is opened (``service.native_compaction.opened``): the upstream could not read it.
+Where the route's upstream lacks the providers' compaction (``config.native_compaction``):
+``/v1/responses/compact`` is answered by the proxy (the body read as a Responses request ending
+with a ``compaction_trigger``: its user messages and one compaction item), and a
+``count_tokens`` body's ``context_management`` is taken out on the way, the count answered
+with the ``original_input_tokens`` the API adds (nothing is cleared for a count: both are the
+upstream's count).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.native_compaction import serves_compaction
 from compaction_proxy.config.settings import Route
-from compaction_proxy.formats.bad_request import BadRequest
-from compaction_proxy.formats.compaction_items import TRIGGER_TYPE
 from compaction_proxy.formats.request import ProviderHeld
-from compaction_proxy.formats.wire import ParseContext
-from compaction_proxy.formats.wire_formats import RESPONSES
+from compaction_proxy.formats.wire import ParseContext, WireFormat
+from compaction_proxy.formats.wire_formats import MESSAGES, RESPONSES
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.upstream import client_query
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.service.native_compaction import answer_compact, opened
 
 COMPACT_TEMPLATE = "/v1/responses/compact"
-ITEM_READING_TEMPLATES = frozenset({COMPACT_TEMPLATE, "/v1/responses/input_tokens"})
-# What a compact body keeps when read as a Responses request: the rest (reasoning options,
-# ``store``, streaming) means nothing to a summary.
-KEPT_FIELDS = ("model", "instructions", "tools")
+COUNT_TOKENS_TEMPLATE = "/v1/messages/count_tokens"
+CARRYING: dict[str, WireFormat] = {
+    COMPACT_TEMPLATE: RESPONSES,
+    "/v1/responses/input_tokens": RESPONSES,
+    COUNT_TOKENS_TEMPLATE: MESSAGES,
+}
 PROVIDER_HELD = ("previous_response_id", "conversation")
+
+# Reads a whole successful answer's bytes into what the client gets (``passthrough``).
+Reading = Callable[[bytes], Awaitable[bytes]]
 
 
 def served_here(template: str, method: str, route: Route, body: Any) -> bool:
@@ -45,37 +54,46 @@ def served_here(template: str, method: str, route: Route, body: Any) -> bool:
 
 
 async def opened_on_the_way(request: web.Request, template: str, body: bytes) -> bytes:
-    """``body`` with the proxy's compaction items opened, on the paths that read them."""
-    if template not in ITEM_READING_TEMPLATES:
+    """``body`` with the proxy's sealed checkpoints opened, on the paths that carry them."""
+    wire = CARRYING.get(template)
+    if wire is None:
         return body
-    return await opened(request.app[SERVICES], request.headers, body)
+    return await opened(request.app[SERVICES], request.headers, body, wire)
 
 
-def compact_request_body(body: dict[str, Any]) -> bytes:
-    """A compact body (``served_here``) as a Responses request ending with a
-    ``compaction_trigger``; BadRequest for an ``input`` that is none."""
-    given = body.get("input")
-    if isinstance(given, str):
-        items: list[Any] = [{"role": "user", "content": given}]
-    elif isinstance(given, list):
-        items = list(given)
-    else:
-        raise BadRequest(
-            "Invalid 'input': expected a string or an array of items.",
-            param="input",
-            code="invalid_type",
-        )
-    kept = {field: body[field] for field in KEPT_FIELDS if field in body}
-    return jsonio.dumps({**kept, "input": [*items, {"type": TRIGGER_TYPE}], "store": False})
+def counted_as_asked(template: str, route: Route, body: bytes) -> tuple[bytes, Reading | None]:
+    """A ``count_tokens`` body asking for ``context_management`` on a route whose upstream
+    lacks it: without it, and the reading that adds ``original_input_tokens`` to the count."""
+    if template != COUNT_TOKENS_TEMPLATE or not serves_compaction(route):
+        return body, None
+    try:
+        parsed = jsonio.loads(body)
+    except (ValueError, RecursionError):
+        return body, None
+    if not isinstance(parsed, dict) or "context_management" not in parsed:
+        return body, None
+    stripped = {k: v for k, v in parsed.items() if k != "context_management"}
+    return jsonio.dumps(stripped), _with_original_count
+
+
+async def _with_original_count(answer: bytes) -> bytes:
+    try:
+        counted = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return answer
+    tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
+    if not isinstance(tokens, int):
+        return answer
+    return orjson.dumps({**counted, "context_management": {"original_input_tokens": tokens}})
 
 
 async def serve_compact(request: web.Request, body: bytes) -> web.StreamResponse:
     """Answer ``/v1/responses/compact`` from the proxy's engine (``body``: opened)."""
     services = request.app[SERVICES]
-    raw = compact_request_body(jsonio.loads(body))
+    raw = RESPONSES.compact_request(jsonio.loads(body))
     context = ParseContext(services.known_messages, services.recent_bodies)
     parsed = RESPONSES.parse(raw, context)
-    assert not isinstance(parsed, ProviderHeld)  # refused above
+    assert not isinstance(parsed, ProviderHeld)  # ``served_here`` relays those
     model_policy = services.policies.for_model(parsed.model, ApiFamily.OPENAI)
     answer = await answer_compact(
         services, parsed, model_policy, None, request.headers, client_query(request)

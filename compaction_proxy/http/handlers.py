@@ -82,8 +82,8 @@ def endpoint(wire: WireFormat) -> Handler:
         try:
             check_headers(request.headers)
             raw = await read_body(request, services.settings.max_body_bytes)
-            if wire.carries_compaction_items:
-                raw = await opened(services, request.headers, raw)
+            if wire.carries_sealed_checkpoints:
+                raw = await opened(services, request.headers, raw, wire)
             session_id = _session_id(request.headers, *wire.session_headers)
             beta = tuple(request.headers.getall("anthropic-beta", ())) if anthropic else ()
             context = ParseContext(

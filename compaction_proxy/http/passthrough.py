@@ -35,7 +35,12 @@ from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.compact_endpoint import opened_on_the_way, serve_compact, served_here
+from compaction_proxy.http.compact_endpoint import (
+    counted_as_asked,
+    opened_on_the_way,
+    serve_compact,
+    served_here,
+)
 from compaction_proxy.http.errors import (
     bad_request_response,
     error_response,
@@ -266,6 +271,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     data: bytes | aiohttp.StreamReader = request.content
     template = path_template(request.path)
     named: list[NamedObject] = []
+    counting: Reading | None = None
     try:
         check_headers(request.headers)
         if is_websocket(request):
@@ -283,13 +289,13 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = family_route_for(settings, check_model_name(model), ApiFamily.ANTHROPIC)
             elif model is not None:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
-            if not anthropic:
-                data = await opened_on_the_way(request, template, body)
-                if served_here(template, request.method, route, parsed):
-                    refused = await bound_to_the_account(request, route, named)
-                    if refused is not None:
-                        return refused, "refused" if refused.status == 403 else "not_found"
-                    return await serve_compact(request, data), "served"
+            data = await opened_on_the_way(request, template, body)
+            if served_here(template, request.method, route, parsed):
+                refused = await bound_to_the_account(request, route, named)
+                if refused is not None:
+                    return refused, "refused" if refused.status == 403 else "not_found"
+                return await serve_compact(request, data), "served"
+            data, counting = counted_as_asked(template, route, data)
     except BadRequest as error:
         return bad_request_response(error, anthropic=anthropic), "bad_request"
     except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
@@ -302,7 +308,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     refused = await bound_to_the_account(request, route, named, path_ids)
     if refused is not None:
         return refused, "refused" if refused.status == 403 else "not_found"
-    reading: Reading | None = None
+    reading: Reading | None = counting
     if owned_mode(request, route) and not stateless:
         reading = functools.partial(owned_answer, request, template)
     relay = app[SERVICES].relay_client

@@ -47,7 +47,7 @@ from compaction_proxy.service.forwarded import Forwarded, RequestStatus
 from compaction_proxy.service.native_compaction import (
     MadeAnswer,
     answer_trigger,
-    prepared_with_compaction,
+    prepared_as_asked,
 )
 from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.recover import retry_after_overflow
@@ -145,23 +145,26 @@ async def serve(
         outcome = "compacted" if answer.status == 200 else "compaction_unavailable"
         REQUESTS.labels(route=route.model, outcome=outcome).inc()
         return link.made_here(answer)
-    option = client_request.wire.compaction_option(client_request.body)
-    served_option = option is not False and serves_compaction(route)
-    if served_option:  # the upstream has no such option: it never sees it
+    asked = client_request.wire.asked_compaction(client_request.body)
+    if asked is not None and not serves_compaction(route):
+        asked = None  # the upstream has the option: it goes as sent
+    if asked is not None:  # the upstream has no such option: it never sees it
         client_request = await _without_option(services, client_request, session_id)
     log_entry: RequestLogEntry | None = None
     try:
-        if served_option:
-            threshold = None if isinstance(option, bool) else option
-            forwarded, log_entry = await prepared_with_compaction(
+        if asked is not None:
+            forwarded, log_entry, made_here = await prepared_as_asked(
                 services,
                 client_request,
-                threshold,
+                asked,
                 model_policy,
                 session_id,
                 link.headers,
                 link.query,
             )
+            if made_here is not None:
+                REQUESTS.labels(route=route.model, outcome="compacted").inc()
+                return link.made_here(made_here)
         else:
             forwarded, log_entry = await prepare(
                 services, client_request, model_policy, session_id, link.headers, link.query
@@ -213,7 +216,7 @@ async def _without_option(
     """``client_request`` without the compaction option the proxy serves for it."""
     wire = client_request.wire
     big = is_big(len(client_request.raw))
-    raw = await off_loop_if(big, lambda: wire.without_compaction_option(client_request))
+    raw = await off_loop_if(big, lambda: wire.without_asked_compaction(client_request))
     context = ParseContext(services.known_messages, services.recent_bodies, session_id)
     parsed = await off_loop_if(big, lambda: wire.parse(raw, context))
     assert isinstance(parsed, ClientRequest)  # a body the provider holds never comes here

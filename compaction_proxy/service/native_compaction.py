@@ -1,17 +1,23 @@
-"""The providers' own compaction APIs, answered from the proxy's engine (issue: native
-compaction on upstreams that lack it; ``config.native_compaction`` says for which routes).
+"""The providers' own compaction APIs, answered from the proxy's engine where the upstream
+lacks them (``config.native_compaction`` says for which routes; each format's shapes are its
+adapter's: ``WireFormat.asked_compaction`` and the rest).
 
 * A Responses request ending with a ``compaction_trigger`` (Codex's remote compaction) is
   answered with exactly one ``compaction`` item, streamed when asked, and
-  ``POST /v1/responses/compact`` with the input's user messages and that item. The item
-  carries a checkpoint the engine made over everything before the trigger: the request is
-  prepared as any other (its committed checkpoints applied, compacted if it is over its
-  window), then summarized whole as the admin's manual compaction does (merging an earlier
-  checkpoint), and the checkpoint committed, so the proxy's own store holds it too.
-* An item the proxy made, sent back in any Responses body on any route (``opened``), becomes
-  that checkpoint's message before anything else reads the body; one that does not verify
-  for the caller is refused (400 ``invalid_encrypted_content``) and nothing reaches the
-  upstream.
+  ``POST /v1/responses/compact`` with the input's user messages and that item.
+* A request asking for compaction on the way (Responses ``context_management`` compaction,
+  Anthropic ``compact_20260112``) at or over its threshold is forwarded with a fresh
+  checkpoint, its answer carrying the compaction first (or alone: Anthropic's
+  ``pause_after_compaction``); Anthropic's ``clear_tool_uses_20250919`` clears old tool
+  results with the client's parameters (``compaction.asked_clearing``) and the answer says
+  what went. The upstream never sees the option.
+* A compaction is made as the admin's manual compaction does: the request prepared as any
+  other (its checkpoints applied, compacted if it is over its window), then everything before
+  its live turn (or trigger) summarized, merging an earlier checkpoint, and committed, so the
+  proxy's store holds it too. The client gets it sealed (``formats.sealed_checkpoints``).
+* A sealed checkpoint sent back in any body of those formats on any route (``opened``)
+  becomes the checkpoint before anything else reads the body; one that does not verify for
+  the caller is refused (400) and nothing reaches the upstream.
 """
 
 from __future__ import annotations
@@ -19,13 +25,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import orjson
 
 from compaction_proxy.compaction import triggers
+from compaction_proxy.compaction.asked_clearing import cleared_tool_uses
 from compaction_proxy.compaction.model_policy import ModelPolicy
 from compaction_proxy.compaction.outcomes import Outcome
 from compaction_proxy.compaction.planning import CompactionJob
@@ -34,27 +39,21 @@ from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.replacements import Checkpoint
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.conversation.text import text_of
-from compaction_proxy.formats.answer_edits import FirstOutputItem
-from compaction_proxy.formats.bad_request import BadRequest
-from compaction_proxy.formats.compaction_items import (
+from compaction_proxy.formats.asked_compaction import AskedCompaction, ClearedToolUses
+from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.sealed_checkpoints import (
     SEALED_MARK,
-    TRIGGER_TYPE,
-    ForgedItem,
-    compacted_response,
-    is_sealed,
-    item_key,
-    responses_usage,
+    MadeCompaction,
     seal,
-    summary_message_item,
-    trigger_events,
-    trigger_response,
+    sealing_key,
     unseal,
 )
-from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.wire import WireFormat
+from compaction_proxy.formats.wire_formats import RESPONSES
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.tenant import api_key_of, tenant_of
-from compaction_proxy.service.forwarded import Forwarded
+from compaction_proxy.service.forwarded import Forwarded, status_of
 from compaction_proxy.service.prepare import prepare
 from compaction_proxy.service.request_log import RequestLogEntry
 from compaction_proxy.service.services import Services
@@ -81,13 +80,16 @@ class CompactionUnavailable(Exception):
 
 async def _key_and_tenant(services: Services, headers: Mapping[str, str]) -> tuple[bytes, str]:
     secret = await services.tenant_secret.get()
-    return item_key(secret), tenant_of(secret, api_key_of(headers))
+    return sealing_key(secret), tenant_of(secret, api_key_of(headers))
 
 
-async def opened(services: Services, headers: Mapping[str, str], raw: bytes) -> bytes:
-    """``raw`` with each compaction item the proxy made replaced by its checkpoint's message;
-    ``raw`` itself when it holds none. BadRequest for one that does not verify for the caller
-    (another tenant's, altered, made up)."""
+async def opened(
+    services: Services, headers: Mapping[str, str], raw: bytes, wire: WireFormat
+) -> bytes:
+    """``raw`` with each sealed checkpoint the proxy gave the caller put back as the
+    checkpoint (``WireFormat.opened_checkpoints``); ``raw`` itself when it holds none.
+    BadRequest for one that does not verify for the caller (another tenant's, altered, made
+    up)."""
     if SEALED_MARK not in raw:
         return raw
     big = is_big(len(raw))
@@ -95,28 +97,13 @@ async def opened(services: Services, headers: Mapping[str, str], raw: bytes) -> 
         body = await off_loop_if(big, lambda: jsonio.loads(raw))
     except (ValueError, RecursionError):  # not JSON: the format's parse refuses it
         return raw
-    items = body.get("input") if isinstance(body, dict) else None
-    if not isinstance(items, list) or not any(is_sealed(item) for item in items):
-        return raw
     key, tenant = await _key_and_tenant(services, headers)
-    return await off_loop_if(big, lambda: _opened_body(body, items, key, tenant))
 
+    def checkpoint_text(token: str) -> str:
+        return str(frame(unseal(key, tenant, token))["content"])
 
-def _opened_body(body: dict[str, Any], items: list[Any], key: bytes, tenant: str) -> bytes:
-    opened_items: list[Any] = []
-    for index, item in enumerate(items):
-        if is_sealed(item):
-            try:
-                summary = unseal(key, tenant, item["encrypted_content"])
-            except ForgedItem as exc:
-                raise BadRequest(
-                    f"Invalid 'input[{index}]': {exc}.",
-                    param=f"input[{index}].encrypted_content",
-                    code="invalid_encrypted_content",
-                ) from exc
-            item = summary_message_item(str(frame(summary)["content"]))
-        opened_items.append(item)
-    return jsonio.dumps({**body, "input": opened_items})
+    replaced = await off_loop_if(big, lambda: wire.opened_checkpoints(body, checkpoint_text))
+    return raw if replaced is None else jsonio.dumps(replaced)
 
 
 def _from_start(surface: Surface) -> Checkpoint | None:
@@ -124,52 +111,32 @@ def _from_start(surface: Surface) -> Checkpoint | None:
     return next((c for c in surface.checkpoints if c.start == 0), None)
 
 
-async def _checkpoint(
-    services: Services,
-    client_request: ClientRequest,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> tuple[str, dict[str, Any]]:
-    """What the item answering the trigger ending ``client_request`` carries: the summary of
-    everything before it, committed as the conversation's checkpoint, and its usage. A
-    history too short for a summary to be any smaller is its own compaction, whole."""
-    forwarded, _ = await prepare(services, client_request, model_policy, session_id, headers, query)
-    job, state = forwarded.job, forwarded.state
-    if job is None or state is None:
-        raise CompactionUnavailable("the conversation could not be read")
-    trigger = len(job.view.body) - 1
-    if trigger < 1:
-        return "None.", responses_usage(None)
-    try:
-        return await made_checkpoint(services, job, state, trigger)
-    except TooShort:
-        return transcript(job.view.body[:trigger]), responses_usage(None)
-
-
 class TooShort(CompactionUnavailable):
     """The history is too short for a summary of it to be any smaller."""
 
 
-async def made_checkpoint(
-    services: Services, job: CompactionJob, state: ConversationState, end: int
-) -> tuple[str, dict[str, Any]]:
-    """What an item standing for every body message before position ``end`` carries: one
-    checkpoint committed from the first message as far as a summary may reach (merging any
-    earlier one; a span never parts a tool call from its result), then the messages after it,
-    verbatim; and the usage reported for it."""
+async def _made(
+    services: Services,
+    headers: Mapping[str, str],
+    job: CompactionJob,
+    state: ConversationState,
+    end: int,
+) -> MadeCompaction:
+    """The compaction of every body message before position ``end``, sealed for the caller:
+    one checkpoint committed from the first message as far as a summary may reach (merging
+    any earlier one; a span never parts a tool call from its result), then the messages after
+    it, verbatim."""
     engine = services.engine
     reached = -1  # where the checkpoint from the start ended after the round before
     for _ in range(ROUNDS):
         found = _from_start(job.view.surface(state.records))
         if found is not None and (found.end >= end - 1 or found.end == reached):
-            return _carried(job, found, end)
+            return await _sealed(services, headers, job, found, end)
         reached = found.end if found is not None else -1
         made = await triggers.compact_manual(engine, job, state)
         if made.outcome is Outcome.NO_RANGE:
             if found is not None:  # as far as the pairing lets a summary reach
-                return _carried(job, found, end)
+                return await _sealed(services, headers, job, found, end)
             region = await triggers.compact_region(engine, job, state, 0, end - 1)
             if isinstance(region, str):
                 raise CompactionUnavailable(region)
@@ -186,54 +153,30 @@ async def made_checkpoint(
     raise CompactionUnavailable("the history did not fit the summary calls allowed")
 
 
-def _carried(job: CompactionJob, checkpoint: Checkpoint, end: int) -> tuple[str, dict[str, Any]]:
+async def _sealed(
+    services: Services,
+    headers: Mapping[str, str],
+    job: CompactionJob,
+    checkpoint: Checkpoint,
+    end: int,
+) -> MadeCompaction:
     text = framed_summary_text(checkpoint.message) or ""
     after = job.view.body[checkpoint.end + 1 : end]
     if after:
         text += f"\n\n## Latest messages, verbatim\n{transcript(after)}"
-    usage = {"input_tokens": checkpoint.shadowed_tokens, "output_tokens": checkpoint.tokens}
-    return text, responses_usage(usage)
+    return await _sealed_text(
+        services, headers, text, checkpoint.shadowed_tokens, checkpoint.tokens
+    )
 
 
-async def prepared_with_compaction(
-    services: Services,
-    client_request: ClientRequest,
-    threshold: int | None,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> tuple[Forwarded, RequestLogEntry]:
-    """A Responses request that asked for ``context_management`` compaction, on a route
-    whose upstream lacks it (``client_request``: without the option). Its history at or over
-    ``threshold`` tokens (as the client sent it): everything before its live turn is
-    summarized and committed, the request forwarded with that checkpoint, and the answer
-    given the compaction item first (``formats.answer_edits.FirstOutputItem``). Below it, or
-    no summary to be had: prepared as any request."""
-    forwarded, log_entry = await prepare(
-        services, client_request, model_policy, session_id, headers, query
-    )
-    job, state, measured = forwarded.job, forwarded.state, forwarded.measurement
-    if threshold is None or job is None or state is None or measured is None:
-        return forwarded, log_entry
-    sent_tokens = forwarded.tokens_before or measured.tokens
-    if sent_tokens < threshold or job.view.live_start < 1:
-        return forwarded, log_entry
-    try:
-        # The item stands for the whole input: the client keeps only what follows it.
-        summary, _ = await made_checkpoint(services, job, state, len(job.view.body))
-    except CompactionUnavailable as exc:
-        log.info("context_management compaction not made: %s", exc)
-        return forwarded, log_entry
-    forwarded, log_entry = await prepare(
-        services, client_request, model_policy, session_id, headers, query
-    )
+async def _sealed_text(
+    services: Services, headers: Mapping[str, str], text: str, taken: int = 0, given: int = 0
+) -> MadeCompaction:
     key, tenant = await _key_and_tenant(services, headers)
-    item = seal(key, tenant, summary, int(time.time()))
-    return dataclasses.replace(forwarded, answer_edit=FirstOutputItem(item)), log_entry
+    return MadeCompaction(text, seal(key, tenant, text, int(time.time())), taken, given)
 
 
-def transcript(messages: list[Message]) -> str:
+def transcript(messages: Sequence[Message]) -> str:
     """A short history as text, one message after another, each under its role."""
     lines = []
     for message in messages:
@@ -248,6 +191,29 @@ def transcript(messages: list[Message]) -> str:
     return "\n\n".join(lines)
 
 
+async def _whole_compaction(
+    services: Services,
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+    headers: Mapping[str, str],
+    query: str,
+) -> MadeCompaction:
+    """The compaction of everything before the trigger ending ``client_request``. A history
+    too short for a summary to be any smaller is its own compaction, whole."""
+    forwarded, _ = await prepare(services, client_request, model_policy, session_id, headers, query)
+    job, state = forwarded.job, forwarded.state
+    if job is None or state is None:
+        raise CompactionUnavailable("the conversation could not be read")
+    trigger = len(job.view.body) - 1
+    if trigger < 1:
+        return await _sealed_text(services, headers, "None.")
+    try:
+        return await _made(services, headers, job, state, trigger)
+    except TooShort:
+        return await _sealed_text(services, headers, transcript(job.view.body[:trigger]))
+
+
 def _unavailable(reason: str) -> MadeAnswer:
     error = {
         "message": f"The conversation could not be compacted: {reason}. Try again shortly.",
@@ -258,6 +224,31 @@ def _unavailable(reason: str) -> MadeAnswer:
     return MadeAnswer(503, orjson.dumps({"error": error}))
 
 
+async def _compacted_whole(
+    services: Services,
+    client_request: ClientRequest,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+    headers: Mapping[str, str],
+    query: str,
+) -> MadeCompaction | MadeAnswer:
+    """``_whole_compaction``, or the 503 that says why there is none."""
+    what = "a compaction asked for"
+    try:
+        return await _whole_compaction(
+            services, client_request, model_policy, session_id, headers, query
+        )
+    except CompactionUnavailable as exc:
+        log.warning("%s not answered: %s", what, exc)
+        return _unavailable(str(exc))
+    except StoreUnavailable as exc:
+        log.warning("%s not answered: store unavailable (%s)", what, exc.operation)
+        return _unavailable("the proxy's store is unavailable")
+    except Exception:
+        log.exception("%s not answered", what)
+        return _unavailable("the proxy failed to compact it")
+
+
 async def answer_trigger(
     services: Services,
     client_request: ClientRequest,
@@ -266,28 +257,20 @@ async def answer_trigger(
     headers: Mapping[str, str],
     query: str,
 ) -> MadeAnswer:
-    """The answer to a Responses request ending with a ``compaction_trigger``: one
-    ``compaction`` output item, as events when the request streams."""
-    try:
-        summary, usage = await _checkpoint(
-            services, client_request, model_policy, session_id, headers, query
-        )
-    except CompactionUnavailable as exc:
-        log.warning("compaction_trigger not answered: %s", exc)
-        return _unavailable(str(exc))
-    except StoreUnavailable as exc:
-        log.warning("compaction_trigger not answered: store unavailable (%s)", exc.operation)
-        return _unavailable("the proxy's store is unavailable")
-    except Exception:
-        log.exception("compaction_trigger not answered")
-        return _unavailable("the proxy failed to compact it")
-    key, tenant = await _key_and_tenant(services, headers)
-    now = int(time.time())
-    item = seal(key, tenant, summary, now)
-    response = trigger_response(f"resp_{uuid.uuid4().hex}", client_request.model, now, item, usage)
-    if client_request.stream:
-        return MadeAnswer(200, trigger_events(response), "text/event-stream")
-    return MadeAnswer(200, orjson.dumps(response))
+    """The answer to a request ending with a ``compaction_trigger``: the compaction alone,
+    as events when the request streams."""
+    made = await _compacted_whole(
+        services, client_request, model_policy, session_id, headers, query
+    )
+    if isinstance(made, MadeAnswer):
+        return made
+    return _compaction_answer(client_request, made)
+
+
+def _compaction_answer(client_request: ClientRequest, made: MadeCompaction) -> MadeAnswer:
+    wire, stream = client_request.wire, client_request.stream
+    body = wire.compaction_answer(client_request.model, made, stream)
+    return MadeAnswer(200, body, "text/event-stream" if stream else "application/json")
 
 
 async def answer_compact(
@@ -298,26 +281,89 @@ async def answer_compact(
     headers: Mapping[str, str],
     query: str,
 ) -> MadeAnswer:
-    """``POST /v1/responses/compact`` (``client_request`` is its body with a trigger
-    appended): the input's user messages, then one ``compaction`` item."""
-    try:
-        summary, usage = await _checkpoint(
-            services, client_request, model_policy, session_id, headers, query
-        )
-    except CompactionUnavailable as exc:
-        log.warning("/responses/compact not answered: %s", exc)
-        return _unavailable(str(exc))
-    except StoreUnavailable as exc:
-        log.warning("/responses/compact not answered: store unavailable (%s)", exc.operation)
-        return _unavailable("the proxy's store is unavailable")
-    except Exception:
-        log.exception("/responses/compact not answered")
-        return _unavailable("the proxy failed to compact it")
-    key, tenant = await _key_and_tenant(services, headers)
-    now = int(time.time())
-    item = seal(key, tenant, summary, now)
-    items = client_request.body.get("input")
-    assert isinstance(items, list)  # made so by the edge (``compact_request_body``)
-    sent = [i for i in items if not (isinstance(i, dict) and i.get("type") == TRIGGER_TYPE)]
-    answer = compacted_response(f"cmp_{uuid.uuid4().hex}", now, sent, item, usage)
-    return MadeAnswer(200, orjson.dumps(answer))
+    """``POST /v1/responses/compact`` (``client_request``: its body as
+    ``ResponsesFormat.compact_request`` made it): the input's user messages, then one
+    ``compaction`` item."""
+    made = await _compacted_whole(
+        services, client_request, model_policy, session_id, headers, query
+    )
+    if isinstance(made, MadeAnswer):
+        return made
+    return MadeAnswer(200, RESPONSES.compacted_answer(client_request, made))
+
+
+async def prepared_as_asked(
+    services: Services,
+    client_request: ClientRequest,
+    asked: AskedCompaction,
+    model_policy: ModelPolicy,
+    session_id: str | None,
+    headers: Mapping[str, str],
+    query: str,
+) -> tuple[Forwarded, RequestLogEntry, MadeAnswer | None]:
+    """A request that asked for compaction or clearing on the way, on a route whose upstream
+    lacks it (``client_request``: without the option). At or over ``asked.threshold`` tokens
+    (its history as the client sent it), everything before its live turn is compacted and the
+    request forwarded with that checkpoint, or, asked to pause, answered with the compaction
+    alone (the third value). Tool uses are cleared as asked. The answer gets what was done
+    (``WireFormat.compaction_edit``). No summary to be had: prepared as any request."""
+    forwarded, log_entry = await prepare(
+        services, client_request, model_policy, session_id, headers, query
+    )
+    job, state, measured = forwarded.job, forwarded.state, forwarded.measurement
+    if job is None or state is None or measured is None:
+        return forwarded, log_entry, None
+    made = None
+    sent_tokens = forwarded.tokens_before or measured.tokens
+    if asked.threshold is not None and sent_tokens >= asked.threshold and job.view.live_start:
+        job = dataclasses.replace(job, summary_instructions=asked.instructions)
+        try:
+            # The compaction stands for the whole input: the client keeps only what follows.
+            made = await _made(services, headers, job, state, len(job.view.body))
+        except CompactionUnavailable as exc:
+            log.info("compaction asked on the way not made: %s", exc)
+        if made is not None and asked.pause:
+            return forwarded, log_entry, _compaction_answer(client_request, made)
+        if made is not None:
+            forwarded, log_entry = await prepare(
+                services, client_request, model_policy, session_id, headers, query
+            )
+    cleared = None
+    if asked.clear_tool_uses is not None:
+        forwarded, cleared = await _cleared(services, client_request, forwarded, asked)
+    edit = client_request.wire.compaction_edit(made, cleared, asked)
+    return dataclasses.replace(forwarded, answer_edit=edit), log_entry, None
+
+
+async def _cleared(
+    services: Services, client_request: ClientRequest, forwarded: Forwarded, asked: AskedCompaction
+) -> tuple[Forwarded, ClearedToolUses | None]:
+    """``forwarded`` with tool uses cleared as asked, and what went."""
+    job, state, surface, measured = (
+        forwarded.job,
+        forwarded.state,
+        forwarded.surface,
+        forwarded.measurement,
+    )
+    clear = asked.clear_tool_uses
+    if job is None or state is None or surface is None or measured is None or clear is None:
+        return forwarded, None
+    engine = services.engine
+    done = await cleared_tool_uses(engine, job, state, surface, measured, clear)
+    if done is None:
+        return forwarded, None
+    cleared_surface, cleared = done
+    view = job.view
+    payload = await off_loop_if(
+        view.big, lambda: client_request.wire.payload(client_request, cleared_surface)
+    )
+    measurement = await engine.measure(job, state, cleared_surface)
+    replaced = dataclasses.replace(
+        forwarded,
+        payload=payload,
+        surface=cleared_surface,
+        measurement=measurement,
+        status=status_of(cleared_surface),
+        tokens_before=forwarded.tokens_before or measured.tokens,
+    )
+    return replaced, cleared

@@ -169,6 +169,9 @@ class FakeMessages:
     # tool call alone, as a model offered tools may answer
     summary_tool_calls: int = 0
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # An Anthropic-compatible endpoint without the context-management beta (most of them)
+    # refuses the field, as a strict schema does.
+    knows_context_management: bool = False
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -284,6 +287,9 @@ class FakeMessages:
         body = await self._read(request)
         if isinstance(body, web.Response):
             return body
+        if "context_management" in body and not self.knows_context_management:
+            problem = "context_management: Extra inputs are not permitted"
+            return anthropic_error(400, "invalid_request_error", problem)
         return web.json_response({"input_tokens": self.input_tokens(body)})
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
@@ -291,6 +297,8 @@ class FakeMessages:
         if isinstance(body, web.Response):
             return body
         problem = refusal(body) or thinking_refusal(body)
+        if "context_management" in body and not self.knows_context_management:
+            problem = "context_management: Extra inputs are not permitted"
         if problem is not None:
             self.refused.append(problem)
             return anthropic_error(400, "invalid_request_error", problem)

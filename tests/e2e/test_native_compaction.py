@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from compaction_proxy.formats.compaction_items import TOKEN_PREFIX
+from compaction_proxy.formats.sealed_checkpoints import TOKEN_PREFIX
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 from tests.helpers import counter, route

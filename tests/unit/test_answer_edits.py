@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction_proxy.formats.answer_edits import EventEditor, FirstOutputItem, sse_event
+from compaction_proxy.formats.answer_edits import EventEditor, sse_event
+from compaction_proxy.formats.responses_compaction import FirstOutputItem
 
 pytest.importorskip("hypothesis")
 
