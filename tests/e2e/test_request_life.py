@@ -25,6 +25,7 @@ from compaction_proxy.ops.app import create_app
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.service.exchange import Refusal, Reply, serve
 from compaction_proxy.service.forwarded import Forwarded
+from compaction_proxy.service.native_compaction import MadeAnswer
 from compaction_proxy.service.services import Services
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, overflow_body
 from compaction_proxy.testing.memory_upstream import MemoryAnswer, MemoryUpstream
@@ -51,6 +52,9 @@ class ScriptedLink:
 
     async def refusal(self, route: Route, named: Any) -> Refusal[Answered] | None:
         return None
+
+    def made_here(self, answer: MadeAnswer) -> Answered:
+        return answer.status, answer.body
 
     async def send(
         self, route: Route, client_request: ClientRequest, forwarded: Forwarded
