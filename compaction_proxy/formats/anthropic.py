@@ -93,6 +93,7 @@ def parse_messages_request(
         translation=translated,
         lineage=lineage,
         declared_window=declared_window(beta),
+        carries_sealed=translated.sealed,
     )
 
 
@@ -113,7 +114,9 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> TranslatedMessages 
     count = head
     while count < len(base.groups) and base.groups[count][-1] < shared:
         count += 1
-    return TranslatedMessages(base.messages[:count], base.groups[:count], entries[:shared])
+    return TranslatedMessages(
+        base.messages[:count], base.groups[:count], entries[:shared], base.sealed
+    )
 
 
 def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
@@ -135,7 +138,6 @@ class MessagesFormat(WireFormat):
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_tokens",)
     stored_by_default: ClassVar[bool] = False
     session_headers: ClassVar[tuple[str, ...]] = (CLAUDE_CODE_SESSION_HEADER,)
-    carries_sealed_checkpoints: ClassVar[bool] = True
 
     def asked_compaction(self, body: dict[str, Any]) -> AskedCompaction | None:
         if "context_management" not in body:  # most bodies: nothing more to look at

@@ -36,6 +36,7 @@ from compaction_proxy.conversation.surface import Surface, written_back
 from compaction_proxy.conversation.text import text_of
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.sealed_checkpoints import is_sealed
 from compaction_proxy.parsing import jsonio
 
 THINKING = frozenset({"thinking", "redacted_thinking"})
@@ -66,6 +67,7 @@ class TranslatedMessages:
     messages: list[Message]
     groups: list[tuple[int, ...]]
     entries: list[Entry]
+    sealed: bool = False  # it holds a compaction block the proxy made (sealed_checkpoints)
 
 
 def _system_text(system: Any) -> str:
@@ -155,7 +157,9 @@ def translate_messages(
     if prefix is not None:
         messages, groups = list(prefix.messages), list(prefix.groups)
         entries = list(prefix.entries)
+        sealed = prefix.sealed
     else:
+        sealed = False
         messages, groups, entries = [], [], []
         head = system_message(body)
         if head is not None:
@@ -179,6 +183,9 @@ def translate_messages(
         if not isinstance(content, list):
             raise _invalid(f"{param}.content", "a string or an array of content blocks")
         blocks = [_block(b, f"{param}.content.{i}") for i, b in enumerate(content)]
+        sealed = sealed or any(
+            b["type"] == "compaction" and is_sealed(b.get("encrypted_content")) for b in blocks
+        )
         first = len(entries)
         entries += [Entry(turn_index, role, block) for block in blocks]
         if role == "assistant":
@@ -194,7 +201,7 @@ def translate_messages(
             else:
                 run.append(first + offset)
         _close_run(messages, groups, entries, run)
-    return TranslatedMessages(messages, groups, entries)
+    return TranslatedMessages(messages, groups, entries, sealed)
 
 
 def _close_run(

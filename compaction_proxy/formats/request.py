@@ -63,6 +63,8 @@ class ClientRequest:
     # A window the request itself declares, in force instead of the model map's: Anthropic's
     # 1M-context beta (formats.anthropic.declared_window).
     declared_window: int | None = None
+    # It holds a checkpoint the proxy sealed for the client (formats.sealed_checkpoints).
+    carries_sealed: bool = False
 
     @property
     def api(self) -> str:

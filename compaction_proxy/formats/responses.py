@@ -93,7 +93,7 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:
         and messages[count].get("role") == "assistant"
     ):
         count -= 1
-    return Translated(base.messages[:count], base.groups[:count])
+    return Translated(base.messages[:count], base.groups[:count], base.sealed)
 
 
 def parse_responses_request(
@@ -122,6 +122,7 @@ def parse_responses_request(
         wire=RESPONSES,
         groups=translated.groups,
         lineage=lineage,
+        carries_sealed=translated.sealed,
     )
 
 
@@ -141,7 +142,6 @@ class ResponsesFormat(WireFormat):
     upstream_path: ClassVar[str] = "/responses"
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_output_tokens",)
     stored_by_default: ClassVar[bool] = True
-    carries_sealed_checkpoints: ClassVar[bool] = True
 
     def asks_for_compaction(self, body: dict[str, Any]) -> bool:
         return responses_compaction.asks_for_compaction(body)

@@ -34,6 +34,7 @@ from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import (
     ClientRequest,
 )
+from compaction_proxy.formats.sealed_checkpoints import is_sealed
 from compaction_proxy.parsing import jsonio
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -122,6 +123,7 @@ class Translated:
 
     messages: list[Message]
     groups: list[tuple[int, ...]]
+    sealed: bool = False  # it holds a compaction item the proxy made (sealed_checkpoints)
 
 
 def translate(body: dict[str, Any], prefix: Translated | None = None) -> Translated:
@@ -144,6 +146,7 @@ def translate(body: dict[str, Any], prefix: Translated | None = None) -> Transla
         items = raw_input
     else:
         raise _invalid("input", "a string or an array of items")
+    sealed = prefix.sealed if prefix is not None else False
     pending: list[int] = []  # reasoning items waiting for the item they led to
     start = max((group[-1] for group in groups if group), default=-1) + 1
     for index in range(start, len(items)):
@@ -152,6 +155,8 @@ def translate(body: dict[str, Any], prefix: Translated | None = None) -> Transla
             pending.append(index)
             continue
         message = item_message(item, f"input[{index}]")
+        if message.get("name") == "item:compaction" and is_sealed(item.get("encrypted_content")):
+            sealed = True
         group = (*pending, index)
         if _continues_a_turn(messages, groups, message, group):
             # One assistant turn, as chat has it: its text and all its calls in one message,
@@ -177,7 +182,7 @@ def translate(body: dict[str, Any], prefix: Translated | None = None) -> Transla
             }
         )
         groups.append(tuple(pending))
-    return Translated(messages, groups)
+    return Translated(messages, groups, sealed)
 
 
 def _continues_a_turn(

@@ -66,8 +66,6 @@ class WireFormat(ABC):
     answer_cap_fields: ClassVar[tuple[str, ...]]  # first present positive integer wins
     stored_by_default: ClassVar[bool]  # ``store`` when the body does not say
     session_headers: ClassVar[tuple[str, ...]] = ()  # read after ``X-Session-Id``
-    # Whether its bodies may carry the proxy's sealed checkpoints (``formats.sealed_checkpoints``).
-    carries_sealed_checkpoints: ClassVar[bool] = False
 
     @abstractmethod
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:

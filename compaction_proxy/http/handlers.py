@@ -82,14 +82,18 @@ def endpoint(wire: WireFormat) -> Handler:
         try:
             check_headers(request.headers)
             raw = await read_body(request, services.settings.max_body_bytes)
-            if wire.carries_sealed_checkpoints:
-                raw = await opened(services, request.headers, raw, wire)
             session_id = _session_id(request.headers, *wire.session_headers)
             beta = tuple(request.headers.getall("anthropic-beta", ())) if anthropic else ()
             context = ParseContext(
                 services.known_messages, services.recent_bodies, session_id, beta=beta
             )
             parsed = await off_loop_if(is_big(len(raw)), lambda: wire.parse(raw, context))
+            if not isinstance(parsed, ProviderHeld) and parsed.carries_sealed:
+                # A checkpoint the proxy sealed for the client: put back as the checkpoint
+                # (found while parsing, so no other body is searched for one).
+                sent, raw = raw, await opened(services, request.headers, raw, wire)
+                if raw is not sent:
+                    parsed = await off_loop_if(is_big(len(raw)), lambda: wire.parse(raw, context))
             if isinstance(parsed, ProviderHeld):
                 named = await _named(request, raw, parsed.body)
                 route = services.policies.for_model(parsed.model, wire.family).route
