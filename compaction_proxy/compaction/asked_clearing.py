@@ -59,4 +59,6 @@ async def cleared_tool_uses(
     if not candidates or saved < asked.clear_at_least:
         return None
     records = mask_records(job, candidates)
-    return view.surface((*records, *state.records)), ClearedToolUses(len(candidates), saved)
+    ids = [view.body[c.position].get("tool_call_id") for c in candidates]
+    cleared = ClearedToolUses(len(candidates), saved, tuple(i for i in ids if isinstance(i, str)))
+    return view.surface((*records, *state.records)), cleared

@@ -151,13 +151,24 @@ class MessagesFormat(WireFormat):
     def opened_checkpoints(self, body: Any, opened: Callable[[str], str]) -> dict[str, Any] | None:
         return anthropic_compaction.opened_blocks(body, opened)
 
+    def cleared_as_asked(
+        self, payload: bytes, asked: AskedCompaction, cleared: ClearedToolUses | None
+    ) -> tuple[bytes, tuple[dict[str, Any], ...]]:
+        if asked.clear_tool_uses is None and asked.keep_thinking_turns is None:
+            return payload, ()
+        edited, applied = anthropic_compaction.edited_turns(jsonio.loads(payload), asked, cleared)
+        return jsonio.dumps(edited), tuple(applied)
+
     def compaction_edit(
-        self, made: MadeCompaction | None, cleared: ClearedToolUses | None, asked: AskedCompaction
+        self,
+        made: MadeCompaction | None,
+        applied: tuple[dict[str, Any], ...],
+        asked: AskedCompaction,
     ) -> AnswerEdit | None:
-        reported = asked.clear_tool_uses is not None
-        if made is None and not reported:
+        clearing = asked.clear_tool_uses is not None or asked.keep_thinking_turns is not None
+        if made is None and not clearing:
             return None
-        return anthropic_compaction.ManagedAnswer(made, cleared, reported)
+        return anthropic_compaction.ManagedAnswer(made, applied if clearing else None)
 
     def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
         message_id = f"msg_{uuid.uuid4().hex}"

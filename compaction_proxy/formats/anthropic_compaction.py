@@ -3,9 +3,9 @@ for, the ``compaction`` block, and the answer carrying the block, ``applied_edit
 ``usage.iterations``.
 
 Served here (``native_compaction``): ``clear_tool_uses_20250919`` (its ``trigger``, ``keep``,
-``clear_at_least`` and ``exclude_tools``; ``clear_tool_inputs`` is accepted, and inputs are
-kept) and ``compact_20260112`` (its ``trigger``, ``pause_after_compaction`` and
-``instructions``). ``clear_thinking_20251015`` is accepted and thinking blocks go as sent.
+``clear_at_least``, ``exclude_tools`` and ``clear_tool_inputs``), ``clear_thinking_20251015``
+(its ``keep``) and ``compact_20260112`` (its ``trigger``, ``pause_after_compaction`` and
+``instructions``).
 
 The block the proxy makes carries its sealed token (``formats.sealed_checkpoints``) as
 ``encrypted_content`` beside the summary as ``content``. Sent back, the API drops everything
@@ -15,6 +15,7 @@ block, keeping what follows the block.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,13 +65,30 @@ def _clear_tool_uses(edit: dict[str, Any], param: str) -> ClearToolUses:
     if not isinstance(excluded, list) or not all(isinstance(t, str) for t in excluded):
         raise _invalid(f"{param}.exclude_tools", "expected a list of tool names")
     keep = _count(edit, "keep", ("tool_uses",), param)
+    inputs = edit.get("clear_tool_inputs") or False
+    if isinstance(inputs, list) and all(isinstance(t, str) for t in inputs):
+        inputs = frozenset(inputs)
+    elif not isinstance(inputs, bool):
+        raise _invalid(f"{param}.clear_tool_inputs", "expected a boolean or a list of tool names")
     return ClearToolUses(
         trigger_tokens=None if by_uses else (100_000 if value is None else value),
         trigger_tool_uses=value if by_uses else None,
         keep=3 if keep is None else keep,
         clear_at_least=_count(edit, "clear_at_least", ("input_tokens",), param) or 0,
         exclude_tools=frozenset(excluded),
+        clear_inputs=inputs,
     )
+
+
+def _thinking_kept(edit: dict[str, Any], param: str) -> int | None:
+    """How many of the newest assistant turns keep their thinking (1 by default); None for
+    ``all``."""
+    keep = edit.get("keep")
+    if keep is None:
+        return 1
+    if keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all"):
+        return None
+    return _count(edit, "keep", ("thinking_turns",), param)
 
 
 def asked_compaction(body: dict[str, Any]) -> AskedCompaction | None:
@@ -89,9 +107,10 @@ def asked_compaction(body: dict[str, Any]) -> AskedCompaction | None:
         if not isinstance(edit, dict) or kind not in EDITS:
             raise _invalid(f"{param}.type", f"expected one of {', '.join(EDITS)}")
         if kind == CLEAR_TOOL_USES:
-            asked = AskedCompaction(
-                asked.threshold, asked.pause, asked.instructions, _clear_tool_uses(edit, param)
-            )
+            asked = dataclasses.replace(asked, clear_tool_uses=_clear_tool_uses(edit, param))
+        elif kind == CLEAR_THINKING:
+            kept = _thinking_kept(edit, param)
+            asked = dataclasses.replace(asked, keep_thinking_turns=kept)
         elif kind == COMPACT:
             trigger = _count(edit, "trigger", ("input_tokens",), param)
             pause = edit.get("pause_after_compaction", False)
@@ -101,7 +120,9 @@ def asked_compaction(body: dict[str, Any]) -> AskedCompaction | None:
             if instructions is not None and not isinstance(instructions, str):
                 raise _invalid(f"{param}.instructions", "expected a string")
             threshold = DEFAULT_COMPACT_TRIGGER if trigger is None else trigger
-            asked = AskedCompaction(threshold, pause, instructions, asked.clear_tool_uses)
+            asked = dataclasses.replace(
+                asked, threshold=threshold, pause=pause, instructions=instructions
+            )
     return asked
 
 
@@ -177,29 +198,100 @@ def _usage_iterations(
     return [compaction, answer]
 
 
-def applied_edits(cleared: ClearedToolUses | None) -> list[dict[str, Any]]:
-    if cleared is None:
-        return []
-    return [
-        {
-            "type": CLEAR_TOOL_USES,
-            "cleared_tool_uses": cleared.tool_uses,
-            "cleared_input_tokens": cleared.tokens,
-        }
+THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+CHARS_PER_TOKEN = 4  # what a cleared block held, in tokens: an estimate is enough here
+
+
+def edited_turns(
+    body: dict[str, Any], asked: AskedCompaction, cleared: ClearedToolUses | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``body`` (as it is forwarded) with the clearing ``asked`` that works on whole turns:
+    the inputs of the calls whose results went (``clear_tool_inputs``), and the thinking of
+    assistant turns older than the newest ``keep_thinking_turns``; and ``applied_edits``."""
+    turns = body.get("messages")
+    if not isinstance(turns, list):
+        return body, _applied(cleared, 0, 0, 0)
+    clear = asked.clear_tool_uses
+    inputs = clear.clear_inputs if clear is not None and cleared is not None else False
+    ids = set(cleared.call_ids) if cleared is not None else set()
+    with_thinking = [
+        index
+        for index, turn in enumerate(turns)
+        if isinstance(turn, dict)
+        and turn.get("role") == "assistant"
+        and any(_type(b) in THINKING_BLOCKS for b in _content(turn))
     ]
+    keep = asked.keep_thinking_turns
+    # The newest ``keep`` keep theirs (``[:-0 or None]`` is every turn: keep 0 clears all).
+    old_thinking = set(with_thinking[: -keep or None]) if keep is not None else set()
+    input_chars = thinking_chars = 0
+    edited: list[Any] = []
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict) or turn.get("role") != "assistant":
+            edited.append(turn)
+            continue
+        blocks: list[Any] = []
+        for block in _content(turn):
+            kind = _type(block)
+            if index in old_thinking and kind in THINKING_BLOCKS:
+                thinking_chars += len(orjson.dumps(block))
+                continue
+            if kind == "tool_use" and block.get("id") in ids and _inputs_cleared(inputs, block):
+                input_chars += len(orjson.dumps(block.get("input")))
+                block = {**block, "input": {}}
+            blocks.append(block)
+        edited.append({**turn, "content": blocks} if blocks else turn)
+    thinking_turns = len(old_thinking)
+    applied = _applied(cleared, input_chars, thinking_turns, thinking_chars)
+    return {**body, "messages": edited}, applied
+
+
+def _content(turn: dict[str, Any]) -> list[Any]:
+    content = turn.get("content")
+    return content if isinstance(content, list) else []
+
+
+def _type(block: Any) -> Any:
+    return block.get("type") if isinstance(block, dict) else None
+
+
+def _inputs_cleared(inputs: bool | frozenset[str], block: dict[str, Any]) -> bool:
+    return inputs is True or (isinstance(inputs, frozenset) and block.get("name") in inputs)
+
+
+def _applied(
+    cleared: ClearedToolUses | None, input_chars: int, thinking_turns: int, thinking_chars: int
+) -> list[dict[str, Any]]:
+    applied = []
+    if cleared is not None:
+        applied.append(
+            {
+                "type": CLEAR_TOOL_USES,
+                "cleared_tool_uses": cleared.tool_uses,
+                "cleared_input_tokens": cleared.tokens + input_chars // CHARS_PER_TOKEN,
+            }
+        )
+    if thinking_turns:
+        applied.append(
+            {
+                "type": CLEAR_THINKING,
+                "cleared_thinking_turns": thinking_turns,
+                "cleared_input_tokens": thinking_chars // CHARS_PER_TOKEN,
+            }
+        )
+    return applied
 
 
 @dataclass(frozen=True)
 class ManagedAnswer:
     """A Messages answer with what the proxy did for its ``context_management``: the
-    compaction block first (``made``), ``applied_edits`` (when tool uses were asked to be
-    cleared: ``reported``), and the compaction's ``usage.iterations``. In a stream the block's
-    start, delta and stop come right after ``message_start``, every later block's ``index``
-    one up, and ``message_delta`` carries the rest."""
+    compaction block first (``made``), ``applied_edits`` (when clearing was asked: None
+    when not), and the compaction's ``usage.iterations``. In a stream the block's start,
+    delta and stop come right after ``message_start``, every later block's ``index`` one up,
+    and ``message_delta`` carries the rest."""
 
     made: MadeCompaction | None
-    cleared: ClearedToolUses | None
-    reported: bool
+    applied: tuple[dict[str, Any], ...] | None
 
     def whole(self, body: bytes) -> bytes:
         try:
@@ -214,8 +306,8 @@ class ManagedAnswer:
             iterations = _usage_iterations(self.made, usage, usage.get("output_tokens"))
             answer["content"] = [compaction_block(self.made), *answer["content"]]
             answer["usage"] = {**usage, "iterations": iterations}
-        if self.reported:
-            answer["context_management"] = {"applied_edits": applied_edits(self.cleared)}
+        if self.applied is not None:
+            answer["context_management"] = {"applied_edits": list(self.applied)}
         return orjson.dumps(answer)
 
     def editor(self) -> EventEditor:
@@ -242,8 +334,8 @@ class _ManagedStream:
             return [{**event, "index": index + 1}]
         if kind == "message_delta":
             edited = dict(event)
-            if self.answer.reported:
-                edited["context_management"] = {"applied_edits": applied_edits(self.answer.cleared)}
+            if self.answer.applied is not None:
+                edited["context_management"] = {"applied_edits": list(self.answer.applied)}
             usage = event.get("usage")
             if made is not None and isinstance(usage, dict):
                 iterations = _usage_iterations(made, self.usage, usage.get("output_tokens"))

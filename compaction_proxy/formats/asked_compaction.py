@@ -19,6 +19,8 @@ class ClearToolUses:
     keep: int = 3
     clear_at_least: int = 0
     exclude_tools: frozenset[str] = frozenset()
+    # The calls' own inputs cleared too: of every tool (True), of these tools, or none.
+    clear_inputs: bool | frozenset[str] = False
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class AskedCompaction:
     pause: bool = False
     instructions: str | None = None
     clear_tool_uses: ClearToolUses | None = None
+    # Thinking kept for this many of the newest assistant turns, older turns' cleared
+    # (Anthropic's ``clear_thinking_20251015``); None: not asked, or every turn's kept.
+    keep_thinking_turns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,3 +45,4 @@ class ClearedToolUses:
 
     tool_uses: int
     tokens: int
+    call_ids: tuple[str, ...] = ()  # the calls whose results went

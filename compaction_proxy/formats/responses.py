@@ -17,7 +17,7 @@ from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats import responses_compaction
 from compaction_proxy.formats.answer_edits import AnswerEdit
-from compaction_proxy.formats.asked_compaction import AskedCompaction, ClearedToolUses
+from compaction_proxy.formats.asked_compaction import AskedCompaction
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import (
     ClientRequest,
@@ -159,13 +159,15 @@ class ResponsesFormat(WireFormat):
         return responses_compaction.opened_items(body, opened)
 
     def compaction_edit(
-        self, made: MadeCompaction | None, cleared: ClearedToolUses | None, asked: AskedCompaction
+        self,
+        made: MadeCompaction | None,
+        applied: tuple[dict[str, Any], ...],
+        asked: AskedCompaction,
     ) -> AnswerEdit | None:
         if made is None:
             return None
-        return responses_compaction.FirstOutputItem(
-            responses_compaction.compaction_item(made.token)
-        )
+        item = responses_compaction.compaction_item(made.token)
+        return responses_compaction.FirstOutputItem(item)
 
     def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
         created = int(time.time())

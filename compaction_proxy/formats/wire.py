@@ -107,11 +107,22 @@ class WireFormat(ABC):
         does not verify: ``BadRequest`` naming where it was); None when it holds none."""
         return None
 
+    def cleared_as_asked(
+        self, payload: bytes, asked: AskedCompaction, cleared: ClearedToolUses | None
+    ) -> tuple[bytes, tuple[dict[str, Any], ...]]:
+        """``payload`` (what goes upstream) with the clearing ``asked`` that the surface does
+        not do (whole turns' parts: calls' inputs, old thinking), and the edits applied, in
+        the API's words (``cleared``: the tool uses the surface cleared)."""
+        return payload, ()
+
     def compaction_edit(
-        self, made: MadeCompaction | None, cleared: ClearedToolUses | None, asked: AskedCompaction
+        self,
+        made: MadeCompaction | None,
+        applied: tuple[dict[str, Any], ...],
+        asked: AskedCompaction,
     ) -> AnswerEdit | None:
         """The edit that gives the client, with the upstream's answer, what the proxy did for
-        ``asked``: the compaction ``made``, the tool uses ``cleared``."""
+        ``asked``: the compaction ``made``, the edits ``applied``."""
         return None
 
     def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:

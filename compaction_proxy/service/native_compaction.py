@@ -331,8 +331,11 @@ async def prepared_as_asked(
     cleared = None
     if asked.clear_tool_uses is not None:
         forwarded, cleared = await _cleared(services, client_request, forwarded, asked)
-    edit = client_request.wire.compaction_edit(made, cleared, asked)
-    return dataclasses.replace(forwarded, answer_edit=edit), log_entry, None
+    wire, sent = client_request.wire, forwarded.payload
+    big = is_big(len(sent))
+    payload, applied = await off_loop_if(big, lambda: wire.cleared_as_asked(sent, asked, cleared))
+    edit = wire.compaction_edit(made, applied, asked)
+    return dataclasses.replace(forwarded, payload=payload, answer_edit=edit), log_entry, None
 
 
 async def _cleared(

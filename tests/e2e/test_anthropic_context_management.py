@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from compaction_proxy.testing.fake_messages import sign
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import MASKING_OFF, route
@@ -227,3 +228,55 @@ async def test_a_block_of_another_key_is_refused_and_nothing_goes_upstream(
             )
     assert "compaction block" in str(refused.value)
     assert len(fake.messages.received) == before
+
+
+def thinking_history(rounds: int = 8) -> list[dict[str, Any]]:
+    """An agent thinking before each call (signed as the fake signs), its last call answered."""
+    turns: list[dict[str, Any]] = [{"role": "user", "content": f"{FACT}. Fix the importer."}]
+    for index in range(rounds):
+        call, thought = f"toolu_{index:03d}", f"Step {index}: read part {index}."
+        thinking = {"type": "thinking", "thinking": thought, "signature": sign(thought)}
+        use = {"type": "tool_use", "id": call, "name": "bash", "input": {"cmd": f"cat {index}"}}
+        turns.append({"role": "assistant", "content": [thinking, use]})
+        result = {"type": "tool_result", "tool_use_id": call, "content": "log line " * 100}
+        turns.append({"role": "user", "content": [result]})
+    return turns
+
+
+async def test_clear_thinking_and_tool_inputs_clear_what_the_api_would(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """``clear_thinking_20251015`` keeps the newest turn's thinking (as a tool round in
+    progress needs) and drops the older turns'; ``clear_tool_inputs`` empties the inputs of the
+    calls whose results went; ``applied_edits`` reports both, and the upstream, checking the
+    round in progress, refuses nothing."""
+    proxy = await start(make_proxy, upstream_url, fake)
+    clear_uses = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 100},
+        "keep": {"type": "tool_uses", "value": 1},
+        "clear_tool_inputs": True,
+    }
+    clear_thinking = {"type": "clear_thinking_20251015"}
+    async with client_of(proxy.url) as client:
+        message = await client.beta.messages.create(
+            model=MODEL,
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            messages=thinking_history(),  # type: ignore[arg-type]
+            context_management={"edits": [clear_thinking, clear_uses]},  # type: ignore[arg-type]
+            betas=BETAS,
+        )
+    assert fake.messages.refused == []
+    assert message.context_management is not None
+    applied = {edit.type: edit for edit in message.context_management.applied_edits}
+    assert applied["clear_thinking_20251015"].cleared_thinking_turns == 7
+    assert applied["clear_tool_uses_20250919"].cleared_tool_uses == 7
+    sent = fake.messages.received[-1].body["messages"]
+    assistants = [turn["content"] for turn in sent if turn["role"] == "assistant"]
+    assert [any(b["type"] == "thinking" for b in blocks) for blocks in assistants] == [
+        *[False] * 7,
+        True,
+    ]
+    inputs = [b["input"] for blocks in assistants for b in blocks if b["type"] == "tool_use"]
+    assert inputs == [*[{}] * 7, {"cmd": "cat 7"}]

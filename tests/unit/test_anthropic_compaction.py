@@ -15,10 +15,15 @@ from compaction_proxy.formats.anthropic_compaction import (
     ManagedAnswer,
     asked_compaction,
     compaction_block,
+    edited_turns,
     opened_blocks,
     paused_answer,
 )
-from compaction_proxy.formats.asked_compaction import ClearedToolUses, ClearToolUses
+from compaction_proxy.formats.asked_compaction import (
+    AskedCompaction,
+    ClearedToolUses,
+    ClearToolUses,
+)
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.sealed_checkpoints import MadeCompaction
 
@@ -52,9 +57,9 @@ def test_edits_read_their_parameters() -> None:
                 "keep": {"type": "tool_uses", "value": 1},
                 "clear_at_least": {"type": "input_tokens", "value": 300},
                 "exclude_tools": ["web_search"],
-                "clear_tool_inputs": True,
+                "clear_tool_inputs": ["bash"],
             },
-            {"type": "clear_thinking_20251015", "keep": "all"},
+            {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}},
             {
                 "type": "compact_20260112",
                 "trigger": {"type": "input_tokens", "value": 9_000},
@@ -71,7 +76,11 @@ def test_edits_read_their_parameters() -> None:
         keep=1,
         clear_at_least=300,
         exclude_tools=frozenset({"web_search"}),
+        clear_inputs=frozenset({"bash"}),
     )
+    assert asked.keep_thinking_turns == 2
+    everything = asked_compaction(edits({"type": "clear_thinking_20251015", "keep": "all"}))
+    assert everything is not None and everything.keep_thinking_turns is None
 
 
 @pytest.mark.parametrize(
@@ -161,7 +170,10 @@ def upstream_stream() -> bytes:
 
 
 def test_a_stream_gets_the_block_first_the_rest_one_up_and_what_was_done_at_the_end() -> None:
-    editor = ManagedAnswer(MADE, ClearedToolUses(4, 800), reported=True).editor()
+    applied = (
+        {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 4, "cleared_input_tokens": 800},
+    )
+    editor = ManagedAnswer(MADE, applied).editor()
     stream = editor.feed(upstream_stream()) + editor.close()
     events = [orjson.loads(line[6:]) for line in stream.splitlines() if line.startswith(b"data: ")]
     starts = [
@@ -184,8 +196,51 @@ def test_a_stream_gets_the_block_first_the_rest_one_up_and_what_was_done_at_the_
 
 def test_a_whole_answer_gets_the_block_first_and_a_paused_one_the_block_alone() -> None:
     body = orjson.dumps({"content": [{"type": "text", "text": "Hi"}], "usage": {"input_tokens": 9}})
-    edited = orjson.loads(ManagedAnswer(MADE, None, reported=False).whole(body))
+    edited = orjson.loads(ManagedAnswer(MADE, None).whole(body))
     assert [b["type"] for b in edited["content"]] == ["compaction", "text"]
     assert "context_management" not in edited
     paused = orjson.loads(paused_answer("msg_1", "m", MADE, stream=False))
     assert paused["content"] == [compaction_block(MADE)] and paused["stop_reason"] == "compaction"
+
+
+def thinking_turns(count: int) -> dict[str, Any]:
+    turns: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    for index in range(count):
+        blocks = [
+            {"type": "thinking", "thinking": f"think {index}", "signature": f"s{index}"},
+            {"type": "tool_use", "id": f"t{index}", "name": "bash", "input": {"n": index}},
+        ]
+        turns.append({"role": "assistant", "content": blocks})
+        result = {"type": "tool_result", "tool_use_id": f"t{index}", "content": "out"}
+        turns.append({"role": "user", "content": [result]})
+    return {"model": "m", "messages": turns}
+
+
+@pytest.mark.parametrize("keep", [0, 1, 2, 5])
+def test_thinking_stays_in_the_newest_keep_turns_only(keep: int) -> None:
+    asked = AskedCompaction(keep_thinking_turns=keep)
+    edited, applied = edited_turns(thinking_turns(4), asked, None)
+    kept = [
+        i
+        for i, turn in enumerate(edited["messages"])
+        if any(b.get("type") == "thinking" for b in turn["content"] if isinstance(b, dict))
+    ]
+    assert kept == [1, 3, 5, 7][4 - min(keep, 4) :]
+    cleared = [a for a in applied if a["type"] == "clear_thinking_20251015"]
+    assert [a["cleared_thinking_turns"] for a in cleared] == ([4 - keep] if keep < 4 else [])
+
+
+def test_cleared_calls_lose_their_inputs_when_asked() -> None:
+    clear = ClearToolUses(clear_inputs=True)
+    cleared = ClearedToolUses(2, 100, ("t0", "t1"))
+    edited, applied = edited_turns(
+        thinking_turns(3), AskedCompaction(clear_tool_uses=clear), cleared
+    )
+    inputs = [
+        b["input"]
+        for t in edited["messages"]
+        for b in t["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    ]
+    assert inputs == [{}, {}, {"n": 2}]
+    assert applied[0]["cleared_tool_uses"] == 2 and applied[0]["cleared_input_tokens"] > 100
