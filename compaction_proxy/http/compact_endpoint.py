@@ -28,7 +28,7 @@ from compaction_proxy.formats.wire_formats import MESSAGES, RESPONSES
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.upstream import client_query
 from compaction_proxy.parsing import jsonio
-from compaction_proxy.service.native_compaction import answer_compact, opened
+from compaction_proxy.service.native_compaction import NativeCompaction, opened
 
 COMPACT_TEMPLATE = "/v1/responses/compact"
 COUNT_TOKENS_TEMPLATE = "/v1/messages/count_tokens"
@@ -95,9 +95,10 @@ async def serve_compact(request: web.Request, body: bytes) -> web.StreamResponse
     parsed = RESPONSES.parse(raw, context)
     assert not isinstance(parsed, ProviderHeld)  # ``served_here`` relays those
     model_policy = services.policies.for_model(parsed.model, ApiFamily.OPENAI)
-    answer = await answer_compact(
+    native = NativeCompaction(
         services, parsed, model_policy, None, request.headers, client_query(request)
     )
+    answer = await native.compact_answer()
     return web.Response(
         status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type}
     )

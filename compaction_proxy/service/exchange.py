@@ -44,11 +44,7 @@ from compaction_proxy.metrics import (
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus
-from compaction_proxy.service.native_compaction import (
-    MadeAnswer,
-    answer_trigger,
-    prepared_as_asked,
-)
+from compaction_proxy.service.native_compaction import MadeAnswer, NativeCompaction
 from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.recover import retry_after_overflow
 from compaction_proxy.service.request_log import RequestLogEntry, write_request_log
@@ -139,9 +135,10 @@ async def serve(
         REQUESTS.labels(route=route.model, outcome=refused.outcome).inc()
         return refused.response
     if client_request.wire.asks_for_compaction(client_request.body) and serves_compaction(route):
-        answer = await answer_trigger(
+        native = NativeCompaction(
             services, client_request, model_policy, session_id, link.headers, link.query
         )
+        answer = await native.trigger_answer()
         outcome = "compacted" if answer.status == 200 else "compaction_unavailable"
         REQUESTS.labels(route=route.model, outcome=outcome).inc()
         return link.made_here(answer)
@@ -153,15 +150,10 @@ async def serve(
     log_entry: RequestLogEntry | None = None
     try:
         if asked is not None:
-            forwarded, log_entry, made_here = await prepared_as_asked(
-                services,
-                client_request,
-                asked,
-                model_policy,
-                session_id,
-                link.headers,
-                link.query,
+            native = NativeCompaction(
+                services, client_request, model_policy, session_id, link.headers, link.query
             )
+            forwarded, log_entry, made_here = await native.prepared_as_asked(asked)
             if made_here is not None:
                 REQUESTS.labels(route=route.model, outcome="compacted").inc()
                 return link.made_here(made_here)

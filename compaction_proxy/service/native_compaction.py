@@ -115,67 +115,6 @@ class TooShort(CompactionUnavailable):
     """The history is too short for a summary of it to be any smaller."""
 
 
-async def _made(
-    services: Services,
-    headers: Mapping[str, str],
-    job: CompactionJob,
-    state: ConversationState,
-    end: int,
-) -> MadeCompaction:
-    """The compaction of every body message before position ``end``, sealed for the caller:
-    one checkpoint committed from the first message as far as a summary may reach (merging
-    any earlier one; a span never parts a tool call from its result), then the messages after
-    it, verbatim."""
-    engine = services.engine
-    reached = -1  # where the checkpoint from the start ended after the round before
-    for _ in range(ROUNDS):
-        found = _from_start(job.view.surface(state.records))
-        if found is not None and (found.end >= end - 1 or found.end == reached):
-            return await _sealed(services, headers, job, found, end)
-        reached = found.end if found is not None else -1
-        made = await triggers.compact_manual(engine, job, state)
-        if made.outcome is Outcome.NO_RANGE:
-            if found is not None:  # as far as the pairing lets a summary reach
-                return await _sealed(services, headers, job, found, end)
-            region = await triggers.compact_region(engine, job, state, 0, end - 1)
-            if isinstance(region, str):
-                raise CompactionUnavailable(region)
-            made = region
-        if made.outcome is Outcome.BUSY:
-            state, _ = await engine.wait_and_reload(job)
-            continue
-        if made.outcome is Outcome.NOT_SMALLER:
-            raise TooShort("the history is too short to compact")
-        if made.outcome is not Outcome.COMMITTED or made.state is None:
-            reason = made.failure.reason if made.failure is not None else made.outcome.value
-            raise CompactionUnavailable(f"no summary could be made ({reason})")
-        state = made.state
-    raise CompactionUnavailable("the history did not fit the summary calls allowed")
-
-
-async def _sealed(
-    services: Services,
-    headers: Mapping[str, str],
-    job: CompactionJob,
-    checkpoint: Checkpoint,
-    end: int,
-) -> MadeCompaction:
-    text = framed_summary_text(checkpoint.message) or ""
-    after = job.view.body[checkpoint.end + 1 : end]
-    if after:
-        text += f"\n\n## Latest messages, verbatim\n{transcript(after)}"
-    return await _sealed_text(
-        services, headers, text, checkpoint.shadowed_tokens, checkpoint.tokens
-    )
-
-
-async def _sealed_text(
-    services: Services, headers: Mapping[str, str], text: str, taken: int = 0, given: int = 0
-) -> MadeCompaction:
-    key, tenant = await _key_and_tenant(services, headers)
-    return MadeCompaction(text, seal(key, tenant, text, int(time.time())), taken, given)
-
-
 def transcript(messages: Sequence[Message]) -> str:
     """A short history as text, one message after another, each under its role."""
     lines = []
@@ -191,29 +130,6 @@ def transcript(messages: Sequence[Message]) -> str:
     return "\n\n".join(lines)
 
 
-async def _whole_compaction(
-    services: Services,
-    client_request: ClientRequest,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> MadeCompaction:
-    """The compaction of everything before the trigger ending ``client_request``. A history
-    too short for a summary to be any smaller is its own compaction, whole."""
-    forwarded, _ = await prepare(services, client_request, model_policy, session_id, headers, query)
-    job, state = forwarded.job, forwarded.state
-    if job is None or state is None:
-        raise CompactionUnavailable("the conversation could not be read")
-    trigger = len(job.view.body) - 1
-    if trigger < 1:
-        return await _sealed_text(services, headers, "None.")
-    try:
-        return await _made(services, headers, job, state, trigger)
-    except TooShort:
-        return await _sealed_text(services, headers, transcript(job.view.body[:trigger]))
-
-
 def _unavailable(reason: str) -> MadeAnswer:
     error = {
         "message": f"The conversation could not be compacted: {reason}. Try again shortly.",
@@ -224,149 +140,181 @@ def _unavailable(reason: str) -> MadeAnswer:
     return MadeAnswer(503, orjson.dumps({"error": error}))
 
 
-async def _compacted_whole(
-    services: Services,
-    client_request: ClientRequest,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> MadeCompaction | MadeAnswer:
-    """``_whole_compaction``, or the 503 that says why there is none."""
-    what = "a compaction asked for"
-    try:
-        return await _whole_compaction(
-            services, client_request, model_policy, session_id, headers, query
+@dataclasses.dataclass(frozen=True)
+class NativeCompaction:
+    """One request's compaction, asked for through a provider's API: the request, its policy,
+    and what the client sent besides (for the summary call's credentials, as ``prepare``
+    takes them)."""
+
+    services: Services
+    client_request: ClientRequest
+    model_policy: ModelPolicy
+    session_id: str | None
+    headers: Mapping[str, str]
+    query: str
+
+    async def _prepared(self) -> tuple[Forwarded, RequestLogEntry]:
+        return await prepare(
+            self.services,
+            self.client_request,
+            self.model_policy,
+            self.session_id,
+            self.headers,
+            self.query,
         )
-    except CompactionUnavailable as exc:
-        log.warning("%s not answered: %s", what, exc)
-        return _unavailable(str(exc))
-    except StoreUnavailable as exc:
-        log.warning("%s not answered: store unavailable (%s)", what, exc.operation)
-        return _unavailable("the proxy's store is unavailable")
-    except Exception:
-        log.exception("%s not answered", what)
-        return _unavailable("the proxy failed to compact it")
 
+    async def trigger_answer(self) -> MadeAnswer:
+        """The answer to a request ending with a ``compaction_trigger``: the compaction
+        alone, as events when the request streams."""
+        made = await self._whole_or_unavailable()
+        return made if isinstance(made, MadeAnswer) else self._compaction_answer(made)
 
-async def answer_trigger(
-    services: Services,
-    client_request: ClientRequest,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> MadeAnswer:
-    """The answer to a request ending with a ``compaction_trigger``: the compaction alone,
-    as events when the request streams."""
-    made = await _compacted_whole(
-        services, client_request, model_policy, session_id, headers, query
-    )
-    if isinstance(made, MadeAnswer):
-        return made
-    return _compaction_answer(client_request, made)
+    async def compact_answer(self) -> MadeAnswer:
+        """``POST /v1/responses/compact`` (the request: its body as
+        ``ResponsesFormat.compact_request`` made it): the input's user messages, then one
+        ``compaction`` item."""
+        made = await self._whole_or_unavailable()
+        if isinstance(made, MadeAnswer):
+            return made
+        return MadeAnswer(200, RESPONSES.compacted_answer(self.client_request, made))
 
+    async def prepared_as_asked(
+        self, asked: AskedCompaction
+    ) -> tuple[Forwarded, RequestLogEntry, MadeAnswer | None]:
+        """A request that asked for compaction or clearing on the way, on a route whose
+        upstream lacks it (the request: without the option). At or over ``asked.threshold``
+        tokens (its history as the client sent it), everything before its live turn is
+        compacted and the request forwarded with that checkpoint, or, asked to pause,
+        answered with the compaction alone (the third value). Tool uses and thinking are
+        cleared as asked. The answer gets what was done (``WireFormat.compaction_edit``). No
+        summary to be had: prepared as any request."""
+        forwarded, log_entry = await self._prepared()
+        job, state, measured = forwarded.job, forwarded.state, forwarded.measurement
+        if job is None or state is None or measured is None:
+            return forwarded, log_entry, None
+        made = None
+        sent_tokens = forwarded.tokens_before or measured.tokens
+        if asked.threshold is not None and sent_tokens >= asked.threshold and job.view.live_start:
+            job = dataclasses.replace(job, summary_instructions=asked.instructions)
+            try:
+                # It stands for the whole input: the client keeps only what follows it.
+                made = await self._made(job, state, len(job.view.body))
+            except CompactionUnavailable as exc:
+                log.info("compaction asked on the way not made: %s", exc)
+            if made is not None and asked.pause:
+                return forwarded, log_entry, self._compaction_answer(made)
+            if made is not None:
+                forwarded, log_entry = await self._prepared()
+        cleared = None
+        if asked.clear_tool_uses is not None:
+            forwarded, cleared = await self._cleared(forwarded, asked)
+        wire, sent = self.client_request.wire, forwarded.payload
+        big = is_big(len(sent))
+        payload, applied = await off_loop_if(
+            big, lambda: wire.cleared_as_asked(sent, asked, cleared)
+        )
+        edit = wire.compaction_edit(made, applied, asked)
+        return dataclasses.replace(forwarded, payload=payload, answer_edit=edit), log_entry, None
 
-def _compaction_answer(client_request: ClientRequest, made: MadeCompaction) -> MadeAnswer:
-    wire, stream = client_request.wire, client_request.stream
-    body = wire.compaction_answer(client_request.model, made, stream)
-    return MadeAnswer(200, body, "text/event-stream" if stream else "application/json")
+    def _compaction_answer(self, made: MadeCompaction) -> MadeAnswer:
+        request = self.client_request
+        body = request.wire.compaction_answer(request.model, made, request.stream)
+        return MadeAnswer(200, body, "text/event-stream" if request.stream else "application/json")
 
-
-async def answer_compact(
-    services: Services,
-    client_request: ClientRequest,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> MadeAnswer:
-    """``POST /v1/responses/compact`` (``client_request``: its body as
-    ``ResponsesFormat.compact_request`` made it): the input's user messages, then one
-    ``compaction`` item."""
-    made = await _compacted_whole(
-        services, client_request, model_policy, session_id, headers, query
-    )
-    if isinstance(made, MadeAnswer):
-        return made
-    return MadeAnswer(200, RESPONSES.compacted_answer(client_request, made))
-
-
-async def prepared_as_asked(
-    services: Services,
-    client_request: ClientRequest,
-    asked: AskedCompaction,
-    model_policy: ModelPolicy,
-    session_id: str | None,
-    headers: Mapping[str, str],
-    query: str,
-) -> tuple[Forwarded, RequestLogEntry, MadeAnswer | None]:
-    """A request that asked for compaction or clearing on the way, on a route whose upstream
-    lacks it (``client_request``: without the option). At or over ``asked.threshold`` tokens
-    (its history as the client sent it), everything before its live turn is compacted and the
-    request forwarded with that checkpoint, or, asked to pause, answered with the compaction
-    alone (the third value). Tool uses are cleared as asked. The answer gets what was done
-    (``WireFormat.compaction_edit``). No summary to be had: prepared as any request."""
-    forwarded, log_entry = await prepare(
-        services, client_request, model_policy, session_id, headers, query
-    )
-    job, state, measured = forwarded.job, forwarded.state, forwarded.measurement
-    if job is None or state is None or measured is None:
-        return forwarded, log_entry, None
-    made = None
-    sent_tokens = forwarded.tokens_before or measured.tokens
-    if asked.threshold is not None and sent_tokens >= asked.threshold and job.view.live_start:
-        job = dataclasses.replace(job, summary_instructions=asked.instructions)
+    async def _whole_or_unavailable(self) -> MadeCompaction | MadeAnswer:
+        """``_whole``, or the 503 that says why there is none."""
         try:
-            # The compaction stands for the whole input: the client keeps only what follows.
-            made = await _made(services, headers, job, state, len(job.view.body))
+            return await self._whole()
         except CompactionUnavailable as exc:
-            log.info("compaction asked on the way not made: %s", exc)
-        if made is not None and asked.pause:
-            return forwarded, log_entry, _compaction_answer(client_request, made)
-        if made is not None:
-            forwarded, log_entry = await prepare(
-                services, client_request, model_policy, session_id, headers, query
-            )
-    cleared = None
-    if asked.clear_tool_uses is not None:
-        forwarded, cleared = await _cleared(services, client_request, forwarded, asked)
-    wire, sent = client_request.wire, forwarded.payload
-    big = is_big(len(sent))
-    payload, applied = await off_loop_if(big, lambda: wire.cleared_as_asked(sent, asked, cleared))
-    edit = wire.compaction_edit(made, applied, asked)
-    return dataclasses.replace(forwarded, payload=payload, answer_edit=edit), log_entry, None
+            log.warning("a compaction asked for not made: %s", exc)
+            return _unavailable(str(exc))
+        except StoreUnavailable as exc:
+            log.warning("a compaction asked for not made: store unavailable (%s)", exc.operation)
+            return _unavailable("the proxy's store is unavailable")
+        except Exception:
+            log.exception("a compaction asked for not made")
+            return _unavailable("the proxy failed to compact it")
 
+    async def _whole(self) -> MadeCompaction:
+        """The compaction of everything before the trigger ending the request. A history too
+        short for a summary to be any smaller is its own compaction, whole."""
+        forwarded, _ = await self._prepared()
+        job, state = forwarded.job, forwarded.state
+        if job is None or state is None:
+            raise CompactionUnavailable("the conversation could not be read")
+        trigger = len(job.view.body) - 1
+        if trigger < 1:
+            return await self._sealed_text("None.")
+        try:
+            return await self._made(job, state, trigger)
+        except TooShort:
+            return await self._sealed_text(transcript(job.view.body[:trigger]))
 
-async def _cleared(
-    services: Services, client_request: ClientRequest, forwarded: Forwarded, asked: AskedCompaction
-) -> tuple[Forwarded, ClearedToolUses | None]:
-    """``forwarded`` with tool uses cleared as asked, and what went."""
-    job, state, surface, measured = (
-        forwarded.job,
-        forwarded.state,
-        forwarded.surface,
-        forwarded.measurement,
-    )
-    clear = asked.clear_tool_uses
-    if job is None or state is None or surface is None or measured is None or clear is None:
-        return forwarded, None
-    engine = services.engine
-    done = await cleared_tool_uses(engine, job, state, surface, measured, clear)
-    if done is None:
-        return forwarded, None
-    cleared_surface, cleared = done
-    view = job.view
-    payload = await off_loop_if(
-        view.big, lambda: client_request.wire.payload(client_request, cleared_surface)
-    )
-    measurement = await engine.measure(job, state, cleared_surface)
-    replaced = dataclasses.replace(
-        forwarded,
-        payload=payload,
-        surface=cleared_surface,
-        measurement=measurement,
-        status=status_of(cleared_surface),
-        tokens_before=forwarded.tokens_before or measured.tokens,
-    )
-    return replaced, cleared
+    async def _made(self, job: CompactionJob, state: ConversationState, end: int) -> MadeCompaction:
+        """The compaction of every body message before position ``end``, sealed for the
+        caller: one checkpoint committed from the first message as far as a summary may reach
+        (merging any earlier one; a span never parts a tool call from its result), then the
+        messages after it, verbatim."""
+        engine = self.services.engine
+        reached = -1  # where the checkpoint from the start ended after the round before
+        for _ in range(ROUNDS):
+            found = _from_start(job.view.surface(state.records))
+            if found is not None and (found.end >= end - 1 or found.end == reached):
+                return await self._sealed(job, found, end)
+            reached = found.end if found is not None else -1
+            made = await triggers.compact_manual(engine, job, state)
+            if made.outcome is Outcome.NO_RANGE:
+                if found is not None:  # as far as the pairing lets a summary reach
+                    return await self._sealed(job, found, end)
+                region = await triggers.compact_region(engine, job, state, 0, end - 1)
+                if isinstance(region, str):
+                    raise CompactionUnavailable(region)
+                made = region
+            if made.outcome is Outcome.BUSY:
+                state, _ = await engine.wait_and_reload(job)
+                continue
+            if made.outcome is Outcome.NOT_SMALLER:
+                raise TooShort("the history is too short to compact")
+            if made.outcome is not Outcome.COMMITTED or made.state is None:
+                reason = made.failure.reason if made.failure is not None else made.outcome.value
+                raise CompactionUnavailable(f"no summary could be made ({reason})")
+            state = made.state
+        raise CompactionUnavailable("the history did not fit the summary calls allowed")
+
+    async def _sealed(self, job: CompactionJob, checkpoint: Checkpoint, end: int) -> MadeCompaction:
+        text = framed_summary_text(checkpoint.message) or ""
+        after = job.view.body[checkpoint.end + 1 : end]
+        if after:
+            text += f"\n\n## Latest messages, verbatim\n{transcript(after)}"
+        return await self._sealed_text(text, checkpoint.shadowed_tokens, checkpoint.tokens)
+
+    async def _sealed_text(self, text: str, taken: int = 0, given: int = 0) -> MadeCompaction:
+        key, tenant = await _key_and_tenant(self.services, self.headers)
+        return MadeCompaction(text, seal(key, tenant, text, int(time.time())), taken, given)
+
+    async def _cleared(
+        self, forwarded: Forwarded, asked: AskedCompaction
+    ) -> tuple[Forwarded, ClearedToolUses | None]:
+        """``forwarded`` with tool uses cleared as asked, and what went."""
+        job, state, surface = forwarded.job, forwarded.state, forwarded.surface
+        measured, clear = forwarded.measurement, asked.clear_tool_uses
+        if job is None or state is None or surface is None or measured is None or clear is None:
+            return forwarded, None
+        engine = self.services.engine
+        done = await cleared_tool_uses(engine, job, state, surface, measured, clear)
+        if done is None:
+            return forwarded, None
+        cleared_surface, cleared = done
+        request = self.client_request
+        payload = await off_loop_if(
+            job.view.big, lambda: request.wire.payload(request, cleared_surface)
+        )
+        replaced = dataclasses.replace(
+            forwarded,
+            payload=payload,
+            surface=cleared_surface,
+            measurement=await engine.measure(job, state, cleared_surface),
+            status=status_of(cleared_surface),
+            tokens_before=forwarded.tokens_before or measured.tokens,
+        )
+        return replaced, cleared
