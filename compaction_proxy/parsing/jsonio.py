@@ -82,8 +82,12 @@ def loads_fast(raw: bytes | str) -> Any:
 
 
 def _standard_loads(raw: bytes | str, parse_int: Callable[[str], Any] = int) -> Any:
+    # Bytes decoded strictly: the standard library's own reading of bytes lets surrogates
+    # encoded in UTF-8 through, which orjson refuses (a body would then parse or not
+    # depending on whether an unrelated escape sent it here).
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     return json.loads(
-        raw, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=parse_int
+        text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=parse_int
     )
 
 

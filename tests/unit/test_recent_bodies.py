@@ -634,3 +634,15 @@ def test_a_function_call_after_an_answer_and_its_reasoning_parses_as_the_whole_b
         assert responses_outcome(raw, known, recent) == responses_outcome(
             raw, KnownMessages(), None
         )
+
+
+def test_surrogates_encoded_in_utf8_are_refused_whatever_else_the_body_holds() -> None:
+    """Found by the property above: a body holding an unrelated escape was read again by the
+    standard library, which let encoded surrogates through where orjson refuses them; the
+    same bytes refused or not, and a body extending it parsed where the whole one is
+    refused."""
+    cesu = '"output":"\ud83d\ude00"'.encode("utf-8", "surrogatepass")
+    with_escape = b'{"model":"m","input":[{' + cesu + b'},{"type":"\\u0007"}]}'
+    without = b'{"model":"m","input":[{' + cesu + b"}]}"
+    for raw in (with_escape, without):
+        assert responses_outcome(raw, KnownMessages(), None)[0] == "refused"
