@@ -1,4 +1,4 @@
-"""Command line: ``compaction-proxy serve | check-config | client-key | conversations``."""
+"""Command line: ``compaction-proxy serve | check-config | client-key | conversations | eval``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from compaction_proxy.config.settings import (
 )
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metrics import serve_metrics_port
-from compaction_proxy.ops import admin_cli
+from compaction_proxy.ops import admin_cli, evaluate
 from compaction_proxy.ops.workers import READY_LINE, exit_with_the_supervisor, run_workers
 from compaction_proxy.security.client_keys import digest_of, new_key
 from compaction_proxy.security.credentials import credential_problems, key_source
@@ -264,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     issue.set_defaults(run=_new_client_key)
 
     admin_cli.add_parser(commands)
+    evaluate.add_parser(commands)
     return parser
 
 

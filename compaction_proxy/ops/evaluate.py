@@ -1,0 +1,267 @@
+"""``compaction-proxy eval``: is compaction hurting my agent?
+
+A recorded conversation is replayed, request by request as the agent sent it, through a proxy
+started in this process under each policy named, in front of a recorder that answers each
+request with the conversation's own next assistant message and passes the proxy's summary
+calls to the model. Wherever a policy changed what the model would see, probes are made of
+what it took out of view (``evaluation.probes``), and the model is asked each twice: with the
+whole history (where it fits) and with what the policy forwarded. Answers are graded by match,
+or by the model against the rubric in ``evaluation.probes.RUBRIC``; the report
+(``evaluation.report``) gives retention by probe kind beside forwarded tokens, the bill on
+the provider's caching terms and the summary calls.
+
+The model sees the conversation as one transcript (its messages, tool calls and results as
+text) with the question after it, the same way for both askings: any OpenAI-compatible server
+can answer, tools or not. Answers are cached on disk by the digest of what was asked, so a
+rerun pays only for what changed; ``--dry-run`` prints the calls it would make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from compaction_proxy.compaction.cache_prices import PRESETS
+from compaction_proxy.config.settings import ConfigError, load_settings
+from compaction_proxy.evaluation.probes import Probe, probes_for, text_of_message
+from compaction_proxy.evaluation.report import (
+    Asked,
+    PolicyRun,
+    as_json,
+    chart_html,
+    table,
+)
+from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.wire import ParseContext, WireFormat
+from compaction_proxy.formats.wire_formats import CHAT, MESSAGES, RESPONSES
+from compaction_proxy.metering.tokenizers import use_bundled_tokenizers
+from compaction_proxy.ops.eval_replay import Model, Point, replay, requests_of, tokens, transcript
+from compaction_proxy.parsing.recent_bodies import RecentBodies
+
+Message = dict[str, Any]
+DEFAULT_POLICIES = {"default": {}, "masking off": {"masking": {"enabled": False}}}
+
+
+def conversation_of(path: Path) -> list[Message]:
+    """A recorded conversation as chat messages: a chat ``messages`` list (or an object holding
+    one), a Responses body (``input``), or an Anthropic Messages body (blocks)."""
+    data = orjson.loads(path.read_bytes())
+    if isinstance(data, list):
+        data = {"messages": data}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a conversation")
+    wire: WireFormat = CHAT
+    if "input" in data:
+        wire = RESPONSES
+    elif any(
+        isinstance(m, dict)
+        and isinstance(m.get("content"), list)
+        and any(
+            isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result")
+            for b in m["content"]
+        )
+        for m in data.get("messages", [])
+    ):
+        wire = MESSAGES
+    raw = orjson.dumps({"model": "eval", **data})
+    parsed = wire.parse(raw, ParseContext(KnownMessages(), RecentBodies()))
+    if not isinstance(parsed, ClientRequest):
+        raise ValueError(f"{path}: a history the provider holds cannot be replayed")
+    return parsed.messages
+
+
+async def conversation_in_store(store_url: str, conversation: str) -> list[Message]:
+    """A conversation the proxy logged, as its newest request carried it: the head of its
+    last logged context, then its messages from the log's tip back along their chain.
+    ValueError when a message was logged without its content (``log_content`` off, or over
+    ``log_content_max_chars``)."""
+    from compaction_proxy.store import open_store
+
+    store = open_store(load_settings(None, store_url=store_url, tenant_secret="eval"))
+    try:
+        events, cursor = [], None
+        while True:
+            page = await store.read_log(conversation, cursor, 1000)
+            events += [event for _, event in page.events]
+            if page.next_cursor is None or not page.events:
+                break
+            cursor = page.next_cursor
+    finally:
+        await store.close()
+    by_hash = {e["hash"]: e for e in events if e.get("type") == "message"}
+    tips = [e for e in events if e.get("type") == "message"]
+    if not tips:
+        raise ValueError(f"no messages logged for conversation {conversation}")
+    branch: list[Message] = []
+    event: dict[str, Any] | None = tips[-1]
+    while event is not None:
+        if "message" not in event:
+            raise ValueError("a message was logged without its content: set log_content")
+        branch.append(event["message"])
+        event = by_hash.get(event.get("prev", ""))
+    contexts = [e for e in events if e.get("type") == "context" and "head" in e]
+    head = list(contexts[-1]["head"]) if contexts else []
+    return [*head, *reversed(branch)]
+
+
+def sampled_probes(points: Sequence[Point], most: int, seed: int = 0) -> list[tuple[Point, Probe]]:
+    """The probes of every change point (a question asked once, at its first point), at most
+    ``most`` of them, drawn the same way every run."""
+    seen: set[str] = set()
+    found: list[tuple[Point, Probe]] = []
+    for point in points:
+        shown = {text_of_message(m) for m in point.forwarded}
+        removed = [
+            m for m in point.history if text_of_message(m) and text_of_message(m) not in shown
+        ]
+        for probe in probes_for(removed, point.history):
+            if probe.question not in seen:
+                seen.add(probe.question)
+                found.append((point, probe))
+    if len(found) <= most:
+        return found
+    return sorted(random.Random(seed).sample(found, most), key=found.index)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one ``eval`` run is asked (the command line, read)."""
+
+    messages: list[Message]
+    policies: dict[str, dict[str, Any]]
+    model: Model
+    window: int
+    probes: int
+    dry_run: bool
+
+
+async def evaluate(run: Evaluation) -> list[PolicyRun]:
+    """Every policy replayed, probed and graded (or, dry, counted)."""
+    model = run.model
+    runs: list[PolicyRun] = []
+    requests = len(requests_of(run.messages))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        model.session = session
+        for name, overrides in run.policies.items():
+            print(f"policy {name!r}: replaying {requests} requests", file=sys.stderr)
+            points, outcome = await replay(run.messages, overrides, model, run.window, run.dry_run)
+            outcome.name = name
+            chosen = sampled_probes(points, run.probes)
+            runs.append(outcome)
+            if run.dry_run:
+                _print_dry(outcome, chosen)
+                continue
+            for count, (point, probe) in enumerate(chosen, 1):
+                full = None
+                if tokens(transcript(point.history)) <= run.window:
+                    full = await model.grade(
+                        probe, await model.answer(point.history, probe.question)
+                    )
+                kept = await model.grade(probe, await model.answer(point.forwarded, probe.question))
+                outcome.asked.append(Asked(probe.kind, full, kept))
+                if count % 10 == 0 or count == len(chosen):
+                    print(f"  asked {count}/{len(chosen)} probes", file=sys.stderr)
+    return runs
+
+
+def _print_dry(outcome: PolicyRun, chosen: Sequence[tuple[Point, Probe]]) -> None:
+    calls = sum(2 if probe.exact else 4 for _, probe in chosen)
+    context = sum(
+        tokens(transcript(point.history)) + tokens(transcript(point.forwarded))
+        for point, _ in chosen
+    )
+    print(
+        f"policy {outcome.name!r}: {outcome.change_points} change points, {len(chosen)} probes;"
+        f" would make {outcome.summary_calls} summary calls and {calls} probe calls, about"
+        f" {context:,} input tokens of probes"
+    )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``compaction-proxy eval``: read the command line, evaluate, report."""
+    use_bundled_tokenizers()
+    policies = dict(DEFAULT_POLICIES)
+    if args.policies:
+        policies = json.loads(Path(args.policies).read_text())
+    for given in args.policy or []:
+        name, _, overrides = given.partition("=")
+        policies[name] = json.loads(overrides or "{}")
+    cache = None if args.no_cache else Path(args.cache_dir).expanduser()
+    key = os.environ.get(args.api_key_env, "")
+    model = Model(args.base_url, key, args.model, cache, PRESETS[args.preset])
+    if args.conversation_id:
+        found = asyncio.run(conversation_in_store(args.store_url, args.conversation_id))
+        messages = found
+    elif args.conversation:
+        messages = conversation_of(Path(args.conversation))
+    else:
+        raise ConfigError("name a conversation: a JSON file, or --conversation-id")
+    asked = Evaluation(messages, policies, model, args.window, args.probes, args.dry_run)
+    runs = asyncio.run(evaluate(asked))
+    print(table(runs))
+    if args.json:
+        Path(args.json).write_text(json.dumps(as_json(runs), indent=2))
+    if args.html:
+        title = f"Compaction and what the agent kept: {args.conversation}"
+        Path(args.html).write_text(chart_html(runs, title))
+    return 0
+
+
+def add_parser(commands: Any) -> None:
+    """``eval``, under the CLI's commands."""
+    parser = commands.add_parser(
+        "eval", help="is compaction hurting my agent? (probes a recorded conversation)"
+    )
+    parser.add_argument(
+        "conversation",
+        nargs="?",
+        help="a recorded conversation: chat, Responses or Messages JSON",
+    )
+    parser.add_argument(
+        "--conversation-id", help="or a conversation the proxy logged (with log_content)"
+    )
+    parser.add_argument(
+        "--store-url",
+        default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="the store holding it (default: $REDIS_URL)",
+    )
+    parser.add_argument(
+        "--base-url", required=True, help="the model to ask: an OpenAI-compatible /v1 URL"
+    )
+    parser.add_argument(
+        "--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding its key"
+    )
+    parser.add_argument("--model", required=True, help="the model's name")
+    parser.add_argument("--window", type=int, default=128_000, help="its context window (tokens)")
+    parser.add_argument(
+        "--policy", action="append", metavar="NAME=JSON", help="a policy: a name and its overrides"
+    )
+    parser.add_argument("--policies", help="a JSON file of policies: {name: overrides}")
+    parser.add_argument("--probes", type=int, default=40, help="probes asked per policy, at most")
+    parser.add_argument(
+        "--preset", default="openai", choices=sorted(PRESETS), help="the provider's cache prices"
+    )
+    parser.add_argument(
+        "--cache-dir", default="~/.cache/compaction-proxy/eval", help="answers kept here"
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="ask again whatever was asked before"
+    )
+    parser.add_argument("--json", help="write the report as JSON here")
+    parser.add_argument("--html", help="write a chart of retention against cost here")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the calls it would make, make none"
+    )
+    parser.set_defaults(run=run_eval)
