@@ -199,7 +199,7 @@ def answer_from(question: str, shown: str) -> str:
             return rule(cue, shown) or "UNKNOWN"
     cue = _cue(ASK_NEXT, question)
     if cue is not None:
-        ran = _commands_in(shown)
+        ran = commands_in(shown)
         after = [ran[i + 1] for i, c in enumerate(ran[:-1]) if c == cue]
         return after[0] if after else "UNKNOWN"
     cue = _cue(ASK_DEFINED, question)
@@ -234,7 +234,7 @@ def _error_of(kind: str, shown: str) -> str | None:
 COMMAND_IN_TEXT = re.compile(r'"(?:command|cmd)"\s*:\s*"((?:[^"\\]|\\.)*)"|```bash\n(.*?)```', re.S)
 
 
-def _commands_in(shown: str) -> list[str]:
+def commands_in(shown: str) -> list[str]:
     """The commands in ``shown``, in the order they appear."""
     found = []
     for argument, block in COMMAND_IN_TEXT.findall(shown):

@@ -2,7 +2,7 @@
 request by request as the agent sent it, through a proxy started in this process, in front of a
 recorder that answers each request with the conversation's own next assistant message and
 passes the proxy's summary calls to the model; and the model, asked over HTTP with its answers
-cached on disk.
+cached on disk (an OpenAI-compatible server, or an Anthropic-compatible one).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from compaction_proxy.metering.tokenizers import encoding
 
 Message = dict[str, Any]
 ASKED_AS = "You answer questions about the conversation you are shown, from it alone."
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 def requests_of(messages: Sequence[Message]) -> list[int]:
@@ -99,6 +100,7 @@ class Model:
     prices: CachePrices
     session: aiohttp.ClientSession | None = None
     calls: int = 0
+    anthropic: bool = False  # an Anthropic-compatible server (Messages API), not OpenAI's
 
     async def ask(self, body: dict[str, Any]) -> str:
         """The text the model answers ``body`` (a chat completion request) with: the model
@@ -109,13 +111,22 @@ class Model:
         if cached is not None and cached.exists():
             return cached.read_text()
         assert self.session is not None
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        url = f"{self.base_url.rstrip('/')}/chat/completions"
-        async with self.session.post(url, json=body, headers=headers) as answer:
+        base = self.base_url.rstrip("/")
+        if self.anthropic:
+            url, sent = f"{base}/messages", as_messages_body(body)
+            headers = {"x-api-key": self.api_key, "anthropic-version": ANTHROPIC_VERSION}
+        else:
+            url, sent = f"{base}/chat/completions", body
+            headers = {"Authorization": f"Bearer {self.api_key}"}
+        async with self.session.post(url, json=sent, headers=headers) as answer:
             answer.raise_for_status()
             parsed = await answer.json()
         self.calls += 1
-        text = parsed["choices"][0]["message"].get("content") or ""
+        if self.anthropic:
+            blocks = parsed.get("content") or []
+            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        else:
+            text = parsed["choices"][0]["message"].get("content") or ""
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(text)
@@ -132,6 +143,28 @@ class Model:
         ask = RUBRIC.format(question=probe.question, expected=probe.answer, answer=answer)
         body = {"messages": [{"role": "user", "content": ask}], "max_tokens": 5, "temperature": 0}
         return verdict(await self.ask(body))
+
+
+def as_messages_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion request as an Anthropic Messages one: its system messages as
+    ``system``, everything before its last message as one transcript, the last after it (a
+    summary call's history holds tool calls the Messages API would want as blocks; as text,
+    the model reads the same)."""
+    messages = [m for m in body.get("messages", []) if m.get("role") != "system"]
+    system = "\n\n".join(
+        str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") == "system"
+    )
+    *before, last = messages or [{"role": "user", "content": ""}]
+    ask = str(last.get("content") or "")
+    prompt = f"<conversation>\n{transcript(before)}\n</conversation>\n\n{ask}" if before else ask
+    sent: dict[str, Any] = {
+        "model": body["model"],
+        "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens") or 1024,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    if system:
+        sent["system"] = system
+    return sent
 
 
 @dataclass(frozen=True)

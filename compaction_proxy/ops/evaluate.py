@@ -201,6 +201,7 @@ def run_eval(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else Path(args.cache_dir).expanduser()
     key = os.environ.get(args.api_key_env, "")
     model = Model(args.base_url, key, args.model, cache, PRESETS[args.preset])
+    model.anthropic = args.api == "anthropic"
     if args.conversation_id:
         found = asyncio.run(conversation_in_store(args.store_url, args.conversation_id))
         messages = found
@@ -239,6 +240,12 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--base-url", required=True, help="the model to ask: an OpenAI-compatible /v1 URL"
+    )
+    parser.add_argument(
+        "--api",
+        choices=("openai", "anthropic"),
+        default="openai",
+        help="what the model speaks: OpenAI's chat completions or Anthropic's Messages API",
     )
     parser.add_argument(
         "--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding its key"

@@ -28,7 +28,7 @@ from compaction_proxy.evaluation.probes import (
     ERROR,
     PATH,
     answer_from,
-    commands,
+    commands_in,
     text_of_message,
 )
 from compaction_proxy.testing.fake_answers import fake_summary
@@ -45,51 +45,60 @@ class FakeProbeModel:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/messages", self._messages)
         return app
 
-    async def _complete(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         messages: list[dict[str, Any]] = body.get("messages") or []
         last = str(messages[-1].get("content") or "") if messages else ""
-        if last.startswith(INSTRUCTION_OPENING):
-            self.summaries += 1
-            careful = self.careful and not str(body.get("model", "")).startswith(FORGETFUL)
-            text = careful_summary(messages[:-1]) if careful else fake_summary(body)
-        elif last.startswith(RUBRIC_OPENING):
-            text = _graded(last)
-        else:
-            shown, _, question = last.partition("</conversation>")
-            self.asked.append(question.strip())
-            text = answer_from(question.strip(), shown)
+        shown, _, asked = last.rpartition("</conversation>")
+        if not shown:  # a summary call: its history, then the instruction
+            shown, asked = "\n".join(text_of_message(m) for m in messages[:-1]), last
+        text = self._text(str(body.get("model", "")), asked.strip(), shown, body)
         choice = {"index": 0, "message": {"role": "assistant", "content": text}}
         usage = {"prompt_tokens": len(str(messages)) // 4, "completion_tokens": len(text) // 4}
-        return web.json_response(
-            {
-                "object": "chat.completion",
-                "choices": [{**choice, "finish_reason": "stop"}],
-                "usage": usage,
-            }
-        )
+        answer = {"choices": [{**choice, "finish_reason": "stop"}], "usage": usage}
+        return web.json_response({"object": "chat.completion", **answer})
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        """Anthropic's Messages API, as ``compaction-proxy eval --api anthropic`` asks it: one
+        user turn, the conversation as a transcript before what is asked."""
+        body = await request.json()
+        prompt = str(body["messages"][-1]["content"])
+        shown, _, asked = prompt.rpartition("</conversation>")
+        text = self._text(str(body.get("model", "")), asked.strip() or prompt, shown, body)
+        usage = {"input_tokens": len(prompt) // 4, "output_tokens": len(text) // 4}
+        answer = {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+        }
+        return web.json_response({**answer, "stop_reason": "end_turn", "usage": usage})
+
+    def _text(self, model: str, asked: str, shown: str, body: dict[str, Any]) -> str:
+        if asked.startswith(INSTRUCTION_OPENING):
+            self.summaries += 1
+            careful = self.careful and not model.startswith(FORGETFUL)
+            return careful_summary(shown) if careful else fake_summary(body)
+        if asked.startswith(RUBRIC_OPENING):
+            return _graded(asked)
+        self.asked.append(asked)
+        return answer_from(asked, shown)
 
 
-def careful_summary(messages: list[dict[str, Any]]) -> str:
-    """A checkpoint whose sections carry every fact line of ``messages``, written so that the
-    probes' rules read them back (commands as their call's argument, a definition after the
-    file it was printed from)."""
-    facts: list[str] = []
-    printed: str | None = None  # the one file the last command named
-    for message in messages:
-        text = text_of_message(message)
-        facts += [f"file {p}" for p in PATH.findall(text)]
-        facts += [f"{kind}: {said}" for kind, said in ERROR.findall(text)]
-        if message.get("role") == "assistant":
-            ran = commands([message])
-            facts += [f"ran {json.dumps({'command': c})}" for c in ran]
-            named = {p for c in ran for p in PATH.findall(c)}
-            printed = named.pop() if len(named) == 1 else None
-        elif printed is not None:
-            facts += [f"{printed} defines {name}: def {name}" for name in DEFINED.findall(text)]
+def careful_summary(shown: str) -> str:
+    """A checkpoint whose sections carry every fact line of ``shown`` (what a summary call
+    carried, as text), written so that the probes' rules read them back: commands as their
+    call's argument, a definition after the file last named before it."""
+    facts = [f"file {p}" for p in PATH.findall(shown)]
+    facts += [f"{kind}: {said}" for kind, said in ERROR.findall(shown)]
+    facts += [f"ran {json.dumps({'command': c})}" for c in commands_in(shown)]
+    for found in DEFINED.finditer(shown):
+        before = PATH.findall(shown[: found.start()])
+        if before:
+            facts.append(f"{before[-1]} defines {found.group(1)}: def {found.group(1)}")
     kept = list(dict.fromkeys(facts))
     body = "\n".join(f"- {fact}" for fact in kept) or "None."
     sections = [f"## {s}\n{body if s == 'Critical Context' else 'None.'}" for s in SECTIONS]

@@ -162,3 +162,32 @@ async def test_a_conversation_the_proxy_logged_is_read_back_from_its_store(
     (listed,) = await proxy.store.list_conversations()
     found = await conversation_in_store(private_redis.url, listed.conversation)
     assert found == requests[-1]
+
+
+async def test_an_anthropic_compatible_model_ranks_the_policies_alike(
+    aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """``--api anthropic``: the probes, summaries and grading go to the Messages API."""
+    model = FakeProbeModel()
+    base = str((await aiohttp_server(model.app())).make_url("/v1"))
+    policies = tmp_path / "policies.json"
+    policies.write_text(json.dumps(POLICIES))
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(synthetic_transcripts()["synthetic-tools"][:80]))
+    report = tmp_path / "report.json"
+    code, output = await run_eval(
+        str(path),
+        "--api", "anthropic",
+        "--base-url", base,
+        "--model", "claude-eval",
+        "--window", "8000",
+        "--policies", str(policies),
+        "--probes", "12",
+        "--no-cache",
+        "--json", str(report),
+    )  # fmt: skip
+    assert code == 0, output
+    rows = {p["name"]: p for p in json.loads(report.read_text())["policies"]}
+    kept = rows["careful summaries"]["retention"]["retention"]
+    assert kept > rows["forgetful summaries"]["retention"]["retention"]
+    assert model.asked and model.summaries
