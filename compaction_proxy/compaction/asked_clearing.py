@@ -10,6 +10,7 @@ from compaction_proxy.compaction.masking import (
     MaskCandidate,
     Masker,
     mask_candidates,
+    mask_savings,
     observations,
 )
 from compaction_proxy.compaction.planning import CompactionJob
@@ -44,13 +45,8 @@ async def cleared_tool_uses(
         candidates = mask_candidates(
             surface.nodes, view.body, len(view.body), masker, masked.__contains__
         )
-        shown = {n.start: n.message for n in surface.nodes if n.start is not None}
-        saved = 0
-        for candidate in candidates:
-            message = shown[candidate.position]
-            cleared = {**message, "content": candidate.placeholder}
-            saved += meter.message(message, count) - meter.message(cleared, count)
-        return candidates, saved
+        price = lambda message: meter.message(message, count)  # noqa: E731
+        return candidates, sum(mask_savings(surface.nodes, candidates, price))
 
     planned = await engine.off_loop(job, plan)
     if planned is None:

@@ -18,7 +18,12 @@ from compaction_proxy.compaction.cache_prices import (
     turns_ahead,
 )
 from compaction_proxy.compaction.engine import Engine
-from compaction_proxy.compaction.masking import MaskCandidate, mask_candidates, mask_relieves
+from compaction_proxy.compaction.masking import (
+    MaskCandidate,
+    mask_candidates,
+    mask_relieves,
+    mask_savings,
+)
 from compaction_proxy.compaction.model_policy import Budgets, precompaction_retain
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.range_selection import first_node_at, priced_nodes
@@ -61,12 +66,9 @@ async def mask_plan(
         candidates = mask_candidates(surface.nodes, view.body, limit, masker, masked.__contains__)
         if not candidates:
             return None
-        shown = {n.start: n.message for n in surface.nodes if n.start is not None}
-        saved = 0
-        for candidate in candidates:
-            message = shown[candidate.position]
-            cleared = {**message, "content": candidate.placeholder}
-            saved += meter.message(message, count) - meter.message(cleared, count)
+        saved = sum(
+            mask_savings(surface.nodes, candidates, lambda message: meter.message(message, count))
+        )
         prices = meter.node_tokens(view, surface)
         oldest = candidates[0].position
         behind = sum(

@@ -278,19 +278,33 @@ class MaskCuts(NamedTuple):
 
 
 def oldest_masks(
-    candidates: Sequence[MaskCandidate], saving: Callable[[MaskCandidate], int], need: int
+    candidates: Sequence[MaskCandidate], savings: Sequence[int], need: int
 ) -> MaskCuts:
     """The fewest of ``candidates`` (oldest first, as ``mask_candidates`` gives them) that save
-    ``need`` tokens, each worth ``saving(candidate)``; all of them when together they save
-    less. Consecutive requests clear the same oldest observations first, so a provider's
-    prefix cache holds between them."""
+    ``need`` tokens, each worth its ``savings`` (``mask_savings``); all of them when together
+    they save less. Consecutive requests clear the same oldest observations first, so a
+    provider's prefix cache holds between them."""
     chosen: list[MaskCandidate] = []
     saved = 0
-    for candidate in candidates:
+    for candidate, worth in zip(candidates, savings, strict=True):
         if saved >= need:
             break
-        worth = saving(candidate)
         if worth > 0:
             chosen.append(candidate)
             saved += worth
     return MaskCuts(chosen, saved)
+
+
+def mask_savings(
+    nodes: Sequence[SurfaceNode],
+    candidates: Sequence[MaskCandidate],
+    price: Callable[[Message], int],
+) -> list[int]:
+    """What clearing each of ``candidates`` saves, ``price`` pricing a message as ``nodes``
+    (the surface) shows it and as its placeholder would."""
+    shown = {n.start: n.message for n in nodes if n.start is not None}
+    savings = []
+    for candidate in candidates:
+        message = shown[candidate.position]
+        savings.append(price(message) - price({**message, "content": candidate.placeholder}))
+    return savings

@@ -28,10 +28,10 @@ from compaction_proxy.compaction.cut_records import mask_records, prune_records
 from compaction_proxy.compaction.drop_turns import DroppedTurns, drop_marker, turns_to_drop
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.masking import (
-    MaskCandidate,
     MaskCuts,
     Masker,
     mask_candidates,
+    mask_savings,
     oldest_masks,
 )
 from compaction_proxy.compaction.model_policy import Budgets
@@ -109,17 +109,11 @@ async def _masks(
     masked = {record.position for record in surface.masks}
 
     def plan() -> MaskCuts:
-        shown = {n.start: n.message for n in surface.nodes if n.start is not None}
-
-        def saving(candidate: MaskCandidate) -> int:
-            message = shown[candidate.position]
-            cleared = {**message, "content": candidate.placeholder}
-            return meter.message(message, count) - meter.message(cleared, count)
-
         candidates = mask_candidates(
             surface.nodes, view.body, view.live_start, masker, masked.__contains__
         )
-        return oldest_masks(candidates, saving, need)
+        price = lambda message: meter.message(message, count)  # noqa: E731
+        return oldest_masks(candidates, mask_savings(surface.nodes, candidates, price), need)
 
     cuts = await engine.off_loop(job, plan)
     outcome = "applied" if cuts.saved >= need else "not_enough"

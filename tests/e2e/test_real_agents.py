@@ -66,10 +66,8 @@ def codex_config(home: Path, base_url: str, own_window: int | None = None) -> Pa
     return codex_home
 
 
-async def run_codex(
-    base_url: str, home: Path, workdir: Path, own_window: int | None = None
-) -> tuple[int, str]:
-    codex_home = codex_config(home, base_url, own_window)
+async def codex_exec(codex_home: Path, home: Path, workdir: Path, key: str) -> tuple[int, str]:
+    """``codex exec`` on the task, with ``CODEX_HOME`` and the key in environment ``key``."""
     command = [
         agent_binary("codex", "@openai/codex"),
         "exec",
@@ -78,8 +76,15 @@ async def run_codex(
         "danger-full-access",
         TASK,
     ]
-    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "PROXY_API_KEY": "sk-codex"}
+    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), key: "sk-codex"}
     return await run_agent(command, env, workdir)
+
+
+async def run_codex(
+    base_url: str, home: Path, workdir: Path, own_window: int | None = None
+) -> tuple[int, str]:
+    codex_home = codex_config(home, base_url, own_window)
+    return await codex_exec(codex_home, home, workdir, "PROXY_API_KEY")
 
 
 async def run_codex_remote_compacting(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
@@ -94,16 +99,7 @@ async def run_codex_remote_compacting(base_url: str, home: Path, workdir: Path) 
         f"model_context_window = {WINDOW}\n"
         f"model_auto_compact_token_limit = {WINDOW * 8 // 10}\n"
     )
-    command = [
-        agent_binary("codex", "@openai/codex"),
-        "exec",
-        "--skip-git-repo-check",
-        "--sandbox",
-        "danger-full-access",
-        TASK,
-    ]
-    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "OPENAI_API_KEY": "sk-codex"}
-    return await run_agent(command, env, workdir)
+    return await codex_exec(codex_home, home, workdir, "OPENAI_API_KEY")
 
 
 REMOTE_COMPACTION_FAILED = "expected exactly one compaction output item"

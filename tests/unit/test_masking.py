@@ -234,7 +234,7 @@ def offered(*positions: int) -> list[MaskCandidate]:
 def test_the_fewest_oldest_masks_that_save_what_is_needed(
     worth: dict[int, int], need: int, chosen: list[int], saved: int
 ) -> None:
-    cuts = oldest_masks(offered(*worth), lambda c: worth[c.position], need)
+    cuts = oldest_masks(offered(*worth), list(worth.values()), need)
     assert [c.position for c in cuts.candidates] == chosen and cuts.saved == saved
 
 
