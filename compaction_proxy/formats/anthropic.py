@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.conversation.surface import Surface
-from compaction_proxy.formats import anthropic_compaction
+from compaction_proxy.formats import anthropic_compaction, anthropic_count
 from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.formats.anthropic_blocks import (
     TranslatedMessages,
@@ -169,6 +169,17 @@ class MessagesFormat(WireFormat):
         if made is None and not clearing:
             return None
         return anthropic_compaction.ManagedAnswer(made, applied if clearing else None)
+
+    def count_bodies(
+        self, body: dict[str, Any], asked: AskedCompaction, input_tokens: int | None
+    ) -> dict[str, Any] | None:
+        """A ``count_tokens`` body asking ``asked``: without the option (``input_tokens``
+        None: the count of the history as sent), else as its edits would clear it given that
+        count (None: they would clear nothing)."""
+        plain = anthropic_compaction.without_context_management(body)
+        if input_tokens is None:
+            return plain
+        return anthropic_count.cleared_for_count(plain, asked, input_tokens)
 
     def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
         message_id = f"msg_{uuid.uuid4().hex}"

@@ -6,14 +6,12 @@ the client is opened (``service.native_compaction.opened``): the upstream could 
 Where the route's upstream lacks the providers' compaction (``config.native_compaction``):
 ``/v1/responses/compact`` is answered by the proxy (the body read as a Responses request ending
 with a ``compaction_trigger``: its user messages and one compaction item), and a
-``count_tokens`` body's ``context_management`` is taken out on the way, the count answered
-with the ``original_input_tokens`` the API adds (nothing is cleared for a count: both are the
-upstream's count).
+``count_tokens`` body with ``context_management`` is counted by the upstream without it: as
+sent (``original_input_tokens``), and as its clearing edits would leave it (``input_tokens``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -22,13 +20,17 @@ from aiohttp import web
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.native_compaction import serves_compaction
 from compaction_proxy.config.settings import Route
+from compaction_proxy.formats.asked_compaction import AskedCompaction
 from compaction_proxy.formats.request import ProviderHeld
 from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.formats.wire_formats import MESSAGES, RESPONSES
 from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.http.errors import upstream_failed
 from compaction_proxy.http.upstream import client_query
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.service.native_compaction import NativeCompaction, opened
+from compaction_proxy.upstream_seam import UpstreamBroke, UpstreamCall, UpstreamUnreachable
 
 COMPACT_TEMPLATE = "/v1/responses/compact"
 COUNT_TOKENS_TEMPLATE = "/v1/messages/count_tokens"
@@ -38,9 +40,6 @@ CARRYING: dict[str, WireFormat] = {
     COUNT_TOKENS_TEMPLATE: MESSAGES,
 }
 PROVIDER_HELD = ("previous_response_id", "conversation")
-
-# Reads a whole successful answer's bytes into what the client gets (``passthrough``).
-Reading = Callable[[bytes], Awaitable[bytes]]
 
 
 def served_here(template: str, method: str, route: Route, body: Any) -> bool:
@@ -61,30 +60,65 @@ async def opened_on_the_way(request: web.Request, template: str, body: bytes) ->
     return await opened(request.app[SERVICES], request.headers, body, wire)
 
 
-def counted_as_asked(template: str, route: Route, body: bytes) -> tuple[bytes, Reading | None]:
-    """A ``count_tokens`` body asking for ``context_management`` on a route whose upstream
-    lacks it: without it, and the reading that adds ``original_input_tokens`` to the count."""
+def served_count(template: str, route: Route, body: Any) -> AskedCompaction | None:
+    """What a ``count_tokens`` body asks of ``context_management`` on a route whose upstream
+    lacks it (then the proxy counts it); None otherwise. BadRequest for an edit the API
+    would refuse."""
     if template != COUNT_TOKENS_TEMPLATE or not serves_compaction(route):
-        return body, None
+        return None
+    if not isinstance(body, dict) or "context_management" not in body:
+        return None
+    return MESSAGES.asked_compaction(body)
+
+
+async def serve_count(
+    request: web.Request, route: Route, body: dict[str, Any], asked: AskedCompaction
+) -> web.StreamResponse:
+    """The count of ``body`` as its edits would leave it, and ``original_input_tokens``,
+    the count of it as sent: one or two counts by the upstream, without the option."""
+    plain = MESSAGES.count_bodies(body, asked, None)
+    assert plain is not None
     try:
-        parsed = jsonio.loads(body)
-    except (ValueError, RecursionError):
-        return body, None
-    if not isinstance(parsed, dict) or "context_management" not in parsed:
-        return body, None
-    stripped = {k: v for k, v in parsed.items() if k != "context_management"}
-    return jsonio.dumps(stripped), _with_original_count
+        status, answer = await _counted(request, route, plain)
+        original = _input_tokens(answer) if status == 200 else None
+        if original is None:
+            return web.Response(status=status, body=answer, content_type="application/json")
+        counted: int | None = original
+        cleared = MESSAGES.count_bodies(body, asked, original)
+        if cleared is not None:
+            status, answer = await _counted(request, route, cleared)
+            counted = _input_tokens(answer) if status == 200 else None
+        if counted is None:
+            return web.Response(status=status, body=answer, content_type="application/json")
+    except (UpstreamUnreachable, UpstreamBroke) as exc:
+        return upstream_failed(route.base, exc.cause, anthropic=True)
+    management = {"original_input_tokens": original}
+    return web.json_response({"input_tokens": counted, "context_management": management})
 
 
-async def _with_original_count(answer: bytes) -> bytes:
+async def _counted(request: web.Request, route: Route, body: dict[str, Any]) -> tuple[int, bytes]:
+    services = request.app[SERVICES]
+    headers = upstream_headers(
+        request.headers,
+        route.api_key_env,
+        proxy_keys=services.client_keys.required,
+        anthropic=True,
+    )
+    headers["Content-Type"] = "application/json"
+    url = upstream_url(route.base, "/messages/count_tokens", client_query(request))
+    async with services.upstream.open(
+        UpstreamCall("POST", url, headers, jsonio.dumps(body))
+    ) as answer:
+        return answer.status, await answer.read()
+
+
+def _input_tokens(answer: bytes) -> int | None:
     try:
         counted = orjson.loads(answer)
     except orjson.JSONDecodeError:
-        return answer
+        return None
     tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
-    if not isinstance(tokens, int):
-        return answer
-    return orjson.dumps({**counted, "context_management": {"original_input_tokens": tokens}})
+    return tokens if isinstance(tokens, int) else None
 
 
 async def serve_compact(request: web.Request, body: bytes) -> web.StreamResponse:

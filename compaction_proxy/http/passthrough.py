@@ -36,9 +36,10 @@ from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.compact_endpoint import (
-    counted_as_asked,
     opened_on_the_way,
     serve_compact,
+    serve_count,
+    served_count,
     served_here,
 )
 from compaction_proxy.http.errors import (
@@ -271,7 +272,6 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     data: bytes | aiohttp.StreamReader = request.content
     template = path_template(request.path)
     named: list[NamedObject] = []
-    counting: Reading | None = None
     try:
         check_headers(request.headers)
         if is_websocket(request):
@@ -295,7 +295,12 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 if refused is not None:
                     return refused, "refused" if refused.status == 403 else "not_found"
                 return await serve_compact(request, data), "served"
-            data, counting = counted_as_asked(template, route, data)
+            counting = served_count(template, route, parsed)
+            if counting is not None:
+                refused = await bound_to_the_account(request, route, named)
+                if refused is not None:
+                    return refused, "refused" if refused.status == 403 else "not_found"
+                return await serve_count(request, route, parsed, counting), "served"
     except BadRequest as error:
         return bad_request_response(error, anthropic=anthropic), "bad_request"
     except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
@@ -308,7 +313,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     refused = await bound_to_the_account(request, route, named, path_ids)
     if refused is not None:
         return refused, "refused" if refused.status == 403 else "not_found"
-    reading: Reading | None = counting
+    reading: Reading | None = None
     if owned_mode(request, route) and not stateless:
         reading = functools.partial(owned_answer, request, template)
     relay = app[SERVICES].relay_client

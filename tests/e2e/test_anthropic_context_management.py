@@ -179,19 +179,37 @@ async def test_clear_tool_uses_clears_all_but_the_newest_and_says_what_went(
     assert results[-2:] == [turns[-4]["content"][0]["content"], turns[-2]["content"][0]["content"]]
 
 
-async def test_count_tokens_with_context_management_reports_the_original_count(
+async def test_count_tokens_counts_what_the_edits_would_leave_and_the_original(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
+    """Tool uses the edit would clear are not counted; ``original_input_tokens`` is the count
+    as sent. A compaction happens on a message, not a count: with it alone, both are equal."""
     proxy = await start(make_proxy, upstream_url, fake)
+    clear = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": 1_000},
+        "keep": {"type": "tool_uses", "value": 2},
+    }
     async with client_of(proxy.url) as client:
-        counted = await client.beta.messages.count_tokens(
+        cleared = await client.beta.messages.count_tokens(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+            context_management={"edits": [clear]},  # type: ignore[arg-type]
+            betas=BETAS,
+        )
+        compacting = await client.beta.messages.count_tokens(
             model=MODEL,
             messages=history(),  # type: ignore[arg-type]
             context_management=compact(),  # type: ignore[arg-type]
             betas=BETAS,
         )
-    assert counted.context_management is not None
-    assert counted.context_management.original_input_tokens == counted.input_tokens > 0
+    assert cleared.context_management is not None and compacting.context_management is not None
+    original = cleared.context_management.original_input_tokens
+    assert 0 < cleared.input_tokens < original / 2  # 18 of 20 results of about 230 tokens
+    assert compacting.input_tokens == compacting.context_management.original_input_tokens
+    assert compacting.input_tokens == original
+    counted = [r for r in fake.messages.received if r.path.endswith("count_tokens")]
+    assert all("context_management" not in r.body for r in counted)
 
 
 async def test_a_block_of_another_key_is_refused_and_nothing_goes_upstream(

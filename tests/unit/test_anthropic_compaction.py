@@ -19,6 +19,7 @@ from compaction_proxy.formats.anthropic_compaction import (
     opened_blocks,
     paused_answer,
 )
+from compaction_proxy.formats.anthropic_count import cleared_for_count
 from compaction_proxy.formats.asked_compaction import (
     AskedCompaction,
     ClearedToolUses,
@@ -244,3 +245,37 @@ def test_cleared_calls_lose_their_inputs_when_asked() -> None:
     ]
     assert inputs == [{}, {}, {"n": 2}]
     assert applied[0]["cleared_tool_uses"] == 2 and applied[0]["cleared_input_tokens"] > 100
+
+
+def results_of(body: dict[str, Any]) -> list[Any]:
+    return [
+        block["content"]
+        for turn in body["messages"]
+        for block in turn["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("clear", "tokens", "kept"),
+    [
+        (ClearToolUses(trigger_tokens=100, keep=1), 500, 1),
+        (ClearToolUses(trigger_tokens=1_000, keep=1), 500, None),  # under its trigger
+        (ClearToolUses(trigger_tool_uses=3, keep=2), 0, 2),
+        (ClearToolUses(trigger_tool_uses=5, keep=2), 0, None),
+        (ClearToolUses(trigger_tokens=0, keep=0, exclude_tools=frozenset({"bash"})), 9, None),
+        (ClearToolUses(trigger_tokens=0, keep=0, clear_at_least=10_000), 9, None),
+    ],
+)
+def test_a_count_is_of_what_the_edits_would_leave(
+    clear: ClearToolUses, tokens: int, kept: int | None
+) -> None:
+    body = thinking_turns(4)
+    counted = cleared_for_count(body, AskedCompaction(clear_tool_uses=clear), tokens)
+    if kept is None:
+        assert counted is None
+        return
+    assert counted is not None
+    results = results_of(counted)
+    assert results[-kept:] == ["out"] * kept
+    assert all("cleared" in r for r in results[:-kept])
