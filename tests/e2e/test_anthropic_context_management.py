@@ -190,16 +190,17 @@ async def test_count_tokens_counts_what_the_edits_would_leave_and_the_original(
         "trigger": {"type": "input_tokens", "value": 1_000},
         "keep": {"type": "tool_uses", "value": 2},
     }
+    turns = history()
     async with client_of(proxy.url) as client:
         cleared = await client.beta.messages.count_tokens(
             model=MODEL,
-            messages=history(),  # type: ignore[arg-type]
+            messages=turns,  # type: ignore[arg-type]
             context_management={"edits": [clear]},  # type: ignore[arg-type]
             betas=BETAS,
         )
         compacting = await client.beta.messages.count_tokens(
             model=MODEL,
-            messages=history(),  # type: ignore[arg-type]
+            messages=turns,  # type: ignore[arg-type]
             context_management=compact(),  # type: ignore[arg-type]
             betas=BETAS,
         )
