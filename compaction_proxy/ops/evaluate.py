@@ -46,6 +46,7 @@ from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.formats.wire_formats import CHAT, MESSAGES, RESPONSES
+from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.tokenizers import use_bundled_tokenizers
 from compaction_proxy.ops.eval_replay import Model, Point, replay, requests_of, tokens, transcript
 from compaction_proxy.parsing.recent_bodies import RecentBodies
@@ -173,6 +174,9 @@ async def evaluate(run: Evaluation) -> list[PolicyRun]:
                 outcome.asked.append(Asked(probe.kind, full, kept))
                 if count % 10 == 0 or count == len(chosen):
                     print(f"  asked {count}/{len(chosen)} probes", file=sys.stderr)
+    # The proxies started litellm's import in a thread; a process that finalizes while it
+    # runs never exits (``lazy_litellm.settle``): a quick run on a busy host did just that.
+    await lazy_litellm.loaded()
     return runs
 
 

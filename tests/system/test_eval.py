@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,12 @@ def conversation(folder: Path) -> Path:
 
 
 async def run_eval(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """The command's exit status and output. One that outlives its time is made to print
+    every thread's stack (faulthandler, on SIGABRT) before the test fails with it."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
+        "-X",
+        "faulthandler",
         "-m",
         "compaction_proxy",
         "eval",
@@ -51,7 +56,13 @@ async def run_eval(*args: str, env: dict[str, str] | None = None) -> tuple[int, 
         stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
-    output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
+    reading = asyncio.ensure_future(process.communicate())
+    done, _ = await asyncio.wait({reading}, timeout=240)
+    if not done:
+        process.send_signal(signal.SIGABRT)
+        output, _ = await reading
+        pytest.fail(f"eval did not end in 240 s; its stacks:\n{output.decode()[-6000:]}")
+    output, _ = reading.result()
     assert process.returncode is not None
     return process.returncode, output.decode()
 
