@@ -1,8 +1,8 @@
 """Observation masking (pure): old observations cleared to a one-line placeholder.
 
 Between pruning and summarizing, with no model call: an agent whose old tool outputs are
-replaced by a placeholder solves as many tasks as one given LLM summaries of them (README,
-"Observation masking", for the study and for what it costs here); Anthropic's
+replaced by a placeholder solves as many tasks as one given LLM summaries of them
+(docs/compaction.md, "Observation masking", for the study and what it costs here); Anthropic's
 ``clear_tool_uses`` and Claude Code's microcompact make the same move. The call stays; its
 output becomes one line naming the tool, a short form of its arguments and the size cleared,
 and saying the tool can be run again.
