@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from compaction_proxy.ops.reference import PAGE_MAKERS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,3 +35,9 @@ def test_the_manual_builds_with_every_link_resolved(tmp_path: Path) -> None:
     )
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "native-compaction" / "index.html").exists()
+
+
+@pytest.mark.parametrize("page", sorted(PAGE_MAKERS))
+def test_the_reference_pages_are_what_the_code_generates(page: str) -> None:
+    """Regenerate with ``python -m compaction_proxy.ops.reference`` when this fails."""
+    assert (ROOT / "docs" / "reference" / page).read_text() == PAGE_MAKERS[page]()
