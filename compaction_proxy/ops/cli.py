@@ -87,7 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
     gc.set_threshold(*GC_THRESHOLDS)
 
     def listening(message: str) -> None:
-        log.info("%s", message.strip())
+        # aiohttp's two lines ("Running on ...", "(Press CTRL+C to quit)") as one log line.
+        log.info("%s", " ".join(line.strip() for line in message.strip().splitlines()))
         if args.reuse_port:  # tell the supervisor
             sys.stdout.buffer.write(READY_LINE)
             sys.stdout.flush()
@@ -190,7 +191,10 @@ def resolved_routes(settings: Settings) -> list[dict[str, Any]]:
             "policies": {},
         }
         for label, model in models.items():
-            policy = resolve_policy(settings, route, model).model_dump(mode="json")
+            resolved = resolve_policy(settings, route, model)
+            policy = resolved.model_dump(mode="json")
+            # The value in force, not "unset": 0.1 below the threshold unless given.
+            policy["precompact_ratio"] = round(resolved.effective_precompact_ratio, 6)
             policy["context_window"] = configured_window(route, model)
             entry["policies"][label] = policy
         report.append(entry)
