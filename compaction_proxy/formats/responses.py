@@ -175,6 +175,11 @@ class ResponsesFormat(WireFormat):
             f"resp_{uuid.uuid4().hex}", model, created, made, stream
         )
 
+    def provider_holds(self, body: dict[str, Any]) -> bool:
+        """Whether the provider holds the body's history (``stateful``): the proxy cannot
+        read it, so it neither compacts nor answers for it."""
+        return stateful(body)
+
     def compact_request(self, body: dict[str, Any]) -> bytes:
         """A ``/v1/responses/compact`` body as a Responses request ending with a trigger."""
         return jsonio.dumps(responses_compaction.compact_request_body(body))

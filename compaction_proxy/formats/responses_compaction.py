@@ -27,7 +27,6 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "respo
 # What a compact body keeps when read as a Responses request: the rest (reasoning options,
 # ``store``, streaming) means nothing to a summary.
 KEPT_FIELDS = ("model", "instructions", "tools")
-PROVIDER_HELD = ("previous_response_id", "conversation")
 
 
 def compaction_item(token: str) -> dict[str, Any]:

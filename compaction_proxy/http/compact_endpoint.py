@@ -39,7 +39,6 @@ CARRYING: dict[str, WireFormat] = {
     "/v1/responses/input_tokens": RESPONSES,
     COUNT_TOKENS_TEMPLATE: MESSAGES,
 }
-PROVIDER_HELD = ("previous_response_id", "conversation")
 
 
 def served_here(template: str, method: str, route: Route, body: Any) -> bool:
@@ -49,7 +48,7 @@ def served_here(template: str, method: str, route: Route, body: Any) -> bool:
     the proxy (bound to the account like any other)."""
     if template != COMPACT_TEMPLATE or method != "POST" or not serves_compaction(route):
         return False
-    return isinstance(body, dict) and not any(body.get(field) for field in PROVIDER_HELD)
+    return isinstance(body, dict) and not RESPONSES.provider_holds(body)
 
 
 async def opened_on_the_way(request: web.Request, template: str, body: bytes) -> bytes:
