@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterable
 from typing import TypeVar
 
 from prometheus_client import (
@@ -297,6 +298,15 @@ def initialize_label_sets() -> None:
     for api in FORMATS:
         for status in STATUSES:
             FORMAT_REQUESTS.labels(format=api, status=status)
+
+
+def initialize_route_series(routes: Iterable[str]) -> None:
+    """Create each configured route's fault series at zero (bypasses, client disconnects),
+    so that the dashboard's panels for them read 0, not "no data", on a healthy route."""
+    for route in routes:
+        for cause in ("store", "error"):
+            BYPASSES.labels(route=route, cause=cause)
+        CLIENT_DISCONNECTS.labels(route=route)
 
 
 def exposition_registry() -> CollectorRegistry:

@@ -31,7 +31,7 @@ from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.metering.tokenizers import warm_up
 from compaction_proxy.metering.windows import LearnedWindows, model_map
-from compaction_proxy.metrics import REQUESTS, initialize_label_sets
+from compaction_proxy.metrics import REQUESTS, initialize_label_sets, initialize_route_series
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 from compaction_proxy.security.client_keys import (
     ClientKeys,
@@ -248,6 +248,7 @@ def create_app(settings: Settings) -> web.Application:
         handler_args={"auto_decompress": False},
     )
     initialize_label_sets()
+    initialize_route_series(route.model for route in settings.routes)
     app.cleanup_ctx.append(_services_context(settings, client_keys))
     app.add_routes(
         [

@@ -8,6 +8,7 @@ through Prometheus's HTTP API and must return data.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +18,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from prometheus_client.metrics import MetricWrapperBase
 
+from compaction_proxy import metrics
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.processes import free_port, proxy_process, wait_until_ready
@@ -62,6 +65,60 @@ def test_dashboard_is_well_formed() -> None:
         "background",
     ):
         assert topic in titles
+
+
+def exported_labels() -> dict[str, frozenset[str]]:
+    """Each metric the proxy exports, by its name in queries, with its labels."""
+    found: dict[str, frozenset[str]] = {}
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            labels = frozenset(value._labelnames)
+            found[value._name] = labels
+            found[f"{value._name}_total"] = labels
+            for suffix in ("_bucket", "_sum", "_count"):
+                found[f"{value._name}{suffix}"] = labels | {"le"}
+    return found
+
+
+SELECTOR = re.compile(r"(compaction_proxy_[a-z_]+)(\{[^}]*\})?")
+GROUPING = re.compile(r"by \(([^)]*)\)")
+
+
+def test_route_filter_applies_wherever_a_series_has_a_route() -> None:
+    """A panel's series carrying a route label are filtered by ``$route``; a panel with none
+    says it shows every route; every query names metrics and labels the proxy exports."""
+    exported = exported_labels()
+    for panel in dashboard()["panels"]:
+        routed = False
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name, matchers in SELECTOR.findall(expr):
+                assert name in exported, (panel["title"], name)
+                if "route" in exported[name]:
+                    routed = True
+                    assert 'route=~"$route"' in matchers, (panel["title"], expr)
+                else:
+                    assert "$route" not in matchers, (panel["title"], expr)
+            for grouping in GROUPING.findall(expr):
+                names = {label.strip() for label in grouping.split(",")}
+                used = {n for n, _ in SELECTOR.findall(expr)}
+                assert all(names <= exported[n] for n in used), (panel["title"], expr)
+        assert routed != panel["title"].endswith("(all routes)"), panel["title"]
+
+
+def test_guard_bypass_disconnect_and_threshold_series_are_charted() -> None:
+    charted = " ".join(t["expr"] for _, t in panel_targets())
+    for series in (
+        "compaction_proxy_bypassed_requests_total",
+        "compaction_proxy_guard_trips_total",
+        "compaction_proxy_client_disconnects_total",
+        "compaction_proxy_over_threshold_requests_total",
+    ):
+        assert series in charted
+
+
+def panel_targets() -> list[tuple[str, dict[str, Any]]]:
+    return [(p["title"], t) for p in dashboard()["panels"] for t in p["targets"]]
 
 
 class Prometheus:
