@@ -84,12 +84,15 @@ def admin_history() -> list[dict[str, Any]]:
 
 
 async def conversation_of(
-    proxy: RunningProxy, messages: list[dict[str, Any]], session: str | None = None
+    proxy: RunningProxy,
+    messages: list[dict[str, Any]],
+    session: str | None = None,
+    api_key: str = "sk-c",
 ) -> str:
     import openai
 
     headers = {"X-Session-Id": session} if session else {}
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-c", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key=api_key, max_retries=0) as client:
         raw = await client.chat.completions.with_raw_response.create(
             model=ADMIN_MODEL,
             messages=messages,  # type: ignore[arg-type]

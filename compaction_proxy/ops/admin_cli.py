@@ -15,8 +15,12 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import quote
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+CONVERSATION_HELP = "a conversation id, or a session name as `list` shows it"
 
 
 class AdminError(Exception):
@@ -61,6 +65,24 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         raise AdminError(f"HTTP {error.code}: {reason or error.reason}") from error
     except urllib.error.URLError as error:
         raise AdminError(f"cannot reach {url}: {error.reason}") from error
+
+
+def _conversation(args: argparse.Namespace) -> str:
+    """The conversation id an argument names, path-quoted: the id itself, or a session name as
+    ``list`` shows it (``X-Session-Id``), when exactly one of the newest conversations the
+    admin API searches has that name."""
+    named = args.conversation
+    found = _call(args, "GET", f"/conversations?limit=1000&q={quote(named, safe='')}")
+    listed = found["conversations"]
+    if any(c["conversation"] == named for c in listed):
+        return quote(named, safe="")
+    sessions = [c["conversation"] for c in listed if c.get("session") == named]
+    if len(sessions) > 1:
+        raise AdminError(
+            f"{len(sessions)} conversations have the session name {named!r} (one per tenant): "
+            f"name one by its id: {', '.join(sessions[:5])}"
+        )
+    return quote(sessions[0] if sessions else named, safe="")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -125,7 +147,7 @@ def _list(args: argparse.Namespace) -> str:
 
 
 def _show(args: argparse.Namespace) -> str:
-    data = _call(args, "GET", f"/conversations/{args.conversation}")
+    data = _call(args, "GET", f"/conversations/{_conversation(args)}")
     if args.json:
         return json.dumps(data, indent=2)
     anchor = data["anchor"]
@@ -164,7 +186,7 @@ def _show(args: argparse.Namespace) -> str:
 
 def _log(args: argparse.Namespace) -> str:
     query = f"?limit={args.limit}" + (f"&after={args.after}" if args.after else "")
-    data = _call(args, "GET", f"/conversations/{args.conversation}/log{query}")
+    data = _call(args, "GET", f"/conversations/{_conversation(args)}/log{query}")
     if args.json:
         return json.dumps(data, indent=2)
     rows = []
@@ -202,7 +224,7 @@ def _log(args: argparse.Namespace) -> str:
 
 
 def _surface(args: argparse.Namespace) -> str:
-    data = _call(args, "GET", f"/conversations/{args.conversation}/surface")
+    data = _call(args, "GET", f"/conversations/{_conversation(args)}/surface")
     if args.json:
         return json.dumps(data, indent=2)
     rows = []
@@ -236,13 +258,14 @@ def _compact(args: argparse.Namespace) -> str:
         raise AdminError("give both --start and --end for a region, or neither")
     if args.start is not None and args.start > args.end:
         raise AdminError(f"--start ({args.start}) is after --end ({args.end})")
+    conversation = _conversation(args)
     if args.start is None:
-        data = _call(args, "POST", f"/conversations/{args.conversation}/compact")
+        data = _call(args, "POST", f"/conversations/{conversation}/compact")
     else:
         data = _call(
             args,
             "POST",
-            f"/conversations/{args.conversation}/compact-region",
+            f"/conversations/{conversation}/compact-region",
             {"start": args.start, "end": args.end},
         )
     args.failed = data.get("outcome") != "committed"
@@ -280,11 +303,11 @@ def add_parser(commands: Any) -> None:
         ("surface", _surface, "what the latest request would be sent"),
     ):
         sub = action(name, text)
-        sub.add_argument("conversation")
+        sub.add_argument("conversation", help=CONVERSATION_HELP)
         sub.set_defaults(show=func)
 
     log = action("log", "the session log, a page at a time")
-    log.add_argument("conversation")
+    log.add_argument("conversation", help=CONVERSATION_HELP)
     log.add_argument("--after", help="cursor from the previous page")
     log.add_argument("--limit", type=int, default=100)
     log.set_defaults(show=_log)
@@ -293,7 +316,7 @@ def add_parser(commands: Any) -> None:
         "compact",
         "summarize an idle conversation now (everything but the last message, or a region)",
     )
-    compact.add_argument("conversation")
+    compact.add_argument("conversation", help=CONVERSATION_HELP)
     compact.add_argument("--start", type=int, help="first body position of a region")
     compact.add_argument("--end", type=int, help="last body position of a region (inclusive)")
     compact.add_argument(

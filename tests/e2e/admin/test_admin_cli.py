@@ -93,6 +93,31 @@ async def test_cli_lists_shows_and_compacts(
     assert code == 1 and "out of range" in err
 
 
+async def test_a_session_name_from_the_listing_names_its_conversation(
+    proxy: RunningProxy, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+    monkeypatch.setenv("COMPACTION_PROXY_ADMIN_URL", proxy.root)
+    name = "issue-42:cache.race"
+    conversation = await conversation_of(proxy, admin_history(), session=name)
+    for action in ("show", "surface", "log"):
+        code, out, err = await cli(capsys, action, name)
+        assert code == 0, (action, err)
+    code, out, _ = await cli(capsys, "--json", "show", name)
+    assert json.loads(out)["conversation"] == conversation
+
+    other = await conversation_of(proxy, admin_history(), session=name, api_key="sk-other")
+    assert other != conversation  # another tenant's conversation of the same name
+    code, _, err = await cli(capsys, "show", name)
+    assert code == 1 and "2 conversations have the session name" in err
+    assert conversation in err and other in err
+    code, out, _ = await cli(capsys, "--json", "show", other)
+    assert code == 0 and json.loads(out)["conversation"] == other
+
+    code, _, err = await cli(capsys, "show", "no-such-session")
+    assert code == 1 and "HTTP 404" in err
+
+
 async def test_cli_refusals_exit_non_zero(
     proxy: RunningProxy, capsys: pytest.CaptureFixture[str]
 ) -> None:
