@@ -1,0 +1,105 @@
+"""The quickstart as the README and the getting-started page write it.
+
+The README's shell block runs as written (the fake upstream in the background, then the proxy),
+on free ports instead of 9000 and 8080; then each page's Python block runs against them,
+unchanged but for the port, and what it prints is checked against what the prose says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from tests.processes import free_port, wait_until_ready
+
+pytest.importorskip("openai")
+
+ROOT = Path(__file__).parents[2]
+FENCE = re.compile(r"```(\w+)\n(.*?)```", re.S)
+DEMO_HEADING = "## See it compact"
+
+
+def fenced(text: str, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(text) if lang == language]
+
+
+def demo_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(DEMO_HEADING)
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+@pytest.fixture
+async def quickstart() -> AsyncIterator[str]:
+    """The demo's shell block, run by bash as written but for its ports; yields the proxy's
+    base URL, and stops the fake and the proxy (the block's whole process group) after."""
+    (commands,) = fenced(demo_section(), "sh")
+    fake_port, proxy_port = free_port(), free_port()
+    assert "--port 9000" in commands and "127.0.0.1:9000" in commands
+    assert commands.rstrip().endswith("compaction-proxy serve")
+    script = commands.replace("9000", str(fake_port)).rstrip() + f" --port {proxy_port}\n"
+    bin_dir = str(Path(sys.executable).parent)  # `python` and `compaction-proxy` of this env
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, env=env, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{proxy_port}"
+    try:
+        await wait_until_ready(f"{base}/healthz")
+        yield base
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 60)
+
+
+async def run_snippet(code: str, base: str) -> list[str]:
+    assert "127.0.0.1:8080" in code
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code.replace("127.0.0.1:8080", base.removeprefix("http://")),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 240)
+    assert process.returncode == 0, err.decode()[-3000:]
+    return out.decode().splitlines()
+
+
+async def test_the_readme_demo_compacts_where_its_prose_says(quickstart: str) -> None:
+    section = demo_section()
+    (snippet,) = fenced(section, "python")
+    rows = [line.split() for line in await run_snippet(snippet, quickstart)]
+    assert [int(row[0]) for row in rows] == list(range(30))
+    statuses = [row[1] for row in rows]
+    tokens = [int(row[2]) for row in rows]
+
+    said = re.search(r"At turn (\d+) the status says `precompacting`", section)
+    compacted_from = re.search(r"from turn (\d+) `compacted`", section)
+    assert said and compacted_from, "the prose names the turns it shows"
+    first = int(said.group(1))
+    assert statuses.index("precompacting") == first
+    assert set(statuses[:first]) == {"none"}
+    # From the named turn on, every request carries a checkpoint; a background round still
+    # writing when a request comes may show it as precompacting once more, never as none.
+    compacted = int(compacted_from.group(1))
+    assert statuses[compacted] == "compacted"
+    assert set(statuses[compacted:]) <= {"compacted", "precompacting"}
+    # What goes upstream falls back after each checkpoint and never reaches the 16k window.
+    assert max(tokens) < 16_000
+    assert tokens[compacted] < tokens[first] / 2
+    assert any(later < earlier for earlier, later in pairwise(tokens[compacted:]))
+
+
+async def test_the_getting_started_calls_print_their_answers(quickstart: str) -> None:
+    (snippet,) = fenced((ROOT / "docs" / "getting-started.md").read_text(), "python")
+    lines = await run_snippet(snippet, quickstart)
+    assert len(lines) == 3 and all(line.strip() for line in lines), lines
