@@ -110,6 +110,17 @@ def test_chart_yaml_files_pass_yamllint() -> None:
     assert done.returncode == 0, done.stdout
 
 
+def test_the_default_image_is_what_the_documented_build_makes() -> None:
+    """The chart's image default is buildable from the repository, by the command the
+    deploying guide and values.yaml give, at the chart's appVersion."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    image = values()["image"]
+    built = f"{image['repository']}:{image['tag'] or chart['appVersion']}"
+    command = f"docker build -t {built} ."
+    assert command in (ROOT / "docs" / "deploying.md").read_text()
+    assert command in (CHART / "values.yaml").read_text()
+
+
 def test_values_match_the_schema() -> None:
     jsonschema.validate(values(), schema())
 
