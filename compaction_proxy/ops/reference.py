@@ -198,8 +198,9 @@ def helm_values_page(checkout: Path) -> str:
                 "# Helm values reference",
                 "",
                 "Every value of `charts/compaction-proxy`, with its default and its comment in "
-                "`values.yaml`, generated from the chart (`python -m compaction_proxy.ops.reference`);"
-                " `values.schema.json` refuses anything else. How to install it: "
+                "`values.yaml`, generated from the chart "
+                "(`python -m compaction_proxy.ops.reference`); "
+                "`values.schema.json` refuses anything else. How to install it: "
                 "[Deploying](../deploying.md).",
                 "",
                 "| value | type | default | what it does |",
