@@ -236,9 +236,16 @@ COMMAND_IN_TEXT = re.compile(r'"(?:command|cmd)"\s*:\s*"((?:[^"\\]|\\.)*)"|```ba
 
 def commands_in(shown: str) -> list[str]:
     """The commands in ``shown``, in the order they appear."""
+    return [command for _, command in command_positions(shown)]
+
+
+def command_positions(shown: str) -> list[tuple[int, str]]:
+    """The commands in ``shown``, each with where it appears."""
     found = []
-    for argument, block in COMMAND_IN_TEXT.findall(shown):
-        found.append(argument.encode().decode("unicode_escape") if argument else block.strip())
+    for match in COMMAND_IN_TEXT.finditer(shown):
+        argument, block = match.groups()
+        command = argument.encode().decode("unicode_escape") if argument else block.strip()
+        found.append((match.start(), command))
     return found
 
 

@@ -60,6 +60,9 @@ class PolicyRun:
     summary_calls: int = 0
     change_points: int = 0
     statuses: dict[str, int] = field(default_factory=dict)  # X-Compaction-Status: requests
+    generated_probes: int = 0  # of those asked, the probes the model wrote
+    # The prices billed: a cached token read and written, an output token (uncached input: 1).
+    prices: dict[str, float] = field(default_factory=dict)
 
 
 def wilson(right: int, probes: int, z: float = Z95) -> tuple[float, float]:
@@ -117,12 +120,14 @@ def as_json(runs: Sequence[PolicyRun]) -> dict[str, Any]:
                 "retention": kind_row(run.asked, None),
                 "by_kind": {kind.value: kind_row(run.asked, kind) for kind in ProbeKind},
                 "probes_asked": len(run.asked),
+                "probes_generated": run.generated_probes,
                 "raw_tokens": run.raw_tokens,
                 "forwarded_tokens": run.forwarded_tokens,
                 "forwarded_share": (
                     round(run.forwarded_tokens / run.raw_tokens, 4) if run.raw_tokens else None
                 ),
                 "billed_vs_raw": round(run.billed, 4),
+                "prices": dict(run.prices),
                 "summary_calls": run.summary_calls,
                 "change_points": run.change_points,
                 "statuses": dict(run.statuses),

@@ -18,9 +18,12 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from compaction_proxy.compaction.cache_prices import CachePrices
+from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices, cache_prices
 from compaction_proxy.compaction.summarize import INSTRUCTION_OPENING
-from compaction_proxy.config.settings import load_settings
+from compaction_proxy.config.api_family import ApiFamily
+from compaction_proxy.config.policy import resolve_policy
+from compaction_proxy.config.settings import Policy, Settings, load_settings
+from compaction_proxy.evaluation.generated_probes import GENERATE
 from compaction_proxy.evaluation.grading import matches, verdict
 from compaction_proxy.evaluation.probes import RUBRIC, Probe, text_of_message
 from compaction_proxy.evaluation.report import PolicyRun, bill_units
@@ -55,6 +58,7 @@ class Recorder:
 
     model: Model
     dry_run: bool = False
+    prices: CachePrices = PRESETS["none"]  # the route's, once its settings are made
     answer: Message = field(default_factory=dict)
     forwarded: list[list[Message]] = field(default_factory=list)
     summary_calls: int = 0
@@ -68,7 +72,7 @@ class Recorder:
             self.summary_calls += 1
             prompt = transcript(messages)
             text = "(a summary, not made: dry run)" if self.dry_run else await self.model.ask(body)
-            self.summary_units += tokens(prompt) + self.model.prices.output * tokens(text)
+            self.summary_units += tokens(prompt) + self.prices.output * tokens(text)
             return _completion(text, tokens(prompt))
         self.forwarded.append(messages)
         reply = {k: v for k, v in self.answer.items() if k in ("role", "content", "tool_calls")}
@@ -97,7 +101,6 @@ class Model:
     api_key: str
     name: str
     cache: Path | None
-    prices: CachePrices
     session: aiohttp.ClientSession | None = None
     calls: int = 0
     anthropic: bool = False  # an Anthropic-compatible server (Messages API), not OpenAI's
@@ -137,6 +140,13 @@ class Model:
         messages = [{"role": "system", "content": ASKED_AS}, {"role": "user", "content": prompt}]
         return await self.ask({"messages": messages, "max_tokens": 200, "temperature": 0})
 
+    async def write_probes(self, part: Sequence[Message], count: int) -> str:
+        """The model's reply to ``generated_probes.GENERATE`` about ``part`` of a conversation."""
+        prompt = f"<conversation>\n{transcript(part)}\n</conversation>\n\n"
+        ask = prompt + GENERATE.format(count=count)
+        body = {"messages": [{"role": "user", "content": ask}], "max_tokens": 300 * count}
+        return await self.ask({**body, "temperature": 0})
+
     async def grade(self, probe: Probe, answer: str) -> bool:
         if probe.exact:
             return matches(probe, answer)
@@ -168,6 +178,18 @@ def as_messages_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """How every policy of a run is replayed: the route it starts from (the configured one for
+    the model: its policy, its window), and the prices its bill is taken at (None: the
+    prices each policy's ``pricing`` names, for ``family``'s provider)."""
+
+    policy: Policy
+    window: int
+    family: ApiFamily
+    prices: CachePrices | None = None
+
+
+@dataclass(frozen=True)
 class Point:
     """A request of the replay at which the policy changed what the model sees."""
 
@@ -175,10 +197,36 @@ class Point:
     forwarded: list[Message]
 
 
+def replay_settings(
+    replayed: Replayed, overrides: dict[str, Any], upstream_url: str
+) -> tuple[Settings, CachePrices]:
+    """The replay proxy's settings: the starting policy overlaid by ``overrides`` on one route
+    to ``upstream_url``; and the prices its bill is taken at."""
+    route = {
+        "model": "*",
+        "base_url": upstream_url,
+        "context_window": replayed.window,
+        "policy": overrides,
+    }
+    settings = load_settings(
+        None,
+        upstream_base_url=upstream_url,
+        tenant_secret="eval",
+        routes=[route],
+        policy=replayed.policy.model_dump(),
+    )
+    policy = resolve_policy(settings, settings.routes[0], "*")
+    return settings, replayed.prices or cache_prices(policy.pricing, replayed.family)
+
+
 async def replay(
-    messages: list[Message], overrides: dict[str, Any], model: Model, window: int, dry_run: bool
+    messages: list[Message],
+    overrides: dict[str, Any],
+    model: Model,
+    replayed: Replayed,
+    dry_run: bool,
 ) -> tuple[list[Point], PolicyRun]:
-    """``messages`` replayed through a proxy with ``overrides`` as its policy."""
+    """``messages`` replayed through a proxy with ``overrides`` on the starting policy."""
     from compaction_proxy.http.app_keys import SERVICES
     from compaction_proxy.ops.app import create_app
 
@@ -186,15 +234,7 @@ async def replay(
     upstream = web.Application()
     upstream.router.add_post("/v1/chat/completions", recorder.handle)
     async with _served(upstream) as upstream_url:
-        route = {
-            "model": "*",
-            "base_url": upstream_url,
-            "context_window": window,
-            "policy": overrides,
-        }
-        settings = load_settings(
-            None, upstream_base_url=upstream_url, tenant_secret="eval", routes=[route]
-        )
+        settings, recorder.prices = replay_settings(replayed, overrides, upstream_url)
         app = create_app(settings)
         async with _served(app) as proxy_url, aiohttp.ClientSession() as client:
             points, sent, forwarded = [], [], []
@@ -219,7 +259,7 @@ async def replay(
                 if count % 20 == 0 or count == len(positions):
                     print(f"  replayed {count}/{len(positions)} requests", file=sys.stderr)
                 await app[SERVICES].background.idle()
-    prices = model.prices
+    prices = recorder.prices
     raw = bill_units(sent, prices.read, prices.write)
     billed = bill_units(forwarded, prices.read, prices.write) + recorder.summary_units
     run = PolicyRun(
@@ -230,6 +270,7 @@ async def replay(
         summary_calls=recorder.summary_calls,
         change_points=len(points),
         statuses=statuses,
+        prices={"read": prices.read, "write": prices.write, "output": prices.output},
     )
     return points, run
 

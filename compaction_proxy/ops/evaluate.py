@@ -33,7 +33,10 @@ import aiohttp
 import orjson
 
 from compaction_proxy.compaction.cache_prices import PRESETS
-from compaction_proxy.config.settings import ConfigError, load_settings
+from compaction_proxy.config.api_family import ApiFamily
+from compaction_proxy.config.policy import configured_window, family_route_for, resolve_policy
+from compaction_proxy.config.settings import ConfigError, config_path_from_env, load_settings
+from compaction_proxy.evaluation.generated_probes import generated_probes, generation_points
 from compaction_proxy.evaluation.probes import Probe, probes_for, text_of_message
 from compaction_proxy.evaluation.report import (
     Asked,
@@ -48,11 +51,20 @@ from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.formats.wire_formats import CHAT, MESSAGES, RESPONSES
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.tokenizers import use_bundled_tokenizers
-from compaction_proxy.ops.eval_replay import Model, Point, replay, requests_of, tokens, transcript
+from compaction_proxy.ops.eval_replay import (
+    Model,
+    Point,
+    Replayed,
+    replay,
+    requests_of,
+    tokens,
+    transcript,
+)
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 
 Message = dict[str, Any]
 DEFAULT_POLICIES = {"default": {}, "masking off": {"masking": {"enabled": False}}}
+DEFAULT_WINDOW = 128_000
 
 
 def conversation_of(path: Path) -> list[Message]:
@@ -117,17 +129,45 @@ async def conversation_in_store(store_url: str, conversation: str) -> list[Messa
     return [*head, *reversed(branch)]
 
 
+def removed_at(point: Point) -> list[Message]:
+    """The messages of the history the policy took out of view at ``point`` (whole or in
+    part: summarized, masked, cut)."""
+    shown = {text_of_message(m) for m in point.forwarded}
+    return [m for m in point.history if text_of_message(m) and text_of_message(m) not in shown]
+
+
+def newly_removed(points: Sequence[Point]) -> list[tuple[Point, list[Message]]]:
+    """The change points that took something out of view that the one before had not, each
+    with what that was (a checkpoint's span, the outputs a mask cleared): the requests after
+    one, until the next, show the same."""
+    found: list[tuple[Point, list[Message]]] = []
+    before: set[str] = set()
+    for point in points:
+        removed = removed_at(point)
+        fresh = [m for m in removed if text_of_message(m) not in before]
+        if fresh:
+            found.append((point, fresh))
+        before = {text_of_message(m) for m in removed}
+    return found
+
+
+def newest_within(messages: Sequence[Message], budget: int) -> list[Message]:
+    """The newest of ``messages`` whose transcript fits ``budget`` tokens (at least one)."""
+    kept: list[Message] = []
+    for message in reversed(messages):
+        if kept and tokens(transcript([message, *kept])) > budget:
+            break
+        kept.insert(0, message)
+    return kept
+
+
 def sampled_probes(points: Sequence[Point], most: int, seed: int = 0) -> list[tuple[Point, Probe]]:
     """The probes of every change point (a question asked once, at its first point), at most
     ``most`` of them, drawn the same way every run."""
     seen: set[str] = set()
     found: list[tuple[Point, Probe]] = []
     for point in points:
-        shown = {text_of_message(m) for m in point.forwarded}
-        removed = [
-            m for m in point.history if text_of_message(m) and text_of_message(m) not in shown
-        ]
-        for probe in probes_for(removed, point.history):
+        for probe in probes_for(removed_at(point), point.history):
             if probe.question not in seen:
                 seen.add(probe.question)
                 found.append((point, probe))
@@ -143,9 +183,26 @@ class Evaluation:
     messages: list[Message]
     policies: dict[str, dict[str, Any]]
     model: Model
-    window: int
+    replayed: Replayed
     probes: int
     dry_run: bool
+    model_probes: int = 0
+
+
+async def probes_written(
+    model: Model, points: Sequence[Point], most: int, window: int, asked: set[str]
+) -> list[tuple[Point, Probe]]:
+    """One probe written by the model at each of at most ``most`` change points that took
+    something new out of view, about that (the newest of it that fits half the window); a
+    question already in ``asked`` is not asked twice."""
+    found: list[tuple[Point, Probe]] = []
+    for point, fresh in generation_points(newly_removed(points), most):
+        part = newest_within(fresh, window // 2)
+        for probe in generated_probes(await model.write_probes(part, 1), 1):
+            if probe.question not in asked:
+                asked.add(probe.question)
+                found.append((point, probe))
+    return found
 
 
 async def evaluate(run: Evaluation) -> list[PolicyRun]:
@@ -157,16 +214,25 @@ async def evaluate(run: Evaluation) -> list[PolicyRun]:
         model.session = session
         for name, overrides in run.policies.items():
             print(f"policy {name!r}: replaying {requests} requests", file=sys.stderr)
-            points, outcome = await replay(run.messages, overrides, model, run.window, run.dry_run)
+            points, outcome = await replay(
+                run.messages, overrides, model, run.replayed, run.dry_run
+            )
             outcome.name = name
             chosen = sampled_probes(points, run.probes)
             runs.append(outcome)
             if run.dry_run:
-                _print_dry(outcome, chosen)
+                _print_dry(outcome, chosen, len(generation_points(points, run.model_probes)))
                 continue
+            if run.model_probes:
+                asked = {probe.question for _, probe in chosen}
+                written = await probes_written(
+                    model, points, run.model_probes, run.replayed.window, asked
+                )
+                outcome.generated_probes = len(written)
+                chosen += written
             for count, (point, probe) in enumerate(chosen, 1):
                 full = None
-                if tokens(transcript(point.history)) <= run.window:
+                if tokens(transcript(point.history)) <= run.replayed.window:
                     full = await model.grade(
                         probe, await model.answer(point.history, probe.question)
                     )
@@ -180,8 +246,10 @@ async def evaluate(run: Evaluation) -> list[PolicyRun]:
     return runs
 
 
-def _print_dry(outcome: PolicyRun, chosen: Sequence[tuple[Point, Probe]]) -> None:
-    calls = sum(2 if probe.exact else 4 for _, probe in chosen)
+def _print_dry(outcome: PolicyRun, chosen: Sequence[tuple[Point, Probe]], written: int) -> None:
+    # A probe the model writes costs the call that writes it and, like a decision, two
+    # askings and two gradings.
+    calls = sum(2 if probe.exact else 4 for _, probe in chosen) + 5 * written
     context = sum(
         tokens(transcript(point.history)) + tokens(transcript(point.forwarded))
         for point, _ in chosen
@@ -190,7 +258,21 @@ def _print_dry(outcome: PolicyRun, chosen: Sequence[tuple[Point, Probe]]) -> Non
         f"policy {outcome.name!r}: {outcome.change_points} change points, {len(chosen)} probes;"
         f" would make {outcome.summary_calls} summary calls and {calls} probe calls, about"
         f" {context:,} input tokens of probes"
+        + (f", with {written} probes the model writes" if written else "")
     )
+
+
+def starting_route(args: argparse.Namespace) -> Replayed:
+    """What every policy starts from: the route the proxy's configuration (``--config``, else
+    as ``serve`` finds it) gives ``--model``: its policy (the route's and the model's overrides
+    on the defaults), its window unless ``--window`` names one, its prices unless
+    ``--preset`` names others."""
+    configured = load_settings(Path(args.config) if args.config else config_path_from_env())
+    family = ApiFamily.ANTHROPIC if args.api == "anthropic" else ApiFamily.OPENAI
+    route = family_route_for(configured, args.model, family)
+    window = args.window or configured_window(route, args.model) or DEFAULT_WINDOW
+    prices = PRESETS[args.preset] if args.preset else None
+    return Replayed(resolve_policy(configured, route, args.model), window, family, prices)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -204,7 +286,7 @@ def run_eval(args: argparse.Namespace) -> int:
         policies[name] = json.loads(overrides or "{}")
     cache = None if args.no_cache else Path(args.cache_dir).expanduser()
     key = os.environ.get(args.api_key_env, "")
-    model = Model(args.base_url, key, args.model, cache, PRESETS[args.preset])
+    model = Model(args.base_url, key, args.model, cache)
     model.anthropic = args.api == "anthropic"
     if args.conversation_id:
         found = asyncio.run(conversation_in_store(args.store_url, args.conversation_id))
@@ -213,7 +295,14 @@ def run_eval(args: argparse.Namespace) -> int:
         messages = conversation_of(Path(args.conversation))
     else:
         raise ConfigError("name a conversation: a JSON file, or --conversation-id")
-    asked = Evaluation(messages, policies, model, args.window, args.probes, args.dry_run)
+    replayed = starting_route(args)
+    print(
+        f"starting from the route for {args.model!r}: window {replayed.window:,} tokens",
+        file=sys.stderr,
+    )
+    asked = Evaluation(
+        messages, policies, model, replayed, args.probes, args.dry_run, args.model_probes
+    )
     runs = asyncio.run(evaluate(asked))
     print(table(runs))
     if args.json:
@@ -255,14 +344,35 @@ def add_parser(commands: Any) -> None:
         "--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding its key"
     )
     parser.add_argument("--model", required=True, help="the model's name")
-    parser.add_argument("--window", type=int, default=128_000, help="its context window (tokens)")
+    parser.add_argument(
+        "--config",
+        help="the proxy's configuration: the route for --model gives every policy its start, "
+        "the window and the prices (default: $COMPACTION_PROXY_CONFIG or config/proxy.yaml "
+        "when present, as for serve)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        help=f"the context window (default: the route's, else {DEFAULT_WINDOW:,})",
+    )
     parser.add_argument(
         "--policy", action="append", metavar="NAME=JSON", help="a policy: a name and its overrides"
     )
     parser.add_argument("--policies", help="a JSON file of policies: {name: overrides}")
     parser.add_argument("--probes", type=int, default=40, help="probes asked per policy, at most")
     parser.add_argument(
-        "--preset", default="openai", choices=sorted(PRESETS), help="the provider's cache prices"
+        "--model-probes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="and N more probes, written by the model about what a policy removed (one at each "
+        "of N change points; graded by the model)",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="bill on this provider's cache prices (default: each policy's pricing on the "
+        "route, its preset auto meaning --api's provider)",
     )
     parser.add_argument(
         "--cache-dir", default="~/.cache/compaction-proxy/eval", help="answers kept here"

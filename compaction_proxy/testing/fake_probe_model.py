@@ -7,6 +7,9 @@
   view is answered right, one cleared or summarized away is not;
 * a grading request (``evaluation.probes.RUBRIC``) says CORRECT when most of the expected
   answer's words are in the answer;
+* a request to write probes (``evaluation.generated_probes.GENERATE``) gets one: how a long
+  line of the part shown goes on after its first words (and such a question, asked, is
+  answered from the line where it is shown, UNKNOWN where it is not);
 * a summary call (the proxy's instruction last) is answered with a summary that keeps, with
   ``careful``, every fact line of what it summarizes (paths, errors, definitions with their
   file, commands), or else only the ``FACT-n`` lines, as the other fakes do; a summary model
@@ -23,12 +26,13 @@ from typing import Any
 from aiohttp import web
 
 from compaction_proxy.compaction.summarize import INSTRUCTION_OPENING, SECTIONS
+from compaction_proxy.evaluation.generated_probes import GENERATE
 from compaction_proxy.evaluation.probes import (
     DEFINED,
     ERROR,
     PATH,
     answer_from,
-    commands_in,
+    command_positions,
     text_of_message,
 )
 from compaction_proxy.testing.fake_answers import fake_summary
@@ -42,6 +46,7 @@ class FakeProbeModel:
     careful: bool = True  # summaries keep every fact line
     asked: list[str] = field(default_factory=list)  # the probe questions, in order
     summaries: int = 0
+    written: int = 0  # requests to write probes
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -81,28 +86,70 @@ class FakeProbeModel:
         if asked.startswith(INSTRUCTION_OPENING):
             self.summaries += 1
             careful = self.careful and not model.startswith(FORGETFUL)
-            return careful_summary(shown) if careful else fake_summary(body)
+            cap = body.get("max_tokens") or body.get("max_completion_tokens") or 4096
+            return careful_summary(shown, int(cap)) if careful else fake_summary(body)
         if asked.startswith(RUBRIC_OPENING):
             return _graded(asked)
+        if asked.startswith(GENERATE_OPENING):
+            self.written += 1
+            return _written_probe(shown)
         self.asked.append(asked)
+        line = re.match(LINE_ASKED, asked)
+        if line is not None:
+            return _line_after(line.group(1), shown)
         return answer_from(asked, shown)
 
 
-def careful_summary(shown: str) -> str:
-    """A checkpoint whose sections carry every fact line of ``shown`` (what a summary call
+def careful_summary(shown: str, max_tokens: int = 4096) -> str:
+    """A checkpoint whose sections carry the fact lines of ``shown`` (what a summary call
     carried, as text), written so that the probes' rules read them back: commands as their
-    call's argument, a definition after the file last named before it."""
-    facts = [f"file {p}" for p in PATH.findall(shown)]
-    facts += [f"{kind}: {said}" for kind, said in ERROR.findall(shown)]
-    facts += [f"ran {json.dumps({'command': c})}" for c in commands_in(shown)]
-    for found in DEFINED.finditer(shown):
-        before = PATH.findall(shown[: found.start()])
+    call's argument, a definition after the file last named before it. As a model writes
+    within the answer's ``max_tokens``, and a checkpoint is much shorter than what it
+    replaces, the newest facts are kept that fit a quarter of it (four characters a
+    token)."""
+    found = [(m.start(), f"file {m.group(0)}") for m in PATH.finditer(shown)]
+    found += [(m.start(), f"{m.group(1)}: {m.group(2)}") for m in ERROR.finditer(shown)]
+    found += [(at, f"ran {json.dumps({'command': c})}") for at, c in command_positions(shown)]
+    for match in DEFINED.finditer(shown):
+        before = PATH.findall(shown[: match.start()])
         if before:
-            facts.append(f"{before[-1]} defines {found.group(1)}: def {found.group(1)}")
-    kept = list(dict.fromkeys(facts))
+            name = match.group(1)
+            found.append((match.start(), f"{before[-1]} defines {name}: def {name}"))
+    kept: list[str] = []
+    room = max_tokens
+    for fact in reversed(list(dict.fromkeys(fact for _, fact in sorted(found)))):
+        room -= len(fact) + 3
+        if room < 0:
+            break
+        kept.insert(0, fact)
     body = "\n".join(f"- {fact}" for fact in kept) or "None."
     sections = [f"## {s}\n{body if s == 'Critical Context' else 'None.'}" for s in SECTIONS]
     return "\n".join(sections)
+
+
+GENERATE_OPENING = " ".join(GENERATE.split()[:4])
+LINE_QUESTION = 'In the part shown, a line begins "{cue}". How does that line go on?'
+LINE_ASKED = re.escape(LINE_QUESTION).replace(re.escape("{cue}"), "(.+?)")
+
+
+def _written_probe(shown: str) -> str:
+    """One probe about ``shown``: the longest line of eight words or more whose first five
+    are found once, asked by those words."""
+    lines = [line.strip() for line in shown.splitlines() if len(line.split()) >= 8]
+    for line in sorted(lines, key=len, reverse=True):
+        cue = " ".join(line.split()[:5])
+        if shown.count(cue) == 1 and '"' not in cue:
+            rest = line[line.index(cue) + len(cue) :].strip()
+            probe = {"kind": "recall", "question": LINE_QUESTION.format(cue=cue), "answer": rest}
+            return json.dumps(probe)
+    return "No fact to ask about."
+
+
+def _line_after(cue: str, shown: str) -> str:
+    at = shown.find(cue)
+    if at < 0:
+        return "UNKNOWN"
+    return shown[at + len(cue) :].split("\n", 1)[0].strip() or "UNKNOWN"
 
 
 def _graded(ask: str) -> str:

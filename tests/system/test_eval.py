@@ -1,8 +1,9 @@
 """``compaction-proxy eval`` as a user runs it (the command, as a process), against a fake
 model that answers from what it is shown (``testing.fake_probe_model``): a fact in view is
 answered right, one summarized away is not. Two policies differ in their summary model alone:
-one whose summaries keep every fact line, one whose summaries keep none. The harness must rank
-the second below the first, and its report's numbers must add up."""
+one whose summaries keep the newest fact lines their cap allows, one whose summaries keep
+none. The harness must rank the second below the first, and its report's numbers must add
+up; probes the model writes are asked beside the rules'."""
 
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ async def test_the_harness_ranks_a_policy_that_drops_facts_below_one_that_keeps_
         "--window", "16000",
         "--policies", str(policies),
         "--probes", "30",
+        "--model-probes", "4",
         "--no-cache",
         "--json", str(report),
         "--html", str(chart),
@@ -113,6 +115,13 @@ async def test_the_harness_ranks_a_policy_that_drops_facts_below_one_that_keeps_
     for row in rows.values():
         check_numbers(row)
     assert careful["retention"]["retention"] > forgetful["retention"]["retention"]
+    # Probes written by the model, one call each at up to four points that removed something
+    # new (each checkpoint here), asked beside the rules'.
+    written = [row["probes_generated"] for row in rows.values()]
+    assert all(1 <= count <= 4 for count in written)
+    assert model.written == sum(min(4, row["summary_calls"]) for row in rows.values())
+    # Billed on the route's prices: no --preset, the defaults' pricing (auto) for OpenAI.
+    assert careful["prices"] == {"read": 0.1, "write": 1.0, "output": 8.0}
     assert careful["retention"]["interval"][0] > forgetful["retention"]["interval"][1]
     # Every probe asked twice (the whole history fits this model's 16k? not always: then once).
     asked = sum(p["probes_asked"] for p in rows.values())

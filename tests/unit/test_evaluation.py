@@ -8,6 +8,11 @@ from typing import Any
 
 import pytest
 
+from compaction_proxy.evaluation.generated_probes import (
+    ANSWER_BRIEFLY,
+    generated_probes,
+    generation_points,
+)
 from compaction_proxy.evaluation.grading import matches, verdict
 from compaction_proxy.evaluation.probes import ProbeKind, answer_from, probes_for, text_of_message
 from compaction_proxy.evaluation.report import Asked, bill_units, retention, wilson
@@ -117,3 +122,36 @@ def test_a_prefix_sent_before_is_billed_as_a_cache_read() -> None:
         150 * 1.25 + 150 * 0.1 + 10 * 1.25
     )
     assert bill_units([second, changed], 0.1, 1.25) == pytest.approx(160 * 1.25 + 80 * 1.25)
+
+
+def test_a_written_probe_is_read_from_each_json_line_and_graded_by_the_model() -> None:
+    reply = "\n".join(
+        [
+            "Here are the questions:",
+            '{"kind": "artifact", "question": "Which port?", "answer": "8443"},',
+            '{"kind": "guess", "question": "Which user ran it?", "answer": "deploy"}',
+            '{"question": "", "answer": "x"}',
+            '{"question": "No answer?"}',
+            "{not json}",
+            '["a list"]',
+            '{"kind": "recall", "question": "Third?", "answer": "3"}',
+        ]
+    )
+    found = generated_probes(reply, 5)
+    assert [(p.kind, p.answer) for p in found] == [
+        (ProbeKind.ARTIFACT, "8443"),
+        (ProbeKind.RECALL, "deploy"),
+        (ProbeKind.RECALL, "3"),
+    ]
+    assert all(not p.exact and p.question.endswith(ANSWER_BRIEFLY) for p in found)
+    assert len(generated_probes(reply, 1)) == 1
+    assert generated_probes("I cannot help with that.", 3) == []
+
+
+@given(st.integers(0, 60), st.integers(-2, 70))
+def test_probes_are_written_at_points_spread_from_first_to_last(points: int, most: int) -> None:
+    chosen = generation_points(list(range(points)), most)
+    assert len(chosen) == max(0, min(points, most))
+    assert chosen == sorted(set(chosen))
+    if len(chosen) >= 2:
+        assert chosen[0] == 0 and chosen[-1] == points - 1
