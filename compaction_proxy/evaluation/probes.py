@@ -9,6 +9,7 @@ rules:
 * **recall**: the message an error carried, asked by the error's type; and where a name is
   defined, asked by the name (``def``/``class`` in a file's printed source);
 * **continuation**: the command the agent ran right after another one;
+* **recall** too: the first line a command printed, asked by the command;
 * **decision**: what the assistant said it would do (graded by the model, with ``RUBRIC``).
 
 A probe is kept only where its cue names one thing in the whole history (no ambiguity).
@@ -53,6 +54,7 @@ ASK_PATH = "Earlier in this conversation a file named `{cue}` appeared. What is 
 ASK_ERROR = "Earlier in this conversation a `{cue}` was raised. What message did it carry?"
 ASK_DEFINED = "Earlier in this conversation a file's source defined `{cue}`. Which file was it?"
 ASK_NEXT = "Earlier in this conversation the agent ran `{cue}`. What command did it run next?"
+ASK_OUTPUT = "Earlier in this conversation the agent ran `{cue}`. What did it print first?"
 ASK_DECIDED = 'Earlier in this conversation the assistant said: "{cue} ...". How did it go on?'
 ANSWER_ONLY = " Answer with that alone, exactly as it appeared, or with UNKNOWN."
 
@@ -131,6 +133,7 @@ def probes_for(removed: Sequence[Message], history: Sequence[Message]) -> list[P
             question = ASK_ERROR.format(cue=kind) + ANSWER_ONLY
             found.append(Probe(ProbeKind.RECALL, question, said.strip()))
     found += _definitions(removed, history)
+    found += _outputs(removed, history)
     ran = commands(history)
     gone_commands = set(commands(removed))
     for before, after in itertools.pairwise(ran):
@@ -179,6 +182,34 @@ def _definitions(removed: Sequence[Message], history: Sequence[Message]) -> list
     return found
 
 
+def _outputs(removed: Sequence[Message], history: Sequence[Message]) -> list[Probe]:
+    """What a command printed first: the first line of the output answering a message that ran
+    one command (run once in the whole history), where that output was taken out of view."""
+    ran = commands(history)
+    gone = {id(m) for m in removed}
+    found = []
+    for call, output in itertools.pairwise(history):
+        if call.get("role") != "assistant" or output.get("role") not in ("tool", "user"):
+            continue
+        command = commands([call])
+        if len(command) != 1 or ran.count(command[0]) != 1 or id(output) not in gone:
+            continue
+        first = first_line(text_of_message(output))
+        if first is not None:
+            question = ASK_OUTPUT.format(cue=command[0]) + ANSWER_ONLY
+            found.append(Probe(ProbeKind.RECALL, question, first))
+    return found
+
+
+def first_line(output: str) -> str | None:
+    """An output's first line worth asking for: not blank, 8 to 160 characters."""
+    for line in output.splitlines():
+        line = line.strip()
+        if line:
+            return line if 8 <= len(line) <= 160 else None
+    return None
+
+
 def _unique(probes: Iterable[Probe]) -> list[Probe]:
     seen: set[str] = set()
     kept = []
@@ -205,6 +236,9 @@ def answer_from(question: str, shown: str) -> str:
     cue = _cue(ASK_DEFINED, question)
     if cue is not None:
         return _defined_in(cue, shown) or "UNKNOWN"
+    cue = _cue(ASK_OUTPUT, question)
+    if cue is not None:
+        return printed_first(cue, shown) or "UNKNOWN"
     cue = _cue(ASK_DECIDED, question)
     if cue is not None:
         at = shown.find(cue)
@@ -247,6 +281,24 @@ def command_positions(shown: str) -> list[tuple[int, str]]:
         command = argument.encode().decode("unicode_escape") if argument else block.strip()
         found.append((match.start(), command))
     return found
+
+
+OUTPUT_MARK = re.compile(r"^\[(?:tool|user)\]\n", re.M)  # a transcript's output message
+PRINTED = " printed first: "  # how a summary of the fake model notes it
+
+
+def printed_first(command: str, shown: str) -> str | None:
+    """The first line ``command`` printed, read off a transcript: the first line of the output
+    message after it (``[tool]`` or ``[user]`` opening each), or what follows ``PRINTED`` on
+    the command's own line."""
+    for at, ran in command_positions(shown):
+        if ran == command:
+            line = shown[at:].split("\n", 1)[0]
+            if PRINTED in line:
+                return line.split(PRINTED, 1)[1].strip()
+            after = OUTPUT_MARK.search(shown, at)
+            return first_line(shown[after.end() :]) if after else None
+    return None
 
 
 def _defined_in(name: str, shown: str) -> str | None:

@@ -31,8 +31,10 @@ from compaction_proxy.evaluation.probes import (
     DEFINED,
     ERROR,
     PATH,
+    PRINTED,
     answer_from,
     command_positions,
+    printed_first,
     text_of_message,
 )
 from compaction_proxy.testing.fake_answers import fake_summary
@@ -60,7 +62,8 @@ class FakeProbeModel:
         last = str(messages[-1].get("content") or "") if messages else ""
         shown, _, asked = last.rpartition("</conversation>")
         if not shown:  # a summary call: its history, then the instruction
-            shown, asked = "\n".join(text_of_message(m) for m in messages[:-1]), last
+            history = (f"[{m.get('role')}]\n{text_of_message(m)}" for m in messages[:-1])
+            shown, asked = "\n\n".join(history), last
         text = self._text(str(body.get("model", "")), asked.strip(), shown, body)
         choice = {"index": 0, "message": {"role": "assistant", "content": text}}
         usage = {"prompt_tokens": len(str(messages)) // 4, "completion_tokens": len(text) // 4}
@@ -102,21 +105,23 @@ class FakeProbeModel:
 
 def careful_summary(shown: str, max_tokens: int = 4096) -> str:
     """A checkpoint whose sections carry the fact lines of ``shown`` (what a summary call
-    carried, as text), written so that the probes' rules read them back: commands as their
-    call's argument, a definition after the file last named before it. As a model writes
-    within the answer's ``max_tokens``, and a checkpoint is much shorter than what it
-    replaces, the newest facts are kept that fit a quarter of it (four characters a
-    token)."""
+    carried, as a transcript), written so that the probes' rules read them back: commands as
+    their call's argument with the first line they printed, a definition after the file last
+    named before it. As a model writes within its answer's ``max_tokens``, the newest facts
+    are kept that fit about half of it (four characters a token)."""
     found = [(m.start(), f"file {m.group(0)}") for m in PATH.finditer(shown)]
     found += [(m.start(), f"{m.group(1)}: {m.group(2)}") for m in ERROR.finditer(shown)]
-    found += [(at, f"ran {json.dumps({'command': c})}") for at, c in command_positions(shown)]
+    for at, command in command_positions(shown):
+        printed = printed_first(command, shown)
+        noted = f"{PRINTED}{printed}" if printed else ""
+        found.append((at, f"ran {json.dumps({'command': command})}{noted}"))
     for match in DEFINED.finditer(shown):
         before = PATH.findall(shown[: match.start()])
         if before:
             name = match.group(1)
             found.append((match.start(), f"{before[-1]} defines {name}: def {name}"))
     kept: list[str] = []
-    room = max_tokens
+    room = 2 * max_tokens
     for fact in reversed(list(dict.fromkeys(fact for _, fact in sorted(found)))):
         room -= len(fact) + 3
         if room < 0:

@@ -14,8 +14,9 @@ from compaction_proxy.evaluation.generated_probes import (
     generation_points,
 )
 from compaction_proxy.evaluation.grading import matches, verdict
-from compaction_proxy.evaluation.probes import ProbeKind, answer_from, probes_for, text_of_message
+from compaction_proxy.evaluation.probes import ProbeKind, answer_from, probes_for
 from compaction_proxy.evaluation.report import Asked, bill_units, retention, wilson
+from compaction_proxy.ops.eval_replay import transcript
 
 pytest.importorskip("hypothesis")
 
@@ -58,7 +59,7 @@ def test_probes_ask_for_what_went_and_the_history_answers_every_one() -> None:
         ProbeKind.CONTINUATION,
         ProbeKind.DECISION,
     }
-    whole = "\n".join(text_of_message(m) for m in messages)
+    whole = transcript(messages)  # as the model is shown it
     for probe in probes:
         if probe.exact:
             assert matches(probe, answer_from(probe.question, whole)), probe
@@ -67,6 +68,19 @@ def test_probes_ask_for_what_went_and_the_history_answers_every_one() -> None:
     assert (ProbeKind.RECALL, "src/importer/loader.py") in made  # where load_rows is defined
     assert (ProbeKind.RECALL, "row 7 has no id column") in made
     assert (ProbeKind.CONTINUATION, "python -m pytest tests/test_loader.py") in made
+    # What a command printed first, asked by the command, where its output went.
+    assert (ProbeKind.RECALL, "1\tdef load_rows(path):") in made
+    assert (ProbeKind.RECALL, "ValueError: row 7 has no id column") in made
+    assert not any(p.answer == "(no changes)" for p in probes)  # still in view
+
+
+def test_what_a_command_printed_is_not_answered_once_its_output_is_cleared() -> None:
+    messages = history()
+    asked = [p for p in probes_for(messages[1:5], messages) if "print first" in p.question]
+    cleared = [*messages[:4], {**messages[4], "content": "[output cleared]"}, *messages[5:]]
+    for probe in asked:
+        assert matches(probe, answer_from(probe.question, transcript(messages)))
+    assert not matches(asked[-1], answer_from(asked[-1].question, transcript(cleared)))
 
 
 def test_a_fact_out_of_view_is_not_answered() -> None:
@@ -77,7 +91,8 @@ def test_a_fact_out_of_view_is_not_answered() -> None:
 
 def test_an_ambiguous_cue_makes_no_probe() -> None:
     messages = [*history(), call("cat src/other/loader.py")]
-    assert all("loader.py`" not in p.question for p in probes_for(messages[1:3], messages))
+    made = probes_for(messages[1:3], messages)
+    assert all("named `loader.py`" not in p.question for p in made)
 
 
 @pytest.mark.parametrize(
