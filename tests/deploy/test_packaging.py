@@ -216,3 +216,17 @@ def test_compose_never_passes_an_empty_admin_token() -> None:
     environment = compose["services"]["proxy"]["environment"]
     assert environment["COMPACTION_PROXY_ADMIN_TOKEN"] is None
     assert all(":-}" not in str(value) for value in environment.values())
+
+
+def test_the_build_context_leaves_out_the_installed_agents_and_environments() -> None:
+    """``.ci/run`` installs the real agents (about 1 GB) into ``.ci/agents`` and a venv."""
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".ci/agents", ".venv", ".git", "tests"} <= set(ignored)
+
+
+def test_compose_sets_no_key_the_proxy_does_not_read() -> None:
+    """The proxy holds no key unless a route names one (``api_key_env``): compose passes no
+    ``*_API_KEY`` to a service that would not read it."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        assert not any(key.endswith("_API_KEY") for key in service.get("environment") or {}), name
