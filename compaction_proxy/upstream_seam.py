@@ -1,5 +1,6 @@
-"""The one seam every call the proxy makes to a compacted route's upstream goes through: the
-forwarded request, its retry, the summary calls, the model list.
+"""The one seam every call the proxy makes to an upstream goes through: the forwarded request,
+its retry, the summary calls, the model list, and every request relayed as sent (WebSocket
+sessions aside, which ``http.websocket_relay`` opens on the relay pool itself).
 
 Like httpx's transports: service code builds an ``UpstreamCall`` and opens it on an
 ``Upstream``; what comes back is an ``UpstreamAnswer`` it reads whole or chunk by chunk. The
@@ -12,7 +13,7 @@ the caller never sees the client library's own exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -27,7 +28,8 @@ class UpstreamCall:
     method: str
     url: URL
     headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes | None = None
+    # A body read whole, or one streamed as it arrives (an upload relayed without buffering).
+    body: bytes | AsyncIterable[bytes] | None = None
 
 
 class UpstreamAnswer(Protocol):

@@ -69,7 +69,6 @@ from compaction_proxy.http.upstream import (
     UpstreamCut,
     client_headers,
     cut_off,
-    read_upstream,
     same_path_upstream_url,
 )
 from compaction_proxy.http.websocket_relay import is_websocket, relay_websocket
@@ -90,6 +89,13 @@ from compaction_proxy.security.owned_objects import addressed_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import SlotRefusal, client_of
 from compaction_proxy.store import StoreUnavailable
+from compaction_proxy.upstream_seam import (
+    Upstream,
+    UpstreamAnswer,
+    UpstreamBroke,
+    UpstreamCall,
+    UpstreamUnreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +322,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     reading: Reading | None = None
     if owned_mode(request, route) and not stateless:
         reading = functools.partial(owned_answer, request, template)
-    relay = app[SERVICES].relay_client
+    relay = app[SERVICES].relay_upstream
     if isinstance(data, bytes) or not request.body_exists:
         return await _send_on(request, route, data, relay, reading)
     # A body streamed as it arrives holds an upstream connection while it does: bounded.
@@ -350,7 +356,7 @@ async def relay_as_sent(
         return refused
     claim = claimer(request, route)
     if claim is None:
-        response, _ = await _send_on(request, route, raw, request.app[SERVICES].http_client)
+        response, _ = await _send_on(request, route, raw, request.app[SERVICES].upstream)
         return response
     reply = await forward(request, route, "/responses", raw, {}, claim)
     return reply.response
@@ -370,7 +376,7 @@ async def _send_on(
     request: web.Request,
     route: Route,
     data: bytes | aiohttp.StreamReader | IdleBoundedBody,
-    session: aiohttp.ClientSession,
+    upstream: Upstream,
     reading: Reading | None = None,
 ) -> tuple[web.StreamResponse, str]:
     """Relay the answer as it arrives; with ``reading``, a successful JSON answer is read
@@ -385,37 +391,36 @@ async def _send_on(
     coding = request.headers.get("Content-Encoding")
     if coding and not isinstance(data, bytes):
         headers["Content-Encoding"] = coding  # streamed as it came, for the upstream to decode
-    url = same_path_upstream_url(route.base, request)
+    call = UpstreamCall(request.method, same_path_upstream_url(route.base, request), headers, data)
     try:
-        async with session.request(
-            request.method, url, data=data, headers=headers, allow_redirects=False
-        ) as upstream:
-            whole = upstream.status < 300 and upstream.content_type == "application/json"
+        async with upstream.open(call) as answer:
+            whole = answer.status < 300 and answer.content_type == "application/json"
             if reading is not None and whole:
-                body = await reading(await upstream.read())
-                headers = client_headers(upstream)
-                answer = web.Response(status=upstream.status, headers=headers, body=body)
-                return answer, f"{upstream.status // 100}xx"
+                body = await reading(await answer.read())
+                headers = client_headers(answer)
+                replied = web.Response(status=answer.status, headers=headers, body=body)
+                return replied, f"{answer.status // 100}xx"
             response = web.StreamResponse(
-                status=upstream.status, reason=upstream.reason, headers=client_headers(upstream)
+                status=answer.status, reason=answer.reason, headers=client_headers(answer)
             )
             try:
-                await _stream(request, upstream, response)
+                await _stream(request, answer, response)
             except ClientGone:
                 return response, "client_disconnected"
             except UpstreamCut as cut:
                 log.warning("upstream %s cut off an answer: %s", route.base, cut.cause)
                 cut_off(request)
                 return response, "upstream_error"
-            return response, f"{upstream.status // 100}xx"
-    except (TimeoutError, aiohttp.ClientError, UploadStalled) as exc:
+            return response, f"{answer.status // 100}xx"
+    except (UpstreamUnreachable, UpstreamBroke, UploadStalled) as exc:
         if isinstance(data, IdleBoundedBody) and data.stalled is not None:
             return stalled(app[SERVICES].settings, data.stalled, anthropic), "client_timeout"
-        return upstream_failed(route.base, exc, anthropic=anthropic), "upstream_unavailable"
+        cause = exc.cause if isinstance(exc, UpstreamUnreachable | UpstreamBroke) else exc
+        return upstream_failed(route.base, cause, anthropic=anthropic), "upstream_unavailable"
 
 
 async def _stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, response: web.StreamResponse
+    request: web.Request, upstream: UpstreamAnswer, response: web.StreamResponse
 ) -> None:
     """Write the upstream's answer to the client as it arrives. Once bytes have gone out, an
     upstream that breaks off (``UpstreamCut``) can only be passed on by cutting the client's
@@ -425,7 +430,10 @@ async def _stream(
     except ConnectionError as exc:
         raise ClientGone(response) from exc
     while True:
-        chunk = await read_upstream(upstream, response)
+        try:
+            chunk = await upstream.next_chunk()
+        except UpstreamBroke as broke:
+            raise UpstreamCut(response, broke.cause) from broke
         try:
             if not chunk:
                 await response.write_eof()

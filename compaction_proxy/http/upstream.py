@@ -12,9 +12,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import orjson
-from aiohttp import ClientResponse, web
+from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -39,11 +38,11 @@ def same_path_upstream_url(base: str, request: web.BaseRequest) -> URL:
     return upstream_url(base, path.removeprefix("/v1"), query)
 
 
-def client_headers(upstream: ClientResponse | UpstreamAnswer) -> CIMultiDict[str]:
+def client_headers(upstream: UpstreamAnswer) -> CIMultiDict[str]:
     return without(upstream.headers, _NOT_FORWARDED_DOWN)
 
 
-def is_event_stream(upstream: ClientResponse | UpstreamAnswer) -> bool:
+def is_event_stream(upstream: UpstreamAnswer) -> bool:
     return upstream.content_type == "text/event-stream"
 
 
@@ -183,14 +182,6 @@ class UpstreamCut(Exception):
         super().__init__(f"the upstream cut the answer off: {type(cause).__name__}")
         self.response = response
         self.cause = type(cause).__name__
-
-
-async def read_upstream(upstream: ClientResponse, response: web.StreamResponse) -> bytes:
-    """The upstream's next bytes (b"" at its end); ``UpstreamCut`` when it breaks off."""
-    try:
-        return await upstream.content.readany()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamCut(response, exc) from exc
 
 
 async def _next_chunk(

@@ -142,7 +142,7 @@ def _services_context(
                 policies=PolicyBook(settings),
                 learned_windows=LearnedWindows(),
                 upstream=AiohttpUpstream(http_client),
-                http_client=http_client,
+                relay_upstream=AiohttpUpstream(relay_client),
                 relay_client=relay_client,
                 upload_slots=UploadSlots(
                     settings.max_uploads_per_client,

@@ -38,11 +38,12 @@ class Services:
     policies: PolicyBook
     learned_windows: LearnedWindows
     # Every call to a compacted route's upstream: the requests, their retries, the summary
-    # calls, the model list (``upstream_seam``; aiohttp's client in the product).
+    # calls, the model list, and Responses requests whose history the provider holds,
+    # relayed as sent (``upstream_seam``; aiohttp's client in the product).
     upstream: Upstream
-    # Relayed as sent, on the same pool: Responses requests whose history the provider holds.
-    http_client: aiohttp.ClientSession
     # Every other relayed path, on a pool of its own: it can never take the upstream's.
+    relay_upstream: Upstream
+    # The relay pool's client, for WebSocket sessions (the seam carries HTTP requests only).
     relay_client: aiohttp.ClientSession
     upload_slots: UploadSlots
     client_keys: ClientKeys
