@@ -123,10 +123,9 @@ def careful_summary(shown: str, max_tokens: int = 4096) -> str:
     kept: list[str] = []
     room = 2 * max_tokens
     for fact in reversed(list(dict.fromkeys(fact for _, fact in sorted(found)))):
-        room -= len(fact) + 3
-        if room < 0:
-            break
-        kept.insert(0, fact)
+        if len(fact) + 3 <= room:  # a long one (a file written by a heredoc) is left out
+            room -= len(fact) + 3
+            kept.insert(0, fact)
     body = "\n".join(f"- {fact}" for fact in kept) or "None."
     sections = [f"## {s}\n{body if s == 'Critical Context' else 'None.'}" for s in SECTIONS]
     return "\n".join(sections)
