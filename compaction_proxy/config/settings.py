@@ -141,7 +141,7 @@ class Policy(_Strict):
     # Pressure at which a checkpoint is prepared in the background, ahead of the threshold;
     # unset: threshold_ratio - PRECOMPACT_LEAD. 0 turns background compaction off.
     precompact_ratio: float | None = Field(default=None, ge=0, lt=1)
-    retain_ratio: float | None = Field(default=0.16, ge=0, lt=1)
+    retain_ratio: float | None = Field(default=0.10, ge=0, lt=1)
     retain_tokens: int | None = Field(default=None, ge=0)
     max_tokens: PositiveInt = 8192
     compaction_retries: int = Field(default=1, ge=0)

@@ -93,7 +93,18 @@ async def test_the_readme_demo_compacts_where_its_prose_says(quickstart: str) ->
     compacted = int(compacted_from.group(1))
     assert statuses[compacted] == "compacted"
     assert set(statuses[compacted:]) <= {"compacted", "precompacting"}
-    # What goes upstream falls back after each checkpoint and never reaches the 16k window.
+    # What goes upstream: the figures the prose gives (thousands, rounded), falling back after
+    # each checkpoint, never reaching the 16k window.
+    figures = re.search(
+        r"([\d.]+)k right after it, growing to ([\d.]+)k\s+before the next checkpoint takes it "
+        r"back to ([\d.]+)k \(turn (\d+)\)",
+        section,
+    )
+    assert figures, "the prose gives what goes upstream after a checkpoint"
+    after, peak, again, turn = (float(figures.group(i)) for i in range(1, 5))
+    assert round(tokens[compacted] / 1000, 1) == after
+    assert round(max(tokens[compacted : int(turn)]) / 1000) == peak
+    assert round(tokens[int(turn)] / 1000, 1) == again
     assert max(tokens) < 16_000
     assert tokens[compacted] < tokens[first] / 2
     assert any(later < earlier for earlier, later in pairwise(tokens[compacted:]))

@@ -129,7 +129,7 @@ def test_auto_prices_follow_the_wire_format_and_figures_override_the_preset() ->
 
 def test_a_soft_target_sets_the_watermarks_and_prices_what_lies_between_it_and_the_window() -> None:
     limits = budgets(Policy(target_tokens=32_000), 128_000)
-    assert (limits.threshold, limits.precompact, limits.retain) == (25_600, 22_400, 5_120)
+    assert (limits.threshold, limits.precompact, limits.retain) == (25_600, 22_400, 3_200)
     assert limits.priced_below == 89_600  # the window's own precompaction watermark
     assert limits.priced(22_400) and limits.priced(89_599) and not limits.priced(89_600)
     # Knowing nothing of the answer, the window's own margin is halved for it, not the target's.

@@ -25,7 +25,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_shipped_config_holds_the_design_defaults() -> None:
     settings = load_settings(REPO_CONFIG)
     policy = settings.policy
-    assert (policy.threshold_ratio, policy.retain_ratio, policy.max_tokens) == (0.8, 0.16, 8192)
+    assert (policy.threshold_ratio, policy.retain_ratio, policy.max_tokens) == (0.8, 0.10, 8192)
     assert (policy.compaction_retries, policy.max_overflow_retries, policy.auto) == (1, 1, True)
     pruner = policy.pruner
     assert (pruner.threshold_chars, pruner.head_chars, pruner.tail_chars) == (8192, 4096, 1024)
@@ -120,7 +120,7 @@ def test_policy_layers_defaults_route_then_exact_model(tmp_path: Path) -> None:
     route = route_for(settings, "gpt-4o-mini")
     broad = resolve_policy(settings, route, "gpt-4o")
     exact = resolve_policy(settings, route, "gpt-4o-mini")
-    assert (broad.threshold_ratio, broad.retain_ratio, broad.retain_tokens) == (0.7, 0.16, None)
+    assert (broad.threshold_ratio, broad.retain_ratio, broad.retain_tokens) == (0.7, 0.10, None)
     assert (exact.threshold_ratio, exact.retain_ratio, exact.retain_tokens) == (0.7, None, 5000)
     assert configured_window(route, "gpt-4o") == 128000
     assert configured_window(route, "gpt-4o-mini") == 64000
