@@ -152,10 +152,13 @@ def newly_removed(points: Sequence[Point]) -> list[tuple[Point, list[Message]]]:
 
 
 def newest_within(messages: Sequence[Message], budget: int) -> list[Message]:
-    """The newest of ``messages`` whose transcript fits ``budget`` tokens (at least one)."""
+    """The newest of ``messages`` whose transcript fits ``budget`` tokens (at least one),
+    each message counted once (a transcript's separators are a few tokens more)."""
     kept: list[Message] = []
+    total = 0
     for message in reversed(messages):
-        if kept and tokens(transcript([message, *kept])) > budget:
+        total += tokens(transcript([message]))
+        if kept and total > budget:
             break
         kept.insert(0, message)
     return kept
@@ -221,7 +224,8 @@ async def evaluate(run: Evaluation) -> list[PolicyRun]:
             chosen = sampled_probes(points, run.probes)
             runs.append(outcome)
             if run.dry_run:
-                _print_dry(outcome, chosen, len(generation_points(points, run.model_probes)))
+                writing = generation_points(newly_removed(points), run.model_probes)
+                _print_dry(outcome, chosen, len(writing))
                 continue
             if run.model_probes:
                 asked = {probe.question for _, probe in chosen}

@@ -138,11 +138,13 @@ async def test_a_dry_run_prints_the_calls_it_would_make_and_asks_nothing(
     path = tmp_path / "short.json"
     path.write_text(json.dumps(synthetic_transcripts()["synthetic-tools"][:40]))
     code, output = await run_eval(
-        str(path), "--base-url", base, "--model", "m", "--window", "8000", "--dry-run"
-    )
+        str(path), "--base-url", base, "--model", "m", "--window", "8000", "--dry-run",
+        "--model-probes", "3",
+    )  # fmt: skip
     assert code == 0, output
     assert "would make" in output and "probe calls" in output
-    assert model.asked == [] and model.summaries == 0
+    assert "with 3 probes the model writes" in output
+    assert model.asked == [] and model.summaries == 0 and model.written == 0
 
 
 async def test_against_a_real_openai_compatible_server(tmp_path: Path) -> None:
