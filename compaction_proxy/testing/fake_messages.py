@@ -259,12 +259,13 @@ class FakeMessages:
                 total += self.count_text(content)
                 continue
             for block in content if isinstance(content, list) else []:
-                total += self._block_tokens(block)
+                total += self.block_tokens(block)
         if body.get("tools"):
             total += self.count_text(text_of(body["tools"]))
         return total
 
-    def _block_tokens(self, block: Any) -> int:
+    def block_tokens(self, block: Any) -> int:
+        """One content block's tokens as ``input_tokens`` counts them: its text, not its JSON."""
         if not isinstance(block, dict):
             return 0
         kind = block.get("type")

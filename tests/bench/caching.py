@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
-from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
+from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
 from compaction_proxy.testing.fake_responses import input_items
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 
@@ -212,7 +212,7 @@ class BreakpointCache:
             contents.append(orjson.dumps(content, option=orjson.OPT_SORT_KEYS))
             chain.update(contents[-1])
             ends.append(chain.copy().digest())
-            tokens.append(self._fake.count_text(text_of(block)))
+            tokens.append(self._fake.messages.block_tokens(block))
         marks = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
         written = self._seen[conversation]
         read = 0  # blocks read from cache
