@@ -3,7 +3,8 @@
 The session is the app's (``ops.app``): no cookies kept, its connection pool and timeouts
 configured there. Redirects are never followed (an upstream's redirect reaches the client as
 it came). aiohttp's exceptions become the seam's own: ``UpstreamUnreachable`` before the
-answer's headers, ``UpstreamBroke`` while its body is read.
+answer's headers, ``UpstreamRefused`` for a WebSocket handshake answered otherwise,
+``UpstreamBroke`` while a body is read or a session's message sent.
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import aiohttp
+from aiohttp import WSMsgType
 
 from compaction_proxy.upstream_seam import (
+    SocketCall,
+    SocketMessage,
     UpstreamAnswer,
     UpstreamBroke,
     UpstreamCall,
+    UpstreamRefused,
+    UpstreamSocket,
     UpstreamUnreachable,
 )
+
+_SESSION_OVER = frozenset({WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED})
 
 
 class _AiohttpAnswer:
@@ -54,6 +62,40 @@ class _AiohttpAnswer:
             raise UpstreamBroke(exc) from exc
 
 
+class _AiohttpSocket:
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self._socket = socket
+
+    @property
+    def protocol(self) -> str | None:
+        return self._socket.protocol
+
+    @property
+    def close_code(self) -> int | None:
+        return self._socket.close_code
+
+    async def receive(self) -> SocketMessage | None:
+        while True:
+            message = await self._socket.receive()
+            if message.type is WSMsgType.TEXT or message.type is WSMsgType.BINARY:
+                return message.data  # type: ignore[no-any-return]
+            if message.type in _SESSION_OVER:
+                return None
+            # An error frame: the session closes, and the next receive says so.
+
+    async def send(self, message: SocketMessage) -> None:
+        try:
+            if isinstance(message, str):
+                await self._socket.send_str(message)
+            else:
+                await self._socket.send_bytes(message)
+        except ConnectionError as exc:
+            raise UpstreamBroke(exc) from exc
+
+    async def close(self, code: int) -> None:
+        await self._socket.close(code=code)
+
+
 class AiohttpUpstream:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
@@ -68,3 +110,22 @@ class AiohttpUpstream:
             raise UpstreamUnreachable(exc) from exc
         async with response:  # releases the connection (closes it if the body is unread)
             yield _AiohttpAnswer(response)
+
+    @asynccontextmanager
+    async def connect(self, call: SocketCall) -> AsyncIterator[UpstreamSocket]:
+        try:
+            socket = await self.session.ws_connect(
+                call.url,
+                headers=call.headers,
+                protocols=call.protocols,
+                max_msg_size=call.max_message_bytes,
+                heartbeat=call.heartbeat,
+            )
+        except aiohttp.WSServerHandshakeError as refused:
+            raise UpstreamRefused(refused.status) from refused
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamUnreachable(exc) from exc
+        try:
+            yield _AiohttpSocket(socket)
+        finally:
+            await socket.close()

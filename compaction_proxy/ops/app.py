@@ -143,7 +143,6 @@ def _services_context(
                 learned_windows=LearnedWindows(),
                 upstream=AiohttpUpstream(http_client),
                 relay_upstream=AiohttpUpstream(relay_client),
-                relay_client=relay_client,
                 upload_slots=UploadSlots(
                     settings.max_uploads_per_client,
                     settings.max_uploads_per_address,

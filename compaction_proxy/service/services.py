@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from compaction_proxy.compaction.background import BackgroundCompactions
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.model_policy import ModelPolicy, PolicyBook
@@ -41,10 +39,9 @@ class Services:
     # calls, the model list, and Responses requests whose history the provider holds,
     # relayed as sent (``upstream_seam``; aiohttp's client in the product).
     upstream: Upstream
-    # Every other relayed path, on a pool of its own: it can never take the upstream's.
+    # Every other relayed path, WebSocket sessions included, on a pool of its own: it can
+    # never take the upstream's.
     relay_upstream: Upstream
-    # The relay pool's client, for WebSocket sessions (the seam carries HTTP requests only).
-    relay_client: aiohttp.ClientSession
     upload_slots: UploadSlots
     client_keys: ClientKeys
     tenant_secret: TenantSecret

@@ -4,6 +4,7 @@ frames, subprotocols and close codes a relay must carry both ways."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -11,10 +12,17 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
+from compaction_proxy.config.settings import load_settings
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.websocket_relay import offered_protocols
+from compaction_proxy.ops.app import create_app
 from compaction_proxy.security.outbound import HOP_HEADER
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from compaction_proxy.testing.memory_upstream import MemorySocket, MemoryUpstream
+from compaction_proxy.upstream_seam import UpstreamRefused
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import counter
 from tests.processes import free_port
@@ -181,3 +189,70 @@ async def test_no_pings_when_the_heartbeat_is_off(
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(ws.receive(), 0.6)
     assert fake.endpoints.realtime_pings == 0
+
+
+@pytest.fixture
+async def seamed_proxy(aiohttp_server: Any) -> AsyncIterator[tuple[str, MemoryUpstream]]:
+    """A proxy whose relay pool is in memory: its WebSocket sessions reach no socket."""
+    memory = MemoryUpstream()
+    app = create_app(load_settings(None, upstream_base_url="http://upstream.invalid/v1"))
+
+    async def relayed_in_memory(app: web.Application) -> AsyncIterator[None]:
+        app[SERVICES] = dataclasses.replace(app[SERVICES], relay_upstream=memory)
+        yield
+
+    app.cleanup_ctx.append(relayed_in_memory)
+    server: TestServer = await aiohttp_server(app)
+    yield str(server.make_url("/v1")), memory
+
+
+async def test_a_websocket_session_goes_through_the_relay_seam_both_ways(
+    seamed_proxy: tuple[str, MemoryUpstream],
+) -> None:
+    base, memory = seamed_proxy
+    session, echoing = MemorySocket(protocol="realtime"), MemorySocket(echo=True)
+    memory.sessions.extend([session, echoing])
+    async with aiohttp.ClientSession() as http:
+        url = f"{base}/realtime?model=gpt-realtime"
+        async with http.ws_connect(url, protocols=("realtime",)) as ws:
+            assert ws.protocol == "realtime"  # the upstream's choice
+            session.say('{"type": "session.created"}')
+            assert (await ws.receive_json())["type"] == "session.created"
+            await ws.send_bytes(b"\x00audio")
+            await ws.send_str("text")
+            for _ in range(100):
+                if len(session.sent) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert session.sent == [b"\x00audio", "text"]
+            session.hang_up(4001)
+            closing = await ws.receive()
+            assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == 4001
+        async with http.ws_connect(url) as ws:  # closed by the client
+            await ws.send_str("ping me")
+            assert await ws.receive_str() == "ping me"
+            await ws.close(code=4002)
+    (handshake, second) = memory.socket_calls
+    assert handshake.url.path == "/v1/realtime" and handshake.url.query["model"] == "gpt-realtime"
+    assert handshake.protocols == ("realtime",) and second.protocols == ()
+    for _ in range(100):  # the relay closes the upstream side once the client's close is in
+        if echoing.closed_with is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert echoing.closed_with == 4002
+    assert session.closed_with is None  # it hung up itself; the proxy did not close it again
+
+
+async def test_a_handshake_the_seam_refuses_or_cannot_reach_is_answered_in_openais_shape(
+    seamed_proxy: tuple[str, MemoryUpstream],
+) -> None:
+    base, memory = seamed_proxy
+    memory.sessions.extend([UpstreamRefused(403), ConnectionRefusedError("no one there")])
+    async with aiohttp.ClientSession() as http:
+        for status, code in ((403, "websocket_refused"), (502, "upstream_unavailable")):
+            async with http.get(
+                f"{base}/realtime?model=gpt-realtime",
+                headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+            ) as answer:
+                assert answer.status == status
+                assert (await answer.json())["error"]["code"] == code
