@@ -129,6 +129,20 @@ def messages_payload(request: ClientRequest, surface: Surface) -> bytes:
     return jsonio.dumps({**body, "messages": turns})
 
 
+# Anthropic's error type for each status it answers with (docs: "Errors"); api_error else.
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
 class MessagesFormat(WireFormat):
     """``POST /v1/messages``: turns of blocks translated to messages and back."""
 
@@ -184,6 +198,21 @@ class MessagesFormat(WireFormat):
     def compaction_answer(self, model: str, made: MadeCompaction, stream: bool) -> bytes:
         message_id = f"msg_{uuid.uuid4().hex}"
         return anthropic_compaction.paused_answer(message_id, model, made, stream)
+
+    def error_body(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> dict[str, Any]:
+        """Anthropic's ``{"type": "error", "error": {"type", "message"}}``, the type the one
+        Anthropic gives ``status`` (its SDK picks the exception class by status and reads
+        ``error.type``): OpenAI's ``type``, ``param`` and ``code`` have no place in it."""
+        kind = _ERROR_TYPES.get(status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest:
         return parse_messages_request(

@@ -3,12 +3,20 @@
 A ``WireFormat`` is chosen once, by the route the request came in on, and carried by the
 ``ClientRequest`` it parses. It owns the API's parsing (its body into chat-shaped messages for
 the shared core), writing a surface back as the API's body, the upstream path, the answer cap
-field, whether the provider stores answers by default, the API's family (``ApiFamily``: its
-default upstream, credentials, error shape and cache prices), the header that names a
-conversation, and the summary call: its cache-safe body in the client's own format, the body
-rebuilt from the chat form, and the reading of the answer. The adapters are ``formats.chat``,
-``formats.responses`` and ``formats.anthropic``; ``formats.wire_formats`` lists them. Code
-outside ``formats`` knows a format by this interface alone (an import-linter contract).
+field, whether the provider stores answers by default, the shape of the errors its clients
+read, the API's family (``ApiFamily``: its default upstream, credentials and cache prices),
+the header that names a conversation, and the summary call: its cache-safe body in the
+client's own format, the body rebuilt from the chat form, and the reading of the answer. The
+adapters are ``formats.chat``, ``formats.responses`` and ``formats.anthropic``;
+``formats.wire_formats`` lists them. Code outside ``formats`` knows a format by this interface
+alone (an import-linter contract).
+
+Two readings are deliberately not the format's: the usage an answer reports
+(``formats.usage``) and whether an error is a context overflow (``metering.overflow``). Their
+shape is the upstream's, not the client's: an OpenAI-compatible gateway in front of Claude
+answers a chat request with Anthropic's overflow wording, and Anthropic's own
+OpenAI-compatible endpoint reports chat usage. Each is read by one function that knows every
+provider's shape, whatever format the request came in.
 """
 
 from __future__ import annotations
@@ -129,6 +137,20 @@ class WireFormat(ABC):
         """The answer that is the compaction alone (a ``compaction_trigger``, Anthropic's
         ``pause_after_compaction``), as events when ``stream``."""
         raise NotImplementedError(f"{self.name} has no compaction-only answer")
+
+    def error_body(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> dict[str, Any]:
+        """An error the proxy itself answers, as this API's clients (and their SDKs) read
+        one: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` unless the format
+        says otherwise."""
+        return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
     @abstractmethod
     def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:

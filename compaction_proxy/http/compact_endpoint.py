@@ -90,7 +90,7 @@ async def serve_count(
         if counted is None:
             return web.Response(status=status, body=answer, content_type="application/json")
     except (UpstreamUnreachable, UpstreamBroke) as exc:
-        return upstream_failed(route.base, exc.cause, anthropic=True)
+        return upstream_failed(route.base, exc.cause, wire=MESSAGES)
     management = {"original_input_tokens": original}
     return web.json_response({"input_tokens": counted, "context_management": management})
 

@@ -1,6 +1,7 @@
-"""Client-facing errors in the caller's API shape: OpenAI's ``{"error": {"message", "type",
-"param", "code"}}``, or, for a Messages client (``/v1/messages...``), Anthropic's ``{"type":
-"error", "error": {"type", "message"}}`` with the type Anthropic gives that status."""
+"""Client-facing errors in the caller's API shape, which its wire format writes
+(``WireFormat.error_body``): OpenAI's for chat and Responses clients, Anthropic's for a
+Messages client. A path no format parses answers in its family's format
+(``caller_format``)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,20 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.wire import WireFormat
+from compaction_proxy.formats.wire_formats import CHAT, family_wire_format
+from compaction_proxy.security.outbound import speaks_anthropic
 
 log = logging.getLogger(__name__)
 
 
-# Anthropic's error type for each status it answers with (docs: "Errors"); api_error else.
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-def anthropic_error_type(status: int) -> str:
-    return _ANTHROPIC_TYPES.get(status, "api_error")
+def caller_format(request: web.BaseRequest) -> WireFormat:
+    """The format whose errors ``request``'s client reads: Anthropic's for its API's paths
+    (``speaks_anthropic``), OpenAI's otherwise."""
+    anthropic = speaks_anthropic(request.path, request.headers)
+    return family_wire_format(ApiFamily.ANTHROPIC if anthropic else ApiFamily.OPENAI)
 
 
 def error_response(
@@ -40,34 +34,27 @@ def error_response(
     error_type: str = "invalid_request_error",
     param: str | None = None,
     code: str | None = None,
-    anthropic: bool = False,
+    wire: WireFormat = CHAT,
 ) -> web.Response:
-    body: dict[str, object]
-    if anthropic:
-        body = {
-            "type": "error",
-            "error": {"type": anthropic_error_type(status), "message": message},
-        }
-    else:
-        body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    body = wire.error_body(status, message, error_type=error_type, param=param, code=code)
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-def bad_request_response(error: BadRequest, *, anthropic: bool = False) -> web.Response:
+def bad_request_response(error: BadRequest, *, wire: WireFormat = CHAT) -> web.Response:
     response = error_response(
         error.status,
         error.message,
         error_type=error.error_type,
         param=error.param,
         code=error.code,
-        anthropic=anthropic,
+        wire=wire,
     )
     if error.close_connection:
         response.force_close()
     return response
 
 
-def upstream_failed(base: str, exc: BaseException, *, anthropic: bool = False) -> web.Response:
+def upstream_failed(base: str, exc: BaseException, *, wire: WireFormat = CHAT) -> web.Response:
     """The client's answer when the upstream at ``base`` did not answer in time (504) or could
     not be reached (502); logged, without the request's content."""
     if isinstance(exc, TimeoutError):
@@ -77,7 +64,7 @@ def upstream_failed(base: str, exc: BaseException, *, anthropic: bool = False) -
             "The upstream did not answer in time.",
             error_type="upstream_error",
             code="upstream_timeout",
-            anthropic=anthropic,
+            wire=wire,
         )
     log.warning("upstream %s failed: %s", base, type(exc).__name__)
     # Reached, but what came back was not valid HTTP (or was cut off): a fault of its own.
@@ -88,11 +75,11 @@ def upstream_failed(base: str, exc: BaseException, *, anthropic: bool = False) -
         f"The upstream {what}: {type(exc).__name__}.",
         error_type="upstream_error",
         code="upstream_unavailable",
-        anthropic=anthropic,
+        wire=wire,
     )
 
 
-def store_unavailable_response() -> web.Response:
+def store_unavailable_response(wire: WireFormat = CHAT) -> web.Response:
     """503: what the request needs of the store (the tenant secret a compaction item is
     verified under) cannot be had yet."""
     response = error_response(
@@ -100,6 +87,7 @@ def store_unavailable_response() -> web.Response:
         "The proxy's store is unavailable; the compaction item cannot be verified yet.",
         error_type="server_error",
         code="store_unavailable",
+        wire=wire,
     )
     response.headers["Retry-After"] = "2"
     return response

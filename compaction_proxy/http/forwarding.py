@@ -14,6 +14,8 @@ from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.formats.request import ClientRequest
+from compaction_proxy.formats.wire import WireFormat
+from compaction_proxy.formats.wire_formats import CHAT
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import upstream_failed
 from compaction_proxy.http.ownership import bound_to_the_account, claimer
@@ -55,7 +57,7 @@ async def forward(
     extra_headers: Mapping[str, str],
     claim: Claim | None = None,
     *,
-    anthropic: bool = False,
+    wire: WireFormat = CHAT,
     edit: AnswerEdit | None = None,
 ) -> EdgeReply:
     """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
@@ -68,7 +70,7 @@ async def forward(
         request.headers,
         route.api_key_env,
         proxy_keys=services.client_keys.required,
-        anthropic=anthropic,
+        anthropic=wire.family is ApiFamily.ANTHROPIC,
     )
     headers.setdefault("Content-Type", "application/json")
     url = upstream_url(route.base, path, client_query(request))
@@ -110,7 +112,7 @@ async def forward(
                 await claim_created(claim, body)
             return Reply(response, upstream.status, answer=body)
     except (UpstreamUnreachable, UpstreamBroke) as exc:
-        return Reply(upstream_failed(route.base, exc.cause, anthropic=anthropic), 0)
+        return Reply(upstream_failed(route.base, exc.cause, wire=wire), 0)
 
 
 class EdgeLink:
@@ -153,6 +155,6 @@ class EdgeLink:
             forwarded.payload,
             forwarded.compaction_headers(),
             claim,
-            anthropic=wire.family is ApiFamily.ANTHROPIC,
+            wire=wire,
             edit=forwarded.answer_edit,
         )

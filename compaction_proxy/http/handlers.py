@@ -25,6 +25,7 @@ from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import (
     bad_request_response,
+    caller_format,
     store_unavailable_response,
     upstream_failed,
 )
@@ -39,7 +40,7 @@ from compaction_proxy.metrics import (
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.object_references import NamedObject
-from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers, upstream_url
+from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.service.exchange import serve
 from compaction_proxy.service.native_compaction import opened
 from compaction_proxy.store import StoreUnavailable
@@ -72,7 +73,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def endpoint(wire: WireFormat) -> Handler:
     """The handler of ``wire``'s endpoint (``POST /v1/chat/completions``, ``/v1/responses``,
     ``/v1/messages``): parsed by its adapter, compacted by the shared core, bad input answered
-    in its family's error shape. A body whose history the provider holds (a Responses
+    in its error shape. A body whose history the provider holds (a Responses
     ``previous_response_id``) is forwarded as sent, and counted."""
     anthropic = wire.family is ApiFamily.ANTHROPIC
 
@@ -102,9 +103,9 @@ def endpoint(wire: WireFormat) -> Handler:
             named = await _named(request, raw, parsed.body, parsed.lineage)
         except BadRequest as error:
             REQUESTS.labels(route="", outcome="bad_request").inc()
-            return bad_request_response(error, anthropic=anthropic)
+            return bad_request_response(error, wire=wire)
         except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
-            return store_unavailable_response()
+            return store_unavailable_response(wire)
         return await serve(services, EdgeLink(request), parsed, session_id, started, named)
 
     handle.__name__ = f"{wire.name}_endpoint"
@@ -121,15 +122,13 @@ async def _named(
 async def list_models(request: web.Request) -> web.StreamResponse:
     """``GET /v1/models``: the default route's list, or, asked by an Anthropic client, the
     Anthropic upstream's (in its shape)."""
-    services = request.app[SERVICES]
-    anthropic = speaks_anthropic(request.path, request.headers)
-    family = ApiFamily.ANTHROPIC if anthropic else ApiFamily.OPENAI
-    route = family_route_for(services.settings, None, family)
+    services, wire = request.app[SERVICES], caller_format(request)
+    route = family_route_for(services.settings, None, wire.family)
     headers = upstream_headers(
         request.headers,
         route.api_key_env,
         proxy_keys=services.client_keys.required,
-        anthropic=anthropic,
+        anthropic=wire.family is ApiFamily.ANTHROPIC,
     )
     call = UpstreamCall("GET", upstream_url(route.base, "/models", client_query(request)), headers)
     try:
@@ -137,7 +136,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
             body = await upstream.read()
             return buffered_response(upstream.status, client_headers(upstream), body)
     except (UpstreamUnreachable, UpstreamBroke) as exc:
-        return upstream_failed(route.base, exc.cause, anthropic=anthropic)
+        return upstream_failed(route.base, exc.cause, wire=wire)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -19,13 +19,13 @@ from aiohttp import web
 
 from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
+from compaction_proxy.formats.wire import WireFormat
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import error_response
+from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.upstream import Claim
 from compaction_proxy.parsing.recent_bodies import Lineage
 from compaction_proxy.security.account_endpoints import REFUSAL
 from compaction_proxy.security.object_references import KeysSeen, NamedObject, find_references
-from compaction_proxy.security.outbound import speaks_anthropic
 from compaction_proxy.security.owned_objects import (
     LISTS,
     created_objects,
@@ -56,14 +56,14 @@ async def _tenant(request: web.Request) -> str:
     return tenant_of(secret, api_key_of(request.headers))
 
 
-def _unavailable(anthropic: bool) -> web.Response:
+def _unavailable(wire: WireFormat) -> web.Response:
     return error_response(
         503,
         "The proxy cannot tell who owns this account's objects right now (its store is "
         "unavailable): try again shortly.",
         error_type="server_error",
         code="store_unavailable",
-        anthropic=anthropic,
+        wire=wire,
     )
 
 
@@ -80,18 +80,18 @@ async def _refused_unless_owned(
 ) -> web.Response | None:
     if not named:
         return None
-    anthropic = speaks_anthropic(request.path, request.headers)
+    wire = caller_format(request)
     try:
         tenant = await _tenant(request)
         asked = list(dict.fromkeys(n.object_id for n in named if is_object_id(n.object_id)))
         found = await request.app[SERVICES].store.object_owners(asked)
         owners = dict(zip(asked, found, strict=True))
     except StoreUnavailable:
-        return _unavailable(anthropic)
+        return _unavailable(wire)
     for one in named:
         if owners.get(one.object_id) != tenant:
             message = not_found_message(one.object_id)
-            return error_response(404, message, param=one.param or None, anthropic=anthropic)
+            return error_response(404, message, param=one.param or None, wire=wire)
     return None
 
 
@@ -146,7 +146,7 @@ async def bound_to_the_account(
         error_type="permission_error",
         param=first.param,
         code="account_endpoint_refused",
-        anthropic=speaks_anthropic(request.path, request.headers),
+        wire=caller_format(request),
     )
 
 

@@ -34,6 +34,8 @@ from compaction_proxy.config.policy import family_route_for
 from compaction_proxy.config.settings import Route
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import check_model_name
+from compaction_proxy.formats.wire import WireFormat
+from compaction_proxy.formats.wire_formats import CHAT
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.compact_endpoint import (
     opened_on_the_way,
@@ -44,6 +46,7 @@ from compaction_proxy.http.compact_endpoint import (
 )
 from compaction_proxy.http.errors import (
     bad_request_response,
+    caller_format,
     error_response,
     store_unavailable_response,
     upstream_failed,
@@ -84,7 +87,7 @@ from compaction_proxy.security.object_references import (
     NamedObject,
     named_in_form,
 )
-from compaction_proxy.security.outbound import speaks_anthropic, upstream_headers
+from compaction_proxy.security.outbound import upstream_headers
 from compaction_proxy.security.owned_objects import addressed_objects
 from compaction_proxy.security.tenant import api_key_of
 from compaction_proxy.security.upload_slots import SlotRefusal, client_of
@@ -273,7 +276,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
     app = request.app
     settings = app[SERVICES].settings
-    anthropic = speaks_anthropic(request.path, request.headers)
+    wire = caller_format(request)
+    anthropic = wire.family is ApiFamily.ANTHROPIC
     route: Route = settings.anthropic_route if anthropic else settings.default_route
     data: bytes | aiohttp.StreamReader = request.content
     template = path_template(request.path)
@@ -308,12 +312,12 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                     return refused, "refused" if refused.status == 403 else "not_found"
                 return await serve_count(request, route, parsed, counting), "served"
     except BadRequest as error:
-        return bad_request_response(error, anthropic=anthropic), "bad_request"
+        return bad_request_response(error, wire=wire), "bad_request"
     except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
-        return store_unavailable_response(), "store_unavailable"
+        return store_unavailable_response(wire), "store_unavailable"
     held = holds_key(request, route)
     if refused_account_endpoint(template, request.method, held, route.account_endpoints):
-        return account_endpoint_refused(anthropic), "refused"
+        return account_endpoint_refused(wire), "refused"
     stateless = is_stateless(template, request.method)
     path_ids = [] if stateless else addressed_objects(request.path, template)
     refused = await bound_to_the_account(request, route, named, path_ids)
@@ -331,7 +335,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
         if refusal is not None:
             full = refusal is SlotRefusal.POOL
             outcome = "upload_slots_full" if full else "too_many_uploads"
-            return no_upload_slot(settings, refusal, anthropic), outcome
+            return no_upload_slot(settings, refusal, wire), outcome
         streamed = IdleBoundedBody(
             data,
             settings.upload_idle_timeout_seconds,
@@ -350,7 +354,7 @@ async def relay_as_sent(
     endpoint, served in owned mode only to the tenant that created every object it names."""
     held = holds_key(request, route)
     if refused_account_endpoint("/v1/responses/{id}", "GET", held, route.account_endpoints):
-        return account_endpoint_refused(anthropic=False)
+        return account_endpoint_refused(CHAT)
     refused = await bound_to_the_account(request, route, named)
     if refused is not None:
         return refused
@@ -362,13 +366,13 @@ async def relay_as_sent(
     return reply.response
 
 
-def account_endpoint_refused(anthropic: bool) -> web.Response:
+def account_endpoint_refused(wire: WireFormat) -> web.Response:
     return error_response(
         403,
         REFUSAL,
         error_type="permission_error",
         code="account_endpoint_refused",
-        anthropic=anthropic,
+        wire=wire,
     )
 
 
@@ -381,12 +385,12 @@ async def _send_on(
 ) -> tuple[web.StreamResponse, str]:
     """Relay the answer as it arrives; with ``reading``, a successful JSON answer is read
     whole and passed through it first (owned mode)."""
-    app, anthropic = request.app, speaks_anthropic(request.path, request.headers)
+    app, wire = request.app, caller_format(request)
     headers = upstream_headers(
         request.headers,
         route.api_key_env,
         proxy_keys=app[SERVICES].client_keys.required,
-        anthropic=anthropic,
+        anthropic=wire.family is ApiFamily.ANTHROPIC,
     )
     coding = request.headers.get("Content-Encoding")
     if coding and not isinstance(data, bytes):
@@ -414,9 +418,9 @@ async def _send_on(
             return response, f"{answer.status // 100}xx"
     except (UpstreamUnreachable, UpstreamBroke, UploadStalled) as exc:
         if isinstance(data, IdleBoundedBody) and data.stalled is not None:
-            return stalled(app[SERVICES].settings, data.stalled, anthropic), "client_timeout"
+            return stalled(app[SERVICES].settings, data.stalled, wire), "client_timeout"
         cause = exc.cause if isinstance(exc, UpstreamUnreachable | UpstreamBroke) else exc
-        return upstream_failed(route.base, cause, anthropic=anthropic), "upstream_unavailable"
+        return upstream_failed(route.base, cause, wire=wire), "upstream_unavailable"
 
 
 async def _stream(

@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from compaction_proxy.config.settings import Settings
+from compaction_proxy.formats.wire import WireFormat
 from compaction_proxy.http.errors import error_response
 from compaction_proxy.security.upload_slots import SlotRefusal
 
@@ -90,7 +91,7 @@ class IdleBoundedBody:
             span_ends, last_byte = span_ends + waited, loop.time()
 
 
-def no_upload_slot(settings: Settings, refusal: SlotRefusal, anthropic: bool) -> web.Response:
+def no_upload_slot(settings: Settings, refusal: SlotRefusal, wire: WireFormat) -> web.Response:
     """429 when the client or its address holds its bound; 503 with ``Retry-After`` when the
     relay pool's upload slots are all held (the proxy's own pool, not the upstream)."""
     if refusal is SlotRefusal.POOL:
@@ -103,7 +104,7 @@ def no_upload_slot(settings: Settings, refusal: SlotRefusal, anthropic: bool) ->
             "The proxy is relaying as many uploads as it takes at once: retry shortly.",
             error_type="server_error",
             code="upload_slots_full",
-            anthropic=anthropic,
+            wire=wire,
         )
         refused.headers["Retry-After"] = str(POOL_RETRY_SECONDS)
     else:
@@ -116,13 +117,13 @@ def no_upload_slot(settings: Settings, refusal: SlotRefusal, anthropic: bool) ->
             429,
             f"At most {bound} uploads at once per {whom}: wait for one to finish.",
             code="too_many_uploads",
-            anthropic=anthropic,
+            wire=wire,
         )
     refused.force_close()  # its body was not read
     return refused
 
 
-def stalled(settings: Settings, stall: Stall, anthropic: bool) -> web.Response:
+def stalled(settings: Settings, stall: Stall, wire: WireFormat) -> web.Response:
     """408 for a body that stalled or crawled; the rest of it is not read."""
     if stall is Stall.IDLE:
         said = f"no byte for {settings.upload_idle_timeout_seconds:g} seconds"
@@ -132,7 +133,7 @@ def stalled(settings: Settings, stall: Stall, anthropic: bool) -> web.Response:
             f"{settings.upload_grace_seconds:g} seconds"
         )
     response = error_response(
-        408, f"The request body stalled: {said}.", code="request_timeout", anthropic=anthropic
+        408, f"The request body stalled: {said}.", code="request_timeout", wire=wire
     )
     response.force_close()
     return response

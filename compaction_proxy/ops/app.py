@@ -22,7 +22,7 @@ from compaction_proxy.formats.wire_formats import CHAT, MESSAGES, RESPONSES
 from compaction_proxy.http import handlers
 from compaction_proxy.http.admin_api import admin_routes
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.http.errors import error_response
+from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.inspector import inspector_routes
 from compaction_proxy.http.metrics_endpoint import metrics_handler
 from compaction_proxy.http.passthrough import passthrough
@@ -39,7 +39,7 @@ from compaction_proxy.security.client_keys import (
     load_client_key_digests,
 )
 from compaction_proxy.security.credentials import ConfigProblem, credential_problems
-from compaction_proxy.security.outbound import HOP_HEADER, speaks_anthropic
+from compaction_proxy.security.outbound import HOP_HEADER
 from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
 from compaction_proxy.security.tenant import TenantSecret, api_key_of
@@ -200,9 +200,7 @@ def refusal(request: web.Request) -> web.StreamResponse | None:
         return None
     status, code, outcome, message = refused
     REQUESTS.labels(route="", outcome=outcome).inc()
-    return error_response(
-        status, message, code=code, anthropic=speaks_anthropic(request.path, request.headers)
-    )
+    return error_response(status, message, code=code, wire=caller_format(request))
 
 
 def guarded(handler: Handler) -> Handler:
