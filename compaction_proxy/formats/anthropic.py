@@ -8,6 +8,7 @@ The translation both ways is ``formats.anthropic_blocks``; the summary calls
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -17,6 +18,7 @@ from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats import anthropic_compaction, anthropic_count
 from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.formats.anthropic_blocks import (
+    Entry,
     TranslatedMessages,
     lossless,
     system_message,
@@ -97,6 +99,14 @@ def parse_messages_request(
     )
 
 
+def _entry_turn(entry: Entry) -> int:
+    return entry.turn or 0
+
+
+def _last_entry(group: tuple[int, ...]) -> int:
+    return group[-1]
+
+
 def _reusable(extension: Extension, body: dict[str, Any]) -> TranslatedMessages | None:
     """The remembered body's translation of the turns this body shares with it (its first
     ``extension.known``), under the same ``system``; None when there is none to take."""
@@ -107,13 +117,11 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> TranslatedMessages 
     system = system_message(body)
     if (base.messages[0] if head else None) != system:
         return None
-    shared = 0  # the entries of the shared turns
+    # A parsed body's entries run in turn order, and its groups (the head's empty one aside)
+    # in the order of their last entry: both are searched by bisection, not walked.
     entries = base.entries
-    while shared < len(entries) and (entries[shared].turn or 0) < extension.known:
-        shared += 1
-    count = head
-    while count < len(base.groups) and base.groups[count][-1] < shared:
-        count += 1
+    shared = bisect.bisect_left(entries, extension.known, key=_entry_turn)  # the shared turns'
+    count = bisect.bisect_left(base.groups, shared, lo=head, key=_last_entry)
     return TranslatedMessages(
         base.messages[:count], base.groups[:count], entries[:shared], base.sealed
     )

@@ -358,12 +358,24 @@ def _shared_bytes(raw: bytes, extension: Extension | None) -> int:
 
 
 def _shared_messages(raw: bytes, base: _Remembered) -> int:
-    """How many of ``base``'s messages ``raw`` repeats byte for byte, from its first byte."""
+    """How many of ``base``'s messages ``raw`` repeats byte for byte, from its first byte.
+
+    Galloping back from the end before bisecting: a body usually differs, if at all, in its
+    last message or two (Claude Code moves its cache breakpoint from the turn it sent last to
+    the newest one), and each look compares a prefix as long as the body; a plain bisection
+    compared about log2(messages) such prefixes every request."""
     ends = base.layout.ends
     view = memoryview(base.raw)
     if raw.startswith(view[: ends[-1]]):
         return len(ends)
     low, high = 0, len(ends) - 1  # invariant: the first `low` messages are shared
+    step = 1
+    while step <= high:
+        if raw.startswith(view[: ends[high - step]]):
+            low = high - step + 1
+            break
+        high -= step
+        step *= 2
     while low < high:
         middle = (low + high + 1) // 2
         if raw.startswith(view[: ends[middle - 1]]):

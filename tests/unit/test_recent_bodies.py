@@ -612,6 +612,36 @@ def test_an_appended_messages_body_is_translated_from_the_recent_one() -> None:
     assert second.digests is not None and second.digests[:4] == first.digests
 
 
+@settings(max_examples=60, deadline=None)
+@given(turns=st.integers(3, 40), moved=st.data())
+def test_a_moved_cache_breakpoint_reuses_every_turn_before_it(
+    turns: int, moved: st.DataObject
+) -> None:
+    """Claude Code moves its breakpoint from the turn it sent last to the newest: a body
+    differing from the remembered one at any earlier turn past its first two (the opening a
+    body is filed under) is translated from the remembered turns before that turn, exactly
+    (not vacuous: the shared messages are the same objects)."""
+    history = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": [{"type": "text", "text": f"turn {i}"}],
+        }
+        for i in range(turns)
+    ]
+    changed = moved.draw(st.integers(2, turns - 1))
+    known, recent = KnownMessages(), RecentBodies()
+    value = {"model": "m", "max_tokens": 9, "messages": history}
+    first = parse_messages_request(STYLES["compact"](value), known, (), recent)
+    later = [dict(turn) for turn in history]
+    block = {**later[changed]["content"][0], "cache_control": {"type": "ephemeral"}}
+    later[changed] = {**later[changed], "content": [block]}
+    raw = STYLES["compact"]({**value, "messages": [*later, {"role": "user", "content": "go"}]})
+    second = parse_messages_request(raw, known, (), recent)
+    assert messages_outcome(raw, KnownMessages(), None)[2] == second.messages
+    assert all(a is b for a, b in zip(second.messages[:changed], first.messages, strict=False))
+    assert second.messages[changed] is not first.messages[changed]
+
+
 def test_a_function_call_after_an_answer_and_its_reasoning_parses_as_the_whole_body() -> None:
     """Found by the property above: the answer, then reasoning, then (in the next body) the
     call the reasoning led to. The call joins the assistant's turn, so no message of that turn
