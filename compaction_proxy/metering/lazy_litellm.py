@@ -78,10 +78,12 @@ async def import_in_background() -> None:
 
 def settle(timeout: float) -> bool:
     """At exit: wait up to ``timeout`` seconds for an import under way to end; whether none is
-    under way now. A process must not finalize while the import thread is inside an import: a
-    daemon thread is frozen there at finalization, still holding import locks that finalization
-    may need (a destructor's exception printed with its traceback imports ``io``), and the
-    process never exits."""
+    under way now. A process must not finalize while the import runs: importlib holds the
+    interpreter's import lock around every finder's look for a module (file system calls
+    included), about a fifth of the import's time here; a daemon thread is frozen wherever it
+    is at finalization, the lock still held, and any import finalization makes then (the
+    traceback of a destructor that fails loads the module that shows source lines) waits for it
+    forever. ``tests/exit_probe.py`` reproduces it with this import."""
     return not _started or _imported.wait(timeout)
 
 

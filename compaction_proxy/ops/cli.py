@@ -109,15 +109,16 @@ def _serve(args: argparse.Namespace) -> int:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         address = f"{settings.host}:{settings.port}"
         print(f"compaction-proxy: cannot listen on {address}: {reason}", file=sys.stderr)
+        exit_after_an_import_under_way(status=1)  # the import started before the bind failed
         return 1
     exit_after_an_import_under_way()
     return 0
 
 
-def exit_after_an_import_under_way(timeout: float = 0.0) -> None:
+def exit_after_an_import_under_way(timeout: float = 0.0, status: int = 0) -> None:
     """Once the app has shut down (records written, store closed): if litellm's import,
-    started in the background, is still under way ``timeout`` seconds on, leave at once without
-    finalizing the interpreter, which could wait on that import forever
+    started in the background, is still under way ``timeout`` seconds on, leave at once with
+    ``status`` without finalizing the interpreter, which could wait on that import forever
     (``lazy_litellm.settle``); logs and standard streams are flushed first. Nothing is left
     to do by then: waiting for the import (seconds, on a busy host) only delayed a stop in a
     process's first seconds, and a supervisor's restart or an orchestrator's rollout with it."""
@@ -129,7 +130,7 @@ def exit_after_an_import_under_way(timeout: float = 0.0) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 # The cyclic collector's young-generation threshold, raised from 700 allocations: parsing one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -66,3 +67,18 @@ def test_a_proxy_that_cannot_settle_the_import_exits_without_finalizing(
     importing_elsewhere.set()
     cli.exit_after_an_import_under_way(0.01)
     assert exits == [0]  # over: the interpreter finalizes as usual
+
+
+def test_a_proxy_that_cannot_listen_leaves_without_finalizing_while_the_import_runs(
+    importing_elsewhere: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # the test session's handlers
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = cli.main(["serve", "--host", "127.0.0.1", "--port", str(port)])
+    assert status == 1
+    assert exits == [1]  # the bind failed after the import started: no finalizing under it
