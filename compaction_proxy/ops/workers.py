@@ -7,7 +7,9 @@ connections over them. The supervisor:
   part of every conversation);
 * shares one ``PROMETHEUS_MULTIPROC_DIR`` (a fresh one unless set), so any worker's
   ``/metrics`` reports them all, and serves ``metrics_port`` itself when one is configured;
-* on SIGTERM or SIGINT, passes it on and waits for the workers to drain;
+* on SIGTERM or SIGINT, passes it on and waits for the workers to drain (a worker not gone
+  once its drain and its last records have had their ``shutdown_timeout`` each, and a margin,
+  is killed: the supervisor never waits on a worker forever);
 * on SIGHUP, reloads gracefully: starts a new set, waits until each listens, then stops the
   old ones (configuration is read again by the new workers);
 * restarts a worker that died on its own.
@@ -38,9 +40,10 @@ READY_TIMEOUT_SECONDS = 60.0
 class Supervisor:
     """Starts, replaces and stops the worker processes."""
 
-    def __init__(self, workers: int, worker_args: Sequence[str]) -> None:
+    def __init__(self, workers: int, worker_args: Sequence[str], stop_seconds: float) -> None:
         self._count = workers
         self._args = list(worker_args)
+        self._stop_seconds = stop_seconds  # from SIGTERM until a worker still there is killed
         self._workers: dict[int, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -77,7 +80,7 @@ class Supervisor:
         started = [p for p in spawned if isinstance(p, asyncio.subprocess.Process)]
         failed = [e for e in spawned if isinstance(e, BaseException)]
         if failed:
-            await _stop_all(started)
+            await _stop_all(started, self._stop_seconds)
             raise failed[0]
         return started
 
@@ -102,7 +105,7 @@ class Supervisor:
                 log.error("the replacement worker did not start: %d left", len(self._workers))
                 return
             if self._stopping:  # stopped while it started: it is not wanted any more
-                await _stop_all([replacement])
+                await _stop_all([replacement], self._stop_seconds)
                 return
             self._adopt(replacement)
             log.info("worker %d listening in place of %d", replacement.pid, process.pid)
@@ -126,14 +129,14 @@ class Supervisor:
         self._workers.clear()  # replaced: not to be restarted
         for process in fresh:
             self._adopt(process)
-        await _stop_all(old)
+        await _stop_all(old, self._stop_seconds)
         log.info("reloaded: workers %s", sorted(self._workers))
 
     async def stop(self) -> None:
         """Stop every worker, and any replacement still starting (its watcher stops it once it
         listens), so no worker outlives the supervisor."""
         self._stopping = True
-        await _stop_all(list(self._workers.values()))
+        await _stop_all(list(self._workers.values()), self._stop_seconds)
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
@@ -152,13 +155,24 @@ async def said_ready(stdout: asyncio.StreamReader) -> bool:
     return False
 
 
-async def _stop_all(processes: Sequence[asyncio.subprocess.Process]) -> None:
-    """SIGTERM to each (a worker drains its requests) unless already gone; wait for all."""
+async def _stop_all(processes: Sequence[asyncio.subprocess.Process], seconds: float) -> None:
+    """SIGTERM to each (a worker drains its requests) unless already gone; wait for all, and
+    kill those still there ``seconds`` on (a worker that hangs on its way out would otherwise
+    hold its supervisor, and a stop or a reload, forever)."""
     for process in processes:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
-    await asyncio.gather(*(p.wait() for p in processes))
+    waits = {asyncio.ensure_future(p.wait()): p for p in processes}
+    if not waits:
+        return
+    _, late = await asyncio.wait(waits, timeout=seconds)
+    for waiting in late:
+        process = waits[waiting]
+        log.error("worker %d had not stopped %.0f s after SIGTERM: killed", process.pid, seconds)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+    await asyncio.gather(*waits)
 
 
 def _mark_dead(pid: int) -> None:
@@ -166,6 +180,15 @@ def _mark_dead(pid: int) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+STOP_MARGIN_SECONDS = 10.0
+
+
+def worker_stop_seconds(settings: Settings) -> float:
+    """How long a worker may take to stop: its requests in flight, then its last records, each
+    given ``shutdown_timeout``, and a margin for the rest of its exit."""
+    return 2 * settings.shutdown_timeout + STOP_MARGIN_SECONDS
 
 
 def run_workers(settings: Settings, worker_args: Sequence[str]) -> int:
@@ -189,7 +212,7 @@ async def _supervise(settings: Settings, worker_args: Sequence[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reloads.put_nowait, None)
-    supervisor = Supervisor(settings.workers, worker_args)
+    supervisor = Supervisor(settings.workers, worker_args, worker_stop_seconds(settings))
     try:
         await supervisor.start()
     except WorkerDidNotStart as exc:
