@@ -9,9 +9,11 @@ flight for its branch (``service.prepare``). It is still made to fit the window 
 request: an agent's compaction request that overflows is the one it cannot recover from.
 
 Known by the agents' own prompts, or, generically, by a last user turn asking for a summary of
-the conversation in a request that offers no tools. The history that replaces the old one is
-known too, by the words each agent opens its summary with (``is_continued_history``): its
-first request abandons the old branch, whose round in flight is then ended.
+the conversation in a request that offers no tools; the last user turn being the request's last
+message (the ask closes the request: one that closes with a tool's result is the tool loop).
+The history that replaces the old one is known too, by the words each agent opens its summary
+with (``is_continued_history``): its first request abandons the old branch, whose round in
+flight is then ended.
 """
 
 from __future__ import annotations
@@ -55,16 +57,22 @@ CONTINUATION_PREFIXES = (
 _CONTINUED_WITHIN = 8  # the summary sits at the start of the new history
 
 
-def last_user_text(body: Sequence[Message]) -> str:
-    for message in reversed(body):
-        if message.get("role") == "user":
-            return (text_of(message.get("content")) or "")[:_SCANNED_CHARS]
-    return ""
+def closing_user_text(body: Sequence[Message]) -> str:
+    """The start of the request's last message when it is the user's, else nothing: an agent's
+    summarization request ends with its ask. A request that ends with a tool's result is a
+    step of the agent's tool loop (its last user turn, often the task far back, was looked at
+    when it was new), so the common request is decided without a walk back or a scan."""
+    if not body:
+        return ""
+    message = body[-1]
+    if message.get("role") != "user":
+        return ""
+    return (text_of(message.get("content")) or "")[:_SCANNED_CHARS]
 
 
 def is_client_compaction(body: Sequence[Message], tools: Any) -> bool:
     """Whether the request asks the model to summarize the conversation for the client."""
-    text = last_user_text(body)
+    text = closing_user_text(body)
     if not text.isascii():
         return _KNOWN.search(text) is not None or (not tools and _ASKS.search(text) is not None)
     lowered = text.lower()

@@ -70,6 +70,14 @@ def test_only_the_last_user_turn_counts() -> None:
     assert not is_client_compaction(history, None)
 
 
+def test_a_request_closing_with_a_tools_result_is_the_tool_loop_not_a_summarization() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    history = [*body(CODEX), {"role": "assistant", "content": None, "tool_calls": [call]}]
+    history.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    assert not is_client_compaction(history, TOOLS)  # the ask was counted when it was new
+    assert not is_client_compaction([], None)
+
+
 @pytest.mark.parametrize(
     ("opening", "continued"),
     [
