@@ -56,12 +56,18 @@ def test_at_exit_nothing_is_waited_for_when_no_import_was_started(
     assert lazy_litellm.settle(60.0)
 
 
-def test_a_proxy_that_cannot_settle_the_import_exits_without_finalizing(
-    importing_elsewhere: threading.Event, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    exits: list[int] = []
-    monkeypatch.setattr(cli.os, "_exit", exits.append)
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The statuses ``os._exit`` was called with, instead of leaving the test session."""
+    called: list[int] = []
+    monkeypatch.setattr(cli.os, "_exit", called.append)
     monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # the test session's handlers
+    return called
+
+
+def test_a_proxy_that_cannot_settle_the_import_exits_without_finalizing(
+    importing_elsewhere: threading.Event, exits: list[int]
+) -> None:
     cli.exit_after_an_import_under_way(0.01)
     assert exits == [0]
     importing_elsewhere.set()
@@ -70,11 +76,8 @@ def test_a_proxy_that_cannot_settle_the_import_exits_without_finalizing(
 
 
 def test_a_proxy_that_cannot_listen_leaves_without_finalizing_while_the_import_runs(
-    importing_elsewhere: threading.Event, monkeypatch: pytest.MonkeyPatch
+    importing_elsewhere: threading.Event, exits: list[int]
 ) -> None:
-    exits: list[int] = []
-    monkeypatch.setattr(cli.os, "_exit", exits.append)
-    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # the test session's handlers
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
