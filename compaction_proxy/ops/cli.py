@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"compaction-proxy: cannot listen on {address}: {reason}", file=sys.stderr)
         exit_after_an_import_under_way(status=1)  # the import started before the bind failed
         return 1
+    except Exception:
+        # Anything else that ends the app (a failure at start-up, say) is said in full; then,
+        # as on every way out, no finalizing while the import runs.
+        if not lazy_litellm.settle(0.0):
+            traceback.print_exc()
+            exit_after_an_import_under_way(status=1)
+        raise
     exit_after_an_import_under_way()
     return 0
 

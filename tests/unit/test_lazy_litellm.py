@@ -85,3 +85,19 @@ def test_a_proxy_that_cannot_listen_leaves_without_finalizing_while_the_import_r
         status = cli.main(["serve", "--host", "127.0.0.1", "--port", str(port)])
     assert status == 1
     assert exits == [1]  # the bind failed after the import started: no finalizing under it
+
+
+def test_a_proxy_whose_app_fails_says_why_and_leaves_without_finalizing_while_the_import_runs(
+    importing_elsewhere: threading.Event,
+    exits: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a start-up failure")
+
+    monkeypatch.setattr(cli.web, "run_app", fails)
+    with pytest.raises(RuntimeError):  # os._exit is stubbed: the exception goes on
+        cli.main(["serve", "--port", "0"])
+    assert exits == [1]
+    assert "RuntimeError: a start-up failure" in capfd.readouterr().err
