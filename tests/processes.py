@@ -20,6 +20,11 @@ def free_port() -> int:
         return port
 
 
+def serve_argv(port: int, module: str = "compaction_proxy") -> list[str]:
+    """``python -m <module> serve --port <port>``, as this interpreter runs it."""
+    return [sys.executable, "-m", module, "serve", "--port", str(port)]
+
+
 async def wait_until_ready(url: str, timeout: float = 30.0) -> None:
     """Poll ``url`` until it answers 200 (a server starting in another process)."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -49,12 +54,7 @@ async def proxy_process(
     stopped). With ``cwd`` another checkout's package runs (``-m`` puts it first on the path)."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        module,
-        "serve",
-        "--port",
-        str(port),
+        *serve_argv(port, module),
         *args,
         env={**os.environ, **env},
         stderr=asyncio.subprocess.PIPE if capture_stderr else None,

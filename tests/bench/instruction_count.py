@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 
 from tests.bench.overhead import metered_env
-from tests.processes import free_port, wait_until_ready
+from tests.processes import free_port, serve_argv, wait_until_ready
 from tests.redis_server import RedisServer
 from tests.transcripts import replay_requests, transcripts
 
@@ -68,12 +68,7 @@ async def count(
         "--tool=callgrind",
         "--instr-atstart=no",
         f"--callgrind-out-file={out}",
-        sys.executable,
-        "-m",
-        "compaction_proxy",
-        "serve",
-        "--port",
-        str(port),
+        *serve_argv(port),
         env=env,
         cwd=cwd,
         stderr=asyncio.subprocess.DEVNULL,

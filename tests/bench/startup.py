@@ -17,7 +17,7 @@ import time
 import aiohttp
 
 from tests.bench.overhead import process
-from tests.processes import free_port, wait_until_ready
+from tests.processes import free_port, serve_argv, wait_until_ready
 
 
 async def until_listening(port: int) -> None:
@@ -35,12 +35,7 @@ async def one_start(upstream: str) -> tuple[float, float]:
     env = {**os.environ, "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream}
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "compaction_proxy",
-        "serve",
-        "--port",
-        str(port),
+        *serve_argv(port),
         env=env,
         stderr=asyncio.subprocess.DEVNULL,
     )
