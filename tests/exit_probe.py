@@ -13,8 +13,8 @@ one of litellm's did in the log of a process that never exited. Modes:
   one took the interpreter back.
 
 Otherwise the one line printed says whether the lock was still held as the process stopped.
-Used by ``tests.bench.exit_during_import`` (how often each way hangs) and by
-``tests/system/test_exit_during_import.py``.
+``probe`` runs one such process; ``tests.bench.exit_during_import`` (how often each way hangs)
+and ``tests/system/test_exit_during_import.py`` use it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,51 @@ import asyncio
 import contextlib
 import sys
 import time
+from dataclasses import dataclass
 
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.ops.cli import exit_after_an_import_under_way
 
 WAIT_SECONDS = 30.0  # for the import thread to hold the lock (it does about a fifth of the time)
+HELD_LINE = "import lock held at exit: True"
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe process, seen from outside."""
+
+    line: str  # the one line it printed
+    seconds: float | None  # from its start to its exit; None: it hung, and was killed
+    status: int | None  # its exit status; None when it hung
+
+    @property
+    def held(self) -> bool:
+        """Whether it stopped with the import lock held."""
+        return self.line == HELD_LINE
+
+
+async def probe(mode: str, hang_seconds: float) -> ProbeRun:
+    """Run ``python -m tests.exit_probe MODE``; one still running ``hang_seconds`` on hangs."""
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.exit_probe",
+        mode,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert process.stdout is not None
+    line = ""
+    try:
+        async with asyncio.timeout(hang_seconds):
+            line = (await process.stdout.readline()).decode().strip()
+            status = await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return ProbeRun(line, None, None)
+    return ProbeRun(line, time.monotonic() - started, status)
 
 
 class RaisesWhenCollected:
@@ -76,7 +116,7 @@ def main(mode: str) -> None:
     if mode != "quiet":
         global collected_at_finalization
         collected_at_finalization = RaisesWhenCollected()
-    print(f"import lock held at exit: {held and _imp.lock_held()}", flush=True)
+    print(HELD_LINE if held and _imp.lock_held() else "import lock held at exit: False", flush=True)
     if mode == "proxy":
         exit_after_an_import_under_way()
 

@@ -13,51 +13,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
-import time
+
+from tests.exit_probe import ProbeRun, probe
 
 MODES = ("finalize", "quiet", "proxy")
 HANG_SECONDS = 10.0
 
 
-async def probe(mode: str) -> tuple[float | None, str]:
-    """One probe process: its run time (None: it hung and was killed), and its last line."""
-    started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.exit_probe",
-        mode,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    line = ""
-    try:
-        async with asyncio.timeout(HANG_SECONDS):
-            line = (await process.stdout.readline()).decode().strip()
-            await process.wait()
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        return None, line
-    return time.monotonic() - started, line
-
-
 async def run(trials: int, parallel: int) -> None:
-    _, sampled = await probe("sample")
-    print(f"over one whole import: {sampled}")
+    sampled = await probe("sample", HANG_SECONDS * 3)
+    print(f"over one whole import: {sampled.line}")
     slots = asyncio.Semaphore(parallel)
 
-    async def one(mode: str) -> tuple[float | None, str]:
+    async def one(mode: str) -> ProbeRun:
         async with slots:
-            return await probe(mode)
+            return await probe(mode, HANG_SECONDS)
 
     print(f"\n{'stopping':<10}{'trials':>8}{'held at exit':>14}{'hangs':>7}{'exit, median s':>16}")
     for mode in MODES:
         results = await asyncio.gather(*(one(mode) for _ in range(trials)))
-        held = sum(line.endswith("True") for _, line in results)
-        times = [t for t, _ in results if t is not None]
+        held = sum(run.held for run in results)
+        times = [run.seconds for run in results if run.seconds is not None]
         hangs = trials - len(times)
         median = f"{statistics.median(times):.2f}" if times else "-"
         print(f"{mode:<10}{trials:>8}{held:>14}{hangs:>7}{median:>16}")

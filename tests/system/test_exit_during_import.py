@@ -8,37 +8,11 @@ hangs; here, the way ``serve`` leaves is checked in exactly that state.
 
 from __future__ import annotations
 
-import asyncio
-import sys
+from tests.exit_probe import probe
 
 EXIT_SECONDS = 10.0
 HELD_EXITS = 3  # exits made with the lock held (the probe's thread may let go just before)
 ATTEMPTS = 12
-
-
-async def leave_as_serve_does() -> bool:
-    """One probe process leaving as ``serve`` does; whether the import lock was held as it
-    left. It must exit, with status 0, within ``EXIT_SECONDS``."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.exit_probe",
-        "proxy",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    try:
-        async with asyncio.timeout(EXIT_SECONDS):
-            line = await process.stdout.readline()
-            status = await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert status == 0
-    assert line.startswith(b"import lock held at exit: ")
-    return line == b"import lock held at exit: True\n"
 
 
 async def test_leaving_as_serve_does_exits_with_the_import_lock_held_and_a_failing_destructor() -> (
@@ -46,7 +20,10 @@ async def test_leaving_as_serve_does_exits_with_the_import_lock_held_and_a_faili
 ):
     held = 0
     for _ in range(ATTEMPTS):
-        held += await leave_as_serve_does()
+        run = await probe("proxy", EXIT_SECONDS)
+        assert run.status == 0  # it exited, with status 0, within EXIT_SECONDS
+        assert run.line.startswith("import lock held at exit: ")
+        held += run.held
         if held == HELD_EXITS:
             break
     assert held == HELD_EXITS  # the state that hangs finalization was reached, and left
