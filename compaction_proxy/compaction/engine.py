@@ -26,9 +26,9 @@ from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryC
 from compaction_proxy.compaction.guards.trips import trip
 from compaction_proxy.compaction.masking import MaskCandidate
 from compaction_proxy.compaction.outcomes import Outcome, Round
-from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner, SummaryRequest
+from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner, summary_request
 from compaction_proxy.compaction.prune import prune_candidates
-from compaction_proxy.compaction.summarize import SummaryFailed, frame, summary_body
+from compaction_proxy.compaction.summarize import SummaryFailed, frame
 from compaction_proxy.conversation.log_events import Event
 from compaction_proxy.conversation.messages import branch_fingerprint, task_position
 from compaction_proxy.conversation.replacements import (
@@ -386,18 +386,10 @@ class Engine:
         job = attempt.job
         view = job.view
         span = plan.span
-        body = summary_body(
-            job.summary_model,
-            view.head,
-            plan.messages,
-            view.tools,
-            plan.cap,
-            job.summary_instructions,
-        )
         started = time.perf_counter()
         summarizer = job.summarizer
         try:
-            summary = await job.summarize(SummaryRequest(body, plan.prefix))
+            summary = await job.summarize(summary_request(job, plan))
         except SummaryFailed as failure:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)

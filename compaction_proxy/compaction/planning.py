@@ -8,7 +8,7 @@ transactions, off the event loop for huge requests.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
@@ -21,6 +21,7 @@ from compaction_proxy.compaction.fit import (
 from compaction_proxy.compaction.masking import Masker
 from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.range_selection import (
+    PricedNode,
     Span,
     first_node_at,
     priced_nodes,
@@ -29,7 +30,7 @@ from compaction_proxy.compaction.range_selection import (
     select_span,
 )
 from compaction_proxy.compaction.request_view import RequestView
-from compaction_proxy.compaction.summarize import INSTRUCTION, Summary
+from compaction_proxy.compaction.summarize import INSTRUCTION, KEPT_NOTE, Summary, summary_body
 from compaction_proxy.config.settings import Policy
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface
@@ -46,6 +47,9 @@ class SummaryRequest:
 
     body: dict[str, Any]
     prefix: Surface | None = None
+    # The same call carried on to where an earlier prompt ended, for a provider that reads its
+    # cache only there (``ReadThrough``); the client's format chooses (``WireFormat``).
+    read_through: SummaryRequest | None = None
 
 
 SummaryCall = Callable[[SummaryRequest], Awaitable[Summary]]
@@ -82,6 +86,16 @@ class CompactionJob:
 
 
 @dataclass(frozen=True)
+class ReadThrough:
+    """The summary call's prefix carried on past the span to the end of an earlier prompt:
+    ``prefix`` the surface through it, ``kept`` the messages past the span it adds (which
+    the checkpoint leaves in place). See ``read_through_end``."""
+
+    prefix: Surface
+    kept: list[Message]
+
+
+@dataclass(frozen=True)
 class Plan:
     """A span to summarize, the summary's cap, and the span as the summary call carries it
     (oversized messages cut there)."""
@@ -90,6 +104,55 @@ class Plan:
     cap: int
     messages: list[Message]
     prefix: Surface | None = None  # head to span end as forwarded, when nothing was cut
+    read_through: ReadThrough | None = None
+
+
+def _ends_a_prompt(nodes: Sequence[PricedNode], index: int) -> bool:
+    """Whether node ``index`` closed a request the conversation sent: the model's answer
+    follows it."""
+    following = index + 1
+    return (
+        following < len(nodes)
+        and nodes[index].message.get("role") != "assistant"
+        and nodes[following].message.get("role") == "assistant"
+    )
+
+
+def read_through_end(
+    nodes: Sequence[PricedNode],
+    span: Span,
+    live_from: int,
+    call_tokens: Sequence[int],
+    room: int | None,
+    prices: CachePrices,
+) -> int | None:
+    """Where a summary call on a provider that caches only at breakpoints should end its
+    prefix, when not at the span's end (None).
+
+    Such a provider (Anthropic) reads a cached prefix only where an earlier prompt put a
+    breakpoint, which a client that caches puts on its prompt's last block. A span ending on
+    the model's answer (the observation it asked for left in the tail) ends inside a prompt,
+    so the call writes the span's last turns again at the write price, though the prompt
+    that sent them was cached whole. Carried on to that prompt's end (the messages after the
+    answer, up to the next answer), the call reads all of it: taken when those messages fit
+    the call's ``room`` (None: unbounded) and reading them costs less than writing the gap
+    again. Never into the live turn (``live_from``), which no earlier prompt sent. A span
+    ending elsewhere needs none (it ends where a prompt did, or on a message the model never
+    answered)."""
+    if not prices.caches or nodes[span.last].message.get("role") != "assistant":
+        return None
+    start = span.last
+    while start >= span.first and not _ends_a_prompt(nodes, start):
+        start -= 1
+    gap = sum(call_tokens[start + 1 : span.last + 1])
+    ends = (i for i in range(span.last + 1, min(live_from, len(nodes))) if _ends_a_prompt(nodes, i))
+    end = next(ends, None)
+    if end is None:
+        return None
+    extra = sum(call_tokens[span.last + 1 : end + 1])
+    if room is not None and extra > room:
+        return None
+    return end if extra * prices.read < gap * (prices.write - prices.read) else None
 
 
 @dataclass(frozen=True)
@@ -150,19 +213,32 @@ class Planner:
             return None
         nodes = priced_nodes(surface.nodes, prices)
         carried, carried_prices = self.call_view(job, surface, prices, budget)
+        live_from = first_node_at(nodes, job.view.live_start)
         span = select_span(
-            nodes,
-            retain,
-            budget.span,
-            live_from=first_node_at(nodes, job.view.live_start),
-            call_tokens=carried_prices,
+            nodes, retain, budget.span, live_from=live_from, call_tokens=carried_prices
         )
         if span is None:
             return None
         cap = summary_cap(budget.cap, span.tokens)
         if cap is None:
             return None  # no_range: a summary of it could not pay for its call
-        return _plan(surface, span, cap, carried)
+        plan = _plan(surface, span, cap, carried)
+        room = None
+        if budget.span is not None:
+            note = self.meter.message(
+                {"role": "user", "content": KEPT_NOTE}, counter_for(job.summary_model)
+            )
+            room = budget.span - sum(carried_prices[span.first : span.last + 1]) - note
+        end = read_through_end(nodes, span, live_from, carried_prices, room, job.prices)
+        if plan.prefix is None or end is None:
+            return plan
+        kept = list(carried[span.last + 1 : end + 1])
+        if any(
+            m is not n.message for m, n in zip(kept, surface.nodes[span.last + 1 :], strict=False)
+        ):
+            return plan  # a message past the span was cut for the call: not as the prompt sent it
+        through = ReadThrough(Surface(tuple(surface.nodes[: end + 1])), kept)
+        return replace(plan, read_through=through)
 
     def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:
         """The plan for body positions ``start..end``, or the reason there cannot be one."""
@@ -193,3 +269,23 @@ def _plan(surface: Surface, span: Span, cap: int, carried: Sequence[Message]) ->
     follows_head = all(n.kind == "head" for n in nodes[: span.first])
     prefix = Surface(tuple(nodes[: span.last + 1])) if whole and follows_head else None
     return Plan(span, cap, messages, prefix)
+
+
+def summary_request(job: CompactionJob, plan: Plan) -> SummaryRequest:
+    """The summary call for ``plan``, in chat form, and read through when the plan says."""
+    view = job.view
+
+    def body(kept: Sequence[Message] = ()) -> dict[str, Any]:
+        return summary_body(
+            job.summary_model,
+            view.head,
+            plan.messages,
+            view.tools,
+            plan.cap,
+            job.summary_instructions,
+            kept,
+        )
+
+    through = plan.read_through
+    read_through = None if through is None else SummaryRequest(body(through.kept), through.prefix)
+    return SummaryRequest(body(), plan.prefix, read_through)

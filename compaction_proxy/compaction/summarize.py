@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +137,12 @@ def _uses_completion_tokens_field(model: str) -> bool:
     return re.match(r"^(o\d|gpt-5)", model.split("/")[-1]) is not None
 
 
+KEPT_NOTE = (
+    "Exception: whatever follows the last assistant message above is not replaced; it stays "
+    "after your checkpoint as it is. Leave it out of the checkpoint."
+)
+
+
 def summary_body(
     model: str,
     head: list[Message],
@@ -144,12 +150,16 @@ def summary_body(
     tools: Any,
     max_tokens: int,
     instructions: str | None = None,
+    kept: Sequence[Message] = (),
 ) -> dict[str, Any]:
-    """The summary call in chat form; ``instructions``, the client's own, follow ours."""
-    ask = INSTRUCTION if not instructions else f"{INSTRUCTION}\n\nAlso: {instructions.strip()}"
+    """The summary call in chat form; ``instructions``, the client's own, follow ours.
+    ``kept``: messages past the span (which ends on an assistant message) the call carries as
+    well, which the checkpoint leaves in place (the instruction says so: ``KEPT_NOTE``)."""
+    ask = INSTRUCTION if not kept else f"{INSTRUCTION}\n\n{KEPT_NOTE}"
+    ask = ask if not instructions else f"{ask}\n\nAlso: {instructions.strip()}"
     body: dict[str, Any] = {
         "model": model,
-        "messages": [*head, *span, {"role": "user", "content": ask}],
+        "messages": [*head, *span, *kept, {"role": "user", "content": ask}],
         "stream": False,
     }
     body["max_completion_tokens" if _uses_completion_tokens_field(model) else "max_tokens"] = (

@@ -160,6 +160,7 @@ class MessagesFormat(WireFormat):
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_tokens",)
     stored_by_default: ClassVar[bool] = False
     session_headers: ClassVar[tuple[str, ...]] = (CLAUDE_CODE_SESSION_HEADER,)
+    caches_at_breakpoints: ClassVar[bool] = True
 
     def asked_compaction(self, body: dict[str, Any]) -> AskedCompaction | None:
         if "context_management" not in body:  # most bodies: nothing more to look at

@@ -7,6 +7,9 @@ instruction. Anthropic's cache key covers tools, system, messages and the thinki
 and a changed ``tool_choice`` invalidates the cached turns; so this call reads the prefix the
 client's own requests wrote, at a tenth of the price, where a rebuilt one pays it again in
 full. A breakpoint ends the prefix when the client caches and the API's limit leaves room.
+Anthropic reads only where an earlier prompt set one, so a span ending on the model's answer
+is carried on to the end of the prompt that followed it, which the instruction then says stays
+(``compaction.planning.ReadThrough``, chosen for this format by ``caches_at_breakpoints``).
 
 The **rebuilt** one (``summary_messages_body``) is made from the chat form alone, with
 ``tool_choice`` none: for a summary model other than the conversation's (whose cache it could
@@ -158,8 +161,9 @@ def cache_safe_summary_body(
     request: ClientRequest, prefix: Surface, chat_body: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The cache-safe summary call (see the module's docstring) for the client's Messages
-    ``request``: ``prefix`` is the surface from the head to the span's end, exactly as
-    forwarded; ``chat_body`` the chat-form summary request (its model, cap and instruction).
+    ``request``: ``prefix`` is the surface from the head to the span's end (or read through
+    past it), exactly as forwarded; ``chat_body`` the chat-form summary request (its model,
+    cap and instruction).
     None when the request cannot be written back, or its ``tool_choice`` forces a tool."""
     if forces_a_tool(request.body.get("tool_choice")):
         return None  # its answer would be a tool call, never the summary

@@ -74,6 +74,10 @@ class WireFormat(ABC):
     answer_cap_fields: ClassVar[tuple[str, ...]]  # first present positive integer wins
     stored_by_default: ClassVar[bool]  # ``store`` when the body does not say
     session_headers: ClassVar[tuple[str, ...]] = ()  # read after ``X-Session-Id``
+    # Whether the provider reads a cached prefix only where an earlier prompt set a breakpoint
+    # (Anthropic's), not wherever prompts share one: a cache-safe summary call then reads
+    # through to such a place (``compaction.planning.ReadThrough``).
+    caches_at_breakpoints: ClassVar[bool] = False
 
     @abstractmethod
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:

@@ -114,12 +114,15 @@ def summary_call(
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=anthropic)
         headers["Content-Type"] = "application/json"
         cache_safe = None
+        chosen = request
+        if wire.caches_at_breakpoints and request.read_through is not None:
+            chosen = request.read_through
         if (
             client_request is not None
-            and request.prefix is not None
+            and chosen.prefix is not None
             and client_request.model == summary_model
         ):
-            cache_safe = wire.cache_safe_summary(client_request, request.prefix, request.body)
+            cache_safe = wire.cache_safe_summary(client_request, chosen.prefix, chosen.body)
         if cache_safe is not None:
             try:
                 return await post(headers, cache_safe)

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from compaction_proxy.compaction.summarize import INSTRUCTION_OPENING, SECTIONS
+from compaction_proxy.compaction.summarize import INSTRUCTION_OPENING, KEPT_NOTE, SECTIONS
 from compaction_proxy.parsing import jsonio
 
 
@@ -102,8 +102,15 @@ def is_summary_request(body: Mapping[str, Any]) -> bool:
 
 
 def fake_summary(body: Mapping[str, Any]) -> str:
-    """A checkpoint with the requested sections that keeps every ``FACT-n: ...`` line."""
+    """A checkpoint with the requested sections that keeps every ``FACT-n: ...`` line of
+    what it replaces (the messages the instruction says stay are left out, as asked)."""
     messages = _turns(body)
+    instruction = messages[-1].get("content") if messages else None
+    if isinstance(instruction, str) and KEPT_NOTE in instruction:
+        replaced = len(messages) - 1
+        while replaced and messages[replaced - 1].get("role") != "assistant":
+            replaced -= 1
+        messages = [*messages[:replaced], messages[-1]]
     facts: list[str] = []
     for message in messages[:-1]:
         for fact in _FACT.findall(readable(message.get("content") or "")):

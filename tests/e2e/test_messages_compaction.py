@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 
+from compaction_proxy.compaction.summarize import KEPT_NOTE
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import counter_for
-from compaction_proxy.testing.fake_answers import is_summary_request
+from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.bench.caching import Bill, BreakpointCache
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import ADMIN_AUTH, ADMIN_TOKEN, MASKING_OFF, admin, counter, route
 
@@ -480,4 +482,78 @@ async def test_prompt_is_too_long_is_recovered_from_and_the_window_learned(
     assert counter("compaction_proxy_overflow_recoveries_total", result="retried") == retried + 1
     assert again.headers["x-compaction-status"] != "recovered"
     assert len(fake.messages.received) == refused_first + 1  # no overflow the second time
+    assert fake.messages.refused == []
+
+
+def observation_style(rounds: int) -> list[dict[str, Any]]:
+    """An observation-style agent's turns (mini-SWE-agent's): every answer a command in its
+    text, every observation a user message."""
+    turns: list[dict[str, Any]] = [{"role": "user", "content": "FACT-5: fix the importer."}]
+    for index in range(rounds):
+        command = (
+            f"THOUGHT: step {index}. {'I weigh it. ' * 95}\n```bash\ncat part_{index}.log\n```"
+        )
+        turns.append({"role": "assistant", "content": command})
+        log = "importer log line " * 75
+        output = f"<returncode>0</returncode>\n<output>part {index}: {log}</output>"
+        turns.append({"role": "user", "content": output})
+    return turns
+
+
+def cached_at_its_end(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``turns`` with a breakpoint on the newest block, where a caching client puts it."""
+    text = {"type": "text", "text": turns[-1]["content"], "cache_control": CACHED}
+    return [*turns[:-1], {"role": "user", "content": [text]}]
+
+
+async def test_a_summary_call_ending_on_an_answer_reads_through_to_the_prompt_that_sent_it(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Anthropic reads its cache only where a prompt set a breakpoint: a span ending on the
+    model's answer is carried on through the observation after it, where the client's last
+    prompt ended, so the summary call writes nothing the conversation had cached."""
+    fake.windows[MODEL] = WINDOW
+    policy = {"precompact_ratio": 0, "max_tokens": 1024, **MASKING_OFF}  # room in the call
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW, **policy)])
+    statuses = []
+    async with client_of(proxy) as client:
+        for rounds in range(15, 40):  # one prompt a step, from under the threshold
+            raw = await client.messages.with_raw_response.create(
+                model=MODEL,
+                max_tokens=512,
+                messages=cached_at_its_end(observation_style(rounds)),  # type: ignore[arg-type]
+                system=CLAUDE_CODE_LIKE["system"],  # type: ignore[arg-type]
+            )
+            statuses.append(raw.headers["x-compaction-status"])
+            if fake.messages.summary_requests:
+                break
+    assert statuses[0] == "none" and statuses[-1] == "compacted"
+    (summary,) = fake.messages.summary_requests
+    *carried, instruction = summary.body["messages"]
+    assert KEPT_NOTE in instruction["content"]
+    # The prefix ends on an observation, which some prompt of the client ended on.
+    kept = carried[-1]["content"][-1]
+    assert carried[-2]["role"] == "assistant" and kept["cache_control"] == CACHED
+    cache, bills = BreakpointCache(fake), []
+    for received in fake.messages.received:
+        bills.append(Bill())
+        cache.send("one", received.body, bills[-1])
+    bill = bills[fake.messages.received.index(summary)]
+    assert bill.uncached == 0  # the prefix all read: nothing written again
+    assert bill.plain == fake.messages.block_tokens(
+        {"type": "text", "text": instruction["content"]}
+    )
+    # The checkpoint leaves out what stays after it, and the conversation goes on whole.
+    forwarded = fake.messages.received[-1].body["messages"]
+    texts = [
+        text
+        for turn in forwarded
+        for text in (
+            [turn["content"]]
+            if isinstance(turn["content"], str)
+            else [block.get("text") for block in turn["content"]]
+        )
+    ]
+    assert kept["text"] in texts[1:]
+    assert fake_summary(summary.body) in texts[0]
     assert fake.messages.refused == []
