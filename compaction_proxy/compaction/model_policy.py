@@ -64,8 +64,10 @@ class Budgets:
 
     def without_precompaction(self) -> Budgets:
         """These budgets with nothing prepared in the background: compaction from the
-        threshold, synchronously."""
-        return dataclasses.replace(self, precompact=0, priced_below=0)
+        threshold, synchronously; under a soft target, up to the window's own threshold
+        only where it pays."""
+        priced_below = self.window_threshold if self.priced_below else 0
+        return dataclasses.replace(self, precompact=0, priced_below=priced_below)
 
     def for_client_compaction(self) -> Budgets:
         """These budgets for a client's own compaction request (``conversation.
@@ -121,8 +123,8 @@ def budgets(policy: Policy, window: int) -> Budgets:
     """The budgets in ``window``; under a soft target (``policy.target_tokens``, when below
     the window) the watermarks and the retained tail are worked out from the target, and
     between the target's precompaction watermark and the window's a checkpoint is taken only
-    where it pays (``Budgets.priced_below``). Without background compaction a target is the
-    window's threshold, no choice."""
+    where it pays (``Budgets.priced_below``); without background compaction, up to the
+    window's own threshold."""
     target = policy.target_tokens
     base = window if target is None else min(target, window)
     threshold = math.floor(base * policy.threshold_ratio)
@@ -132,9 +134,10 @@ def budgets(policy: Policy, window: int) -> Budgets:
         retain = math.floor(base * (policy.retain_ratio or 0.0))
     precompact = min(math.floor(base * policy.effective_precompact_ratio), threshold)
     priced_below = window_threshold = 0
-    if precompact and base < window:
-        priced_below = math.floor(window * policy.effective_precompact_ratio)
+    if base < window:
         window_threshold = math.floor(window * policy.threshold_ratio)
+        # With nothing prepared in the background, the window's threshold forces one.
+        priced_below = math.floor(window * policy.effective_precompact_ratio) or window_threshold
     return Budgets(
         window=window,
         threshold=threshold,

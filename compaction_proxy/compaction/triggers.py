@@ -13,7 +13,7 @@ from compaction_proxy.compaction.cut_records import prune_records
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.fit import ESTIMATE_MARGIN
 from compaction_proxy.compaction.guards.breaker import FailureScope, failure_scope
-from compaction_proxy.compaction.mask_step import mask_plan, take_mask_step
+from compaction_proxy.compaction.mask_step import checkpoint_pays, mask_plan, take_mask_step
 from compaction_proxy.compaction.masking import mask_relieves
 from compaction_proxy.compaction.model_free import bridge_relief, model_free_relief
 from compaction_proxy.compaction.model_policy import Budgets
@@ -200,9 +200,12 @@ async def _priced_relief(
     limits: Budgets,
 ) -> Relief:
     """Over a soft target's threshold, under the window's own watermark
-    (``Budgets.priced``): nothing is needed, so nothing waits. A mask goes if it pays for its
-    cache rewrite; a checkpoint is left to the background, where it is prepared if it pays
-    (``pressure.maybe_precompact``)."""
+    (``Budgets.priced``): nothing is needed, so no step goes unless it pays. A mask goes if it
+    pays for its cache rewrite. A checkpoint is left to the background, where it is prepared
+    if it pays (``pressure.maybe_precompact``); with nothing prepared there (precompaction off,
+    or a client that compacts on its own), one that pays is made now, as every checkpoint is
+    then. Nothing is pruned here: a prune is priced by no one, and its rewrite can cost a
+    short conversation more than sending everything."""
     masked = False
     tokens = measurement.tokens
     masking = await take_mask_step(
@@ -212,6 +215,24 @@ async def _priced_relief(
         state, surface, masked = masking
         measurement = await engine.measure(job, state, surface)
     over = measurement.tokens >= limits.threshold
+    if (
+        over
+        and not limits.precompact
+        and not cooling_down(engine, state, measurement.tokens)
+        and await checkpoint_pays(engine, job, state, surface, measurement.tokens, limits)
+    ):
+        start = Relief(state, surface, measurement, pruned=masked)
+        rounds = await _summarize_rounds(engine, job, start, limits.threshold, limits.retain)
+        state, surface, measurement = rounds.state, rounds.surface, rounds.measurement
+        over = measurement.tokens >= limits.threshold
+        return Relief(
+            state,
+            surface,
+            measurement,
+            pruned=masked or rounds.pruned,
+            compacted=rounds.compacted,
+            shortfall=rounds.shortfall if over else None,
+        )
     shortfall = ShortfallReason.SOFT_TARGET if over else None
     return Relief(state, surface, measurement, pruned=masked, shortfall=shortfall)
 

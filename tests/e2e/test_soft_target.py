@@ -13,7 +13,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import ProxyFactory
-from tests.helpers import chat, counter, route
+from tests.helpers import MASKING_OFF, chat, counter, route
 
 MODEL = "target-model"
 OVER = "compaction_proxy_over_threshold_requests_total"
@@ -34,13 +34,18 @@ def history(rounds: int, words: int) -> list[dict[str, Any]]:
 
 
 async def sent_once(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, preset: str, messages: Any
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    preset: str,
+    messages: Any,
+    **more: Any,
 ) -> tuple[int, str, bool]:
-    """``messages`` sent once through a route with the soft target and ``preset``'s prices:
-    the request's tokens as it came, its status, and whether any step (a mask, a checkpoint
-    prepared in the background) was committed once its rounds have finished."""
+    """``messages`` sent once through a route with the soft target and ``preset``'s prices
+    (and ``more`` policy): the request's tokens as it came, its status, and whether any step
+    (a mask, a checkpoint) was committed once its rounds have finished."""
     fake.windows[MODEL] = WINDOW
-    policy = {"target_tokens": TARGET, "pricing": {"preset": preset}}
+    policy = {"target_tokens": TARGET, "pricing": {"preset": preset}, **more}
     proxy = await make_proxy(routes=[route(upstream_url, "target-*", WINDOW, **policy)])
     reply = await chat(proxy.url, messages, MODEL)
     await proxy.app[SERVICES].background.idle()
@@ -94,3 +99,33 @@ async def test_over_a_soft_targets_threshold_a_request_no_step_pays_for_goes_as_
     assert status == "none" and not committed
     assert fake.summary_requests == []
     assert fake.chat_requests[-1].body["messages"] == messages
+
+
+@pytest.mark.parametrize(
+    ("rounds", "words", "stepped"),
+    [
+        # Many turns ahead: the checkpoint pays back, and is made on the request.
+        (60, 62, True),
+        # The same size in five turns: it would not, and nothing is cut (no prune either).
+        (5, 780, False),
+    ],
+)
+async def test_with_nothing_prepared_in_the_background_a_checkpoint_is_made_only_where_it_pays(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    rounds: int,
+    words: int,
+    stepped: bool,
+) -> None:
+    messages = history(rounds, words)
+    background_off = {"precompact_ratio": 0, **MASKING_OFF}
+    tokens, status, committed = await sent_once(
+        make_proxy, upstream_url, fake, "anthropic", messages, **background_off
+    )
+    assert 0.8 * TARGET <= tokens < 0.8 * WINDOW  # over the target's threshold, not the window's
+    assert committed is stepped
+    assert len(fake.summary_requests) == int(stepped)
+    assert status == ("compacted" if stepped else "none")
+    if not stepped:
+        assert fake.chat_requests[-1].body["messages"] == messages

@@ -141,9 +141,22 @@ def test_a_soft_target_sets_the_watermarks_and_prices_what_lies_between_it_and_t
     [
         (Policy(), 128_000),  # no target
         (Policy(target_tokens=200_000), 128_000),  # a target above the window is the window
-        (Policy(target_tokens=32_000, precompact_ratio=0), 128_000),  # no background rounds
     ],
 )
 def test_without_a_soft_zone_no_checkpoint_is_a_choice(policy: Policy, window: int) -> None:
     limits = budgets(policy, window)
     assert limits.priced_below == 0 and not limits.priced(1)
+
+
+def test_with_nothing_prepared_in_the_background_a_soft_target_is_priced_to_the_windows_threshold() -> (
+    None
+):
+    # Precompaction off, or a client that compacts on its own: between the target's threshold
+    # and the window's a checkpoint is still a choice, made on the request if it pays.
+    off = budgets(Policy(target_tokens=32_000, precompact_ratio=0), 128_000)
+    on = budgets(Policy(target_tokens=32_000), 128_000).without_precompaction()
+    for limits in (off, on):
+        assert (limits.threshold, limits.precompact) == (25_600, 0)
+        assert limits.priced_below == limits.window_threshold == 102_400
+        assert limits.priced(25_600) and limits.priced(102_399) and not limits.priced(102_400)
+    assert budgets(Policy(), 128_000).without_precompaction().priced_below == 0
