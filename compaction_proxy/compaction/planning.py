@@ -7,6 +7,7 @@ transactions, off the event loop for huge requests.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,6 +51,8 @@ class SummaryRequest:
     # The same call carried on to where an earlier prompt ended, for a provider that reads its
     # cache only there (``ReadThrough``); the client's format chooses (``WireFormat``).
     read_through: SummaryRequest | None = None
+    # What this call must wait for before it can read so (``CompactionJob.prompt_answered``).
+    not_before: asyncio.Future[bool] | None = None
 
 
 SummaryCall = Callable[[SummaryRequest], Awaitable[Summary]]
@@ -73,6 +76,10 @@ class CompactionJob:
     prices: CachePrices = PRESETS["openai"]  # how the provider bills a step (cache_prices.py)
     # The client's own words for its summaries (Anthropic's compact ``instructions``).
     summary_instructions: str | None = None
+    # For a round prepared while this very request goes upstream: resolves to whether its
+    # prompt was answered (so a provider caching at breakpoints holds it whole), or stays
+    # pending while it is being answered. None: the request is not sent as the round sees it.
+    prompt_answered: asyncio.Future[bool] | None = None
 
     @property
     def summarizer(self) -> str:
@@ -93,6 +100,8 @@ class ReadThrough:
 
     prefix: Surface
     kept: list[Message]
+    # It ends where the job's own request does: readable once that prompt is answered.
+    after_answer: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,8 @@ def read_through_end(
     call_tokens: Sequence[int],
     room: int | None,
     prices: CachePrices,
+    *,
+    live_turn_sent: bool = False,
 ) -> int | None:
     """Where a summary call on a provider that caches only at breakpoints should end its
     prefix, when not at the span's end (None).
@@ -136,16 +147,23 @@ def read_through_end(
     that sent them was cached whole. Carried on to that prompt's end (the messages after the
     answer, up to the next answer), the call reads all of it: taken when those messages fit
     the call's ``room`` (None: unbounded) and reading them costs less than writing the gap
-    again. Never into the live turn (``live_from``), which no earlier prompt sent. A span
-    ending elsewhere needs none (it ends where a prompt did, or on a message the model never
-    answered)."""
+    again. Never into the live turn (``live_from``), which no earlier prompt sent, unless
+    ``live_turn_sent``: the request itself goes upstream while its round is prepared, and its
+    end is a prompt's end too (readable once answered). A span ending elsewhere needs none (it
+    ends where a prompt did, or on a message the model never answered)."""
     if not prices.caches or nodes[span.last].message.get("role") != "assistant":
         return None
     start = span.last
     while start >= span.first and not _ends_a_prompt(nodes, start):
         start -= 1
     gap = sum(call_tokens[start + 1 : span.last + 1])
-    ends = (i for i in range(span.last + 1, min(live_from, len(nodes))) if _ends_a_prompt(nodes, i))
+    last = len(nodes) - 1
+    stop = last + 1 if live_turn_sent else min(live_from, last + 1)
+    ends = (
+        i
+        for i in range(span.last + 1, stop)
+        if _ends_a_prompt(nodes, i) or (live_turn_sent and i == last)
+    )
     end = next(ends, None)
     if end is None:
         return None
@@ -229,7 +247,10 @@ class Planner:
                 {"role": "user", "content": KEPT_NOTE}, counter_for(job.summary_model)
             )
             room = budget.span - sum(carried_prices[span.first : span.last + 1]) - note
-        end = read_through_end(nodes, span, live_from, carried_prices, room, job.prices)
+        sent = job.prompt_answered is not None
+        end = read_through_end(
+            nodes, span, live_from, carried_prices, room, job.prices, live_turn_sent=sent
+        )
         if plan.prefix is None or end is None:
             return plan
         kept = list(carried[span.last + 1 : end + 1])
@@ -237,7 +258,8 @@ class Planner:
             m is not n.message for m, n in zip(kept, surface.nodes[span.last + 1 :], strict=False)
         ):
             return plan  # a message past the span was cut for the call: not as the prompt sent it
-        through = ReadThrough(Surface(tuple(surface.nodes[: end + 1])), kept)
+        after_answer = end == len(nodes) - 1 and end >= live_from
+        through = ReadThrough(Surface(tuple(surface.nodes[: end + 1])), kept, after_answer)
         return replace(plan, read_through=through)
 
     def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:
@@ -287,5 +309,8 @@ def summary_request(job: CompactionJob, plan: Plan) -> SummaryRequest:
         )
 
     through = plan.read_through
-    read_through = None if through is None else SummaryRequest(body(through.kept), through.prefix)
+    read_through = None
+    if through is not None:
+        wait = job.prompt_answered if through.after_answer else None
+        read_through = SummaryRequest(body(through.kept), through.prefix, not_before=wait)
     return SummaryRequest(body(), plan.prefix, read_through)

@@ -9,6 +9,8 @@ is a conversation attribute, written with the request's record after its answer.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -79,29 +81,35 @@ async def maybe_precompact(
     job: CompactionJob,
     relief: Relief,
     limits: Budgets | None,
-) -> bool:
+) -> CompactionJob | None:
     """Between the watermarks, or over them with the bridge's cuts, prepare the next
     checkpoint in the background, unless masking relieves the conversation instead
-    (``mask_step.mask_ahead``); this request goes on at once. Whether a round was started."""
+    (``mask_step.mask_ahead``); this request goes on at once. The job of the round started,
+    if one was: when the request goes as the round sees it, with a ``prompt_answered`` for
+    the forwarding to resolve."""
     if limits is None or relief.compacted or relief.shortfall not in BY_DESIGN:
-        return False
+        return None
     if relief.bridged_from is not None:
         # The round summarizes the conversation as it is, not as the bridge cut it.
-        return background.start(job, relief.state, relief.bridged_from, limits)
+        started = background.start(job, relief.state, relief.bridged_from, limits)
+        return job if started else None
     tokens = relief.measurement.tokens
     if not wants_precompaction(tokens, limits) or not background.could_start(job, relief.state):
-        return False
+        return None
     # Under the threshold, masking comes first; at or over it, it was tried
     # (``relieve_pressure``) and could not relieve the request.
     if tokens < limits.threshold and await mask_ahead(
         engine, job, relief.state, relief.surface, tokens, limits
     ):
-        return False
+        return None
     if limits.priced(tokens) and not await checkpoint_pays(
         engine, job, relief.state, relief.surface, tokens, limits
     ):
-        return False
-    return background.start(job, relief.state, tokens, limits)
+        return None
+    if not relief.rescued and not relief.dropped_turns:
+        answered = asyncio.get_running_loop().create_future()
+        job = dataclasses.replace(job, prompt_answered=answered)
+    return job if background.start(job, relief.state, tokens, limits) else None
 
 
 # Shortfalls that are the design's, not a failure's: a checkpoint on its way, or a soft

@@ -178,11 +178,13 @@ async def serve(
     if conversation is not None:
         in_flight[conversation] += 1
     reply: Reply[Response] | None = None
+    sent = forwarded
     try:
         reply, forwarded = await _forward_with_recovery(
             services, link, client_request, model_policy, forwarded, log_entry, session_id
         )
     finally:
+        _tell_the_round(sent, forwarded, reply)
         if conversation is not None:
             in_flight[conversation] -= 1
             if in_flight[conversation] <= 0:
@@ -200,6 +202,15 @@ async def serve(
         if outcome == "client_disconnected":
             CLIENT_DISCONNECTS.labels(route=route.model).inc()
     return reply.response
+
+
+def _tell_the_round(sent: Forwarded, last: Forwarded, reply: Reply[Any] | None) -> None:
+    """Resolve the ``prompt_answered`` of a round prepared beside this request: whether the
+    prompt it was started from was answered (not refused, nor replaced by a retry)."""
+    answered = sent.job.prompt_answered if sent.job is not None else None
+    if answered is not None and not answered.done():
+        ok = reply is not None and last is sent and 200 <= reply.status < 300
+        answered.set_result(ok)
 
 
 async def _without_option(

@@ -114,9 +114,9 @@ def summary_call(
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=anthropic)
         headers["Content-Type"] = "application/json"
         cache_safe = None
-        chosen = request
-        if wire.caches_at_breakpoints and request.read_through is not None:
-            chosen = request.read_through
+        chosen, through = request, request.read_through
+        if wire.caches_at_breakpoints and through is not None and await prefix_readable(through):
+            chosen = through
         if (
             client_request is not None
             and chosen.prefix is not None
@@ -133,6 +133,25 @@ def summary_call(
         return await post(headers, wire.rebuilt_summary(request.body))
 
     return call
+
+
+# How long a round prepared beside its own request waits for that request's answer before its
+# summary call, to read the prompt through its end (``planning.ReadThrough.after_answer``):
+# Anthropic reads a prefix only once the answer to the prompt that wrote it has begun. The round
+# is ahead of need; past this, the call is made without (as if there were no such prompt).
+ANSWER_WAIT_SECONDS = 30.0
+
+
+async def prefix_readable(call: SummaryRequest) -> bool:
+    """Whether ``call``'s prefix is cached whole by now: at once, unless it ends where a prompt
+    still being answered ends (``SummaryRequest.not_before``); then once that prompt was
+    answered, within ``ANSWER_WAIT_SECONDS``."""
+    if call.not_before is None:
+        return True
+    try:
+        return await asyncio.wait_for(asyncio.shield(call.not_before), ANSWER_WAIT_SECONDS)
+    except TimeoutError:
+        return False
 
 
 def _count_savings(route: str, surface: Surface, saved: int) -> None:
@@ -354,9 +373,10 @@ async def prepare(
     status = status_of(surface)
     if relief.rescued or relief.dropped_turns:
         status = RequestStatus.RESCUED if relief.rescued else RequestStatus.TRIMMED
-    precompacting = proactive and await maybe_precompact(
-        engine, services.background, job, relief, limits
-    )
+    started = None
+    if proactive:
+        started = await maybe_precompact(engine, services.background, job, relief, limits)
+    job = started or job
 
     tokens_before = None
     payload = client_request.raw
@@ -377,7 +397,7 @@ async def prepare(
         job=job,
         state=state,
         surface=surface,
-        precompacting=precompacting,
+        precompacting=started is not None,
     )
     log_entry.add_forwarded(forwarded, client_request.model, route.model, time.time())
     return forwarded, log_entry

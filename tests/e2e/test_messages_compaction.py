@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from compaction_proxy.compaction.summarize import KEPT_NOTE
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
@@ -557,3 +558,43 @@ async def test_a_summary_call_ending_on_an_answer_reads_through_to_the_prompt_th
     assert kept["text"] in texts[1:]
     assert fake_summary(summary.body) in texts[0]
     assert fake.messages.refused == []
+
+
+async def test_a_round_prepared_beside_its_request_reads_through_once_that_prompt_is_answered(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """A checkpoint prepared in the background keeps little more than the live turn, so its
+    span ends on the answer before it. The round waits for the request it was started beside
+    to be answered, then reads its prompt whole, where the client's breakpoint wrote it."""
+    fake.windows[MODEL] = WINDOW
+    # Precompaction on, as by default; no tail beyond the live turn, as a round prepared just
+    # under the threshold keeps.
+    policy = {"max_tokens": 1024, "retain_tokens": 0, **MASKING_OFF}
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW, **policy)])
+    statuses = []
+    async with client_of(proxy) as client:
+        for rounds in range(15, 40):
+            sent = cached_at_its_end(observation_style(rounds))
+            raw = await client.messages.with_raw_response.create(
+                model=MODEL,
+                max_tokens=512,
+                messages=sent,  # type: ignore[arg-type]
+                system=CLAUDE_CODE_LIKE["system"],  # type: ignore[arg-type]
+            )
+            statuses.append(raw.headers["x-compaction-status"])
+            await proxy.app[SERVICES].background.idle()
+            if fake.messages.summary_requests:
+                break
+    assert statuses[-1] == "precompacting"
+    (summary,) = fake.messages.summary_requests
+    *carried, instruction = summary.body["messages"]
+    assert KEPT_NOTE in instruction["content"]
+    assert carried == [*sent[:-1], carried[-1]]  # the request it was started beside, whole
+    assert carried[-1]["content"][-1] == sent[-1]["content"][-1]
+    started_beside = fake.messages.received.index(summary) - 1
+    assert fake.messages.received[started_beside].body["messages"] == sent
+    cache, bills = BreakpointCache(fake), []
+    for received in fake.messages.received:
+        bills.append(Bill())
+        cache.send("one", received.body, bills[-1])
+    assert bills[started_beside + 1].uncached == 0  # the summary call: all read

@@ -148,9 +148,7 @@ def test_without_a_soft_zone_no_checkpoint_is_a_choice(policy: Policy, window: i
     assert limits.priced_below == 0 and not limits.priced(1)
 
 
-def test_with_nothing_prepared_in_the_background_a_soft_target_is_priced_to_the_windows_threshold() -> (
-    None
-):
+def test_with_no_background_rounds_a_soft_target_is_priced_to_the_windows_threshold() -> None:
     # Precompaction off, or a client that compacts on its own: between the target's threshold
     # and the window's a checkpoint is still a choice, made on the request if it pays.
     off = budgets(Policy(target_tokens=32_000, precompact_ratio=0), 128_000)

@@ -5,14 +5,17 @@ and only where reading the extra messages costs less than writing the span's las
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
-from compaction_proxy.compaction.planning import read_through_end
+from compaction_proxy.compaction.planning import SummaryRequest, read_through_end
 from compaction_proxy.compaction.range_selection import PricedNode, Span
 from compaction_proxy.compaction.summarize import KEPT_NOTE, summary_body
+from compaction_proxy.service import prepare
+from compaction_proxy.service.prepare import prefix_readable
 from compaction_proxy.testing.fake_answers import fake_summary
 from tests.builders import assistant, system, user
 
@@ -70,6 +73,31 @@ def test_the_call_reads_through_to_a_prompts_end_only_where_it_pays(
 ) -> None:
     priced = nodes(tokens)
     assert read_through_end(priced, span_to(last, tokens), LIVE, tokens, room, prices) == expected
+
+
+def test_the_live_turn_ends_a_prompt_only_when_the_request_itself_was_sent() -> None:
+    # A round prepared beside its own request: that request's end is a prompt's end too.
+    span = span_to(6, TOKENS)
+    assert read_through_end(nodes(TOKENS), span, LIVE, TOKENS, None, ANTHROPIC) is None
+    sent = read_through_end(nodes(TOKENS), span, LIVE, TOKENS, None, ANTHROPIC, live_turn_sent=True)
+    assert sent == LIVE
+
+
+async def test_a_call_waits_for_the_prompt_it_reads_through_and_not_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    assert await prefix_readable(SummaryRequest({}))  # nothing to wait for
+    answered = loop.create_future()
+    loop.call_later(0.01, answered.set_result, True)
+    assert await prefix_readable(SummaryRequest({}, not_before=answered))
+    refused = loop.create_future()
+    refused.set_result(False)
+    assert not await prefix_readable(SummaryRequest({}, not_before=refused))
+    monkeypatch.setattr(prepare, "ANSWER_WAIT_SECONDS", 0.01)
+    pending = loop.create_future()
+    assert not await prefix_readable(SummaryRequest({}, not_before=pending))
+    assert not pending.cancelled()  # left for the forwarding to resolve
 
 
 def test_the_gap_is_what_follows_the_last_prompt_end_inside_the_span() -> None:
