@@ -114,15 +114,12 @@ def summary_call(
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=anthropic)
         headers["Content-Type"] = "application/json"
         cache_safe = None
-        chosen, through = request, request.read_through
-        if wire.caches_at_breakpoints and through is not None and await prefix_readable(through):
-            chosen = through
-        if (
-            client_request is not None
-            and chosen.prefix is not None
-            and client_request.model == summary_model
-        ):
-            cache_safe = wire.cache_safe_summary(client_request, chosen.prefix, chosen.body)
+        if client_request is not None and client_request.model == summary_model:
+            chosen, through = request, request.read_through
+            if wire.caches_at_breakpoints and through is not None:
+                chosen = through if await prefix_readable(through) else request
+            if chosen.prefix is not None:
+                cache_safe = wire.cache_safe_summary(client_request, chosen.prefix, chosen.body)
         if cache_safe is not None:
             try:
                 return await post(headers, cache_safe)
