@@ -184,7 +184,7 @@ async def serve(
             services, link, client_request, model_policy, forwarded, log_entry, session_id
         )
     finally:
-        _tell_the_round(sent, forwarded, reply)
+        resolve_prompt_answered(sent, forwarded, reply)
         if conversation is not None:
             in_flight[conversation] -= 1
             if in_flight[conversation] <= 0:
@@ -204,7 +204,7 @@ async def serve(
     return reply.response
 
 
-def _tell_the_round(sent: Forwarded, last: Forwarded, reply: Reply[Any] | None) -> None:
+def resolve_prompt_answered(sent: Forwarded, last: Forwarded, reply: Reply[Any] | None) -> None:
     """Resolve the ``prompt_answered`` of a round prepared beside this request: whether the
     prompt it was started from was answered (not refused, nor replaced by a retry)."""
     answered = sent.job.prompt_answered if sent.job is not None else None
