@@ -26,7 +26,13 @@ from compaction_proxy.compaction.guards.ceilings import TENANT_CEILING, SummaryC
 from compaction_proxy.compaction.guards.trips import trip
 from compaction_proxy.compaction.masking import MaskCandidate
 from compaction_proxy.compaction.outcomes import Outcome, Round
-from compaction_proxy.compaction.planning import CompactionJob, Plan, Planner, summary_request
+from compaction_proxy.compaction.planning import (
+    CompactionJob,
+    Plan,
+    Planner,
+    summary_request,
+    with_readable_prefix,
+)
 from compaction_proxy.compaction.prune import prune_candidates
 from compaction_proxy.compaction.summarize import SummaryFailed, frame
 from compaction_proxy.conversation.log_events import Event
@@ -386,10 +392,12 @@ class Engine:
         job = attempt.job
         view = job.view
         span = plan.span
+        # Waiting for what it reads is no part of the call's duration.
+        request = await with_readable_prefix(summary_request(job, plan))
         started = time.perf_counter()
         summarizer = job.summarizer
         try:
-            summary = await job.summarize(summary_request(job, plan))
+            summary = await job.summarize(request)
         except SummaryFailed as failure:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)

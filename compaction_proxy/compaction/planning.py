@@ -49,7 +49,7 @@ class SummaryRequest:
     body: dict[str, Any]
     prefix: Surface | None = None
     # The same call carried on to where an earlier prompt ended, for a provider that reads its
-    # cache only there (``ReadThrough``); the client's format chooses (``WireFormat``).
+    # cache only there (``ReadThrough``), made in the client's format in place of this one.
     read_through: SummaryRequest | None = None
     # What this call must wait for before it can read so (``CompactionJob.prompt_answered``).
     not_before: asyncio.Future[bool] | None = None
@@ -76,6 +76,9 @@ class CompactionJob:
     prices: CachePrices = PRESETS["openai"]  # how the provider bills a step (cache_prices.py)
     # The client's own words for its summaries (Anthropic's compact ``instructions``).
     summary_instructions: str | None = None
+    # The provider of the client's format reads its cache only where a prompt set a breakpoint
+    # (``WireFormat.caches_at_breakpoints``): summary calls read through (``ReadThrough``).
+    reads_through: bool = False
     # For a round prepared while this very request goes upstream: resolves to whether its
     # prompt was answered (so a provider caching at breakpoints holds it whole), or stays
     # pending while it is being answered. None: the request is not sent as the round sees it.
@@ -248,9 +251,11 @@ class Planner:
             )
             room = budget.span - sum(carried_prices[span.first : span.last + 1]) - note
         sent = job.prompt_answered is not None
-        end = read_through_end(
-            nodes, span, live_from, carried_prices, room, job.prices, live_turn_sent=sent
-        )
+        end = None
+        if job.reads_through and plan.prefix is not None:
+            end = read_through_end(
+                nodes, span, live_from, carried_prices, room, job.prices, live_turn_sent=sent
+            )
         if plan.prefix is None or end is None:
             return plan
         kept = list(carried[span.last + 1 : end + 1])
@@ -314,3 +319,25 @@ def summary_request(job: CompactionJob, plan: Plan) -> SummaryRequest:
         wait = job.prompt_answered if through.after_answer else None
         read_through = SummaryRequest(body(through.kept), through.prefix, not_before=wait)
     return SummaryRequest(body(), plan.prefix, read_through)
+
+
+# How long a round prepared beside its own request waits for that request's answer before its
+# summary call, to read the prompt through its end (``ReadThrough.after_answer``): Anthropic
+# reads a prefix only once the answer to the prompt that wrote it has begun. The round is ahead
+# of need; past this, the call is made without reading through.
+ANSWER_WAIT_SECONDS = 30.0
+
+
+async def with_readable_prefix(request: SummaryRequest) -> SummaryRequest:
+    """``request`` once what it reads through is cached whole: at once, unless it ends where a
+    prompt still being answered ends (``SummaryRequest.not_before``), then once that prompt was
+    answered, within ``ANSWER_WAIT_SECONDS``; without its read-through if it was not."""
+    through = request.read_through
+    if through is None or through.not_before is None:
+        return request
+    try:
+        if await asyncio.wait_for(asyncio.shield(through.not_before), ANSWER_WAIT_SECONDS):
+            return request
+    except TimeoutError:
+        pass
+    return replace(request, read_through=None)

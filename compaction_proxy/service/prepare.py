@@ -114,12 +114,13 @@ def summary_call(
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=anthropic)
         headers["Content-Type"] = "application/json"
         cache_safe = None
-        if client_request is not None and client_request.model == summary_model:
-            chosen, through = request, request.read_through
-            if wire.caches_at_breakpoints and through is not None:
-                chosen = through if await prefix_readable(through) else request
-            if chosen.prefix is not None:
-                cache_safe = wire.cache_safe_summary(client_request, chosen.prefix, chosen.body)
+        chosen = request.read_through or request
+        if (
+            client_request is not None
+            and chosen.prefix is not None
+            and client_request.model == summary_model
+        ):
+            cache_safe = wire.cache_safe_summary(client_request, chosen.prefix, chosen.body)
         if cache_safe is not None:
             try:
                 return await post(headers, cache_safe)
@@ -130,25 +131,6 @@ def summary_call(
         return await post(headers, wire.rebuilt_summary(request.body))
 
     return call
-
-
-# How long a round prepared beside its own request waits for that request's answer before its
-# summary call, to read the prompt through its end (``planning.ReadThrough.after_answer``):
-# Anthropic reads a prefix only once the answer to the prompt that wrote it has begun. The round
-# is ahead of need; past this, the call is made without (as if there were no such prompt).
-ANSWER_WAIT_SECONDS = 30.0
-
-
-async def prefix_readable(call: SummaryRequest) -> bool:
-    """Whether ``call``'s prefix is cached whole by now: at once, unless it ends where a prompt
-    still being answered ends (``SummaryRequest.not_before``); then once that prompt was
-    answered, within ``ANSWER_WAIT_SECONDS``."""
-    if call.not_before is None:
-        return True
-    try:
-        return await asyncio.wait_for(asyncio.shield(call.not_before), ANSWER_WAIT_SECONDS)
-    except TimeoutError:
-        return False
 
 
 def _count_savings(route: str, surface: Surface, saved: int) -> None:
@@ -297,6 +279,7 @@ def compaction_job(
         bridge=model_policy.bridge,
         masker=model_policy.masker,
         prices=model_policy.prices,
+        reads_through=wire.caches_at_breakpoints,
     )
 
 

@@ -10,12 +10,15 @@ from typing import Any
 
 import pytest
 
+from compaction_proxy.compaction import planning
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
-from compaction_proxy.compaction.planning import SummaryRequest, read_through_end
+from compaction_proxy.compaction.planning import (
+    SummaryRequest,
+    read_through_end,
+    with_readable_prefix,
+)
 from compaction_proxy.compaction.range_selection import PricedNode, Span
 from compaction_proxy.compaction.summarize import KEPT_NOTE, summary_body
-from compaction_proxy.service import prepare
-from compaction_proxy.service.prepare import prefix_readable
 from compaction_proxy.testing.fake_answers import fake_summary
 from tests.builders import assistant, system, user
 
@@ -87,16 +90,24 @@ async def test_a_call_waits_for_the_prompt_it_reads_through_and_not_past_its_bou
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     loop = asyncio.get_running_loop()
-    assert await prefix_readable(SummaryRequest({}))  # nothing to wait for
+
+    def reading_through(answered: asyncio.Future[bool] | None) -> SummaryRequest:
+        return SummaryRequest({}, read_through=SummaryRequest({}, not_before=answered))
+
+    plain = SummaryRequest({})
+    assert await with_readable_prefix(plain) is plain  # nothing to read through
+    at_once = reading_through(None)  # an earlier prompt's end: cached already
+    assert await with_readable_prefix(at_once) is at_once
     answered = loop.create_future()
     loop.call_later(0.01, answered.set_result, True)
-    assert await prefix_readable(SummaryRequest({}, not_before=answered))
+    waited = reading_through(answered)
+    assert await with_readable_prefix(waited) is waited
     refused = loop.create_future()
     refused.set_result(False)
-    assert not await prefix_readable(SummaryRequest({}, not_before=refused))
-    monkeypatch.setattr(prepare, "ANSWER_WAIT_SECONDS", 0.01)
+    assert (await with_readable_prefix(reading_through(refused))).read_through is None
+    monkeypatch.setattr(planning, "ANSWER_WAIT_SECONDS", 0.01)
     pending = loop.create_future()
-    assert not await prefix_readable(SummaryRequest({}, not_before=pending))
+    assert (await with_readable_prefix(reading_through(pending))).read_through is None
     assert not pending.cancelled()  # left for the forwarding to resolve
 
 
