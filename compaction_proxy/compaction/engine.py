@@ -344,7 +344,9 @@ class Engine:
         trigger: str,
     ) -> Round:
         """Select, summarize and commit one head span."""
-        plan = await self.off_loop(job, lambda: self.planner.plan(job, surface, retain))
+        plan = await self.off_loop(
+            job, lambda: self.planner.plan(job, surface, retain, to_call=True)
+        )
         if plan is None:
             COMPACTIONS.labels(trigger=trigger, mechanism="summary", outcome="no_range").inc()
             return Round(Outcome.NO_RANGE)

@@ -34,7 +34,7 @@ from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.compaction.summarize import INSTRUCTION, KEPT_NOTE, Summary, summary_body
 from compaction_proxy.config.settings import Policy
 from compaction_proxy.conversation.messages import Message
-from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.conversation.surface import Surface, SurfaceNode
 from compaction_proxy.metering.meter import REPLY_PRIMING_TOKENS, TokenMeter, counter_for
 
 
@@ -103,8 +103,9 @@ class ReadThrough:
 
     prefix: Surface
     kept: list[Message]
-    # It ends where the job's own request does: readable once that prompt is answered.
-    after_answer: bool = False
+    # Set when it ends where the job's own request does: readable once that prompt is answered
+    # (``CompactionJob.prompt_answered``).
+    not_before: asyncio.Future[bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,8 +227,12 @@ class Planner:
             lambda message: self.meter.message(message, count),
         )
 
-    def plan(self, job: CompactionJob, surface: Surface, retain: int) -> Plan | None:
-        """The head span to summarize (keeping ``retain`` tokens and the live turn)."""
+    def plan(
+        self, job: CompactionJob, surface: Surface, retain: int, *, to_call: bool = False
+    ) -> Plan | None:
+        """The head span to summarize (keeping ``retain`` tokens and the live turn).
+        ``to_call``: the summary call is made now, so its read-through is worked out too (a
+        plan taken for its price alone needs none)."""
         prices = self.meter.node_tokens(job.view, surface)
         budget = self.budget(job, surface, prices)
         if budget.span is not None and budget.span <= 0:
@@ -244,27 +249,31 @@ class Planner:
         if cap is None:
             return None  # no_range: a summary of it could not pay for its call
         plan = _plan(surface, span, cap, carried)
+        if not (to_call and job.reads_through and plan.prefix is not None):
+            return plan
         room = None
         if budget.span is not None:
             note = self.meter.message(
                 {"role": "user", "content": KEPT_NOTE}, counter_for(job.summary_model)
             )
             room = budget.span - sum(carried_prices[span.first : span.last + 1]) - note
-        sent = job.prompt_answered is not None
-        end = None
-        if job.reads_through and plan.prefix is not None:
-            end = read_through_end(
-                nodes, span, live_from, carried_prices, room, job.prices, live_turn_sent=sent
-            )
-        if plan.prefix is None or end is None:
+        answered = job.prompt_answered
+        end = read_through_end(
+            nodes,
+            span,
+            live_from,
+            carried_prices,
+            room,
+            job.prices,
+            live_turn_sent=answered is not None,
+        )
+        if end is None:
             return plan
-        kept = list(carried[span.last + 1 : end + 1])
-        if any(
-            m is not n.message for m, n in zip(kept, surface.nodes[span.last + 1 :], strict=False)
-        ):
+        kept = carried[span.last + 1 : end + 1]
+        if not _as_sent(kept, surface.nodes[span.last + 1 :]):
             return plan  # a message past the span was cut for the call: not as the prompt sent it
-        after_answer = end == len(nodes) - 1 and end >= live_from
-        through = ReadThrough(Surface(tuple(surface.nodes[: end + 1])), kept, after_answer)
+        wait = answered if end >= live_from else None  # the live turn: this request's own end
+        through = ReadThrough(Surface(tuple(surface.nodes[: end + 1])), list(kept), wait)
         return replace(plan, read_through=through)
 
     def plan_region(self, job: CompactionJob, surface: Surface, start: int, end: int) -> Plan | str:
@@ -292,10 +301,16 @@ def _plan(surface: Surface, span: Span, cap: int, carried: Sequence[Message]) ->
     span follows the head (a span always does: ``select_span``)."""
     messages = list(carried[span.first : span.last + 1])
     nodes = surface.nodes
-    whole = all(m is n.message for m, n in zip(messages, nodes[span.first :], strict=False))
+    whole = _as_sent(messages, nodes[span.first :])
     follows_head = all(n.kind == "head" for n in nodes[: span.first])
     prefix = Surface(tuple(nodes[: span.last + 1])) if whole and follows_head else None
     return Plan(span, cap, messages, prefix)
+
+
+def _as_sent(carried: Sequence[Message], nodes: Sequence[SurfaceNode]) -> bool:
+    """Whether the call carries each of ``nodes``' messages as the surface holds it (none cut
+    to fit the call)."""
+    return all(m is n.message for m, n in zip(carried, nodes, strict=False))
 
 
 def summary_request(job: CompactionJob, plan: Plan) -> SummaryRequest:
@@ -316,8 +331,9 @@ def summary_request(job: CompactionJob, plan: Plan) -> SummaryRequest:
     through = plan.read_through
     read_through = None
     if through is not None:
-        wait = job.prompt_answered if through.after_answer else None
-        read_through = SummaryRequest(body(through.kept), through.prefix, not_before=wait)
+        read_through = SummaryRequest(
+            body(through.kept), through.prefix, not_before=through.not_before
+        )
     return SummaryRequest(body(), plan.prefix, read_through)
 
 
