@@ -33,6 +33,7 @@ from compaction_proxy.conversation.replacements import (
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.offload import is_big, off_loop_if
+from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.base import (
     BeginResult,
@@ -53,6 +54,7 @@ from compaction_proxy.store.redis_forms import (
     chain_args,
     generation_field,
     lease_end_of,
+    length_prefixed,
     messages_as_two_args,
     state_of,
 )
@@ -161,6 +163,15 @@ class RedisStore:
         self._max_log_events = max_log_events
         self._max_log_bytes = max_log_bytes
         self._pack_log = compress_log
+        # The append script's fixed bounds, one argument: redis-py packs each argument alone.
+        read_pack_at = READ_PACK_AT_BYTES if compress_log else 0  # 0: never read back
+        bounds = (
+            self._ttl_ms,
+            max_log_events,
+            read_pack_at,
+            LogPacker.segment_ttl_ms(self._ttl_ms),
+        )
+        self._append_bounds = " ".join(map(str, (*bounds, max_log_bytes, self._record_ttl_ms)))
         self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
@@ -223,19 +234,16 @@ class RedisStore:
         listing, blob, lines = await off_loop_if(
             is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
         )
-        args: list[Arg] = [self._ttl_ms, self._max_log_events, listing, blob]
-        plain = [as_json(event) for event in events]
-        args += [len(plain), *plain]
-        args.append(len(fields))
-        for name, value in fields.items():
-            args += [name, value]
+        plain = [jsonio.dumps(event) for event in events]
+        pairs = [
+            item.encode("utf-8", "surrogateescape") for pair in fields.items() for item in pair
+        ]
+        args: list[Arg] = [self._append_bounds, listing, blob]
+        args += [length_prefixed(plain), length_prefixed(pairs)]
         args.append(as_json(anchor.__dict__) if anchor is not None else "")
         args.append("\n".join(sorted({anchor_field(record) for record in reached})))
-        args += [READ_PACK_AT_BYTES if self._pack_log else 0, int(time.time() * 1000)]
-        args += [seen_key_prefix(conversation), segment_key_prefix(conversation)]
-        args.append(LogPacker.segment_ttl_ms(self._ttl_ms))
-        args.append(self._max_log_bytes)
-        args.append(self._record_ttl_ms)
+        args += [int(time.time() * 1000), seen_key_prefix(conversation)]
+        args.append(segment_key_prefix(conversation))
         keys = self._keys(conversation, "log", "seen", "state", "records")
         keys += self._keys(conversation, "anchored", "positions", "used")
         keys += self._keys(conversation, "segments", "packing")
@@ -257,7 +265,7 @@ class RedisStore:
         added, dropped, oldest, claimed = (int(appended[n]) for n in (0, 1, 2, 4))
         if self._pack_log:
             logged = [*(line for line, new in zip(lines, appended[5], strict=True) if new == "1")]
-            logged += [event.encode() for event in plain]
+            logged += plain
             batch = LoggedBatch(int(appended[7]), tuple(zip(appended[8:], logged, strict=True)))
             epoch = appended[6]
             self._packer.logged(

@@ -96,6 +96,13 @@ def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes
     return jsonio.dumps(listing), b"".join(stored), stored
 
 
+def length_prefixed(values: Sequence[bytes]) -> bytes:
+    """Values as one script argument, each ``<length in bytes>:<bytes>`` (``append.lua``'s
+    ``pieces``): one argument for redis-py to pack instead of one each, and any byte may
+    appear in a value (an attribute read from a header or a body)."""
+    return b"".join(b"%d:%s" % (len(value), value) for value in values)
+
+
 def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:
     if not raw:
         return ()

@@ -83,6 +83,24 @@ async def test_attributes_are_kept(store: Store, conversation: str) -> None:
     )
 
 
+ANY_TEXT = ["12:ab", "3:", "0:", ":", "a\nb\tc\x00d", "é ✓ 文", "bad byte \udcff", "x" * 5000]
+
+
+async def test_attributes_and_events_hold_any_text_as_given(
+    store: Store, conversation: str
+) -> None:
+    """Values travel to the Redis script length-prefixed in one argument: a value that looks
+    like a length, holds separators, NUL, non-ASCII or a byte that is not UTF-8 (a header's,
+    kept as a surrogate escape) comes back as it went."""
+    for text in ANY_TEXT:
+        attributes = ConversationAttributes(tenant=text, session=text[::-1], model=text + "m")
+        await store.append(conversation, [], [{"type": "request", "text": text}], attributes)
+        loaded = (await store.load(conversation)).attributes
+        assert (loaded.tenant, loaded.session, loaded.model) == (text, text[::-1], text + "m")
+    logged = await log_of(store, conversation)
+    assert [event["text"] for event in logged] == ANY_TEXT
+
+
 async def test_only_one_of_ten_racers_takes_the_lease(store: Store, conversation: str) -> None:
     owners = [f"owner-{i}" for i in range(10)]
     taken = await asyncio.gather(

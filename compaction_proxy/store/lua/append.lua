@@ -1,14 +1,17 @@
 -- KEYS: log, seen (earlier versions' Set), state, records (before anchoring), anchored,
 --       positions, used, segments, packing
--- ARGV: ttl_ms, max_log_events, messages, blob, n_events, event*, n_attributes, (field, value)*,
---       anchor_json ('' to keep the anchor), reached anchors ("\n" apart), read_pack_at_bytes
---       (0: never), now (ms), seen key prefix, segment key prefix, segment_ttl_ms,
---       max_log_bytes, records_ttl_ms
+-- ARGV: bounds, messages, blob, events, attributes, anchor_json ('' to keep the anchor),
+--       reached anchors ("\n" apart), now (ms), seen key prefix, segment key prefix
+--   bounds: "ttl_ms max_log_events read_pack_at_bytes segment_ttl_ms max_log_bytes
+--   records_ttl_ms" (read_pack_at_bytes 0: never), fixed per store.
 --   messages: JSON array of [hash, its seen Set and member, content_key, its seen Set and
 --   member ('' when none), by_content (0/1), length in bytes] (redis_forms.seen_member); blob:
---   those events' JSON back to back. Two arguments however many messages: a request logging
---   20,000 of them would otherwise spend far longer packing 80,000 arguments than Redis spends
---   running this script.
+--   those events' JSON back to back. events: the plain events' JSON; attributes: field,
+--   value, field, value...; each as "<length in bytes>:<bytes>" back to back
+--   (redis_forms.length_prefixed: a value may hold any byte).
+--   A handful of arguments however many messages, events and attributes: redis-py packs each
+--   argument alone, and a request logging 20,000 messages would otherwise spend far longer
+--   packing 80,000 arguments than Redis spends running this script.
 -- Logs each message whose chain hash is new (and, by_content, whose content is new too),
 -- marking both keys seen; then the plain events; sets the attributes and the meter anchor,
 -- keeps the log to max_log_events and max_log_bytes (lua/log.lua); notes the record anchors
@@ -21,14 +24,26 @@
 -- message ('1' logged, '0' not), then the ordinals' epoch, the ordinal of the first entry
 -- logged and their ids (lua/log.lua).
 -- A request's record after its answer is one call; so is a plain append.
-local ttl = ARGV[1]
-local max_events = tonumber(ARGV[2])
+local function pieces(packed)
+  local out, at = {}, 1
+  while at <= #packed do
+    local colon = string.find(packed, ':', at, true)
+    local length = tonumber(string.sub(packed, at, colon - 1))
+    out[#out + 1] = string.sub(packed, colon + 1, colon + length)
+    at = colon + length + 1
+  end
+  return out
+end
+local bound = {}
+for value in string.gmatch(ARGV[1], '%d+') do bound[#bound + 1] = value end
+local ttl, max_events, read_pack_at = bound[1], tonumber(bound[2]), tonumber(bound[3])
+local segment_ttl, max_log_bytes, records_ttl = bound[4], tonumber(bound[5]), tonumber(bound[6])
 local legacy = redis.call('EXISTS', KEYS[2]) == 1 and KEYS[2] or nil
-local seen = ARGV[#ARGV - 4]
+local seen, prefix = ARGV[9], ARGV[10]
 local added = 0
 local marks = {}
-local blob, offset = ARGV[4], 1
-for _, m in ipairs(cjson.decode(ARGV[3])) do
+local blob, offset = ARGV[3], 1
+for _, m in ipairs(cjson.decode(ARGV[2])) do
   local hash, content_key, by_content, length = m[1], m[4], m[7], m[8]
   local new = not seen_has(seen, legacy, hash, m[2], m[3])
   if new and by_content == 1 and content_key ~= '' then
@@ -43,25 +58,18 @@ for _, m in ipairs(cjson.decode(ARGV[3])) do
   marks[#marks + 1] = new and '1' or '0'
   offset = offset + length
 end
-local i = 5
-local n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  log_event(KEYS[1], KEYS[3], ARGV[i])
-  i = i + 1
+local events = pieces(ARGV[4])
+for _, event in ipairs(events) do log_event(KEYS[1], KEYS[3], event) end
+local logged = added + #events
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[3], unpack(pieces(ARGV[5])))
 end
-local logged = added + n
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-  i = i + 2
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[3], 'anchor', ARGV[6])
 end
-if ARGV[i] ~= '' then
-  redis.call('HSET', KEYS[3], 'anchor', ARGV[i])
-end
-local records_ttl = tonumber(ARGV[#ARGV])
-if ARGV[i + 1] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
+if ARGV[7] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
   local now = now_ms()
-  for field in string.gmatch(ARGV[i + 1], '[^\n]+') do
+  for field in string.gmatch(ARGV[7], '[^\n]+') do
     if redis.call('HEXISTS', KEYS[5], field) == 1 then
       redis.call('ZADD', KEYS[7], now, field)
     end
@@ -71,18 +79,16 @@ if ARGV[i + 1] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
     drop_anchor(KEYS[5], KEYS[6], KEYS[7], field)
   end
 end
-local segment_ttl, prefix = ARGV[#ARGV - 2], ARGV[#ARGV - 3]
 seen_save(segment_ttl)
 local dropped = 0
 if logged > 0 then
-  dropped = bound_log(KEYS[1], KEYS[3], KEYS[8], prefix, tonumber(ARGV[#ARGV - 1]), max_events)
+  dropped = bound_log(KEYS[1], KEYS[3], KEYS[8], prefix, max_log_bytes, max_events)
 end
 local log = log_state(KEYS[1], KEYS[3])
-if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[#ARGV - 5]), tonumber(ttl)) then
+if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[8]), tonumber(ttl)) then
   renew_segments(KEYS[8], prefix, segment_ttl)
   renew_seen(seen, segment_ttl, 2 * max_events)
 end
-local read_pack_at = tonumber(ARGV[#ARGV - 6])
 local claimed = 0
 if logged > 0 and read_pack_at > 0 and log.tail_bytes >= read_pack_at then
   if redis.call('SET', KEYS[9], '1', 'NX', 'PX', 10000) then claimed = 1 end
