@@ -8,7 +8,6 @@ the conversation's keys. No lock is held across an LLM call: the lease is a key 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from collections import OrderedDict
@@ -53,14 +52,15 @@ from compaction_proxy.store.redis_forms import (
     as_json,
     chain_args,
     generation_field,
-    lease_end_of,
     length_prefixed,
     messages_as_two_args,
     state_of,
 )
 from compaction_proxy.store.redis_keys import (
+    KeyKind,
     conversation_keys,
     conversations_key,
+    keys_of,
     owner_key,
     quota_key,
     secret_key,
@@ -69,6 +69,10 @@ from compaction_proxy.store.redis_keys import (
 )
 from compaction_proxy.store.redis_log import LogPacker
 
+# The keys each script takes, in its KEYS order (see its header).
+_LOG_KEYS: tuple[KeyKind, ...] = ("log", "seen", "state", "records", "anchored", "positions")
+_APPEND_KEYS: tuple[KeyKind, ...] = (*_LOG_KEYS, "used", "segments", "packing")
+_COMPACTION_KEYS: tuple[KeyKind, ...] = ("leases", *_LOG_KEYS, "used", "segments")
 _LEASE_POLL_SECONDS = 0.05
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
@@ -187,17 +191,10 @@ class RedisStore:
         self._quota = register(_script("quota"))
         limits = SegmentLimits.for_bounds(max_log_bytes, max_log_events)
         pack, read = register(_script("pack")), register(_script("read"))
-        self._packer = LogPacker(
-            self._client, pack, read, self._keys, self._bounded, limits, self._ttl_ms
-        )
+        self._packer = LogPacker(self._client, pack, read, self._bounded, limits, self._ttl_ms)
 
     def _bounded(self, operation: str) -> _Bounded:
         return _Bounded(operation, self._operation_timeout)
-
-    @staticmethod
-    def _keys(conversation: str, *names: str) -> list[str]:
-        keys = conversation_keys(conversation)
-        return [keys[name] for name in names]
 
     async def ping(self) -> None:
         async with self._bounded("ping"):
@@ -206,14 +203,15 @@ class RedisStore:
     async def load(
         self, conversation: str, chain: Sequence[str] | None = None
     ) -> ConversationState:
-        keys = self._keys(conversation, "state", "records", "anchored", "positions", "leases")
+        keys = keys_of(conversation, "state", "records", "anchored", "positions", "leases")
         args = chain_args(chain)
         async with self._bounded("load"):
             loaded = await self._load(keys=keys, args=args)
         state_flat, raw_records, values, lease, lease_position = loaded
         parse = self._parsed_records
-        snapshot = state_of(state_flat, raw_records, values, lease, parse, chain is None)
-        return dataclasses.replace(snapshot, lease_end=lease_end_of(lease_position))
+        return state_of(
+            state_flat, raw_records, values, lease, lease_position, parse, chain is None
+        )
 
     async def _append(
         self,
@@ -244,9 +242,7 @@ class RedisStore:
         args.append("\n".join(sorted({anchor_field(record) for record in reached})))
         args += [int(time.time() * 1000), seen_key_prefix(conversation)]
         args.append(segment_key_prefix(conversation))
-        keys = self._keys(conversation, "log", "seen", "state", "records")
-        keys += self._keys(conversation, "anchored", "positions", "used")
-        keys += self._keys(conversation, "segments", "packing")
+        keys = keys_of(conversation, *_APPEND_KEYS)
         now = time.time()
         index = self._index_due(conversation, now)
         async with self._bounded(operation):
@@ -338,8 +334,7 @@ class RedisStore:
         )
 
     def _compaction_keys(self, conversation: str) -> list[str]:
-        names = ("leases", "log", "seen", "state", "records", "anchored", "positions", "used")
-        return self._keys(conversation, *names, "segments")
+        return keys_of(conversation, *_COMPACTION_KEYS)
 
     def _logged(self, conversation: str, reply: list[Any], events: Sequence[str]) -> int:
         """A compaction script's result; what it logged is handed to the packer."""
@@ -402,7 +397,7 @@ class RedisStore:
         self._logged(conversation, reply, [logged])
 
     async def renew_lease(self, conversation: str, owner: str, ttl_seconds: float) -> bool:
-        lease = self._keys(conversation, "leases")
+        lease = keys_of(conversation, "leases")
         async with self._bounded("renew_lease"):
             renewed = await self._renew(keys=lease, args=[owner, int(ttl_seconds * 1000)])
         return int(renewed) == 1
@@ -436,7 +431,7 @@ class RedisStore:
     async def wait_for_lease(
         self, conversation: str, max_wait: float, chain: Sequence[str] | None = None
     ) -> bool:
-        leases = self._keys(conversation, "leases")
+        leases = keys_of(conversation, "leases")
         args = chain_args(chain)
         deadline = time.monotonic() + max_wait
         while True:

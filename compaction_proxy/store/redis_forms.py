@@ -163,11 +163,14 @@ def state_of(
     raw_records: list[str],
     values: list[str],
     lease: str | None,
+    lease_position: str | None,
     parse_record: Callable[[str], ReplacementRecord | None],
     whole: bool,
 ) -> ConversationState:
     """The loaded snapshot: the records written before anchoring first, then the anchored
-    ones in commit order; the branch's generation is the newest of theirs."""
+    ones in commit order; the branch's generation is the newest of theirs. ``lease`` and
+    ``lease_position``: the live lease's owner and where its compaction ends, as the load
+    script returns them."""
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
     anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
     if anchor is None and "anchor" in state:
@@ -188,6 +191,7 @@ def state_of(
         generation=generation,
         anchor=anchor,
         lease_owner=lease or None,
+        lease_end=lease_end_of(lease_position),
         logged_tip=logged_tip_of(state.get("tip")),
         recent_ends=checkpoint_ends_of(state.get("ends")),
         attributes=ConversationAttributes.read(

@@ -6,32 +6,51 @@ several of them stays in one Redis Cluster slot.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 PREFIX = "cp"
 
 
-def conversation_keys(conversation: str) -> dict[str, str]:
-    tag = f"{PREFIX}:{{{conversation}}}"
-    return {
-        # Stream of the newest events, field "e" = JSON, or "z" = zstd-compressed JSON as
-        # earlier versions wrote (packed_events); older events are packed (log_segments)
-        "log": f"{tag}:log",
-        # List of the packed segments' index lines, oldest first (log_segments.Segment); each
-        # segment's zstd frame is a String of its own (segment_key)
-        "segments": f"{tag}:segments",
-        "packing": f"{tag}:packing",  # String: a caller's claim to read the log back and pack it
-        # Set of the keys of the messages already logged, as earlier versions kept them: read,
-        # not written (now in Sets of integers: seen_key_prefix)
-        "seen": f"{tag}:seen",
-        "state": f"{tag}:state",  # Hash: generation, anchor (JSON), tip, attributes
-        # List of replacement records (JSON) as versions before anchoring wrote them: read,
-        # and emptied as they are superseded, never written
-        "records": f"{tag}:records",
-        # Hash "<position>:<hash>" -> the records anchored there (see lua/branches.lua)
-        "anchored": f"{tag}:anchored",
-        "positions": f"{tag}:positions",  # Hash position -> how many anchors there
-        "used": f"{tag}:used",  # Sorted set of anchors by when a request last reached them
-        "leases": f"{tag}:leases",  # Hash owner -> "<position>:<hash>:<expires ms>"
-    }
+# The kinds of a conversation's keys, each ``cp:{<conversation>}:<kind>``:
+# - log: Stream of the newest events, field "e" = JSON, or "z" = zstd-compressed JSON as
+#   earlier versions wrote (packed_events); older events are packed (log_segments)
+# - segments: List of the packed segments' index lines, oldest first (log_segments.Segment);
+#   each segment's zstd frame is a String of its own (segment_key_prefix)
+# - packing: String, a caller's claim to read the log back and pack it
+# - seen: Set of the keys of the messages already logged, as earlier versions kept them: read,
+#   not written (now in Sets of integers: seen_key_prefix)
+# - state: Hash of generation, anchor (JSON), tip, attributes
+# - records: List of replacement records (JSON) as versions before anchoring wrote them: read,
+#   and emptied as they are superseded, never written
+# - anchored: Hash "<position>:<hash>" -> the records anchored there (see lua/branches.lua)
+# - positions: Hash position -> how many anchors there
+# - used: Sorted set of anchors by when a request last reached them
+# - leases: Hash owner -> "<position>:<hash>:<expires ms>"
+KeyKind = Literal[
+    "log",
+    "segments",
+    "packing",
+    "seen",
+    "state",
+    "records",
+    "anchored",
+    "positions",
+    "used",
+    "leases",
+]
+KEY_KINDS: tuple[KeyKind, ...] = get_args(KeyKind)
+
+
+def keys_of(conversation: str, *kinds: KeyKind) -> list[str]:
+    """The keys of ``kinds`` for one conversation, in that order (built per request: no
+    mapping of every kind is made for the few a script takes)."""
+    tag = f"{PREFIX}:{{{conversation}}}:"
+    return [tag + kind for kind in kinds]
+
+
+def conversation_keys(conversation: str) -> dict[KeyKind, str]:
+    """Every key of one conversation, by kind."""
+    return dict(zip(KEY_KINDS, keys_of(conversation, *KEY_KINDS), strict=True))
 
 
 def seen_key_prefix(conversation: str) -> str:

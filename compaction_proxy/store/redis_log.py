@@ -48,7 +48,7 @@ from compaction_proxy.store.log_segments import (
     plan_pack,
 )
 from compaction_proxy.store.packed_events import event_json
-from compaction_proxy.store.redis_keys import segment_key_prefix
+from compaction_proxy.store.redis_keys import keys_of, segment_key_prefix
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,6 @@ class LogPacker:
         client: Any,
         pack: AsyncScript,
         read: AsyncScript,
-        keys: Callable[..., list[str]],
         bounded: Bounded,
         limits: SegmentLimits,
         ttl_ms: int,
@@ -109,7 +108,6 @@ class LogPacker:
         self._client = client
         self._pack_script = pack
         self._read_script = read
-        self._keys = keys
         self._bounded = bounded
         self._limits = limits
         self._ttl_ms = ttl_ms
@@ -252,7 +250,7 @@ class LogPacker:
         prefix = segment_key_prefix(conversation)
         segment_key = prefix + plan.segment.token
         merged_key = prefix + plan.merged.token if plan.merged is not None else segment_key
-        keys = [*self._keys(conversation, "log", "state", "segments", "packing")]
+        keys = [*keys_of(conversation, "log", "state", "segments", "packing")]
         keys += [segment_key, merged_key]
         args: list[str | int | bytes] = [self._ttl_ms, start[0], start[1], len(plan.chunk)]
         args += [plan.chunk[-1][0], freed, plan.segment.index_line()]
@@ -283,7 +281,7 @@ class LogPacker:
         """Pack the stream's unpacked entries, read back a page at a time (this caller holds
         the claim ``append.lua`` gave it)."""
         claimed = True
-        (log_key,) = self._keys(conversation, "log")
+        (log_key,) = keys_of(conversation, "log")
         try:
             while True:
                 async with self._bounded("pack_log"):
@@ -304,13 +302,13 @@ class LogPacker:
                     return
         finally:
             if claimed:
-                (claim,) = self._keys(conversation, "packing")
+                (claim,) = keys_of(conversation, "packing")
                 with contextlib.suppress(StoreUnavailable):
                     async with self._bounded("pack_log"):
                         await self._client.delete(claim)
 
     async def read(self, conversation: str, after: str | None, limit: int) -> LogPage:
-        keys = self._keys(conversation, "log", "segments")
+        keys = keys_of(conversation, "log", "segments")
         args: list[str | int] = [after or "", limit + 1, segment_key_prefix(conversation)]
         async with self._bounded("read_log"):
             frames, stream = await self._read_script(keys=keys, args=args)
