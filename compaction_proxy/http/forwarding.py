@@ -35,7 +35,7 @@ from compaction_proxy.http.upstream import (
 from compaction_proxy.metrics import UPSTREAM_DURATION, child
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
-from compaction_proxy.service.exchange import Refusal, Reply
+from compaction_proxy.service.exchange import AnswerBegan, Refusal, Reply
 from compaction_proxy.service.forwarded import Forwarded
 from compaction_proxy.service.native_compaction import MadeAnswer
 from compaction_proxy.upstream_seam import UpstreamBroke, UpstreamCall, UpstreamUnreachable
@@ -59,12 +59,14 @@ async def forward(
     *,
     wire: WireFormat = CHAT,
     edit: AnswerEdit | None = None,
+    answer_began: AnswerBegan | None = None,
 ) -> EdgeReply:
     """Send ``payload`` to ``path`` (``/chat/completions``, ``/responses``) of the route. A
     successful stream is relayed to the client as it arrives; any other answer is returned
     whole, so the caller may still decide to retry. With ``claim``, what a successful answer
     creates is claimed before the client has it (``http.ownership``). With ``edit``, a
-    successful answer reaches the client as it edits it (``formats.answer_edits``)."""
+    successful answer reaches the client as it edits it (``formats.answer_edits``).
+    ``answer_began`` is told the upstream's status before any of its answer is read."""
     services = request.app[SERVICES]
     headers = upstream_headers(
         request.headers,
@@ -77,6 +79,8 @@ async def forward(
     started = time.perf_counter()
     try:
         async with services.upstream.open(UpstreamCall("POST", url, headers, payload)) as upstream:
+            if answer_began is not None:
+                answer_began(upstream.status)
             reply_headers = client_headers(upstream)
             reply_headers.update(extra_headers)
             if upstream.status < 400 and is_event_stream(upstream):
@@ -143,7 +147,11 @@ class EdgeLink:
         )
 
     async def send(
-        self, route: Route, client_request: ClientRequest, forwarded: Forwarded
+        self,
+        route: Route,
+        client_request: ClientRequest,
+        forwarded: Forwarded,
+        answer_began: AnswerBegan | None = None,
     ) -> EdgeReply:
         wire = client_request.wire
         # Owned mode: what the provider keeps of the answer is the caller's.
@@ -157,4 +165,5 @@ class EdgeLink:
             claim,
             wire=wire,
             edit=forwarded.answer_edit,
+            answer_began=answer_began,
         )

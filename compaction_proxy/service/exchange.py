@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -55,6 +55,7 @@ from compaction_proxy.store import StoreUnavailable
 log = logging.getLogger(__name__)
 
 Response = TypeVar("Response")  # what the edge answers its client with
+AnswerBegan = Callable[[int], None]  # told the upstream's status as its answer begins
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,15 @@ class ClientLink(Protocol[Response]):
         ...
 
     async def send(
-        self, route: Route, client_request: ClientRequest, forwarded: Forwarded
+        self,
+        route: Route,
+        client_request: ClientRequest,
+        forwarded: Forwarded,
+        answer_began: AnswerBegan | None = None,
     ) -> Reply[Response]:
         """Send one attempt upstream; a successful answer reaches the client, an error is
-        returned unsent."""
+        returned unsent. ``answer_began`` is called with the upstream's status as soon as it
+        is known, before any of the answer is relayed."""
         ...
 
     def made_here(self, answer: MadeAnswer) -> Response:
@@ -204,9 +210,26 @@ async def serve(
     return reply.response
 
 
+def prompt_answer_began(sent: Forwarded) -> AnswerBegan | None:
+    """What resolves the ``prompt_answered`` of a round prepared beside this request once the
+    answer to the prompt as first sent begins: true for a 2xx. Anthropic reads a prefix once
+    the answer to the prompt that wrote it has begun, so the round's summary call need not
+    wait for the end of a long streamed answer. None when no round waits."""
+    answered = sent.job.prompt_answered if sent.job is not None else None
+    if answered is None:
+        return None
+
+    def began(status: int) -> None:
+        if not answered.done():
+            answered.set_result(200 <= status < 300)
+
+    return began
+
+
 def resolve_prompt_answered(sent: Forwarded, last: Forwarded, reply: Reply[Any] | None) -> None:
-    """Resolve the ``prompt_answered`` of a round prepared beside this request: whether the
-    prompt it was started from was answered (not refused, nor replaced by a retry)."""
+    """Resolve the ``prompt_answered`` of a round prepared beside this request, if its answer
+    never began (``prompt_answer_began``): whether the prompt it was started from was answered
+    (not refused, nor replaced by a retry)."""
     answered = sent.job.prompt_answered if sent.job is not None else None
     if answered is not None and not answered.done():
         ok = reply is not None and last is sent and 200 <= reply.status < 300
@@ -257,7 +280,8 @@ async def _forward_with_recovery(
     stated limit): the request is relieved again from its own history, and retried only when
     that changed what goes."""
     route = model_policy.route
-    reply = await _send(link, route, client_request, forwarded)
+    began = prompt_answer_began(forwarded)  # the first attempt's answer only
+    reply = await _send(link, route, client_request, forwarded, began)
     retries = 0
     while reply.error_body is not None:
         verdict = classify_overflow(reply.status, reply.error_body)
@@ -312,11 +336,15 @@ async def _relieved_again(
 
 
 async def _send(
-    link: ClientLink[Response], route: Route, client_request: ClientRequest, forwarded: Forwarded
+    link: ClientLink[Response],
+    route: Route,
+    client_request: ClientRequest,
+    forwarded: Forwarded,
+    answer_began: AnswerBegan | None = None,
 ) -> Reply[Response]:
     if forwarded.measurement is not None:
         child(PROMPT_TOKENS_FORWARDED, route.model).inc(forwarded.measurement.tokens)
-    return await link.send(route, client_request, forwarded)
+    return await link.send(route, client_request, forwarded, answer_began)
 
 
 def _outcome(reply: Reply[Any] | None, status: RequestStatus) -> str:

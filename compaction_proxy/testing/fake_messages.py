@@ -12,6 +12,7 @@ every request's headers and body, so tests can see what reached it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,6 +166,9 @@ class FakeMessages:
     script: Script | None = None
     # Set by a test: streams break off after their first block with this error event
     stream_error: dict[str, Any] | None = None
+    # Set by a test: a streamed answer (not a summary call's) pauses after its start until
+    # this is set, as a model still writing a long answer
+    hold_streams: asyncio.Event | None = None
     # Set by a test: this many summary calls that leave the tools usable are answered with a
     # tool call alone, as a model offered tools may answer
     summary_tool_calls: int = 0
@@ -347,9 +351,12 @@ class FakeMessages:
         }
         if not body.get("stream"):
             return web.json_response(message_body)
-        return await self._stream(request, message_body)
+        hold = None if is_summary_request(body) else self.hold_streams
+        return await self._stream(request, message_body, hold)
 
-    async def _stream(self, request: web.Request, message: dict[str, Any]) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, message: dict[str, Any], hold: asyncio.Event | None = None
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         started = {**message, "content": [], "stop_reason": None}
@@ -368,6 +375,8 @@ class FakeMessages:
         for name, data in events:
             event = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
             await response.write(event)
+            if name == "ping" and hold is not None:
+                await hold.wait()
         await response.write_eof()
         return response
 

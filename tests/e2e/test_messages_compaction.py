@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from compaction_proxy.compaction import planning
 from compaction_proxy.compaction.summarize import KEPT_NOTE
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.metering import lazy_litellm
@@ -598,3 +599,53 @@ async def test_a_round_prepared_beside_its_request_reads_through_once_that_promp
         bills.append(Bill())
         cache.send("one", received.body, bills[-1])
     assert bills[started_beside + 1].uncached == 0  # the summary call: all read
+
+
+async def test_a_round_beside_a_long_streamed_answer_reads_through_while_it_streams(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A streamed answer may run for minutes (thinking, long edits); Anthropic reads the
+    prefix its prompt wrote once that answer has begun. The round prepared beside it reads
+    through as soon as the answer begins, not when it ends: past the round's wait for it, a
+    long answer would leave the summary call writing the prefix again."""
+    monkeypatch.setattr(planning, "ANSWER_WAIT_SECONDS", 0.5)
+    fake.windows[MODEL] = WINDOW
+    fake.messages.hold_streams = hold = asyncio.Event()
+    policy = {"max_tokens": 1024, "retain_tokens": 0, **MASKING_OFF}
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW, **policy)])
+    statuses, called_while_streaming = [], False
+    async with client_of(proxy) as client:
+        for rounds in range(15, 40):
+            sent = cached_at_its_end(observation_style(rounds))
+            hold.clear()
+            async with client.messages.with_streaming_response.create(
+                model=MODEL,
+                max_tokens=512,
+                messages=sent,  # type: ignore[arg-type]
+                system=CLAUDE_CODE_LIKE["system"],  # type: ignore[arg-type]
+                stream=True,
+            ) as streaming:
+                statuses.append(streaming.headers["x-compaction-status"])
+                for _ in range(100 if statuses[-1] == "precompacting" else 0):
+                    if fake.messages.summary_requests:
+                        break
+                    await asyncio.sleep(0.05)  # the answer held, as a model still writing it
+                called_while_streaming = bool(fake.messages.summary_requests)
+                hold.set()
+                await streaming.read()
+            await proxy.app[SERVICES].background.idle()
+            if fake.messages.summary_requests:
+                break
+    assert statuses[-1] == "precompacting" and called_while_streaming
+    (summary,) = fake.messages.summary_requests
+    *carried, instruction = summary.body["messages"]
+    assert KEPT_NOTE in instruction["content"]
+    assert carried[-1]["content"][-1] == sent[-1]["content"][-1]
+    cache, bills = BreakpointCache(fake), []
+    for received in fake.messages.received:
+        bills.append(Bill())
+        cache.send("one", received.body, bills[-1])
+    assert bills[fake.messages.received.index(summary)].uncached == 0  # all read

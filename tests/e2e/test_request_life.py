@@ -23,7 +23,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.ops.app import create_app
 from compaction_proxy.security.object_references import NamedObject
-from compaction_proxy.service.exchange import Refusal, Reply, serve
+from compaction_proxy.service.exchange import AnswerBegan, Refusal, Reply, serve
 from compaction_proxy.service.forwarded import Forwarded
 from compaction_proxy.service.native_compaction import MadeAnswer
 from compaction_proxy.service.services import Services
@@ -57,11 +57,17 @@ class ScriptedLink:
         return answer.status, answer.body
 
     async def send(
-        self, route: Route, client_request: ClientRequest, forwarded: Forwarded
+        self,
+        route: Route,
+        client_request: ClientRequest,
+        forwarded: Forwarded,
+        answer_began: AnswerBegan | None = None,
     ) -> Reply[Answered]:
         url = URL(f"{route.base}{client_request.wire.upstream_path}")
         call = UpstreamCall("POST", url, self.headers, forwarded.payload)
         async with self.upstream.open(call) as answer:
+            if answer_began is not None:
+                answer_began(answer.status)
             body = await answer.read()
         if answer.status >= 400:
             return Reply((answer.status, body), answer.status, error_body=body)

@@ -1,6 +1,8 @@
 """A round prepared beside its own request learns whether that request's prompt was answered
-(``service.exchange.resolve_prompt_answered``): only an answer to the prompt as it was first
-sent counts, since only that prompt is cached where the round's summary call would read it."""
+(``service.exchange.prompt_answer_began`` as the answer begins, else
+``resolve_prompt_answered`` once the request is over): only an answer to the prompt as it was
+first sent counts, since only that prompt is cached where the round's summary call would read
+it."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from compaction_proxy.service.exchange import resolve_prompt_answered
+from compaction_proxy.service.exchange import prompt_answer_began, resolve_prompt_answered
 
 
 def forwarded(answered: asyncio.Future[bool] | None) -> Any:
@@ -45,3 +47,24 @@ async def test_a_request_without_a_round_beside_it_is_left_alone() -> None:
     done.cancel()  # settled already (a round shut down): never set twice
     resolve_prompt_answered(forwarded(done), forwarded(done), None)
     assert done.cancelled()
+
+
+@pytest.mark.parametrize(("status", "expected"), [(200, True), (400, False), (529, False)])
+async def test_the_answer_beginning_settles_it_before_the_request_is_over(
+    status: int, expected: bool
+) -> None:
+    answered = asyncio.get_running_loop().create_future()
+    sent = forwarded(answered)
+    began = prompt_answer_began(sent)
+    assert began is not None
+    began(status)
+    assert answered.result() is expected
+    # What the request ends with (a retry's answer, say) no longer changes it.
+    resolve_prompt_answered(sent, forwarded(None), SimpleNamespace(status=200))  # type: ignore[arg-type]
+    began(200)
+    assert answered.result() is expected
+
+
+def test_no_hook_without_a_round_beside_the_request() -> None:
+    assert prompt_answer_began(forwarded(None)) is None
+    assert prompt_answer_began(SimpleNamespace(job=None)) is None  # type: ignore[arg-type]
