@@ -1,6 +1,7 @@
 """Instructions a request costs, counted by valgrind: a measure the host's noise cannot move.
 
-Run: ``python -m tests.bench.instruction_count [--against DIR] [--transcript NAME] [--rounds 2]``.
+Run: ``python -m tests.bench.instruction_count [--against DIR] [--transcript NAME] [--rounds 2]
+[--format chat|responses|messages]``.
 Not collected by pytest; needs ``valgrind`` (Debian's package). Each set-up (the in-process
 store, Redis; with ``--against``, the same from another checkout) runs as ``serve`` under
 callgrind with instrumentation off, so it starts and imports litellm at about native speed.
@@ -24,7 +25,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -32,16 +35,29 @@ import orjson
 from tests.bench.overhead import metered_env
 from tests.processes import free_port, serve_argv, wait_until_ready
 from tests.redis_server import RedisServer
-from tests.transcripts import replay_requests, transcripts
+from tests.transcripts import as_messages_body, as_responses_body, replay_requests, transcripts
 
 SETTLE_SECONDS = 45.0  # litellm's background import ends well within it under valgrind
 
 
-async def replay(http: aiohttp.ClientSession, base: str, bodies: list[bytes]) -> None:
+# Each format's path and its bodies, as its agents send them (``--format``).
+FORMATS: dict[str, tuple[str, Callable[[list[dict[str, Any]]], dict[str, Any]]]] = {
+    "chat": ("/v1/chat/completions", lambda history: {"model": MODEL, "messages": history}),
+    "responses": ("/v1/responses", lambda history: as_responses_body(MODEL, history)),
+    "messages": ("/v1/messages", lambda history: as_messages_body(MODEL, history)),
+}
+MODEL = "bench-model"
+
+
+async def replay(
+    http: aiohttp.ClientSession, base: str, bodies: list[bytes], path: str = FORMATS["chat"][0]
+) -> None:
     session = f"count-{time.time_ns()}"
     headers = {"Authorization": "Bearer bench", "X-Session-Id": session}
+    if path == FORMATS["messages"][0]:  # as Anthropic's clients authenticate
+        headers = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "X-Session-Id": session}
     for body in bodies:
-        async with http.post(f"{base}/v1/chat/completions", data=body, headers=headers) as answer:
+        async with http.post(f"{base}{path}", data=body, headers=headers) as answer:
             await answer.read()
             assert answer.status == 200, answer.status
 
@@ -55,7 +71,13 @@ def counted(out: Path) -> int:
 
 
 async def count(
-    upstream: str, store: str, cwd: str | None, bodies: list[bytes], rounds: int, work: Path
+    upstream: str,
+    store: str,
+    cwd: str | None,
+    bodies: list[bytes],
+    rounds: int,
+    work: Path,
+    path: str,
 ) -> float:
     """Millions of instructions a request for one set-up."""
     port, out = free_port(), work / f"callgrind-{time.time_ns()}"
@@ -75,10 +97,10 @@ async def count(
         await wait_until_ready(f"{base}/healthz", timeout=300.0)
         await asyncio.sleep(SETTLE_SECONDS)
         async with aiohttp.ClientSession() as http:
-            await replay(http, base, bodies)
+            await replay(http, base, bodies, path)
             await control("-i", "on", process.pid)
             for _ in range(rounds):
-                await replay(http, base, bodies)
+                await replay(http, base, bodies, path)
             await asyncio.sleep(1.0)  # the last record, written after its answer
             await control("-d", process.pid)
     finally:
@@ -98,14 +120,15 @@ async def control(*args: str | int) -> None:
     await done.wait()
 
 
-async def run(against: str | None, transcript: str | None, rounds: int) -> None:
+async def run(against: str | None, transcript: str | None, rounds: int, form: str) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
-    bodies = [
-        orjson.dumps({"model": "bench-model", "messages": history})
-        for history in replay_requests(chosen.messages)
-    ]
-    print(f"transcript {chosen.name}: {len(bodies)} requests a replay, {rounds} replays counted")
+    path, body_of = FORMATS[form]
+    bodies = [orjson.dumps(body_of(history)) for history in replay_requests(chosen.messages)]
+    print(
+        f"transcript {chosen.name} as {form}: {len(bodies)} requests a replay, "
+        f"{rounds} replays counted"
+    )
     upstream_port = free_port()
     upstream = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -127,7 +150,7 @@ async def run(against: str | None, transcript: str | None, rounds: int) -> None:
             for name in ("memory", "redis"):
                 database += 1
                 store = "memory://" if name == "memory" else f"{redis.url[:-2]}/{database}"
-                millions = await count(upstream_url, store, cwd, bodies, rounds, work)
+                millions = await count(upstream_url, store, cwd, bodies, rounds, work, path)
                 print(f"{name + suffix:<10}{millions:8.3f} M instructions a request", flush=True)
     finally:
         await redis.stop()
@@ -141,10 +164,11 @@ def main() -> None:
     parser.add_argument("--against", help="another checkout, counted beside this one")
     parser.add_argument("--transcript", default="13265", help="part of a transcript's name")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--format", choices=sorted(FORMATS), default="chat", dest="form")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
-    asyncio.run(run(args.against, args.transcript, args.rounds))
+    asyncio.run(run(args.against, args.transcript, args.rounds, args.form))
 
 
 if __name__ == "__main__":
