@@ -8,6 +8,7 @@ The translation both ways is ``formats.responses_items``; the cache-safe summary
 
 from __future__ import annotations
 
+import bisect
 import time
 import uuid
 from collections.abc import Callable
@@ -68,6 +69,10 @@ def parse_responses_body(
     return parse_object_with_model(raw), None
 
 
+def _last_item(group: tuple[int, ...]) -> int:
+    return group[-1]
+
+
 def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:
     """The messages of the remembered body's translation this body's begins with: under the
     same instructions, those made of shared items only, less the last of them (the items
@@ -82,9 +87,9 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:
     instructions = body.get("instructions")
     if (base.messages[0].get("content") if head else None) != instructions:
         return None
-    count = head
-    while count < len(base.groups) and base.groups[count][-1] < extension.known:
-        count += 1
+    # The groups after the head's run in the order of their last item (``translate``): the
+    # first that reaches past the shared items is found by bisection, not walked to.
+    count = bisect.bisect_left(base.groups, extension.known, lo=head, key=_last_item)
     count = max(head, count - 1)
     messages = base.messages
     while (

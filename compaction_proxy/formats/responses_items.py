@@ -148,7 +148,9 @@ def translate(body: dict[str, Any], prefix: Translated | None = None) -> Transla
         raise _invalid("input", "a string or an array of items")
     sealed = prefix.sealed if prefix is not None else False
     pending: list[int] = []  # reasoning items waiting for the item they led to
-    start = max((group[-1] for group in groups if group), default=-1) + 1
+    # Groups are made in item order and a turn's group only grows by later items, so the
+    # last non-empty group ends at the last item translated (the head's group is empty).
+    start = next((group[-1] for group in reversed(groups) if group), -1) + 1
     for index in range(start, len(items)):
         item = items[index]
         if isinstance(item, dict) and item.get("type") == "reasoning":
