@@ -162,20 +162,14 @@ class RedisStore:
         self._operation_timeout = operation_timeout
         self._ttl_ms = int(ttl_seconds * 1000)
         # The records key (checkpoint summaries, kept in clear) may expire sooner than the rest;
-        # every script takes it as its last argument.
+        # every script takes it as its last argument (the append, last of its bounds).
         self._record_ttl_ms = min(self._ttl_ms, int((record_ttl_seconds or ttl_seconds) * 1000))
-        self._max_log_events = max_log_events
-        self._max_log_bytes = max_log_bytes
         self._pack_log = compress_log
         # The append script's fixed bounds, one argument: redis-py packs each argument alone.
         read_pack_at = READ_PACK_AT_BYTES if compress_log else 0  # 0: never read back
-        bounds = (
-            self._ttl_ms,
-            max_log_events,
-            read_pack_at,
-            LogPacker.segment_ttl_ms(self._ttl_ms),
-        )
-        self._append_bounds = " ".join(map(str, (*bounds, max_log_bytes, self._record_ttl_ms)))
+        segment_ttl = LogPacker.segment_ttl_ms(self._ttl_ms)
+        bounds = (self._ttl_ms, max_log_events, read_pack_at, segment_ttl, max_log_bytes)
+        self._append_bounds = " ".join(map(str, (*bounds, self._record_ttl_ms)))
         self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()

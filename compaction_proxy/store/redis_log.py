@@ -250,7 +250,7 @@ class LogPacker:
         prefix = segment_key_prefix(conversation)
         segment_key = prefix + plan.segment.token
         merged_key = prefix + plan.merged.token if plan.merged is not None else segment_key
-        keys = [*keys_of(conversation, "log", "state", "segments", "packing")]
+        keys = keys_of(conversation, "log", "state", "segments", "packing")
         keys += [segment_key, merged_key]
         args: list[str | int | bytes] = [self._ttl_ms, start[0], start[1], len(plan.chunk)]
         args += [plan.chunk[-1][0], freed, plan.segment.index_line()]
