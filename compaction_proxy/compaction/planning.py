@@ -79,9 +79,9 @@ class CompactionJob:
     # The provider of the client's format reads its cache only where a prompt set a breakpoint
     # (``WireFormat.caches_at_breakpoints``): summary calls read through (``ReadThrough``).
     reads_through: bool = False
-    # For a round prepared while this very request goes upstream: resolves to whether its
-    # prompt was answered (so a provider caching at breakpoints holds it whole), or stays
-    # pending while it is being answered. None: the request is not sent as the round sees it.
+    # For a round prepared while this very request goes upstream: resolves, once the answer
+    # begins, to whether its prompt was answered (so a provider caching at breakpoints holds
+    # it whole); pending until then. None: the request is not sent as the round sees it.
     prompt_answered: asyncio.Future[bool] | None = None
 
     @property
@@ -103,8 +103,8 @@ class ReadThrough:
 
     prefix: Surface
     kept: list[Message]
-    # Set when it ends where the job's own request does: readable once that prompt is answered
-    # (``CompactionJob.prompt_answered``).
+    # Set when it ends where the job's own request does: readable once the answer to that
+    # prompt has begun (``CompactionJob.prompt_answered``).
     not_before: asyncio.Future[bool] | None = None
 
 
@@ -153,8 +153,8 @@ def read_through_end(
     the call's ``room`` (None: unbounded) and reading them costs less than writing the gap
     again. Never into the live turn (``live_from``), which no earlier prompt sent, unless
     ``live_turn_sent``: the request itself goes upstream while its round is prepared, and its
-    end is a prompt's end too (readable once answered). A span ending elsewhere needs none (it
-    ends where a prompt did, or on a message the model never answered)."""
+    end is a prompt's end too (readable once its answer begins). A span ending elsewhere needs
+    none (it ends where a prompt did, or on a message the model never answered)."""
     if not prices.caches or nodes[span.last].message.get("role") != "assistant":
         return None
     start = span.last
@@ -338,7 +338,7 @@ def summary_request(job: CompactionJob, plan: Plan) -> SummaryRequest:
 
 
 # How long a round prepared beside its own request waits for that request's answer before its
-# summary call, to read the prompt through its end (``ReadThrough.after_answer``): Anthropic
+# summary call, to read the prompt through its end (``ReadThrough.not_before``): Anthropic
 # reads a prefix only once the answer to the prompt that wrote it has begun. The round is ahead
 # of need; past this, the call is made without reading through.
 ANSWER_WAIT_SECONDS = 30.0
@@ -346,8 +346,8 @@ ANSWER_WAIT_SECONDS = 30.0
 
 async def with_readable_prefix(request: SummaryRequest) -> SummaryRequest:
     """``request`` once what it reads through is cached whole: at once, unless it ends where a
-    prompt still being answered ends (``SummaryRequest.not_before``), then once that prompt was
-    answered, within ``ANSWER_WAIT_SECONDS``; without its read-through if it was not."""
+    prompt not yet answered ends (``SummaryRequest.not_before``), then once its answer began,
+    within ``ANSWER_WAIT_SECONDS``; without its read-through if it was not."""
     through = request.read_through
     if through is None or through.not_before is None:
         return request

@@ -230,10 +230,9 @@ def resolve_prompt_answered(sent: Forwarded, last: Forwarded, reply: Reply[Any] 
     """Resolve the ``prompt_answered`` of a round prepared beside this request, if its answer
     never began (``prompt_answer_began``): whether the prompt it was started from was answered
     (not refused, nor replaced by a retry)."""
-    answered = sent.job.prompt_answered if sent.job is not None else None
-    if answered is not None and not answered.done():
-        ok = reply is not None and last is sent and 200 <= reply.status < 300
-        answered.set_result(ok)
+    began = prompt_answer_began(sent)
+    if began is not None:  # a status no answer has when there was none to the prompt sent
+        began(reply.status if reply is not None and last is sent else 0)
 
 
 async def _without_option(

@@ -279,7 +279,11 @@ def compaction_job(
         bridge=model_policy.bridge,
         masker=model_policy.masker,
         prices=model_policy.prices,
-        reads_through=wire.caches_at_breakpoints,
+        # Only a call made in the client's own format, as its next request would be
+        # (``summary_call``), reads the client's cache: no other plans to read through.
+        reads_through=wire.caches_at_breakpoints
+        and client_request is not None
+        and client_request.model == summary_model,
     )
 
 

@@ -40,13 +40,13 @@ from tests.transcripts import as_messages_body, as_responses_body, replay_reques
 SETTLE_SECONDS = 45.0  # litellm's background import ends well within it under valgrind
 
 
+MODEL = "bench-model"
 # Each format's path and its bodies, as its agents send them (``--format``).
 FORMATS: dict[str, tuple[str, Callable[[list[dict[str, Any]]], dict[str, Any]]]] = {
     "chat": ("/v1/chat/completions", lambda history: {"model": MODEL, "messages": history}),
     "responses": ("/v1/responses", lambda history: as_responses_body(MODEL, history)),
     "messages": ("/v1/messages", lambda history: as_messages_body(MODEL, history)),
 }
-MODEL = "bench-model"
 
 
 async def replay(

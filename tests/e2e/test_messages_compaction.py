@@ -649,3 +649,40 @@ async def test_a_round_beside_a_long_streamed_answer_reads_through_while_it_stre
         bills.append(Bill())
         cache.send("one", received.body, bills[-1])
     assert bills[fake.messages.received.index(summary)].uncached == 0  # all read
+
+
+async def test_a_summary_call_in_another_model_plans_no_read_through(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only a call made as the client's next request would be reads the client's cache: a
+    summary model other than the request's neither plans a read-through nor waits for one."""
+    planned: list[object] = []
+    read_through_end = planning.read_through_end
+
+    def counted(*args: Any, **kwargs: Any) -> int | None:
+        planned.append(args)
+        return read_through_end(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "read_through_end", counted)
+    fake.windows[MODEL] = WINDOW
+    policy = {"precompact_ratio": 0, "max_tokens": 1024, "summary_model": "claude-other"}
+    proxy = await make_proxy(
+        routes=[route(upstream_url, "claude-*", WINDOW, **policy, **MASKING_OFF)]
+    )
+    async with client_of(proxy) as client:
+        for rounds in range(15, 40):
+            await client.messages.create(
+                model=MODEL,
+                max_tokens=512,
+                messages=cached_at_its_end(observation_style(rounds)),  # type: ignore[arg-type]
+                system=CLAUDE_CODE_LIKE["system"],  # type: ignore[arg-type]
+            )
+            if fake.messages.summary_requests:
+                break
+    (summary,) = fake.messages.summary_requests
+    assert summary.body["model"] == "claude-other"
+    assert KEPT_NOTE not in str(summary.body["messages"][-1]["content"])
+    assert planned == []
