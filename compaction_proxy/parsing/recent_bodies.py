@@ -360,15 +360,20 @@ def _shared_bytes(raw: bytes, extension: Extension | None) -> int:
 def _shared_messages(raw: bytes, base: _Remembered) -> int:
     """How many of ``base``'s messages ``raw`` repeats byte for byte, from its first byte.
 
-    Galloping back from the end before bisecting: a body usually differs, if at all, in its
-    last message or two (Claude Code moves its cache breakpoint from the turn it sent last to
-    the newest one), and each look compares a prefix as long as the body; a plain bisection
-    compared about log2(messages) such prefixes every request."""
+    A body usually differs, if at all, in its last message (Claude Code moves its cache
+    breakpoint from the turn it sent last to the newest one), and each look at a prefix
+    compares as many bytes as the body holds. So the prefix up to the message before last is
+    compared once, then the last message alone: one long compare whether or not the last
+    message differs. Elsewhere, galloping back from the end before bisecting: a plain
+    bisection compared about log2(messages) long prefixes every request."""
     ends = base.layout.ends
     view = memoryview(base.raw)
-    if raw.startswith(view[: ends[-1]]):
-        return len(ends)
-    low, high = 0, len(ends) - 1  # invariant: the first `low` messages are shared
+    if len(ends) == 1:
+        return 1 if raw.startswith(view[: ends[0]]) else 0
+    if raw.startswith(view[: ends[-2]]):
+        last = view[ends[-2] : ends[-1]]
+        return len(ends) if raw.startswith(last, ends[-2]) else len(ends) - 1
+    low, high = 0, len(ends) - 2  # invariant: the first `low` messages are shared
     step = 1
     while step <= high:
         if raw.startswith(view[: ends[high - step]]):

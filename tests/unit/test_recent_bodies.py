@@ -141,6 +141,35 @@ def test_an_appended_body_is_parsed_from_the_recent_one(style: str) -> None:
     assert outcome(raw, known, recent) == whole(raw)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(2, 9),
+    edited=st.one_of(st.none(), st.integers(0, 8)),
+    appended=st.integers(0, 3),
+    style=st.sampled_from(sorted(STYLES)),
+)
+def test_a_body_extends_the_recent_one_by_every_message_it_repeats_and_no_more(
+    count: int, edited: int | None, appended: int, style: str
+) -> None:
+    """Whichever message a client rewrites (the last, as a moved cache breakpoint does, or
+    any earlier one), the body is taken to share exactly the messages before it; all of
+    them when it rewrites none."""
+    known, recent = KnownMessages(), RecentBodies()
+    history = plain(count)
+    parse_chat_request(STYLES[style](body(history)), known, recent)
+    grown = [*history, *plain(count + appended)[count:]]
+    shared = count
+    if edited is not None:
+        shared = edited = min(edited, count - 1)
+        grown[edited] = {**grown[edited], "content": f"{grown[edited]['content']} (edited)"}
+        if edited < 2:
+            shared = 0  # the first two messages file a body (its key): none is found
+    raw = STYLES[style](body(grown))
+    extension = recent.extend(raw)
+    assert (extension.known if extension is not None else 0) == shared
+    assert outcome(raw, known, recent) == whole(raw)
+
+
 @pytest.mark.parametrize("style", sorted(STYLES))
 def test_a_body_ending_as_the_recent_one_did_takes_its_other_members_as_they_were(
     style: str,
