@@ -132,6 +132,4 @@ async def serve_compact(request: web.Request, body: bytes) -> web.StreamResponse
         services, parsed, model_policy, None, request.headers, client_query(request)
     )
     answer = await native.compact_answer()
-    return web.Response(
-        status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type}
-    )
+    return web.Response(status=answer.status, body=answer.body, headers=answer.headers)

@@ -142,9 +142,7 @@ class EdgeLink:
         return Refusal(refused, "refused" if refused.status == 403 else "not_found")
 
     def made_here(self, answer: MadeAnswer) -> web.StreamResponse:
-        return web.Response(
-            status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type}
-        )
+        return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
 
     async def send(
         self,

@@ -31,6 +31,7 @@ import orjson
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.asked_clearing import cleared_tool_uses
+from compaction_proxy.compaction.guards.ceilings import WINDOW_SECONDS as CEILING_WINDOW_SECONDS
 from compaction_proxy.compaction.model_policy import ModelPolicy
 from compaction_proxy.compaction.outcomes import Outcome
 from compaction_proxy.compaction.planning import CompactionJob
@@ -72,10 +73,24 @@ class MadeAnswer:
     status: int
     body: bytes
     content_type: str = "application/json"
+    retry_after: int | None = None  # seconds, sent as ``Retry-After``
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": self.content_type}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
 
 
 class CompactionUnavailable(Exception):
-    """No checkpoint could be made now (the summarizer down, a ceiling reached, ...)."""
+    """No checkpoint could be made now (the summarizer down, ...)."""
+
+
+class CompactionRateLimited(CompactionUnavailable):
+    """The summary calls a minute are at their ceiling (the caller's own, or its route's):
+    a rate limit, answered as one (429, ``Retry-After``), as the admin API does, not as the
+    proxy being down."""
 
 
 async def _key_and_tenant(services: Services, headers: Mapping[str, str]) -> tuple[bytes, str]:
@@ -138,6 +153,18 @@ def _unavailable(reason: str) -> MadeAnswer:
         "code": "compaction_unavailable",
     }
     return MadeAnswer(503, orjson.dumps({"error": error}))
+
+
+def _rate_limited(reason: str) -> MadeAnswer:
+    """OpenAI's shape of a rate limit; the ceilings count a sliding minute, so a call is
+    allowed again within one."""
+    error = {
+        "message": f"The conversation could not be compacted now: {reason}.",
+        "type": "requests",
+        "param": None,
+        "code": "rate_limit_exceeded",
+    }
+    return MadeAnswer(429, orjson.dumps({"error": error}), retry_after=CEILING_WINDOW_SECONDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +249,12 @@ class NativeCompaction:
         return MadeAnswer(200, body, "text/event-stream" if request.stream else "application/json")
 
     async def _whole_or_unavailable(self) -> MadeCompaction | MadeAnswer:
-        """``_whole``, or the 503 that says why there is none."""
+        """``_whole``, or the 503 that says why there is none (429 at a ceiling)."""
         try:
             return await self._whole()
+        except CompactionRateLimited as exc:
+            log.info("a compaction asked for not made: %s", exc)
+            return _rate_limited(str(exc))
         except CompactionUnavailable as exc:
             log.warning("a compaction asked for not made: %s", exc)
             return _unavailable(str(exc))
@@ -275,6 +305,8 @@ class NativeCompaction:
                 continue
             if made.outcome is Outcome.NOT_SMALLER:
                 raise TooShort("the history is too short to compact")
+            if made.outcome is Outcome.CEILING:
+                raise CompactionRateLimited("its summary calls a minute are at their ceiling")
             if made.outcome is not Outcome.COMMITTED or made.state is None:
                 reason = made.failure.reason if made.failure is not None else made.outcome.value
                 raise CompactionUnavailable(f"no summary could be made ({reason})")

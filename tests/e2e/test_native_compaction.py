@@ -156,6 +156,25 @@ async def test_a_short_history_is_compacted_too(
     assert compacted.output[-1].type == "compaction"
 
 
+async def test_a_compaction_past_the_tenants_summary_ceiling_is_a_rate_limit_not_an_outage(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """The summary calls a minute at their ceiling: 429 with ``Retry-After`` in OpenAI's
+    shape (the SDK's ``RateLimitError``, which it retries after waiting), as the admin API
+    answers; the other tenants are not held back."""
+    proxy = await make_proxy(routes=[native_route(upstream_url)], summaries_per_minute_per_tenant=1)
+    async with client(proxy.url) as alice, client(proxy.url, "sk-bob") as bob:
+        await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+        another = [{"role": "user", "content": "Fix the exporter."}, *history()[1:]]
+        with pytest.raises(openai.RateLimitError) as refused:
+            await alice.responses.compact(model=MODEL, input=another)  # type: ignore[arg-type]
+        compacted = await bob.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+    assert refused.value.response.headers["retry-after"] == "60"
+    assert refused.value.code == "rate_limit_exceeded"
+    assert compacted.output[-1].type == "compaction"
+    assert len(fake.summary_requests) == 2
+
+
 async def test_relay_sends_compact_to_an_upstream_that_has_it(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
