@@ -145,26 +145,18 @@ def transcript(messages: Sequence[Message]) -> str:
     return "\n\n".join(lines)
 
 
-def _unavailable(reason: str) -> MadeAnswer:
-    error = {
-        "message": f"The conversation could not be compacted: {reason}. Try again shortly.",
-        "type": "server_error",
-        "param": None,
-        "code": "compaction_unavailable",
-    }
-    return MadeAnswer(503, orjson.dumps({"error": error}))
+def _unavailable(wire: WireFormat, reason: str) -> MadeAnswer:
+    message = f"The conversation could not be compacted: {reason}. Try again shortly."
+    body = wire.error_body(503, message, error_type="server_error", code="compaction_unavailable")
+    return MadeAnswer(503, orjson.dumps(body))
 
 
-def _rate_limited(reason: str) -> MadeAnswer:
-    """OpenAI's shape of a rate limit; the ceilings count a sliding minute, so a call is
-    allowed again within one."""
-    error = {
-        "message": f"The conversation could not be compacted now: {reason}.",
-        "type": "requests",
-        "param": None,
-        "code": "rate_limit_exceeded",
-    }
-    return MadeAnswer(429, orjson.dumps({"error": error}), retry_after=CEILING_WINDOW_SECONDS)
+def _rate_limited(wire: WireFormat, reason: str) -> MadeAnswer:
+    """A rate limit, as the client's API says one; the ceilings count a sliding minute, so a
+    call is allowed again within one."""
+    message = f"The conversation could not be compacted now: {reason}."
+    body = wire.error_body(429, message, error_type="requests", code="rate_limit_exceeded")
+    return MadeAnswer(429, orjson.dumps(body), retry_after=CEILING_WINDOW_SECONDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,20 +242,21 @@ class NativeCompaction:
 
     async def _whole_or_unavailable(self) -> MadeCompaction | MadeAnswer:
         """``_whole``, or the 503 that says why there is none (429 at a ceiling)."""
+        wire = self.client_request.wire
         try:
             return await self._whole()
         except CompactionRateLimited as exc:
             log.info("a compaction asked for not made: %s", exc)
-            return _rate_limited(str(exc))
+            return _rate_limited(wire, str(exc))
         except CompactionUnavailable as exc:
             log.warning("a compaction asked for not made: %s", exc)
-            return _unavailable(str(exc))
+            return _unavailable(wire, str(exc))
         except StoreUnavailable as exc:
             log.warning("a compaction asked for not made: store unavailable (%s)", exc.operation)
-            return _unavailable("the proxy's store is unavailable")
+            return _unavailable(wire, "the proxy's store is unavailable")
         except Exception:
             log.exception("a compaction asked for not made")
-            return _unavailable("the proxy failed to compact it")
+            return _unavailable(wire, "the proxy failed to compact it")
 
     async def _whole(self) -> MadeCompaction:
         """The compaction of everything before the trigger ending the request. A history too
