@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -31,9 +32,10 @@ import orjson
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.asked_clearing import cleared_tool_uses
+from compaction_proxy.compaction.guards.breaker import FailureScope, Wait
 from compaction_proxy.compaction.guards.ceilings import WINDOW_SECONDS as CEILING_WINDOW_SECONDS
 from compaction_proxy.compaction.model_policy import ModelPolicy
-from compaction_proxy.compaction.outcomes import Outcome
+from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.summarize import frame, framed_summary_text
 from compaction_proxy.conversation.messages import Message
@@ -84,13 +86,34 @@ class MadeAnswer:
 
 
 class CompactionUnavailable(Exception):
-    """No checkpoint could be made now (the summarizer down, ...)."""
+    """No checkpoint could be made now (the summarizer down, ...); ``retry_after``: the
+    seconds after which one may be, when the proxy knows them."""
+
+    def __init__(self, reason: str, retry_after: int | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
 
 
 class CompactionRateLimited(CompactionUnavailable):
-    """The summary calls a minute are at their ceiling (the caller's own, or its route's):
-    a rate limit, answered as one (429, ``Retry-After``), as the admin API does, not as the
-    proxy being down."""
+    """A rate limit: the summary calls a minute at their ceiling (the caller's own, or its
+    route's), or the upstream rate-limiting the summary calls. Answered as one (429,
+    ``Retry-After``), as the admin API does, not as the proxy being down."""
+
+
+def summarizer_refusal(made: Round, wait: Wait | None) -> CompactionUnavailable:
+    """Why a round that made no summary (its summary call failed, or the breaker let none
+    go: ``made``) leaves the client without a compaction, as the client should read it
+    (pure). ``wait`` is the breaker's word on the caller after the round: a rate limit on
+    the summary calls is the caller's own (429), an outage or a refused credential the
+    service's (503); either way with the seconds it lasts as ``retry_after``."""
+    reason = made.failure.reason if made.failure is not None else made.outcome.value
+    said = f"no summary could be made ({reason})"
+    if wait is None:
+        return CompactionUnavailable(said)
+    seconds = max(1, math.ceil(wait.seconds))
+    if wait.scope is FailureScope.RATE_LIMITED:
+        return CompactionRateLimited(f"the summary calls are rate-limited ({reason})", seconds)
+    return CompactionUnavailable(said, seconds)
 
 
 async def _key_and_tenant(services: Services, headers: Mapping[str, str]) -> tuple[bytes, str]:
@@ -145,18 +168,17 @@ def transcript(messages: Sequence[Message]) -> str:
     return "\n\n".join(lines)
 
 
-def _unavailable(wire: WireFormat, reason: str) -> MadeAnswer:
+def _unavailable(wire: WireFormat, reason: str, retry_after: int | None = None) -> MadeAnswer:
     message = f"The conversation could not be compacted: {reason}. Try again shortly."
     body = wire.error_body(503, message, error_type="server_error", code="compaction_unavailable")
-    return MadeAnswer(503, orjson.dumps(body))
+    return MadeAnswer(503, orjson.dumps(body), retry_after=retry_after)
 
 
-def _rate_limited(wire: WireFormat, reason: str) -> MadeAnswer:
-    """A rate limit, as the client's API says one; the ceilings count a sliding minute, so a
-    call is allowed again within one."""
+def _rate_limited(wire: WireFormat, reason: str, retry_after: int) -> MadeAnswer:
+    """A rate limit, as the client's API says one, with when to come back."""
     message = f"The conversation could not be compacted now: {reason}."
     body = wire.error_body(429, message, error_type="requests", code="rate_limit_exceeded")
-    return MadeAnswer(429, orjson.dumps(body), retry_after=CEILING_WINDOW_SECONDS)
+    return MadeAnswer(429, orjson.dumps(body), retry_after=retry_after)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,10 +269,10 @@ class NativeCompaction:
             return await self._whole()
         except CompactionRateLimited as exc:
             log.info("a compaction asked for not made: %s", exc)
-            return _rate_limited(wire, str(exc))
+            return _rate_limited(wire, str(exc), exc.retry_after or CEILING_WINDOW_SECONDS)
         except CompactionUnavailable as exc:
             log.warning("a compaction asked for not made: %s", exc)
-            return _unavailable(wire, str(exc))
+            return _unavailable(wire, str(exc), exc.retry_after)
         except StoreUnavailable as exc:
             log.warning("a compaction asked for not made: store unavailable (%s)", exc.operation)
             return _unavailable(wire, "the proxy's store is unavailable")
@@ -299,7 +321,13 @@ class NativeCompaction:
             if made.outcome is Outcome.NOT_SMALLER:
                 raise TooShort("the history is too short to compact")
             if made.outcome is Outcome.CEILING:
-                raise CompactionRateLimited("its summary calls a minute are at their ceiling")
+                # The ceilings count a sliding minute: a call is allowed again within one.
+                raise CompactionRateLimited(
+                    "its summary calls a minute are at their ceiling", CEILING_WINDOW_SECONDS
+                )
+            if made.outcome in (Outcome.SUMMARY_FAILED, Outcome.BREAKER):
+                wait = engine.breaker.waiting(job.summarizer, job.view.tenant)
+                raise summarizer_refusal(made, wait)
             if made.outcome is not Outcome.COMMITTED or made.state is None:
                 reason = made.failure.reason if made.failure is not None else made.outcome.value
                 raise CompactionUnavailable(f"no summary could be made ({reason})")

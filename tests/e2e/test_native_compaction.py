@@ -7,11 +7,17 @@ refused and nothing reaches the upstream."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
+import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from compaction_proxy.formats.sealed_checkpoints import TOKEN_PREFIX
+from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
 from tests.helpers import counter, route
@@ -173,6 +179,79 @@ async def test_a_compaction_past_the_tenants_summary_ceiling_is_a_rate_limit_not
     assert refused.value.code == "rate_limit_exceeded"
     assert compacted.output[-1].type == "compaction"
     assert len(fake.summary_requests) == 2
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def failing_summaries(
+    fake: FakeUpstream,
+    aiohttp_server: Any,
+    keys: set[str],
+    answer: Callable[[], web.Response],
+    failed: list[str],
+) -> str:
+    """The fake provider answering the summary calls made on ``keys`` with ``answer()`` (each
+    call's key appended to ``failed``); the base URL of it."""
+
+    @web.middleware
+    async def summary_rule(request: web.Request, handler: Handler) -> web.StreamResponse:
+        body = orjson.loads(await request.read()) if request.can_read_body else None
+        key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if isinstance(body, dict) and is_summary_request(body) and key in keys:
+            failed.append(key)
+            return answer()
+        return await handler(request)
+
+    app = fake.app()
+    app.middlewares.append(summary_rule)
+    server: TestServer = await aiohttp_server(app)
+    return str(server.make_url("/v1"))
+
+
+def provider_error(status: int, kind: str, code: str | None, **headers: str) -> web.Response:
+    body = {"error": {"message": f"{kind} (the summary call)", "type": kind, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def test_a_compaction_whose_summary_calls_are_rate_limited_is_a_429_until_they_may_go(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """The upstream rate-limits the caller's summary calls (429, ``Retry-After: 30``): the
+    compaction is refused as a rate limit with the upstream's wait, and so is the next one
+    while that wait lasts, without another call; another tenant compacts meanwhile."""
+    limited = partial(
+        provider_error, 429, "requests", "rate_limit_exceeded", **{"Retry-After": "30"}
+    )
+    failed: list[str] = []
+    upstream = await failing_summaries(fake, aiohttp_server, {"sk-alice"}, limited, failed)
+    proxy = await make_proxy(routes=[native_route(upstream)])
+    async with client(proxy.url) as alice, client(proxy.url, "sk-bob") as bob:
+        with pytest.raises(openai.RateLimitError) as first:
+            await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+        with pytest.raises(openai.RateLimitError) as again:
+            await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+        compacted = await bob.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+    assert first.value.response.headers["retry-after"] == "30"
+    assert 1 <= int(again.value.response.headers["retry-after"]) <= 30
+    assert first.value.code == again.value.code == "rate_limit_exceeded"
+    assert compacted.output[-1].type == "compaction"
+    assert failed == ["sk-alice"] and len(fake.summary_requests) == 1  # and bob's
+
+
+async def test_a_compaction_while_the_summarizer_is_down_is_a_503_saying_when_to_come_back(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """The summary call fails as an outage (a 500): 503 ``compaction_unavailable``, with a
+    ``Retry-After`` for the breaker's first probe, not an open-ended "try again"."""
+    down = partial(provider_error, 500, "server_error", None)
+    upstream = await failing_summaries(fake, aiohttp_server, {"sk-alice"}, down, [])
+    proxy = await make_proxy(routes=[native_route(upstream)])
+    async with client(proxy.url) as alice:
+        with pytest.raises(openai.InternalServerError) as refused:
+            await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+    assert refused.value.status_code == 503 and refused.value.code == "compaction_unavailable"
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 2
 
 
 async def test_relay_sends_compact_to_an_upstream_that_has_it(

@@ -10,6 +10,7 @@ import pytest
 from compaction_proxy.compaction.guards.breaker import (
     FailureScope,
     SummaryBreaker,
+    Wait,
     concerns_the_caller_alone,
     failure_scope,
 )
@@ -174,3 +175,24 @@ def test_calls_that_fail_after_the_summarizer_opened_do_not_lengthen_its_wait() 
     assert not breaker.allow("r", "in-flight-3")
     clock.now += 4.1
     assert breaker.allow("r", "c")
+
+
+def test_a_caller_kept_waiting_is_told_why_and_for_how_long_and_one_free_to_call_is_not() -> None:
+    clock = Clock()
+    breaker = SummaryBreaker(60, refused_seconds=300, clock=clock)
+    breaker.failed("r", "limited", "http_429", retry_after=20)
+    breaker.failed("r", "refused", "http_401")
+    breaker.failed("r", "dull", "empty")  # the summarizer answered: nothing to wait for
+    clock.now += 5
+    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 15)
+    assert breaker.waiting("r", "refused") == Wait(FailureScope.REFUSED, 295)
+    assert breaker.waiting("r", "dull") is None and breaker.waiting("r", "other") is None
+    outage(breaker, "a", "b")  # opens the summarizer for 4 s
+    clock.now += 1
+    assert breaker.waiting("r", "other") == Wait(FailureScope.OUTAGE, 3)
+    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 14)  # its own first
+    clock.now += 3
+    assert breaker.allow("r", "probe")
+    assert breaker.waiting("r", "other") == Wait(FailureScope.OUTAGE, 2)  # the probe's time
+    breaker.succeeded("r", "probe")
+    assert breaker.waiting("r", "other") is None

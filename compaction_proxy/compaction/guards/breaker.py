@@ -40,6 +40,23 @@ class FailureScope(Enum):
     ALIVE = "alive"  # the summarizer answered: nothing to wait for
 
 
+@dataclass(frozen=True)
+class Wait:
+    """Why a tenant may not call a summarizer now, and for how many more seconds: its own
+    back-off (for the scope of the failure that started it), or the summarizer open
+    (``OUTAGE``). A compaction the client asked for answers it as such (a rate limit is a
+    429, an outage a 503), both with the seconds as ``Retry-After``."""
+
+    scope: FailureScope
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _BackOff:
+    until: float
+    scope: FailureScope
+
+
 def failure_scope(reason: str) -> FailureScope:
     """What a failed summary call says, by its reason (pure)."""
     if reason in _OUTAGE_REASONS or reason.startswith("http_5"):
@@ -72,7 +89,7 @@ class SummaryBreaker:
     _open_until: dict[str, float] = field(default_factory=dict)  # by summarizer
     _probing: set[str] = field(default_factory=set)
     _outages: dict[str, dict[str, float]] = field(default_factory=dict)  # summarizer: tenant: when
-    _backoff: dict[tuple[str, str], float] = field(default_factory=dict)  # (summarizer, tenant)
+    _backoff: dict[tuple[str, str], _BackOff] = field(default_factory=dict)  # (summarizer, tenant)
     _outages_in_a_row: dict[str, int] = field(default_factory=dict)  # by summarizer
 
     def __post_init__(self) -> None:
@@ -85,7 +102,8 @@ class SummaryBreaker:
         """May ``tenant`` call ``summarizer`` now? Not while its own back-off lasts; and while
         the summarizer is open, only the first caller after the cooldown (the probe)."""
         now = self.clock()
-        if self._backoff.get((summarizer, tenant), now) > now:
+        backoff = self._backoff.get((summarizer, tenant))
+        if backoff is not None and backoff.until > now:
             return False
         until = self._open_until.get(summarizer)
         if until is None:
@@ -94,6 +112,24 @@ class SummaryBreaker:
             return False
         self._probing.add(summarizer)
         return True
+
+    def waiting(self, summarizer: str, tenant: str) -> Wait | None:
+        """Why ``tenant`` may not call ``summarizer`` now and how long it has to wait; None
+        when it may. Its own back-off comes first; an open summarizer whose wait has passed
+        is being probed, so a caller other than the probe waits as long as the probe may take
+        (``first_probe_seconds``)."""
+        now = self.clock()
+        backoff = self._backoff.get((summarizer, tenant))
+        if backoff is not None and backoff.until > now:
+            return Wait(backoff.scope, backoff.until - now)
+        until = self._open_until.get(summarizer)
+        if until is None:
+            return None
+        if now < until:
+            return Wait(FailureScope.OUTAGE, until - now)
+        if summarizer in self._probing:
+            return Wait(FailureScope.OUTAGE, self.first_probe_seconds)
+        return None
 
     def is_open(self, summarizer: str) -> bool:
         """Whether ``summarizer`` is open or half-open: only a probe may call it."""
@@ -124,7 +160,7 @@ class SummaryBreaker:
         until = self._open_until.get(summarizer)
         if until is not None and now < until and scope is FailureScope.OUTAGE:
             # A call made before the summarizer opened: the opening stands as it is.
-            self._back_off(summarizer, tenant, until)
+            self._back_off(summarizer, tenant, until, scope)
             return
         self._probing.discard(summarizer)  # half-open, this is the probe's answer
         wait = self.cooldown_seconds
@@ -134,7 +170,7 @@ class SummaryBreaker:
             wait = retry_after
         elif scope is FailureScope.OUTAGE:
             wait = self.outage_wait(summarizer)
-        self._back_off(summarizer, tenant, now + wait)
+        self._back_off(summarizer, tenant, now + wait, scope)
         if scope is not FailureScope.OUTAGE:
             return
         seen = self._outages.setdefault(summarizer, {})
@@ -150,9 +186,9 @@ class SummaryBreaker:
         """An allowed call never happened (the conversation was busy): free the probe slot."""
         self._probing.discard(summarizer)
 
-    def _back_off(self, summarizer: str, tenant: str, until: float) -> None:
+    def _back_off(self, summarizer: str, tenant: str, until: float, scope: FailureScope) -> None:
         if len(self._backoff) >= self.max_tenants:
             now = self.clock()
-            for key in [k for k, v in self._backoff.items() if v <= now]:
+            for key in [k for k, v in self._backoff.items() if v.until <= now]:
                 del self._backoff[key]
-        self._backoff[(summarizer, tenant)] = until
+        self._backoff[(summarizer, tenant)] = _BackOff(until, scope)
