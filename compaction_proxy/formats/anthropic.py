@@ -21,6 +21,7 @@ from compaction_proxy.formats.anthropic_blocks import (
     Entry,
     TranslatedMessages,
     lossless,
+    rebreakpointed,
     system_message,
     translate_messages,
     with_checkpoint_breakpoint,
@@ -76,8 +77,8 @@ def parse_messages_request(
         translated, reused = translate_messages(body), 0
     else:
         body = check_object_with_model(extension.body)
-        prefix = _reusable(extension, body)
-        translated = translate_messages(body, prefix, extension.known)
+        prefix, start = _reusable(extension, body)
+        translated = translate_messages(body, prefix, start)
         reused = 0 if prefix is None else len(prefix.messages)
     digests = translated_digests(translated.messages, reused, extension, known)
     lineage = remembered(
@@ -107,24 +108,33 @@ def _last_entry(group: tuple[int, ...]) -> int:
     return group[-1]
 
 
-def _reusable(extension: Extension, body: dict[str, Any]) -> TranslatedMessages | None:
-    """The remembered body's translation of the turns this body shares with it (its first
-    ``extension.known``), under the same ``system``; None when there is none to take."""
+def _reusable(extension: Extension, body: dict[str, Any]) -> tuple[TranslatedMessages | None, int]:
+    """The remembered body's translation of the turns this body shares with it, under the
+    same ``system``, and the turn the rest is translated from; (None, 0) when there is none
+    to take. The turns shared are its first ``extension.known``, and the one after them too
+    when only breakpoints moved on it (``rebreakpointed``)."""
     base = extension.base.translation
     if not isinstance(base, TranslatedMessages):
-        return None
+        return None, 0
     head = 1 if base.groups and not base.groups[0] else 0
     system = system_message(body)
     if (base.messages[0] if head else None) != system:
-        return None
+        return None, 0
     # A parsed body's entries run in turn order, and its groups (the head's empty one aside)
     # in the order of their last entry: both are searched by bisection, not walked.
-    entries = base.entries
-    shared = bisect.bisect_left(entries, extension.known, key=_entry_turn)  # the shared turns'
-    count = bisect.bisect_left(base.groups, shared, lo=head, key=_last_entry)
-    return TranslatedMessages(
-        base.messages[:count], base.groups[:count], entries[:shared], base.sealed
-    )
+    entries, known = base.entries, extension.known
+    shared = bisect.bisect_left(entries, known, key=_entry_turn)  # the shared turns'
+    turns = body.get("messages")
+    moved = None
+    if isinstance(turns, list) and known < len(turns):
+        ends = bisect.bisect_left(entries, known + 1, lo=shared, key=_entry_turn)
+        moved = rebreakpointed(turns[known], known, entries[shared:ends])
+    kept = entries[:shared]
+    if moved is not None:
+        kept += moved
+        known += 1
+    count = bisect.bisect_left(base.groups, len(kept), lo=head, key=_last_entry)
+    return TranslatedMessages(base.messages[:count], base.groups[:count], kept, base.sealed), known
 
 
 def messages_payload(request: ClientRequest, surface: Surface) -> bytes:

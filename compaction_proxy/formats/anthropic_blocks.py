@@ -204,6 +204,42 @@ def translate_messages(
     return TranslatedMessages(messages, groups, entries, sealed)
 
 
+# Blocks whose translation leaves their own ``cache_control`` out (text as a text part, a call
+# as a tool call, a result as a tool message): moving a breakpoint on them moves nothing in it.
+_BREAKPOINT_FREE = frozenset({"text", "tool_use", "tool_result"})
+
+
+def _unmarked(block: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in block.items() if key != "cache_control"}
+
+
+def rebreakpointed(turn: Any, turn_index: int, old: Sequence[Entry]) -> list[Entry] | None:
+    """The entries of ``turn`` when it holds the very blocks of ``old`` (a remembered body's
+    entries of that turn) but for the ``cache_control`` breakpoints on them: Claude Code moves
+    its breakpoint off the turn it sent last on every request. Its translation is then the
+    remembered one, message for message; only the entries, which are written back as sent,
+    are the new blocks. None for any other difference, and where a breakpoint moved on a
+    block whose translation keeps it (an image, say, is a part as sent)."""
+    content = turn.get("content") if isinstance(turn, dict) else None
+    if not isinstance(content, list) or not old or len(content) != len(old):
+        return None
+    role = turn.get("role")
+    if role != old[0].role:
+        return None
+    for block, entry in zip(content, old, strict=True):
+        was = entry.content
+        if block == was:
+            continue
+        if (
+            not isinstance(block, dict)
+            or not isinstance(was, dict)
+            or block.get("type") not in _BREAKPOINT_FREE
+            or _unmarked(block) != _unmarked(was)
+        ):
+            return None
+    return [Entry(turn_index, role, block) for block in content]
+
+
 def _close_run(
     messages: list[Message], groups: list[tuple[int, ...]], entries: list[Entry], run: list[int]
 ) -> None:

@@ -588,6 +588,7 @@ def messages_outcome(
             st.integers(1, 10),
             st.sampled_from([None, "Be brief.", [{"type": "text", "text": "Be brief."}], 7]),
             st.sampled_from(sorted(STYLES)),
+            st.booleans(),
         ),
         min_size=1,
         max_size=6,
@@ -597,18 +598,22 @@ def messages_outcome(
 def test_a_growing_messages_conversation_parses_as_if_each_body_were_parsed_whole(
     shared: list[Any],
     forks: list[list[Any]],
-    steps: list[tuple[int, int, Any, str]],
+    steps: list[tuple[int, int, Any, str, bool]],
     hint: str | None,
 ) -> None:
     """Anthropic's Messages: translation, entries, digests and chain included, whatever the
-    order of bodies and however their ``system`` changes (or is not valid)."""
+    order of bodies, however their ``system`` changes (or is not valid), and wherever a
+    breakpoint stands (on the newest turn's last block, as Claude Code moves it, or none)."""
     known, recent = KnownMessages(), RecentBodies()
-    for fork, cut, system_prompt, style in steps:
-        value: dict[str, Any] = {
-            "model": "m",
-            "max_tokens": 64,
-            "messages": [*shared, *forks[fork % len(forks)]][:cut],
-        }
+    for fork, cut, system_prompt, style, marked in steps:
+        history = [*shared, *forks[fork % len(forks)]][:cut]
+        newest = history[-1] if history else None
+        if marked and isinstance(newest, dict) and isinstance(newest.get("content"), list):
+            blocks = newest["content"]
+            if blocks and isinstance(blocks[-1], dict):
+                last = {**blocks[-1], "cache_control": {"type": "ephemeral"}}
+                history[-1] = {**newest, "content": [*blocks[:-1], last]}
+        value: dict[str, Any] = {"model": "m", "max_tokens": 64, "messages": history}
         if system_prompt is not None:
             value["system"] = system_prompt
         raw = STYLES[style](value)
@@ -642,18 +647,21 @@ def test_an_appended_messages_body_is_translated_from_the_recent_one() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(turns=st.integers(3, 40), moved=st.data())
-def test_a_moved_cache_breakpoint_reuses_every_turn_before_it(
-    turns: int, moved: st.DataObject
+@given(turns=st.integers(3, 40), moved=st.data(), kind=st.sampled_from(["text", "image", "edit"]))
+def test_a_moved_cache_breakpoint_reuses_every_turn_up_to_it_and_its_own_when_only_it_moved(
+    turns: int, moved: st.DataObject, kind: str
 ) -> None:
     """Claude Code moves its breakpoint from the turn it sent last to the newest: a body
     differing from the remembered one at any earlier turn past its first two (the opening a
     body is filed under) is translated from the remembered turns before that turn, exactly
-    (not vacuous: the shared messages are the same objects)."""
+    (not vacuous: the shared messages are the same objects); that turn's own too when only a
+    breakpoint on a text block moved, its entry then the block as now sent. A breakpoint on
+    an image (a part kept as sent) or an edited text is translated again."""
+    image = {"type": "image", "source": {"type": "base64", "data": "AA=="}}
     history = [
         {
             "role": "user" if i % 2 == 0 else "assistant",
-            "content": [{"type": "text", "text": f"turn {i}"}],
+            "content": [{"type": "text", "text": f"turn {i}"}, image],
         }
         for i in range(turns)
     ]
@@ -661,14 +669,19 @@ def test_a_moved_cache_breakpoint_reuses_every_turn_before_it(
     known, recent = KnownMessages(), RecentBodies()
     value = {"model": "m", "max_tokens": 9, "messages": history}
     first = parse_messages_request(STYLES["compact"](value), known, (), recent)
-    later = [dict(turn) for turn in history]
-    block = {**later[changed]["content"][0], "cache_control": {"type": "ephemeral"}}
-    later[changed] = {**later[changed], "content": [block]}
+    later = [{**turn, "content": list(turn["content"])} for turn in history]
+    at = 1 if kind == "image" else 0
+    block = later[changed]["content"][at]
+    if kind == "edit":
+        block = {**block, "text": "edited"}
+    later[changed]["content"][at] = {**block, "cache_control": {"type": "ephemeral"}}
     raw = STYLES["compact"]({**value, "messages": [*later, {"role": "user", "content": "go"}]})
     second = parse_messages_request(raw, known, (), recent)
-    assert messages_outcome(raw, KnownMessages(), None)[2] == second.messages
+    whole = messages_outcome(raw, KnownMessages(), None)
+    assert (second.messages, second.digests) == (whole[2], whole[4])
+    assert [(e.turn, e.role, e.content) for e in second.translation.entries] == whole[5]
     assert all(a is b for a, b in zip(second.messages[:changed], first.messages, strict=False))
-    assert second.messages[changed] is not first.messages[changed]
+    assert (second.messages[changed] is first.messages[changed]) is (kind == "text")
 
 
 def test_a_function_call_after_an_answer_and_its_reasoning_parses_as_the_whole_body() -> None:
