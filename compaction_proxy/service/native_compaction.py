@@ -86,34 +86,35 @@ class MadeAnswer:
 
 
 class CompactionUnavailable(Exception):
-    """No checkpoint could be made now (the summarizer down, ...); ``retry_after``: the
-    seconds after which one may be, when the proxy knows them."""
+    """No checkpoint could be made now (the summarizer down, ...)."""
+
+
+class CompactionRateLimited(CompactionUnavailable):
+    """A rate limit: the summary calls a minute at their ceiling (the caller's own, or its
+    route's), or the upstream rate-limiting the caller's summary calls. Answered as one (429),
+    as the admin API does, not as the proxy being down; ``retry_after``: the seconds to wait,
+    when the proxy knows them (the ceiling's minute, or the upstream's stated wait)."""
 
     def __init__(self, reason: str, retry_after: int | None = None) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
 
 
-class CompactionRateLimited(CompactionUnavailable):
-    """A rate limit: the summary calls a minute at their ceiling (the caller's own, or its
-    route's), or the upstream rate-limiting the summary calls. Answered as one (429,
-    ``Retry-After``), as the admin API does, not as the proxy being down."""
-
-
 def summarizer_refusal(made: Round, wait: Wait | None) -> CompactionUnavailable:
     """Why a round that made no summary (its summary call failed, or the breaker let none
     go: ``made``) leaves the client without a compaction, as the client should read it
-    (pure). ``wait`` is the breaker's word on the caller after the round: a rate limit on
-    the summary calls is the caller's own (429), an outage or a refused credential the
-    service's (503); either way with the seconds it lasts as ``retry_after``."""
+    (pure). ``wait`` is the breaker's word on the caller after the round. The upstream
+    rate-limiting the caller's summary calls is a rate limit (429), with its wait when it
+    stated one (a quota spent states none: the client hears at once, not after waiting out
+    the breaker's own cooldown); anything else is the service's (503), as the compaction
+    endpoint an upstream lacks would fail at once without the proxy."""
     reason = made.failure.reason if made.failure is not None else made.outcome.value
-    said = f"no summary could be made ({reason})"
-    if wait is None:
-        return CompactionUnavailable(said)
-    seconds = max(1, math.ceil(wait.seconds))
-    if wait.scope is FailureScope.RATE_LIMITED:
-        return CompactionRateLimited(f"the summary calls are rate-limited ({reason})", seconds)
-    return CompactionUnavailable(said, seconds)
+    if wait is not None and wait.scope is FailureScope.RATE_LIMITED:
+        seconds = max(1, math.ceil(wait.seconds)) if wait.stated else None
+        return CompactionRateLimited(
+            "the upstream is rate-limiting this key's summary calls", seconds
+        )
+    return CompactionUnavailable(f"no summary could be made ({reason})")
 
 
 async def _key_and_tenant(services: Services, headers: Mapping[str, str]) -> tuple[bytes, str]:
@@ -168,14 +169,14 @@ def transcript(messages: Sequence[Message]) -> str:
     return "\n\n".join(lines)
 
 
-def _unavailable(wire: WireFormat, reason: str, retry_after: int | None = None) -> MadeAnswer:
+def _unavailable(wire: WireFormat, reason: str) -> MadeAnswer:
     message = f"The conversation could not be compacted: {reason}. Try again shortly."
     body = wire.error_body(503, message, error_type="server_error", code="compaction_unavailable")
-    return MadeAnswer(503, orjson.dumps(body), retry_after=retry_after)
+    return MadeAnswer(503, orjson.dumps(body))
 
 
-def _rate_limited(wire: WireFormat, reason: str, retry_after: int) -> MadeAnswer:
-    """A rate limit, as the client's API says one, with when to come back."""
+def _rate_limited(wire: WireFormat, reason: str, retry_after: int | None) -> MadeAnswer:
+    """A rate limit, as the client's API says one, with when to come back if known."""
     message = f"The conversation could not be compacted now: {reason}."
     body = wire.error_body(429, message, error_type="requests", code="rate_limit_exceeded")
     return MadeAnswer(429, orjson.dumps(body), retry_after=retry_after)
@@ -269,10 +270,10 @@ class NativeCompaction:
             return await self._whole()
         except CompactionRateLimited as exc:
             log.info("a compaction asked for not made: %s", exc)
-            return _rate_limited(wire, str(exc), exc.retry_after or CEILING_WINDOW_SECONDS)
+            return _rate_limited(wire, str(exc), exc.retry_after)
         except CompactionUnavailable as exc:
             log.warning("a compaction asked for not made: %s", exc)
-            return _unavailable(wire, str(exc), exc.retry_after)
+            return _unavailable(wire, str(exc))
         except StoreUnavailable as exc:
             log.warning("a compaction asked for not made: store unavailable (%s)", exc.operation)
             return _unavailable(wire, "the proxy's store is unavailable")

@@ -239,11 +239,28 @@ async def test_a_compaction_whose_summary_calls_are_rate_limited_is_a_429_until_
     assert failed == ["sk-alice"] and len(fake.summary_requests) == 1  # and bob's
 
 
-async def test_a_compaction_while_the_summarizer_is_down_is_a_503_saying_when_to_come_back(
+async def test_a_spent_quota_is_a_429_without_a_wait_of_the_proxys_own_making(
     make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
 ) -> None:
-    """The summary call fails as an outage (a 500): 503 ``compaction_unavailable``, with a
-    ``Retry-After`` for the breaker's first probe, not an open-ended "try again"."""
+    """A 429 stating no wait (OpenAI's ``insufficient_quota``): a rate limit, without a
+    ``Retry-After`` of the breaker's own making, so an SDK retries briefly and gives up at
+    once, as it would on the upstream's own answer."""
+    spent = partial(provider_error, 429, "insufficient_quota", "insufficient_quota")
+    upstream = await failing_summaries(fake, aiohttp_server, {"sk-alice"}, spent, [])
+    proxy = await make_proxy(routes=[native_route(upstream)])
+    async with client(proxy.url) as alice:
+        for _ in range(2):  # the first call's answer, then the breaker's back-off
+            with pytest.raises(openai.RateLimitError) as refused:
+                await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+            assert "retry-after" not in refused.value.response.headers
+            assert "rate-limiting" in refused.value.message
+
+
+async def test_a_compaction_while_the_summarizer_is_down_is_a_503_at_once(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """The summary call fails as an outage (a 500): 503 ``compaction_unavailable`` with no
+    wait to sit out; the client's own fallback takes over as soon as its SDK gives up."""
     down = partial(provider_error, 500, "server_error", None)
     upstream = await failing_summaries(fake, aiohttp_server, {"sk-alice"}, down, [])
     proxy = await make_proxy(routes=[native_route(upstream)])
@@ -251,7 +268,7 @@ async def test_a_compaction_while_the_summarizer_is_down_is_a_503_saying_when_to
         with pytest.raises(openai.InternalServerError) as refused:
             await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
     assert refused.value.status_code == 503 and refused.value.code == "compaction_unavailable"
-    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 2
+    assert "retry-after" not in refused.value.response.headers
 
 
 async def test_relay_sends_compact_to_an_upstream_that_has_it(

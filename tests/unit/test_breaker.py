@@ -181,16 +181,18 @@ def test_a_caller_kept_waiting_is_told_why_and_for_how_long_and_one_free_to_call
     clock = Clock()
     breaker = SummaryBreaker(60, refused_seconds=300, clock=clock)
     breaker.failed("r", "limited", "http_429", retry_after=20)
+    breaker.failed("r", "unfunded", "http_429")  # no wait stated: the breaker's cooldown
     breaker.failed("r", "refused", "http_401")
     breaker.failed("r", "dull", "empty")  # the summarizer answered: nothing to wait for
     clock.now += 5
-    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 15)
+    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 15, stated=True)
+    assert breaker.waiting("r", "unfunded") == Wait(FailureScope.RATE_LIMITED, 55, stated=False)
     assert breaker.waiting("r", "refused") == Wait(FailureScope.REFUSED, 295)
     assert breaker.waiting("r", "dull") is None and breaker.waiting("r", "other") is None
     outage(breaker, "a", "b")  # opens the summarizer for 4 s
     clock.now += 1
     assert breaker.waiting("r", "other") == Wait(FailureScope.OUTAGE, 3)
-    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 14)  # its own first
+    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 14, True)  # its own
     clock.now += 3
     assert breaker.allow("r", "probe")
     assert breaker.waiting("r", "other") == Wait(FailureScope.OUTAGE, 2)  # the probe's time

@@ -19,21 +19,29 @@ def failed(reason: str) -> Round:
     return Round(Outcome.SUMMARY_FAILED, failure=SummaryFailed(reason))
 
 
+BREAKER = Round(Outcome.BREAKER)
+LIMITED = FailureScope.RATE_LIMITED
+
+
 @pytest.mark.parametrize(
-    ("made", "wait", "rate_limited", "retry_after", "said"),
+    ("made", "wait", "rate_limited", "retry_after"),
     [
-        (failed("http_429"), Wait(FailureScope.RATE_LIMITED, 30), True, 30, "http_429"),
-        (Round(Outcome.BREAKER), Wait(FailureScope.RATE_LIMITED, 0.2), True, 1, "breaker"),
-        (failed("http_503"), Wait(FailureScope.OUTAGE, 2), False, 2, "http_503"),
-        (Round(Outcome.BREAKER), Wait(FailureScope.OUTAGE, 41.5), False, 42, "breaker"),
-        (failed("http_401"), Wait(FailureScope.REFUSED, 300), False, 300, "http_401"),
-        (failed("empty"), None, False, None, "empty"),
+        (failed("http_429"), Wait(LIMITED, 30, stated=True), True, 30),
+        (BREAKER, Wait(LIMITED, 0.2, stated=True), True, 1),
+        (failed("http_429"), Wait(LIMITED, 60), True, None),  # the breaker's own cooldown
+        (BREAKER, Wait(LIMITED, 41.5), True, None),
+        (failed("http_503"), Wait(FailureScope.OUTAGE, 2), False, None),
+        (BREAKER, Wait(FailureScope.OUTAGE, 41.5), False, None),
+        (failed("http_401"), Wait(FailureScope.REFUSED, 300), False, None),
+        (failed("empty"), None, False, None),
     ],
 )
-def test_a_rate_limit_is_the_callers_and_anything_else_the_services_each_with_its_wait(
-    made: Round, wait: Wait | None, rate_limited: bool, retry_after: int | None, said: str
+def test_a_rate_limit_is_the_callers_with_only_a_stated_wait_and_anything_else_the_services(
+    made: Round, wait: Wait | None, rate_limited: bool, retry_after: int | None
 ) -> None:
     refusal = summarizer_refusal(made, wait)
     assert isinstance(refusal, CompactionRateLimited) is rate_limited
     assert isinstance(refusal, CompactionUnavailable)
-    assert refusal.retry_after == retry_after and said in str(refusal)
+    assert getattr(refusal, "retry_after", None) == retry_after
+    reason = made.failure.reason if made.failure is not None else "breaker"
+    assert ("rate-limiting" if rate_limited else reason) in str(refusal)

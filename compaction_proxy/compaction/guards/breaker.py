@@ -44,17 +44,20 @@ class FailureScope(Enum):
 class Wait:
     """Why a tenant may not call a summarizer now, and for how many more seconds: its own
     back-off (for the scope of the failure that started it), or the summarizer open
-    (``OUTAGE``). A compaction the client asked for answers it as such (a rate limit is a
-    429, an outage a 503), both with the seconds as ``Retry-After``."""
+    (``OUTAGE``); ``stated``: the wait is the one the upstream stated (a rate limit's
+    ``Retry-After``), not the breaker's own. A compaction the client asked for answers a
+    rate limit as one (429), passing on only a stated wait."""
 
     scope: FailureScope
     seconds: float
+    stated: bool = False
 
 
 @dataclass(frozen=True)
 class _BackOff:
     until: float
     scope: FailureScope
+    stated: bool = False
 
 
 def failure_scope(reason: str) -> FailureScope:
@@ -121,7 +124,7 @@ class SummaryBreaker:
         now = self.clock()
         backoff = self._backoff.get((summarizer, tenant))
         if backoff is not None and backoff.until > now:
-            return Wait(backoff.scope, backoff.until - now)
+            return Wait(backoff.scope, backoff.until - now, backoff.stated)
         until = self._open_until.get(summarizer)
         if until is None:
             return None
@@ -170,7 +173,8 @@ class SummaryBreaker:
             wait = retry_after
         elif scope is FailureScope.OUTAGE:
             wait = self.outage_wait(summarizer)
-        self._back_off(summarizer, tenant, now + wait, scope)
+        stated = scope is FailureScope.RATE_LIMITED and retry_after is not None
+        self._back_off(summarizer, tenant, now + wait, scope, stated)
         if scope is not FailureScope.OUTAGE:
             return
         seen = self._outages.setdefault(summarizer, {})
@@ -186,9 +190,11 @@ class SummaryBreaker:
         """An allowed call never happened (the conversation was busy): free the probe slot."""
         self._probing.discard(summarizer)
 
-    def _back_off(self, summarizer: str, tenant: str, until: float, scope: FailureScope) -> None:
+    def _back_off(
+        self, summarizer: str, tenant: str, until: float, scope: FailureScope, stated: bool = False
+    ) -> None:
         if len(self._backoff) >= self.max_tenants:
             now = self.clock()
             for key in [k for k, v in self._backoff.items() if v.until <= now]:
                 del self._backoff[key]
-        self._backoff[(summarizer, tenant)] = _BackOff(until, scope)
+        self._backoff[(summarizer, tenant)] = _BackOff(until, scope, stated)
