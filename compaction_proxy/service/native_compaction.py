@@ -101,9 +101,9 @@ class CompactionRateLimited(CompactionUnavailable):
 
 
 def summarizer_refusal(made: Round, wait: Wait | None) -> CompactionUnavailable:
-    """Why a round that made no summary (its summary call failed, or the breaker let none
-    go: ``made``) leaves the client without a compaction, as the client should read it
-    (pure). ``wait`` is the breaker's word on the caller after the round. The upstream
+    """Why a round that committed no checkpoint (``made``: its summary call failed, the
+    breaker let none go, ...) leaves the client without a compaction, as the client should
+    read it (pure). ``wait``: the caller's own back-off after the round, if any. The upstream
     rate-limiting the caller's summary calls is a rate limit (429), with its wait when it
     stated one (a quota spent states none: the client hears at once, not after waiting out
     the breaker's own cooldown); anything else is the service's (503), as the compaction
@@ -330,8 +330,7 @@ class NativeCompaction:
                 wait = engine.breaker.waiting(job.summarizer, job.view.tenant)
                 raise summarizer_refusal(made, wait)
             if made.outcome is not Outcome.COMMITTED or made.state is None:
-                reason = made.failure.reason if made.failure is not None else made.outcome.value
-                raise CompactionUnavailable(f"no summary could be made ({reason})")
+                raise summarizer_refusal(made, None)
             state = made.state
         raise CompactionUnavailable("the history did not fit the summary calls allowed")
 

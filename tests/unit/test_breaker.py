@@ -177,7 +177,7 @@ def test_calls_that_fail_after_the_summarizer_opened_do_not_lengthen_its_wait() 
     assert breaker.allow("r", "c")
 
 
-def test_a_caller_kept_waiting_is_told_why_and_for_how_long_and_one_free_to_call_is_not() -> None:
+def test_a_caller_is_told_its_own_back_off_and_how_long_it_lasts_and_nothing_else() -> None:
     clock = Clock()
     breaker = SummaryBreaker(60, refused_seconds=300, clock=clock)
     breaker.failed("r", "limited", "http_429", retry_after=20)
@@ -189,12 +189,11 @@ def test_a_caller_kept_waiting_is_told_why_and_for_how_long_and_one_free_to_call
     assert breaker.waiting("r", "unfunded") == Wait(FailureScope.RATE_LIMITED, 55, stated=False)
     assert breaker.waiting("r", "refused") == Wait(FailureScope.REFUSED, 295)
     assert breaker.waiting("r", "dull") is None and breaker.waiting("r", "other") is None
-    outage(breaker, "a", "b")  # opens the summarizer for 4 s
+    outage(breaker, "a", "b")  # backs a off 2 s; b's opens the summarizer for 4 s
     clock.now += 1
-    assert breaker.waiting("r", "other") == Wait(FailureScope.OUTAGE, 3)
-    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 14, True)  # its own
-    clock.now += 3
-    assert breaker.allow("r", "probe")
-    assert breaker.waiting("r", "other") == Wait(FailureScope.OUTAGE, 2)  # the probe's time
-    breaker.succeeded("r", "probe")
-    assert breaker.waiting("r", "other") is None
+    assert not breaker.allow("r", "other")
+    assert breaker.waiting("r", "other") is None  # everyone's outage, not its own back-off
+    assert breaker.waiting("r", "a") == Wait(FailureScope.OUTAGE, 1)
+    assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 14, stated=True)
+    clock.now += 14
+    assert breaker.waiting("r", "limited") is None and breaker.waiting("r", "a") is None

@@ -42,11 +42,10 @@ class FailureScope(Enum):
 
 @dataclass(frozen=True)
 class Wait:
-    """Why a tenant may not call a summarizer now, and for how many more seconds: its own
-    back-off (for the scope of the failure that started it), or the summarizer open
-    (``OUTAGE``); ``stated``: the wait is the one the upstream stated (a rate limit's
-    ``Retry-After``), not the breaker's own. A compaction the client asked for answers a
-    rate limit as one (429), passing on only a stated wait."""
+    """A tenant's own back-off from a summarizer: the scope of the failure that started it,
+    the seconds left, and whether those are the upstream's stated wait (a rate limit's
+    ``Retry-After``) rather than the breaker's own. A compaction the client asked for answers
+    a rate limit as one (429), passing on only a stated wait."""
 
     scope: FailureScope
     seconds: float
@@ -117,22 +116,13 @@ class SummaryBreaker:
         return True
 
     def waiting(self, summarizer: str, tenant: str) -> Wait | None:
-        """Why ``tenant`` may not call ``summarizer`` now and how long it has to wait; None
-        when it may. Its own back-off comes first; an open summarizer whose wait has passed
-        is being probed, so a caller other than the probe waits as long as the probe may take
-        (``first_probe_seconds``)."""
-        now = self.clock()
+        """``tenant``'s own back-off from ``summarizer``, while it lasts; None otherwise (an
+        open summarizer is everyone's outage, not the tenant's)."""
         backoff = self._backoff.get((summarizer, tenant))
-        if backoff is not None and backoff.until > now:
-            return Wait(backoff.scope, backoff.until - now, backoff.stated)
-        until = self._open_until.get(summarizer)
-        if until is None:
+        now = self.clock()
+        if backoff is None or backoff.until <= now:
             return None
-        if now < until:
-            return Wait(FailureScope.OUTAGE, until - now)
-        if summarizer in self._probing:
-            return Wait(FailureScope.OUTAGE, self.first_probe_seconds)
-        return None
+        return Wait(backoff.scope, backoff.until - now, backoff.stated)
 
     def is_open(self, summarizer: str) -> bool:
         """Whether ``summarizer`` is open or half-open: only a probe may call it."""
