@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from compaction_proxy.ops.app import create_app
 from compaction_proxy.store import MemoryStore, Store
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.redis_cluster import ClusterInBackground
 from tests.redis_server import RedisServer, shared_redis_url
 from tests.reports import REPORTS, TRANSCRIPT_REPLAY
 
@@ -30,6 +32,17 @@ from tests.reports import REPORTS, TRANSCRIPT_REPLAY
 TIERS = frozenset({"unit", "store", "e2e", "system", "deploy"})
 SLOW_TIERS = frozenset({"system", "deploy"})
 TESTS = Path(__file__).parent
+_CLUSTER = pytest.StashKey["ClusterInBackground"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compiled modules are cached in ``__pycache__`` (git-ignored) for the run, even where the
+    environment says not to (``PYTHONDONTWRITEBYTECODE``, as container images often set).
+    Otherwise every xdist worker and every proxy process a test starts compiles the package
+    and the test modules from source again: 14 s of CPU in the quick tier's 71 on two cores.
+    Workers and subprocesses inherit the environment, so it is cleared there too."""
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,15 +82,30 @@ async def private_redis() -> AsyncIterator[RedisServer]:
     await server.stop()
 
 
-@pytest.fixture(scope="session")
-def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local three-master Redis Cluster, started once per test session."""
-    from tests.redis_cluster import RedisCluster
+def _wants_a_cluster(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    store_param = callspec.params.get("store") if callspec is not None else None
+    return store_param == "redis-cluster" or "redis_cluster_url" in getattr(
+        item, "fixturenames", ()
+    )
 
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
-    cluster.start()
-    yield cluster.url
-    cluster.stop()
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the Redis Cluster the selected tests need as soon as they are known, so its
+    start-up overlaps the tests that run first (``ClusterInBackground``)."""
+    if session.config.option.collectonly or not ClusterInBackground.possible():
+        return
+    if any(_wants_a_cluster(item) for item in session.items):
+        session.config.stash[_CLUSTER] = ClusterInBackground()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(request: pytest.FixtureRequest) -> str:
+    """A local three-master Redis Cluster, started once per test session (per xdist worker)."""
+    started = request.config.stash.get(_CLUSTER, None)
+    if started is None:  # the binaries are missing: RedisCluster skips, saying so
+        started = request.config.stash[_CLUSTER] = ClusterInBackground()
+    return started.ready().url
 
 
 @pytest.fixture(params=["memory", "redis", "redis-cluster"])
@@ -168,6 +196,9 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    cluster = session.config.stash.get(_CLUSTER, None)
+    if cluster is not None:
+        cluster.stop()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # a pytest-xdist worker
         workeroutput["reports"] = orjson.dumps(REPORTS).decode()
