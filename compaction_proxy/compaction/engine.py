@@ -45,6 +45,7 @@ from compaction_proxy.conversation.replacements import (
 )
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.metering.meter import Measurement, TokenMeter, counter_for
+from compaction_proxy.metering.overflow import NAMELESS_ERROR
 from compaction_proxy.metrics import COMPACTIONS, SUMMARY_BREAKER_OPEN, SUMMARY_DURATION
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.store.base import BeginResult, ConversationState, Store, StoreUnavailable
@@ -404,7 +405,8 @@ class Engine:
             SUMMARY_DURATION.labels(result="failed").observe(time.perf_counter() - started)
             log.warning("summary call failed: %s", failure.reason)
             tenant = view.tenant
-            self.breaker.failed(summarizer, tenant, failure.reason, failure.retry_after)
+            kind = failure.kind if failure.caller_credential else NAMELESS_ERROR
+            self.breaker.failed(summarizer, tenant, failure.reason, failure.retry_after, kind)
             SUMMARY_BREAKER_OPEN.labels(summarizer).set(self.breaker.is_open(summarizer))
             if concerns_the_caller_alone(failure.reason, failure.caller_credential):
                 await self.ceilings.give_back_route(self.store, job.route)

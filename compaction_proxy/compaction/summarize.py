@@ -19,7 +19,13 @@ from yarl import URL
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.formats.wire import SummaryReader, chat_summary_text
-from compaction_proxy.metering.overflow import classify_overflow, error_message
+from compaction_proxy.metering.overflow import (
+    NAMELESS_ERROR,
+    ErrorKind,
+    classify_overflow,
+    error_kind,
+    error_message,
+)
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.upstream_seam import (
     Upstream,
@@ -78,12 +84,14 @@ class SummaryFailed(Exception):
         limit: int | None = None,
         upstream_message: str = "",
         retry_after: float | None = None,
+        kind: ErrorKind = NAMELESS_ERROR,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.limit = limit
         self.upstream_message = upstream_message  # the error's own words, for operators
         self.retry_after = retry_after  # seconds a rate-limited caller is told to wait
+        self.kind = kind  # the error's type and code, as the upstream named them
         # Whether the call went out on the caller's own credential (not a key the proxy
         # holds): a refusal or a rate limit then concerns that caller's key alone.
         self.caller_credential = False
@@ -208,7 +216,9 @@ async def call_summarizer(
             raise SummaryFailed("overflow", verdict.limit)
     if not 200 <= status < 300:  # a redirect included: the proxy follows none
         said = error_message(raw)[:300]
-        raise SummaryFailed(f"http_{status}", upstream_message=said, retry_after=retry_after)
+        raise SummaryFailed(
+            f"http_{status}", upstream_message=said, retry_after=retry_after, kind=error_kind(raw)
+        )
     return _structured_summary(raw, read)
 
 

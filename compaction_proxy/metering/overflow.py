@@ -75,15 +75,49 @@ def error_message(body: bytes) -> str:
     return " ".join(_error_fields(body)[1].split())
 
 
-def _error_fields(body: bytes) -> tuple[str, str]:
-    """(code and type, message) of an error body; Gemini wraps it in a JSON array."""
+@dataclass(frozen=True)
+class ErrorKind:
+    """The ``type`` and ``code`` an upstream error names (OpenAI's shape), each only where it
+    is a plain identifier: what clients tell a spent quota (``insufficient_quota``, which
+    they do not retry) from a passing rate limit by."""
+
+    error_type: str | None = None
+    code: str | None = None
+
+
+NAMELESS_ERROR = ErrorKind()  # an error that names neither
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _identifier(value: Any) -> str | None:
+    return value if isinstance(value, str) and _IDENTIFIER.fullmatch(value) else None
+
+
+def error_kind(body: bytes) -> ErrorKind:
+    """The kind an upstream error body names; an empty kind for any other body."""
+    error = _error_object(body)
+    if not isinstance(error, dict):
+        return NAMELESS_ERROR
+    return ErrorKind(_identifier(error.get("type")), _identifier(error.get("code")))
+
+
+def _error_object(body: bytes) -> Any:
+    """An error body's ``error`` object (Gemini wraps the body in a JSON array); the body's
+    text when it is no JSON."""
     try:
         parsed: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return "", body.decode("utf-8", errors="replace")
+        return body.decode("utf-8", errors="replace")
     if isinstance(parsed, list) and parsed:
         parsed = parsed[0]
-    error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    return parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+
+
+def _error_fields(body: bytes) -> tuple[str, str]:
+    """(code and type, message) of an error body."""
+    error = _error_object(body)
+    if isinstance(error, str):
+        return "", error
     if not isinstance(error, dict):
         return "", str(error)
     code = f"{error.get('code') or ''} {error.get('type') or ''} {error.get('status') or ''}"

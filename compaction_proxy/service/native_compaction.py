@@ -53,6 +53,7 @@ from compaction_proxy.formats.sealed_checkpoints import (
 )
 from compaction_proxy.formats.wire import WireFormat
 from compaction_proxy.formats.wire_formats import RESPONSES
+from compaction_proxy.metering.overflow import NAMELESS_ERROR, ErrorKind
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.tenant import api_key_of, tenant_of
@@ -93,11 +94,16 @@ class CompactionRateLimited(CompactionUnavailable):
     """A rate limit: the summary calls a minute at their ceiling (the caller's own, or its
     route's), or the upstream rate-limiting the caller's summary calls. Answered as one (429),
     as the admin API does, not as the proxy being down; ``retry_after``: the seconds to wait,
-    when the proxy knows them (the ceiling's minute, or the upstream's stated wait)."""
+    when the proxy knows them (the ceiling's minute, or the upstream's stated wait);
+    ``kind``: the type and code the upstream gave the caller's own key (its spent quota is
+    ``insufficient_quota``, which clients stop on rather than retry), else a rate limit's."""
 
-    def __init__(self, reason: str, retry_after: int | None = None) -> None:
+    def __init__(
+        self, reason: str, retry_after: int | None = None, kind: ErrorKind = NAMELESS_ERROR
+    ) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
+        self.kind = kind
 
 
 def summarizer_refusal(made: Round, wait: Wait | None) -> CompactionUnavailable:
@@ -106,13 +112,15 @@ def summarizer_refusal(made: Round, wait: Wait | None) -> CompactionUnavailable:
     read it (pure). ``wait``: the caller's own back-off after the round, if any. The upstream
     rate-limiting the caller's summary calls is a rate limit (429), with its wait when it
     stated one (a quota spent states none: the client hears at once, not after waiting out
-    the breaker's own cooldown); anything else is the service's (503), as the compaction
-    endpoint an upstream lacks would fail at once without the proxy."""
+    the breaker's own cooldown) and the type and code it gave the caller's key, so a spent
+    quota reads as one; anything else is the service's (503), as the compaction endpoint an
+    upstream lacks would fail at once without the proxy."""
     reason = made.failure.reason if made.failure is not None else made.outcome.value
     if wait is not None and wait.scope is FailureScope.RATE_LIMITED:
         seconds = max(1, math.ceil(wait.seconds)) if wait.stated else None
+        said = f" ({wait.kind.code})" if wait.kind.code else ""
         return CompactionRateLimited(
-            "the upstream is rate-limiting this key's summary calls", seconds
+            f"the upstream is rate-limiting this key's summary calls{said}", seconds, wait.kind
         )
     return CompactionUnavailable(f"no summary could be made ({reason})")
 
@@ -175,10 +183,18 @@ def _unavailable(wire: WireFormat, reason: str) -> MadeAnswer:
     return MadeAnswer(503, orjson.dumps(body))
 
 
-def _rate_limited(wire: WireFormat, reason: str, retry_after: int | None) -> MadeAnswer:
-    """A rate limit, as the client's API says one, with when to come back if known."""
+def _rate_limited(
+    wire: WireFormat, reason: str, retry_after: int | None, kind: ErrorKind = NAMELESS_ERROR
+) -> MadeAnswer:
+    """A rate limit, as the client's API says one, with when to come back if known, of the
+    kind the upstream named (OpenAI's rate limit unless it named one)."""
     message = f"The conversation could not be compacted now: {reason}."
-    body = wire.error_body(429, message, error_type="requests", code="rate_limit_exceeded")
+    body = wire.error_body(
+        429,
+        message,
+        error_type=kind.error_type or "requests",
+        code=kind.code or "rate_limit_exceeded",
+    )
     return MadeAnswer(429, orjson.dumps(body), retry_after=retry_after)
 
 
@@ -270,7 +286,7 @@ class NativeCompaction:
             return await self._whole()
         except CompactionRateLimited as exc:
             log.info("a compaction asked for not made: %s", exc)
-            return _rate_limited(wire, str(exc), exc.retry_after)
+            return _rate_limited(wire, str(exc), exc.retry_after, exc.kind)
         except CompactionUnavailable as exc:
             log.warning("a compaction asked for not made: %s", exc)
             return _unavailable(wire, str(exc))

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from compaction_proxy.formats.sealed_checkpoints import TOKEN_PREFIX
+from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory
@@ -239,12 +240,13 @@ async def test_a_compaction_whose_summary_calls_are_rate_limited_is_a_429_until_
     assert failed == ["sk-alice"] and len(fake.summary_requests) == 1  # and bob's
 
 
-async def test_a_spent_quota_is_a_429_without_a_wait_of_the_proxys_own_making(
+async def test_a_spent_quota_is_a_429_saying_so_without_a_wait_of_the_proxys_own_making(
     make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
 ) -> None:
     """A 429 stating no wait (OpenAI's ``insufficient_quota``): a rate limit, without a
     ``Retry-After`` of the breaker's own making, so an SDK retries briefly and gives up at
-    once, as it would on the upstream's own answer."""
+    once, as it would on the upstream's own answer; and of the upstream's kind, which clients
+    (Codex among them) read as a spent quota to stop on, not a rate limit to retry."""
     spent = partial(provider_error, 429, "insufficient_quota", "insufficient_quota")
     upstream = await failing_summaries(fake, aiohttp_server, {"sk-alice"}, spent, [])
     proxy = await make_proxy(routes=[native_route(upstream)])
@@ -254,6 +256,28 @@ async def test_a_spent_quota_is_a_429_without_a_wait_of_the_proxys_own_making(
                 await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
             assert "retry-after" not in refused.value.response.headers
             assert "rate-limiting" in refused.value.message
+            assert refused.value.code == refused.value.type == "insufficient_quota"
+
+
+async def test_a_spent_quota_of_the_routes_own_key_is_not_told_as_the_callers(
+    make_proxy: ProxyFactory,
+    fake: FakeUpstream,
+    aiohttp_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The summary calls go out on a key the route holds, and that key's quota is spent: a
+    rate limit, but not the caller's spent quota, which the caller's own key is not."""
+    monkeypatch.setenv("ROUTE_KEY", "sk-route")
+    spent = partial(provider_error, 429, "insufficient_quota", "insufficient_quota")
+    upstream = await failing_summaries(fake, aiohttp_server, {"sk-route"}, spent, [])
+    proxy = await make_proxy(
+        routes=[native_route(upstream, api_key_env="ROUTE_KEY")],
+        client_key_digests=[digest_of("cpk-alice-0123456789")],
+    )
+    async with client(proxy.url, "cpk-alice-0123456789") as alice:
+        with pytest.raises(openai.RateLimitError) as refused:
+            await alice.responses.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+    assert refused.value.code == "rate_limit_exceeded" and refused.value.type == "requests"
 
 
 async def test_a_compaction_while_the_summarizer_is_down_is_a_503_at_once(

@@ -14,6 +14,7 @@ from compaction_proxy.compaction.guards.breaker import (
     concerns_the_caller_alone,
     failure_scope,
 )
+from compaction_proxy.metering.overflow import ErrorKind
 from tests.builders import Clock
 
 
@@ -177,16 +178,20 @@ def test_calls_that_fail_after_the_summarizer_opened_do_not_lengthen_its_wait() 
     assert breaker.allow("r", "c")
 
 
+SPENT = ErrorKind("insufficient_quota", "insufficient_quota")
+
+
 def test_a_caller_is_told_its_own_back_off_and_how_long_it_lasts_and_nothing_else() -> None:
     clock = Clock()
     breaker = SummaryBreaker(60, refused_seconds=300, clock=clock)
     breaker.failed("r", "limited", "http_429", retry_after=20)
-    breaker.failed("r", "unfunded", "http_429")  # no wait stated: the breaker's cooldown
-    breaker.failed("r", "refused", "http_401")
+    breaker.failed("r", "unfunded", "http_429", kind=SPENT)  # no wait stated: the cooldown
+    breaker.failed("r", "refused", "http_401", kind=SPENT)  # a kind kept for a rate limit only
     breaker.failed("r", "dull", "empty")  # the summarizer answered: nothing to wait for
     clock.now += 5
     assert breaker.waiting("r", "limited") == Wait(FailureScope.RATE_LIMITED, 15, stated=True)
-    assert breaker.waiting("r", "unfunded") == Wait(FailureScope.RATE_LIMITED, 55, stated=False)
+    unfunded = Wait(FailureScope.RATE_LIMITED, 55, stated=False, kind=SPENT)
+    assert breaker.waiting("r", "unfunded") == unfunded
     assert breaker.waiting("r", "refused") == Wait(FailureScope.REFUSED, 295)
     assert breaker.waiting("r", "dull") is None and breaker.waiting("r", "other") is None
     outage(breaker, "a", "b")  # backs a off 2 s; b's opens the summarizer for 4 s

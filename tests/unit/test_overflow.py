@@ -8,7 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction_proxy.metering.overflow import classify_overflow, stated_limit
+from compaction_proxy.metering.overflow import (
+    NAMELESS_ERROR,
+    ErrorKind,
+    classify_overflow,
+    error_kind,
+    stated_limit,
+)
 
 RECORDED = orjson.loads((Path(__file__).parents[1] / "data" / "upstream_errors.json").read_bytes())
 
@@ -56,3 +62,31 @@ def test_every_provider_named_in_the_design_has_a_recorded_body() -> None:
 )
 def test_stated_limit(text: str, limit: int | None) -> None:
     assert stated_limit(text) == limit
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (
+            b'{"error": {"message": "You exceeded your current quota", '
+            b'"type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}',
+            ErrorKind("insufficient_quota", "insufficient_quota"),
+        ),
+        (
+            b'{"error": {"type": "requests", "code": "rate_limit_exceeded"}}',
+            ErrorKind("requests", "rate_limit_exceeded"),
+        ),
+        (
+            b'{"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}',
+            ErrorKind("rate_limit_error", None),
+        ),
+        (b'[{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED"}}]', NAMELESS_ERROR),
+        (b'{"error": {"type": "a\\nline", "code": "' + b"x" * 65 + b'"}}', NAMELESS_ERROR),
+        (b"<html>Too Many Requests</html>", NAMELESS_ERROR),
+        (b'"just a string"', NAMELESS_ERROR),
+    ],
+)
+def test_an_error_names_its_type_and_code_only_as_plain_identifiers(
+    body: bytes, kind: ErrorKind
+) -> None:
+    assert error_kind(body) == kind

@@ -8,6 +8,7 @@ import pytest
 from compaction_proxy.compaction.guards.breaker import FailureScope, Wait
 from compaction_proxy.compaction.outcomes import Outcome, Round
 from compaction_proxy.compaction.summarize import SummaryFailed
+from compaction_proxy.metering.overflow import NAMELESS_ERROR, ErrorKind
 from compaction_proxy.service.native_compaction import (
     CompactionRateLimited,
     CompactionUnavailable,
@@ -45,3 +46,24 @@ def test_a_rate_limit_is_the_callers_with_only_a_stated_wait_and_anything_else_t
     assert getattr(refusal, "retry_after", None) == retry_after
     reason = made.failure.reason if made.failure is not None else "breaker"
     assert ("rate-limiting" if rate_limited else reason) in str(refusal)
+
+
+SPENT = ErrorKind("insufficient_quota", "insufficient_quota")
+
+
+@pytest.mark.parametrize(
+    ("wait", "kind"),
+    [
+        (Wait(LIMITED, 60, kind=SPENT), SPENT),
+        (Wait(LIMITED, 30, stated=True, kind=ErrorKind("requests", "rate_limit_exceeded")), None),
+        (Wait(LIMITED, 30, stated=True), NAMELESS_ERROR),
+    ],
+)
+def test_a_rate_limit_carries_the_kind_the_upstream_gave_the_callers_key(
+    wait: Wait, kind: ErrorKind | None
+) -> None:
+    refusal = summarizer_refusal(failed("http_429"), wait)
+    assert isinstance(refusal, CompactionRateLimited)
+    assert refusal.kind == (wait.kind if kind is None else kind)
+    if wait.kind.code:
+        assert f"({wait.kind.code})" in str(refusal)

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from compaction_proxy.metering.overflow import NAMELESS_ERROR, ErrorKind
+
 _OUTAGE_REASONS = frozenset({"timeout", "unreachable", "malformed"})
 _REFUSED_REASONS = frozenset({"http_401", "http_403"})
 
@@ -43,13 +45,15 @@ class FailureScope(Enum):
 @dataclass(frozen=True)
 class Wait:
     """A tenant's own back-off from a summarizer: the scope of the failure that started it,
-    the seconds left, and whether those are the upstream's stated wait (a rate limit's
-    ``Retry-After``) rather than the breaker's own. A compaction the client asked for answers
-    a rate limit as one (429), passing on only a stated wait."""
+    the seconds left, whether those are the upstream's stated wait (a rate limit's
+    ``Retry-After``) rather than the breaker's own, and the kind of error the upstream gave
+    the caller's own key (a spent quota or a rate limit). A compaction the client asked for
+    answers a rate limit as one (429), passing on only a stated wait and that kind."""
 
     scope: FailureScope
     seconds: float
     stated: bool = False
+    kind: ErrorKind = NAMELESS_ERROR
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class _BackOff:
     until: float
     scope: FailureScope
     stated: bool = False
+    kind: ErrorKind = NAMELESS_ERROR
 
 
 def failure_scope(reason: str) -> FailureScope:
@@ -122,7 +127,7 @@ class SummaryBreaker:
         now = self.clock()
         if backoff is None or backoff.until <= now:
             return None
-        return Wait(backoff.scope, backoff.until - now, backoff.stated)
+        return Wait(backoff.scope, backoff.until - now, backoff.stated, backoff.kind)
 
     def is_open(self, summarizer: str) -> bool:
         """Whether ``summarizer`` is open or half-open: only a probe may call it."""
@@ -142,9 +147,16 @@ class SummaryBreaker:
         return min(self.cooldown_seconds, self.first_probe_seconds * float(2**in_a_row))
 
     def failed(
-        self, summarizer: str, tenant: str, reason: str, retry_after: float | None = None
+        self,
+        summarizer: str,
+        tenant: str,
+        reason: str,
+        retry_after: float | None = None,
+        kind: ErrorKind = NAMELESS_ERROR,
     ) -> None:
-        """Charge a failed call to whom it concerns (see the module's docstring)."""
+        """Charge a failed call to whom it concerns (see the module's docstring). ``kind``:
+        the error's type and code, kept with a rate limit's back-off when the call went out
+        on the tenant's own key (on a key the proxy holds, they are not the tenant's)."""
         scope = failure_scope(reason)
         now = self.clock()
         if scope is FailureScope.ALIVE:
@@ -153,7 +165,7 @@ class SummaryBreaker:
         until = self._open_until.get(summarizer)
         if until is not None and now < until and scope is FailureScope.OUTAGE:
             # A call made before the summarizer opened: the opening stands as it is.
-            self._back_off(summarizer, tenant, until, scope)
+            self._back_off(summarizer, tenant, _BackOff(until, scope))
             return
         self._probing.discard(summarizer)  # half-open, this is the probe's answer
         wait = self.cooldown_seconds
@@ -163,8 +175,10 @@ class SummaryBreaker:
             wait = retry_after
         elif scope is FailureScope.OUTAGE:
             wait = self.outage_wait(summarizer)
-        stated = scope is FailureScope.RATE_LIMITED and retry_after is not None
-        self._back_off(summarizer, tenant, now + wait, scope, stated)
+        limited = scope is FailureScope.RATE_LIMITED
+        stated = limited and retry_after is not None
+        backoff = _BackOff(now + wait, scope, stated, kind if limited else NAMELESS_ERROR)
+        self._back_off(summarizer, tenant, backoff)
         if scope is not FailureScope.OUTAGE:
             return
         seen = self._outages.setdefault(summarizer, {})
@@ -180,11 +194,9 @@ class SummaryBreaker:
         """An allowed call never happened (the conversation was busy): free the probe slot."""
         self._probing.discard(summarizer)
 
-    def _back_off(
-        self, summarizer: str, tenant: str, until: float, scope: FailureScope, stated: bool = False
-    ) -> None:
+    def _back_off(self, summarizer: str, tenant: str, backoff: _BackOff) -> None:
         if len(self._backoff) >= self.max_tenants:
             now = self.clock()
             for key in [k for k, v in self._backoff.items() if v.until <= now]:
                 del self._backoff[key]
-        self._backoff[(summarizer, tenant)] = _BackOff(until, scope, stated)
+        self._backoff[(summarizer, tenant)] = backoff
