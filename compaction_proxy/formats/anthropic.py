@@ -78,8 +78,8 @@ def parse_messages_request(
     else:
         body = check_object_with_model(extension.body)
         prefix, start = _reusable(extension, body)
+        reused = 0 if prefix is None else len(prefix.messages)  # before it is extended
         translated = translate_messages(body, prefix, start)
-        reused = 0 if prefix is None else len(prefix.messages)
     digests = translated_digests(translated.messages, reused, extension, known)
     lineage = remembered(
         recent, raw, body, "messages", digests, extension, translated, reused, hint

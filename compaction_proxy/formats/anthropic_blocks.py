@@ -152,11 +152,11 @@ def translate_messages(
 ) -> TranslatedMessages:
     """The chat messages for a Messages body's ``system`` and ``messages``; with ``prefix``,
     the translation of its first ``start`` turns and its head (a turn's messages depend on
-    that turn alone), the rest translated after it."""
+    that turn alone), the rest translated after it. The prefix's lists are the caller's to
+    give: they are extended in place, not copied (``_reusable`` slices them for this body)."""
     turns = body.get("messages")
     if prefix is not None:
-        messages, groups = list(prefix.messages), list(prefix.groups)
-        entries = list(prefix.entries)
+        messages, groups, entries = prefix.messages, prefix.groups, prefix.entries
         sealed = prefix.sealed
     else:
         sealed = False
