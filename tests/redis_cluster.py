@@ -129,7 +129,11 @@ class ClusterInBackground:
 
     def __init__(self) -> None:
         self._workdir = tempfile.TemporaryDirectory(prefix="redis-cluster-")
-        self._cluster = RedisCluster(Path(self._workdir.name))
+        try:
+            self._cluster = RedisCluster(Path(self._workdir.name))
+        except BaseException:  # the binaries are missing: RedisCluster skips, saying so
+            self._workdir.cleanup()
+            raise
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._start, name="redis-cluster", daemon=True)
         self._thread.start()
