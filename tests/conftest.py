@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Compiled modules are cached in ``__pycache__`` (git-ignored) for the run, even where the
     environment says not to (``PYTHONDONTWRITEBYTECODE``, as container images often set).
     Otherwise every xdist worker and every proxy process a test starts compiles the package
-    and the test modules from source again: 14 s of CPU in the quick tier's 71 on two cores.
+    and the test modules from source again (docs/perf.md, "The quick tier under a minute").
     Workers and subprocesses inherit the environment, so it is cleared there too."""
     sys.dont_write_bytecode = False
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -103,7 +103,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def redis_cluster_url(request: pytest.FixtureRequest) -> str:
     """A local three-master Redis Cluster, started once per test session (per xdist worker)."""
     started = request.config.stash.get(_CLUSTER, None)
-    if started is None:  # the binaries are missing: RedisCluster skips, saying so
+    if started is None:  # not started early; without the binaries, RedisCluster skips
         started = request.config.stash[_CLUSTER] = ClusterInBackground()
     return started.ready().url
 
