@@ -278,9 +278,10 @@ class Settings(BaseSettings):
     # Relayed paths (files, audio, batches, Realtime...) have a pool of their own, so they can
     # never take the connections chat, Responses and summary calls need.
     relay_pool_size: PositiveInt = 64
-    # A relayed body streamed as it arrives (an upload) is given up with 408 after this many
-    # seconds without a byte, or when, past its first ``upload_grace_seconds``, any such span
-    # brings fewer than ``upload_min_bytes_per_second`` a second (0: no minimum rate).
+    # A body still arriving (an upload relayed as it comes, or a chat, Responses or Messages
+    # body read whole) is given up with 408 after this many seconds without a byte, or when,
+    # past its first ``upload_grace_seconds``, any such span brings fewer than
+    # ``upload_min_bytes_per_second`` a second (0: no minimum rate).
     upload_idle_timeout_seconds: float = Field(default=30.0, gt=0)
     upload_grace_seconds: float = Field(default=10.0, gt=0)
     upload_min_bytes_per_second: float = Field(default=1024.0, ge=0)

@@ -54,6 +54,12 @@ def bad_request_response(error: BadRequest, *, wire: WireFormat = CHAT) -> web.R
     return response
 
 
+def bad_request_outcome(error: BadRequest) -> str:
+    """The ``outcome`` label of a request answered with ``error``: a body that stalled
+    (408) is the client's timeout, anything else its bad request."""
+    return "client_timeout" if error.status == 408 else "bad_request"
+
+
 def upstream_failed(base: str, exc: BaseException, *, wire: WireFormat = CHAT) -> web.Response:
     """The client's answer when the upstream at ``base`` did not answer in time (504) or could
     not be reached (502); logged, without the request's content."""

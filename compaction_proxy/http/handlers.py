@@ -24,6 +24,7 @@ from compaction_proxy.formats.request import ProviderHeld
 from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import (
+    bad_request_outcome,
     bad_request_response,
     caller_format,
     store_unavailable_response,
@@ -82,7 +83,7 @@ def endpoint(wire: WireFormat) -> Handler:
         services = request.app[SERVICES]
         try:
             check_headers(request.headers)
-            raw = await read_body(request, services.settings.max_body_bytes)
+            raw = await read_body(request, services.settings)
             session_id = _session_id(request.headers, *wire.session_headers)
             beta = tuple(request.headers.getall("anthropic-beta", ())) if anthropic else ()
             context = ParseContext(
@@ -102,7 +103,7 @@ def endpoint(wire: WireFormat) -> Handler:
                 return await relay_as_sent(request, route, raw, named)
             named = await _named(request, raw, parsed.body, parsed.lineage)
         except BadRequest as error:
-            REQUESTS.labels(route="", outcome="bad_request").inc()
+            REQUESTS.labels(route="", outcome=bad_request_outcome(error)).inc()
             return bad_request_response(error, wire=wire)
         except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
             return store_unavailable_response(wire)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.web_protocol import RequestPayloadError
 
+from compaction_proxy.config.settings import Settings
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.http.body_encoding import (
     DecodedTooLarge,
     UndecodableBody,
     UnknownCoding,
     decoded,
+)
+from compaction_proxy.http.uploads import (
+    STALLED_CODE,
+    IdleBoundedBody,
+    UploadStalled,
+    stall_message,
 )
 from compaction_proxy.offload import is_big, off_loop_if
 
@@ -30,22 +37,56 @@ def _too_large(limit: int) -> BadRequest:
     )
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body, its ``Content-Encoding`` undone; at most ``limit`` bytes either way."""
+async def _received(request: web.Request, settings: Settings) -> bytes:
+    """The body's bytes as the parser handed them over, joined once (``request.read()``
+    copies a body three times: the chunks buffered joined, added to a bytearray, made bytes;
+    a cost that grows with the history an agent resends on every request). A body still on
+    its way is bounded in time as a relayed upload is (``IdleBoundedBody``): without it, a
+    client that stops sending, or whose chunked framing breaks midway (aiohttp's parser then
+    queues its error behind the request and never ends the body), holds its handler for good.
+    """
+    limit = settings.max_body_bytes
+    content = request.content
+    arriving = not content.is_eof()  # else all of it came with the headers: no wait to bound
+    guarded = IdleBoundedBody.as_configured(content, settings) if arriving else None
+    source = guarded if guarded is not None else _buffered(content)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in source:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except UploadStalled as exc:
+        assert guarded is not None and guarded.stalled is not None
+        raise BadRequest(
+            stall_message(settings, guarded.stalled),
+            status=408,
+            code=STALLED_CODE,
+            close_connection=True,
+        ) from exc
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _buffered(content: StreamReader) -> AsyncIterator[bytes]:
+    async for chunk, _ in content.iter_chunks():
+        yield chunk
+
+
+async def read_body(request: web.Request, settings: Settings) -> bytes:
+    """The body, its ``Content-Encoding`` undone; at most ``max_body_bytes`` either way."""
+    limit = settings.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise _too_large(limit) from exc
+        raw = await _received(request, settings)
     except RequestPayloadError as exc:  # the chunked framing is broken
         raise BadRequest(
             "The request body could not be read: its transfer framing is invalid.",
             code="invalid_body",
             close_connection=True,
         ) from exc
-    if len(raw) > limit:
-        raise _too_large(limit)
     coding = request.headers.get("Content-Encoding", "")
     if not coding:
         return raw

@@ -45,6 +45,7 @@ from compaction_proxy.http.compact_endpoint import (
     served_here,
 )
 from compaction_proxy.http.errors import (
+    bad_request_outcome,
     bad_request_response,
     caller_format,
     error_response,
@@ -290,7 +291,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                 route = app[SERVICES].policies.for_model(check_model_name(model)).route
             return await relay_websocket(request, route)
         if request.body_exists and _read_first(request, template):
-            body = data = await read_body(request, settings.max_body_bytes)
+            body = data = await read_body(request, settings)
             parsed, named = await off_loop_if(
                 is_big(len(body)), lambda: _read_relayed(request, body)
             )
@@ -312,7 +313,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
                     return refused, "refused" if refused.status == 403 else "not_found"
                 return await serve_count(request, route, parsed, counting), "served"
     except BadRequest as error:
-        return bad_request_response(error, wire=wire), "bad_request"
+        return bad_request_response(error, wire=wire), bad_request_outcome(error)
     except StoreUnavailable:  # the tenant secret, to read a compaction item, unknown yet
         return store_unavailable_response(wire), "store_unavailable"
     held = holds_key(request, route)
@@ -336,12 +337,7 @@ async def _relay(request: web.Request) -> tuple[web.StreamResponse, str]:
             full = refusal is SlotRefusal.POOL
             outcome = "upload_slots_full" if full else "too_many_uploads"
             return no_upload_slot(settings, refusal, wire), outcome
-        streamed = IdleBoundedBody(
-            data,
-            settings.upload_idle_timeout_seconds,
-            settings.upload_grace_seconds,
-            settings.upload_min_bytes_per_second,
-        )
+        streamed = IdleBoundedBody.as_configured(data, settings)
         return await _send_on(request, route, streamed, relay, reading)
 
 

@@ -1,5 +1,6 @@
-"""Relayed request bodies streamed as they arrive (a multipart upload), bounded in time, and
-the answers to an upload refused a slot or given up.
+"""Request bodies read as they arrive, bounded in time (a relayed upload streamed on, and every
+body the proxy reads whole: ``intake``), and the answers to an upload refused a slot or given
+up.
 
 A body that sends nothing for ``upload_idle_timeout_seconds`` is given up with 408, and so is
 one that, past its first ``upload_grace_seconds``, brings fewer than
@@ -60,6 +61,15 @@ class IdleBoundedBody:
         self._min_bytes = min_rate * grace_seconds  # what each span must bring
         self.stalled: Stall | None = None
 
+    @classmethod
+    def as_configured(cls, content: aiohttp.StreamReader, settings: Settings) -> IdleBoundedBody:
+        return cls(
+            content,
+            settings.upload_idle_timeout_seconds,
+            settings.upload_grace_seconds,
+            settings.upload_min_bytes_per_second,
+        )
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -75,13 +85,17 @@ class IdleBoundedBody:
             deadline = min(last_byte + self._idle, span_ends if self._min_bytes else now + 3600)
             try:
                 async with asyncio.timeout_at(deadline):
-                    chunk = await self._content.readany()
+                    # Each chunk as the parser handed it over: readany would join what is
+                    # buffered, a copy of the body on the way.
+                    chunk, at_http_chunk_end = await self._content.readchunk()
             except TimeoutError as exc:
                 if loop.time() >= last_byte + self._idle:
                     self.stalled = Stall.IDLE
                     raise UploadStalled from exc
                 continue  # a span ended: checked at the top
             if not chunk:
+                if at_http_chunk_end:  # the end of one chunk of a chunked body, not its end
+                    continue
                 return
             brought += len(chunk)
             sending = loop.time()
@@ -123,8 +137,10 @@ def no_upload_slot(settings: Settings, refusal: SlotRefusal, wire: WireFormat) -
     return refused
 
 
-def stalled(settings: Settings, stall: Stall, wire: WireFormat) -> web.Response:
-    """408 for a body that stalled or crawled; the rest of it is not read."""
+STALLED_CODE = "request_timeout"
+
+
+def stall_message(settings: Settings, stall: Stall) -> str:
     if stall is Stall.IDLE:
         said = f"no byte for {settings.upload_idle_timeout_seconds:g} seconds"
     else:
@@ -132,8 +148,11 @@ def stalled(settings: Settings, stall: Stall, wire: WireFormat) -> web.Response:
             f"under {settings.upload_min_bytes_per_second:g} bytes a second over "
             f"{settings.upload_grace_seconds:g} seconds"
         )
-    response = error_response(
-        408, f"The request body stalled: {said}.", code="request_timeout", wire=wire
-    )
+    return f"The request body stalled: {said}."
+
+
+def stalled(settings: Settings, stall: Stall, wire: WireFormat) -> web.Response:
+    """408 for a body that stalled or crawled; the rest of it is not read."""
+    response = error_response(408, stall_message(settings, stall), code=STALLED_CODE, wire=wire)
     response.force_close()
     return response

@@ -145,6 +145,72 @@ def _post_after_the_headers(url: str, body: bytes, encoding: str) -> tuple[int, 
         connection.close()
 
 
+def _post_chunked(url: str, chunks: list[bytes], broken: bytes = b"") -> tuple[int, Any]:
+    """``chunks`` sent with ``Transfer-Encoding: chunked`` (no ``Content-Length``) once the
+    headers have gone, as a client streaming its body does; with ``broken``, that framing
+    follows the chunks a moment later instead of the chunked body's end."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        connection.putrequest("POST", f"{parts.path}/chat/completions")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        time.sleep(0.1)
+        connection.send(b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks))
+        if broken:
+            time.sleep(0.1)
+        connection.send(broken or b"0\r\n\r\n")
+        response = connection.getresponse()
+        return response.status, orjson.loads(response.read())
+    finally:
+        connection.close()
+
+
+def _in_pieces(raw: bytes, size: int) -> list[bytes]:
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
+
+
+LIMIT = 64 << 10
+
+
+def _body_of_size(size: int) -> bytes:
+    """A chat body of exactly ``size`` bytes."""
+    shell = body_with({"role": "user", "content": ""})
+    return body_with({"role": "user", "content": "x" * (size - len(shell))})
+
+
+@pytest.mark.parametrize("piece", [1000, 7, LIMIT])
+async def test_a_chunked_body_is_read_whole_up_to_the_limit_and_refused_past_it(
+    make_proxy: ProxyFactory, fake: FakeUpstream, piece: int
+) -> None:
+    """A body with no ``Content-Length`` is counted as it arrives: one at the limit reaches
+    the upstream byte for byte, however it was cut; one byte more is a 413."""
+    proxy = await make_proxy(max_body_bytes=LIMIT)
+    at_limit = _body_of_size(LIMIT)
+    status, _ = await asyncio.to_thread(_post_chunked, proxy.url, _in_pieces(at_limit, piece))
+    assert status == 200 and fake.received[-1].body == orjson.loads(at_limit)
+    past = _body_of_size(LIMIT + 1)
+    status, answer = await asyncio.to_thread(_post_chunked, proxy.url, _in_pieces(past, piece))
+    assert status == 413 and answer["error"]["code"] == "request_too_large"
+
+
+async def test_a_chunked_body_whose_framing_breaks_midway_is_given_up_not_held(
+    make_proxy: ProxyFactory,
+) -> None:
+    """The framing breaks while the body is being read. aiohttp's parser queues its error
+    behind the request and never ends the body, which held its handler as long as the
+    client kept the connection: it is given up as a stalled body is, 408 in the client's API
+    shape."""
+    proxy = await make_proxy(upload_idle_timeout_seconds=0.5)
+    raw = body_with({"role": "user", "content": "hi " * 300})
+    half = len(raw) // 2
+    status, answer = await asyncio.to_thread(
+        _post_chunked, proxy.url, [raw[:half]], b"zz\r\n" + raw[half:]
+    )
+    assert status == 408 and answer["error"]["code"] == "request_timeout"
+
+
 @pytest.mark.parametrize("encoding", ENCODINGS)
 async def test_a_truncated_body_sent_after_its_headers_is_answered_400(
     proxy_url: str, encoding: str

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import counter
 
 pytest.importorskip("openai")
 
@@ -32,18 +33,35 @@ async def trickle(
 ) -> AsyncIterator[asyncio.Task[bytes]]:
     """A multipart upload to ``/v1/files`` from ``source`` sending a byte every ``pause``
     seconds (none more after ``stop_after``); yields the task reading the proxy's answer."""
-    host, port = proxy.root.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
     body = (
         f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
         f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
         f"Content-Type: application/octet-stream\r\n\r\n{'x' * 400}\r\n--{BOUNDARY}--\r\n"
     ).encode()
+    multipart = f"multipart/form-data; boundary={BOUNDARY}"
+    async with trickled(proxy, "/v1/files", key, multipart, body, pause, stop_after, source) as a:
+        yield a
+
+
+@contextlib.asynccontextmanager
+async def trickled(
+    proxy: RunningProxy,
+    path: str,
+    key: str,
+    content_type: str,
+    body: bytes,
+    pause: float,
+    stop_after: int | None = None,
+    source: str = "127.0.0.1",
+) -> AsyncIterator[asyncio.Task[bytes]]:
+    """``body`` posted to ``path`` a byte every ``pause`` seconds (none more after
+    ``stop_after``); yields the task reading the proxy's answer."""
+    host, port = proxy.root.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
     writer.write(
         (
-            f"POST /v1/files HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
     )
     await writer.drain()
@@ -208,3 +226,60 @@ async def test_uploads_leave_part_of_the_relay_pool_and_past_it_get_a_503_saying
     said = [r.getMessage() for r in caplog.records]
     assert any("upload slots of the relay pool" in line for line in said)
     assert not any("upstream" in line and "timed out" in line for line in said)
+
+
+CHAT_BODY = orjson.dumps(
+    {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi " * 100}]}
+)
+MESSAGES_BODY = orjson.dumps(
+    {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi " * 100}],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error_code"),
+    [
+        ("/v1/chat/completions", CHAT_BODY, "request_timeout"),
+        ("/v1/messages", MESSAGES_BODY, None),
+    ],
+)
+async def test_a_body_the_proxy_reads_whole_is_given_up_with_a_408_when_it_stalls(
+    make_proxy: ProxyFactory, path: str, body: bytes, error_code: str | None
+) -> None:
+    """A chat or Messages body that stops coming held its handler for good; it is given up
+    as an upload is, in the caller's API's error shape, and counted as the client's
+    timeout."""
+    proxy = await make_proxy(upload_idle_timeout_seconds=0.5)
+    timeouts = counter("compaction_proxy_requests_total", route="", outcome="client_timeout")
+    async with trickled(proxy, path, "sk-a", "application/json", body, 0.01, 30) as answer:
+        reply = await asyncio.wait_for(answer, 5)
+    assert status_of(reply) == 408
+    error = orjson.loads(reply.partition(b"\r\n\r\n")[2])
+    if error_code is not None:  # OpenAI's shape
+        assert error["error"]["code"] == error_code
+    else:  # Anthropic's
+        assert error["type"] == "error" and "stalled" in error["error"]["message"]
+    assert (
+        counter("compaction_proxy_requests_total", route="", outcome="client_timeout")
+        == timeouts + 1
+    )
+
+
+async def test_a_body_that_crawls_under_the_minimum_rate_is_given_up_past_its_grace(
+    make_proxy: ProxyFactory,
+) -> None:
+    """A byte every 0.1 s never trips the idle timeout; the minimum rate stops it."""
+    proxy = await make_proxy(
+        upload_idle_timeout_seconds=30,
+        upload_grace_seconds=0.5,
+        upload_min_bytes_per_second=100,
+    )
+    path = "/v1/chat/completions"
+    async with trickled(proxy, path, "sk-a", "application/json", CHAT_BODY, 0.1) as answer:
+        reply = await asyncio.wait_for(answer, 5)
+    assert status_of(reply) == 408
+    assert b"under 100 bytes a second" in reply
