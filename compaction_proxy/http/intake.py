@@ -18,6 +18,7 @@ from compaction_proxy.http.body_encoding import (
 from compaction_proxy.http.uploads import (
     STALLED_CODE,
     IdleBoundedBody,
+    Stall,
     UploadStalled,
     stall_message,
 )
@@ -58,10 +59,10 @@ async def _received(request: web.Request, settings: Settings) -> bytes:
             if size > limit:
                 raise _too_large(limit)
             chunks.append(chunk)
-    except UploadStalled as exc:
-        assert guarded is not None and guarded.stalled is not None
+    except UploadStalled as exc:  # raised by the guard alone, which says why
+        stall = guarded.stalled if guarded is not None and guarded.stalled else Stall.IDLE
         raise BadRequest(
-            stall_message(settings, guarded.stalled),
+            stall_message(settings, stall),
             status=408,
             code=STALLED_CODE,
             close_connection=True,
