@@ -72,7 +72,8 @@ async def _received(request: web.Request, settings: Settings) -> bytes:
 
 async def _buffered(content: StreamReader) -> AsyncIterator[bytes]:
     async for chunk, _ in content.iter_chunks():
-        yield chunk
+        if chunk:  # not the end of a chunk of a chunked body
+            yield chunk
 
 
 async def read_body(request: web.Request, settings: Settings) -> bytes:
