@@ -71,9 +71,16 @@ async def _received(request: web.Request, settings: Settings) -> bytes:
 
 
 async def _buffered(content: StreamReader) -> AsyncIterator[bytes]:
-    async for chunk, _ in content.iter_chunks():
-        if chunk:  # not the end of a chunk of a chunked body
+    """The chunks of a body that has all arrived. Not ``iter_chunks``: it stops only at
+    ``(b"", False)``, and aiohttp's empty body (one ``EmptyStreamReader`` for every request
+    without one) gives that once, then ``(b"", True)`` for good: a second empty request would
+    spin the event loop forever."""
+    while True:
+        chunk, at_http_chunk_end = await content.readchunk()
+        if chunk:
             yield chunk
+        elif not at_http_chunk_end or content.at_eof():
+            return
 
 
 async def read_body(request: web.Request, settings: Settings) -> bytes:

@@ -94,7 +94,9 @@ class IdleBoundedBody:
                     raise UploadStalled from exc
                 continue  # a span ended: checked at the top
             if not chunk:
-                if at_http_chunk_end:  # the end of one chunk of a chunked body, not its end
+                # The end of one chunk of a chunked body, not its end; aiohttp's empty body
+                # says so for good once read (intake._buffered), so its end is asked too.
+                if at_http_chunk_end and not self._content.at_eof():
                     continue
                 return
             brought += len(chunk)

@@ -145,6 +145,28 @@ def _post_after_the_headers(url: str, body: bytes, encoding: str) -> tuple[int, 
         connection.close()
 
 
+# The spin blocks the event loop the test runs on, so no asyncio timeout fires: the signal
+# pytest-timeout sends does.
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "path", ["/chat/completions", "/responses", "/messages", "/files", "/embeddings"]
+)
+async def test_empty_bodies_one_after_another_are_each_answered(proxy_url: str, path: str) -> None:
+    """aiohttp hands every request without a body one shared empty reader, which ends once
+    and then reports the end of a chunk for good: read by chunks, a second empty request
+    spun the event loop, and no client was answered again."""
+    async with aiohttp.ClientSession() as http_session:
+        for _ in range(3):
+            async with asyncio.timeout(5):
+                async with http_session.post(
+                    f"{proxy_url}{path}",
+                    data=b"",
+                    headers={"Content-Type": "application/json", "Authorization": "Bearer k"},
+                ) as response:
+                    await response.read()
+                    assert response.status < 500
+
+
 def _post_chunked(url: str, chunks: list[bytes], broken: bytes = b"") -> tuple[int, Any]:
     """``chunks`` sent with ``Transfer-Encoding: chunked`` (no ``Content-Length``) once the
     headers have gone, as a client streaming its body does; with ``broken``, that framing
