@@ -21,6 +21,17 @@ pytest.importorskip("openai")
 import openai
 
 BOUNDARY = "b0undary"
+CHAT_PATH = "/v1/chat/completions"
+CHAT_BODY = orjson.dumps(
+    {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi " * 100}]}
+)
+MESSAGES_BODY = orjson.dumps(
+    {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi " * 100}],
+    }
+)
 
 
 @contextlib.asynccontextmanager
@@ -146,24 +157,30 @@ async def test_a_client_holds_at_most_its_uploads_at_once(make_proxy: ProxyFacto
         assert not another_clients.done()  # its upload goes on
 
 
-async def test_an_upload_under_the_minimum_rate_is_given_up_with_a_408_past_its_grace(
-    make_proxy: ProxyFactory,
+@pytest.mark.parametrize("sent", ["an upload", "a chat body"])
+async def test_a_body_under_the_minimum_rate_is_given_up_with_a_408_past_its_grace(
+    make_proxy: ProxyFactory, sent: str
 ) -> None:
-    """A byte every 0.1 s never trips the idle timeout; the minimum rate stops it."""
+    """A byte every 0.1 s never trips the idle timeout; the minimum rate stops it, for an
+    upload relayed as it comes and a body the proxy reads whole alike."""
     proxy = await make_proxy(
         upload_idle_timeout_seconds=30,
         upload_grace_seconds=0.5,
         upload_min_bytes_per_second=1000,
     )
     started = time.perf_counter()
-    async with trickle(proxy, "sk-a", 0.1) as answer:
+    sending = (
+        trickle(proxy, "sk-a", 0.1)
+        if sent == "an upload"
+        else trickled(proxy, CHAT_PATH, "sk-a", "application/json", CHAT_BODY, 0.1)
+    )
+    async with sending as answer:
         reply = await asyncio.wait_for(answer, 10)
     assert status_of(reply) == 408
     assert 0.9 <= time.perf_counter() - started < 5
     body = orjson.loads(reply.partition(b"\r\n\r\n")[2])
-    assert (
-        body["error"]["code"] == "request_timeout" and "bytes a second" in body["error"]["message"]
-    )
+    assert body["error"]["code"] == "request_timeout"
+    assert "under 1000 bytes a second" in body["error"]["message"]
 
 
 async def test_an_upload_at_a_fair_rate_goes_through_past_its_grace(
@@ -228,22 +245,10 @@ async def test_uploads_leave_part_of_the_relay_pool_and_past_it_get_a_503_saying
     assert not any("upstream" in line and "timed out" in line for line in said)
 
 
-CHAT_BODY = orjson.dumps(
-    {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi " * 100}]}
-)
-MESSAGES_BODY = orjson.dumps(
-    {
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 64,
-        "messages": [{"role": "user", "content": "hi " * 100}],
-    }
-)
-
-
 @pytest.mark.parametrize(
     ("path", "body", "error_code"),
     [
-        ("/v1/chat/completions", CHAT_BODY, "request_timeout"),
+        (CHAT_PATH, CHAT_BODY, "request_timeout"),
         ("/v1/messages", MESSAGES_BODY, None),
     ],
 )
@@ -267,19 +272,3 @@ async def test_a_body_the_proxy_reads_whole_is_given_up_with_a_408_when_it_stall
         counter("compaction_proxy_requests_total", route="", outcome="client_timeout")
         == timeouts + 1
     )
-
-
-async def test_a_body_that_crawls_under_the_minimum_rate_is_given_up_past_its_grace(
-    make_proxy: ProxyFactory,
-) -> None:
-    """A byte every 0.1 s never trips the idle timeout; the minimum rate stops it."""
-    proxy = await make_proxy(
-        upload_idle_timeout_seconds=30,
-        upload_grace_seconds=0.5,
-        upload_min_bytes_per_second=100,
-    )
-    path = "/v1/chat/completions"
-    async with trickled(proxy, path, "sk-a", "application/json", CHAT_BODY, 0.1) as answer:
-        reply = await asyncio.wait_for(answer, 5)
-    assert status_of(reply) == 408
-    assert b"under 100 bytes a second" in reply
