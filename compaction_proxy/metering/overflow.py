@@ -116,9 +116,7 @@ def _error_object(body: bytes) -> Any:
 def _error_fields(body: bytes) -> tuple[str, str]:
     """(code and type, message) of an error body."""
     error = _error_object(body)
-    if isinstance(error, str):
-        return "", error
-    if not isinstance(error, dict):
+    if not isinstance(error, dict):  # the body's text, or JSON that is no error object
         return "", str(error)
     code = f"{error.get('code') or ''} {error.get('type') or ''} {error.get('status') or ''}"
     message = str(error.get("message") or "")
