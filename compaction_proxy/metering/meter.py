@@ -13,9 +13,12 @@ anchored surface over what the meter did.
 
 **Calibration**: a tokenizer the meter lacks (Anthropic's is not public) is stood in for by the
 nearest it has, which counts the same text differently. Before a conversation is anchored, its
-estimate is scaled by what the upstream reported over what the meter estimated for the model's
-earlier conversations (``calibrate``), or, before any, by ``STAND_IN_MARGIN`` for a model
-counted with a stand-in: an estimate under the truth compacts too late, one over it only early.
+estimate is scaled by what the upstream reported over what the meter estimated for the same
+tenant's earlier conversations of the model (``calibrate``), or, before any, by
+``STAND_IN_MARGIN`` for a model counted with a stand-in: an estimate under the truth compacts
+too late, one over it only early. What is learned stays with the tenant it was learned from:
+one tenant's content the meter undercounts (screenshots, at ``IMAGE_PART_TOKENS`` each) would
+otherwise make the proxy cut another tenant's first requests, which fit.
 """
 
 from __future__ import annotations
@@ -168,6 +171,8 @@ class MeteredRequest(Protocol):
     """What the meter reads of a request (``RequestView`` provides it)."""
 
     @property
+    def tenant(self) -> str: ...
+    @property
     def model(self) -> str: ...
     @property
     def head(self) -> list[Message]: ...
@@ -240,25 +245,26 @@ class TokenMeter:
     prefix (by chain hash, cumulative). Measuring a request costs its head, its replacements
     and its new messages; the history already seen is two cache lookups."""
 
-    def __init__(self, cache_size: int = 100_000, models: int = 4096) -> None:
+    def __init__(self, cache_size: int = 100_000, calibrations: int = 65_536) -> None:
         self._messages: LRU[tuple[str, str], int] = LRU(cache_size)
         self._prefixes: LRU[tuple[str, str], int] = LRU(cache_size)
-        self._ratios: LRU[str, float] = LRU(models)
+        self._ratios: LRU[tuple[str, str], float] = LRU(calibrations)  # by tenant and model
 
-    def calibrate(self, model: str, estimated: int, reported: int) -> None:
-        """Learn from an unanchored request what the upstream counts of ``model``'s prompts
-        over the meter's estimate."""
+    def calibrate(self, tenant: str, model: str, estimated: int, reported: int) -> None:
+        """Learn from a tenant's unanchored request what the upstream counts of ``model``'s
+        prompts over the meter's estimate."""
         if estimated <= 0 or reported <= 0:
             return
         ratio = _bounded(reported / estimated)
-        known = self._ratios.get(model)
+        known = self._ratios.get((tenant, model))
         if known is not None:
             ratio = known + _CALIBRATION_WEIGHT * (ratio - known)
-        self._ratios.put(model, ratio)
+        self._ratios.put((tenant, model), ratio)
 
-    def first_contact_ratio(self, model: str) -> float:
-        """The scale of an unanchored estimate for ``model`` (see Calibration above)."""
-        learned = self._ratios.get(model)
+    def first_contact_ratio(self, tenant: str, model: str) -> float:
+        """The scale of an unanchored estimate of ``tenant``'s ``model`` prompts (see
+        Calibration above)."""
+        learned = self._ratios.get((tenant, model))
         if learned is not None:
             return learned
         return STAND_IN_MARGIN if _STAND_IN_MODELS.match(model) else 1.0
@@ -342,7 +348,7 @@ class TokenMeter:
         estimated = fixed + self._body_tokens_after(request, surface, -1, count)
         tip = len(request.body) - 1
         key = prefix_key(request, surface, tip)
-        tokens = math.ceil(estimated * self.first_contact_ratio(request.model))
+        tokens = math.ceil(estimated * self.first_contact_ratio(request.tenant, request.model))
         anchored = False
         if anchor is not None and prefix_key(request, surface, anchor.tip) == anchor.key:
             ratio = _bounded(anchor.prompt_tokens / max(1, anchor.estimated_tokens))

@@ -376,8 +376,10 @@ async def _write_log(
             anchor = measurement.anchor_for(prompt_tokens)
             if not measurement.anchored:
                 METER_ERROR.observe((measurement.tokens - prompt_tokens) / prompt_tokens)
-                model = log_entry.log.view.model
-                services.engine.meter.calibrate(model, measurement.estimated, prompt_tokens)
+                view = log_entry.log.view
+                services.engine.meter.calibrate(
+                    view.tenant, view.model, measurement.estimated, prompt_tokens
+                )
     # A lost log entry is counted by the instrumented store; not worth failing a request.
     try:
         await write_request_log(services.store, services.settings, log_entry, anchor)

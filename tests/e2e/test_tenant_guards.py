@@ -1,5 +1,6 @@
 """No tenant can switch compaction off for another: its rate limits and refused keys are its
-own, and it cannot burn the route's summary ceiling with keys nobody checked."""
+own, and it cannot burn the route's summary ceiling with keys nobody checked. Nor can it make
+the proxy cut another's requests: what its usage teaches the meter is its own."""
 
 from __future__ import annotations
 
@@ -123,3 +124,35 @@ async def test_keys_whose_own_calls_fail_cannot_burn_the_routes_summary_ceiling(
     # One summary call per key: a key refused once is remembered as refused.
     assert sorted(keys) == sorted({f"{prefix}{n}" for n in range(20)})
     assert await ask(proxy, "sk-victim") == (200, "compacted")
+
+
+async def test_a_tenant_whose_content_the_meter_undercounts_does_not_get_anothers_cut(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Tenant A's conversations carry what the upstream counts at three times the meter's
+    estimate (screenshots do: an image part is metered at 85 tokens and billed at up to
+    thousands). Its first requests teach the meter a ratio of 3 for the model; tenant B's
+    first request, about 10k tokens in a 16k window, must still go whole, as it would
+    without the proxy (scaled by A's ratio it would be estimated past the window and cut)."""
+    counted = fake.count_text
+    fake.count_text = lambda text: 3 * counted(text) if "SCREENSHOT" in text else counted(text)  # type: ignore[method-assign]
+    proxy = await make_proxy(routes=[route(upstream_url, "small-*", WINDOW, **MASKING_OFF)])
+
+    async def first_request(key: str, output: str) -> tuple[str, int]:
+        messages = [
+            system(),
+            user(f"Ticket {uuid.uuid4().hex[:6]}: make the importer idempotent."),
+            *agent_turns(20, output=output),
+        ]
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key=key, max_retries=0) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="small-model",
+                messages=messages,  # type: ignore[arg-type]
+            )
+        return raw.headers["x-compaction-status"], fake.prompt_tokens(fake.chat_requests[-1].body)
+
+    for _ in range(4):
+        await first_request("sk-tenant-a", "SCREENSHOT " + "pixel " * 30)
+    status, forwarded = await first_request("sk-tenant-b", "importer log line " * 160)
+    assert status == "none"
+    assert 9_000 < forwarded < 12_800

@@ -37,8 +37,9 @@ def measure(
     tools: Any = None,
     anchor: Anchor | None = None,
     model: str = "fake-model",
+    tenant: str = "tenant",
 ) -> Measurement:
-    view = RequestView.of("tenant", model, messages, None, tools)
+    view = RequestView.of(tenant, model, messages, None, tools)
     return meter.measure(view, view.surface(()), anchor)
 
 
@@ -98,6 +99,18 @@ def test_under_reported_usage_is_not_anchored() -> None:
     floor = measured.estimated * (1 - UNDER_REPORT_MARGIN)
     assert measured.anchor_for(int(floor) - 1) is None
     assert measured.anchor_for(int(floor) + 1) is not None
+
+
+def test_what_a_tenants_usage_teaches_scales_its_own_first_estimates_alone() -> None:
+    """A tenant whose content the meter undercounts (screenshots) teaches a ratio of 3; its
+    next conversation's first estimate takes it, another tenant's of the same model does not."""
+    meter = TokenMeter()
+    plain = measure(meter, conversation(), tenant="other").tokens
+    for _ in range(10):
+        meter.calibrate("screenshots", "fake-model", estimated=1_000, reported=3_000)
+    assert measure(meter, conversation(), tenant="other").tokens == plain
+    taught = measure(meter, conversation(), tenant="screenshots").tokens
+    assert taught == pytest.approx(3 * plain, rel=0.05)
 
 
 def test_history_is_counted_once_per_message() -> None:
