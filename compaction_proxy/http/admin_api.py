@@ -268,7 +268,9 @@ async def conversation_timeline(request: web.Request) -> web.StreamResponse:
         api = next((e.get("api") for e in reversed(events) if e.get("type") == "request"), None)
         family = wire_format_named(api).family
         model_policy = request.app[SERVICES].policies.for_model(model, family)
-        window = request.app[SERVICES].model_window(model_policy, model)
+        # The window its own requests had: a limit an upstream stated is its tenant's alone.
+        tenant = state.attributes.tenant or ""
+        window = request.app[SERVICES].model_window(model_policy, model, tenant)
         if window is not None:
             limits["window"] = window
             if model_policy.policy.auto:  # watermarks only where the proxy compacts by itself
@@ -357,7 +359,7 @@ def _job(
     services = request.app[SERVICES]
     wire = wire_format_named(logged.api)
     model_policy = services.policies.for_model(logged.model, wire.family)
-    window = services.model_window(model_policy, logged.model)
+    window = services.model_window(model_policy, logged.model, view.tenant)
     credentials = {}
     if UPSTREAM_AUTH_HEADER in request.headers:
         credentials["Authorization"] = request.headers[UPSTREAM_AUTH_HEADER]

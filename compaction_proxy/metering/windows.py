@@ -58,14 +58,21 @@ def mapped_window(model: str) -> int | None:
 
 
 class LearnedWindows:
-    """Limits the upstream stated in overflow errors, per (route, model), for this process.
+    """Limits the upstream stated in overflow errors, per route, tenant and model, for this
+    process.
+
+    Per tenant, because what an error says is not always the upstream's own finding: OpenAI
+    echoes an unknown argument's name ("Unrecognized request argument supplied: ..."), so a
+    tenant could name one "maximum context length is 1000" and, were the limit kept for the
+    model, make the proxy cut every other tenant's requests to a thousand tokens. A tenant's
+    overflow teaches that tenant alone; another learns from its own first overflow.
 
     Model names are the client's: what is kept per name is bounded (``max_models`` of the
     most recently used, per map), and a name is logged as a quoted literal, so no name can
     start a log line of its own."""
 
     def __init__(self, max_models: int = 4096) -> None:
-        self._limits: LRU[tuple[str, str], int] = LRU(max_models)
+        self._limits: LRU[tuple[str, str, str], int] = LRU(max_models)
         self._warned: LRU[tuple[str, str], bool] = LRU(max_models)
 
     @property
@@ -73,15 +80,15 @@ class LearnedWindows:
         """Entries kept, in both maps."""
         return len(self._limits) + len(self._warned)
 
-    def learn(self, route: str, model: str, limit: int) -> None:
-        key = (route, model)
+    def learn(self, route: str, tenant: str, model: str, limit: int) -> None:
+        key = (route, tenant, model)
         known = self._limits.get(key)
         if known != limit:
             log.info("upstream stated a context window of %d tokens for %r", limit, model)
         self._limits.put(key, limit if known is None else min(limit, known))
 
-    def get(self, route: str, model: str) -> int | None:
-        return self._limits.get((route, model))
+    def get(self, route: str, tenant: str, model: str) -> int | None:
+        return self._limits.get((route, tenant, model))
 
     def warn_unknown_once(self, route: str, model: str) -> None:
         key = (route, model)

@@ -49,7 +49,7 @@ from compaction_proxy.service.prepare import count_rereads, prepare
 from compaction_proxy.service.recover import retry_after_overflow
 from compaction_proxy.service.request_log import RequestLogEntry, write_request_log
 from compaction_proxy.service.services import Services
-from compaction_proxy.service.without_store import relieved_without_store
+from compaction_proxy.service.without_store import known_tenant, relieved_without_store
 from compaction_proxy.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -286,9 +286,10 @@ async def _forward_with_recovery(
         verdict = classify_overflow(reply.status, reply.error_body)
         if not verdict.is_overflow:
             break
-        if verdict.limit is not None:
+        tenant = await _tenant_of(services, forwarded, link.headers)
+        if verdict.limit is not None and tenant is not None:
             named = window_key(client_request.model, client_request.declared_window)
-            services.learned_windows.learn(route.model, named, verdict.limit)
+            services.learned_windows.learn(route.model, tenant, named, verdict.limit)
         retry, overflowed_at = None, time.time()
         if retries < model_policy.policy.max_overflow_retries:
             retries += 1
@@ -315,6 +316,14 @@ async def _forward_with_recovery(
         forwarded = retry
         reply = await _send(link, route, client_request, forwarded)
     return reply, forwarded
+
+
+async def _tenant_of(
+    services: Services, forwarded: Forwarded, client_headers: Mapping[str, str]
+) -> str | None:
+    if forwarded.job is not None:
+        return forwarded.job.view.tenant
+    return await known_tenant(services, client_headers)
 
 
 async def _relieved_again(

@@ -77,6 +77,7 @@ def summary_call(
     summary_model: str,
     route: Route,
     wire: WireFormat,
+    tenant: str,
     client_request: ClientRequest | None = None,
 ) -> SummaryCall:
     """The summary call: the summary model's route, the configured timeout, and of the
@@ -104,7 +105,7 @@ def summary_call(
             failure.caller_credential = bool(sent) and sent == api_key_of(client_headers)
             if failure.reason == "overflow" and failure.limit is not None:
                 # The summary model stated its window: later summary calls are sized to it.
-                services.learned_windows.learn(route.model, summary_model, failure.limit)
+                services.learned_windows.learn(route.model, tenant, summary_model, failure.limit)
             raise
 
     async def call(request: SummaryRequest) -> Summary:
@@ -256,7 +257,7 @@ def compaction_job(
     summary_policy, summary_window = model_policy, None
     if summary_model != view.model:
         summary_policy = services.policies.for_model(summary_model, wire.family)
-        summary_window = services.model_window(summary_policy, summary_model)
+        summary_window = services.model_window(summary_policy, summary_model, view.tenant)
     return CompactionJob(
         view=view,
         policy=model_policy.policy,
@@ -271,6 +272,7 @@ def compaction_job(
             summary_model,
             summary_policy.route,
             wire,
+            view.tenant,
             client_request,
         ),
         route=model_policy.route.model,
@@ -308,7 +310,7 @@ async def prepare(
         view, state, client_request.model, tenant, session_id, now, client_request.api
     )
     window = services.model_window(
-        model_policy, client_request.model, client_request.declared_window
+        model_policy, client_request.model, tenant, client_request.declared_window
     )
     if window is None:
         services.learned_windows.warn_unknown_once(route.model, client_request.model)

@@ -75,7 +75,7 @@ async def retry_after_overflow(
         return None
     settings, engine = services.settings, services.engine
     window = services.model_window(
-        model_policy, client_request.model, client_request.declared_window
+        model_policy, client_request.model, job.view.tenant, client_request.declared_window
     )
     window_is_a_guess = window is None and forwarded.measurement is not None
     if window is None and forwarded.measurement is not None:

@@ -55,11 +55,13 @@ class Services:
     admin_guesses: AdminGuesses = field(default_factory=AdminGuesses)
 
     def model_window(
-        self, model_policy: ModelPolicy, model: str, declared: int | None = None
+        self, model_policy: ModelPolicy, model: str, tenant: str, declared: int | None = None
     ) -> int | None:
-        """The window in force for ``model``: configured, else the one the request declares
-        (``ClientRequest.declared_window``), else litellm's map; never above a limit the
-        upstream stated."""
-        learned = self.learned_windows.get(model_policy.route.model, window_key(model, declared))
+        """The window in force for ``tenant``'s requests to ``model``: configured, else the
+        one the request declares (``ClientRequest.declared_window``), else litellm's map;
+        never above a limit the upstream stated to that tenant (``LearnedWindows``)."""
+        learned = self.learned_windows.get(
+            model_policy.route.model, tenant, window_key(model, declared)
+        )
         mapped = declared if declared is not None else model_policy.mapped_window
         return resolve_window(model_policy.configured_window, mapped, learned)

@@ -26,6 +26,15 @@ from compaction_proxy.service.services import Services
 from compaction_proxy.store.base import ConversationState, StoreUnavailable
 
 
+async def known_tenant(services: Services, client_headers: Mapping[str, str]) -> str | None:
+    """The caller's tenant, or None while the tenant secret (kept in the store) is unread."""
+    try:
+        secret = await services.tenant_secret.get()
+    except StoreUnavailable:
+        return None
+    return tenant_of(secret, api_key_of(client_headers))
+
+
 async def relieved_without_store(
     services: Services,
     client_request: ClientRequest,
@@ -36,18 +45,18 @@ async def relieved_without_store(
 ) -> Forwarded:
     """What to forward for ``client_request`` while the store is out of reach."""
     as_it_came = Forwarded.bypass(client_request.raw)
-    window = services.model_window(
-        model_policy, client_request.model, client_request.declared_window
-    )
     pruner = model_policy.bridge
-    if window is None or pruner is None or not model_policy.policy.auto:
+    if pruner is None or not model_policy.policy.auto:
         return as_it_came
-    try:
-        secret = await services.tenant_secret.get()
-    except StoreUnavailable:
+    tenant = await known_tenant(services, client_headers)
+    if tenant is None:
         return as_it_came  # a secret kept in the store and never read: no tenant to hash
+    window = services.model_window(
+        model_policy, client_request.model, tenant, client_request.declared_window
+    )
+    if window is None:
+        return as_it_came
     engine = services.engine
-    tenant = tenant_of(secret, api_key_of(client_headers))
     view = await view_of(engine.meter, tenant, client_request, session_id)
     job = compaction_job(
         services,

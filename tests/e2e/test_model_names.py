@@ -63,11 +63,11 @@ def test_what_is_kept_per_model_name_is_bounded() -> None:
     for n in range(5_000):
         name = f"model-{n}-" + "x" * 200
         windows.warn_unknown_once("*", name)
-        windows.learn("*", name, 1000 + n)
+        windows.learn("*", "tenant", name, 1000 + n)
         policies.for_model(name)
     assert windows.size <= 200 and policies.size <= 100
     # The most recent are still known.
-    assert windows.get("*", f"model-4999-{'x' * 200}") == 5999
+    assert windows.get("*", "tenant", f"model-4999-{'x' * 200}") == 5999
 
 
 def test_the_log_format_writes_a_message_with_line_breaks_on_one_line() -> None:

@@ -149,10 +149,64 @@ async def test_a_tenant_whose_content_the_meter_undercounts_does_not_get_another
                 model="small-model",
                 messages=messages,  # type: ignore[arg-type]
             )
-        return raw.headers["x-compaction-status"], fake.prompt_tokens(fake.chat_requests[-1].body)
+        return raw.headers["x-compaction-status"], fake.chat_requests[-1].prompt_tokens
 
     for _ in range(4):
         await first_request("sk-tenant-a", "SCREENSHOT " + "pixel " * 30)
     status, forwarded = await first_request("sk-tenant-b", "importer log line " * 160)
     assert status == "none"
     assert 9_000 < forwarded < 12_800
+
+
+def openai_error(message: str) -> dict[str, Any]:
+    return {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+
+
+# The chat arguments the fake provider below knows; any other is refused as OpenAI does.
+CHAT_ARGUMENTS = frozenset(
+    {"model", "messages", "stream", "stream_options", "tools", "tool_choice", "max_tokens"}
+)
+
+
+async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_requests(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """OpenAI answers an argument it does not know with 400 "Unrecognized request argument
+    supplied: <its name>". Tenant A names one "maximum context length is 1000", and the proxy
+    reads a context overflow stating a 1,000-token window: what A's own request then goes
+    through is A's affair. Tenant B's request, about 10k tokens in a 16k window, must still
+    go whole (cut to a thousand tokens before the limit was kept per tenant)."""
+
+    @web.middleware
+    async def unknown_arguments(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.endswith("/chat/completions"):
+            unknown = sorted(set(orjson.loads(await request.read())) - CHAT_ARGUMENTS)
+            if unknown:
+                message = f"Unrecognized request argument supplied: {unknown[0]}"
+                return web.json_response({"error": openai_error(message)}, status=400)
+        return await handler(request)
+
+    app = fake.app()
+    app.middlewares.append(unknown_arguments)
+    server: TestServer = await aiohttp_server(app)
+    upstream = str(server.make_url("/v1"))
+    proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW, **MASKING_OFF)])
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError, match="Unrecognized request argument"):
+            await client.chat.completions.create(
+                model="small-model",
+                messages=[user("hello")],  # type: ignore[list-item]
+                extra_body={"maximum context length is 1000": 1},
+            )
+    messages = [
+        system(),
+        user(f"Ticket {uuid.uuid4().hex[:6]}: make the importer idempotent."),
+        *agent_turns(20, output="importer log line " * 160),
+    ]
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-b", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="small-model",
+            messages=messages,  # type: ignore[arg-type]
+        )
+    assert raw.headers["x-compaction-status"] == "none"
+    assert (fake.chat_requests[-1].body or {})["messages"] == messages

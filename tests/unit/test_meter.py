@@ -199,12 +199,13 @@ def test_litellm_model_map_is_read_offline(model: str, window: int | None) -> No
     assert mapped_window(model) == window
 
 
-def test_learned_window_keeps_the_smallest_stated_limit() -> None:
+def test_learned_window_keeps_the_smallest_stated_limit_for_its_tenant_alone() -> None:
     learned = LearnedWindows()
-    learned.learn("*", "m", 16_000)
-    learned.learn("*", "m", 32_000)
-    assert learned.get("*", "m") == 16_000
-    assert learned.get("*", "other") is None
+    learned.learn("*", "tenant", "m", 16_000)
+    learned.learn("*", "tenant", "m", 32_000)
+    assert learned.get("*", "tenant", "m") == 16_000
+    assert learned.get("*", "tenant", "other") is None
+    assert learned.get("*", "another tenant", "m") is None
 
 
 def test_surface_with_replacements_is_priced_as_its_messages() -> None:
