@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from compaction_proxy.compaction import triggers
@@ -40,16 +41,35 @@ log = logging.getLogger(__name__)
 TRIGGER = "precompact"
 
 
+def tenant_share(concurrency: int) -> int:
+    """The rounds a tenant may always hold: a quarter of the slots, at least one."""
+    return max(1, concurrency // 4)
+
+
+def may_take_a_slot(held: int, running: int, concurrency: int) -> bool:
+    """Whether a tenant holding ``held`` of the ``running`` rounds may start one more: while
+    it holds less than its share, whenever a slot is free; beyond it, only while more than a
+    share would stay free for other tenants. One tenant running many agents at once then
+    never takes every slot: another's conversation still gets its checkpoint prepared ahead,
+    instead of waiting for a summary call at its threshold. Alone, a tenant can hold all
+    but one share."""
+    free = concurrency - running
+    share = tenant_share(concurrency)
+    return free > 0 and (held < share or free > share)
+
+
 class BackgroundCompactions:
-    """At most ``concurrency`` rounds at once in this process, one per conversation; a request
-    that finds no free slot is forwarded all the same (the threshold request then compacts
-    synchronously, as without precompaction)."""
+    """At most ``concurrency`` rounds at once in this process, one per conversation, and a
+    tenant's within ``may_take_a_slot``; a request that finds no slot it may take is
+    forwarded all the same (the threshold request then compacts synchronously, as without
+    precompaction)."""
 
     def __init__(self, engine: Engine, concurrency: int) -> None:
         self._engine = engine
         self._concurrency = concurrency
         self._running: dict[str, asyncio.Task[None]] = {}
         self._chains: dict[str, list[str]] = {}  # the body chain each round was started from
+        self._held: Counter[str] = Counter()  # rounds running per tenant
 
     @property
     def in_flight(self) -> int:
@@ -58,8 +78,10 @@ class BackgroundCompactions:
     def could_start(self, job: CompactionJob, state: ConversationState) -> bool:
         """Whether a round for ``job`` would find a slot and a free lease (cheap: asked before
         the costlier checks that precede ``start``)."""
-        conversation = job.view.conversation
-        if conversation in self._running or len(self._running) >= self._concurrency:
+        conversation, tenant = job.view.conversation, job.view.tenant
+        if conversation in self._running:
+            return False
+        if not may_take_a_slot(self._held[tenant], len(self._running), self._concurrency):
             return False
         return state.lease_owner is None
 
@@ -70,16 +92,20 @@ class BackgroundCompactions:
             return False
         if triggers.cooling_down(self._engine, state, tokens):
             return False
-        conversation = job.view.conversation
+        conversation, tenant = job.view.conversation, job.view.tenant
         retain = precompaction_retain(tokens, limits)
         task = asyncio.create_task(self._round(job, state, tokens, retain))
         self._running[conversation] = task
         self._chains[conversation] = job.view.chain
+        self._held[tenant] += 1
         PRECOMPACTIONS_IN_FLIGHT.inc()
 
         def finished(_: asyncio.Task[None]) -> None:
             self._running.pop(conversation, None)
             self._chains.pop(conversation, None)
+            self._held[tenant] -= 1
+            if not self._held[tenant]:
+                del self._held[tenant]
             PRECOMPACTIONS_IN_FLIGHT.dec()
 
         task.add_done_callback(finished)

@@ -335,7 +335,8 @@ class Settings(BaseSettings):
     failure_growth_ratio: float = Field(default=0.1, ge=0)
     summaries_per_minute_per_tenant: int = Field(default=60, ge=0)
     summaries_per_minute_per_route: int = Field(default=600, ge=0)
-    # Background compaction rounds at once in one process (see policy.precompact_ratio).
+    # Background compaction rounds at once in one process (see policy.precompact_ratio); a
+    # tenant's within ``compaction.background.may_take_a_slot``.
     precompact_concurrency: int = Field(default=8, ge=0)
     checkpoint_miss_limit: int = Field(default=3, ge=0)
     max_body_bytes: PositiveInt = 32 * 1024 * 1024

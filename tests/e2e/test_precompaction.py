@@ -129,6 +129,33 @@ async def test_the_threshold_request_finds_its_checkpoint_ready(
     assert all(r.prompt_tokens < 0.8 * WINDOW for r in fake.chat_requests)
 
 
+async def test_one_tenant_running_many_agents_leaves_a_background_slot_for_another(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Four slots, a tenant's share one. Tenant A's four conversations crossing the
+    precompaction watermark together start three rounds, not four; tenant B's, crossing it
+    while they run, gets the slot left and its checkpoint prepared ahead (it would compact at
+    its threshold, waiting for a summary call, were every slot A's)."""
+    fake.summary_delay = 3.0
+    proxy = await make_proxy(routes=routes(upstream_url), precompact_concurrency=4)
+
+    async def cross_the_watermark(key: str, task: str) -> str:
+        messages = tool_rounds(25)  # over the watermark (11,200 tokens), under the threshold
+        messages[1] = user(task)
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key=key, max_retries=0) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+            )
+        return raw.headers["x-compaction-status"]
+
+    statuses = [
+        await cross_the_watermark("sk-a", f"Agent {n}: fix the importer.") for n in range(4)
+    ]
+    assert statuses == ["precompacting"] * 3 + ["none"]
+    assert await cross_the_watermark("sk-b", "Fix the exporter.") == "precompacting"
+
+
 @pytest.mark.slow  # a process, or a latency compared over many requests
 async def test_without_precompaction_the_threshold_request_waits(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream

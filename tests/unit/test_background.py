@@ -1,4 +1,5 @@
-"""The background watermark: when a round starts, and with which retain budget (pure)."""
+"""The background watermark: when a round starts, with which retain budget, and whether a
+tenant may take a slot (pure)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from compaction_proxy.compaction.background import may_take_a_slot
 from compaction_proxy.compaction.model_policy import (
     Budgets,
     answer_reserve,
@@ -141,3 +143,26 @@ def test_a_client_that_compacts_on_its_own_gets_no_background_round() -> None:
     assert (left_to_it.threshold, left_to_it.precompact) == (limits.threshold, 0)
     assert left_to_it.must_compact == limits.threshold  # from there, synchronously
     assert not wants_precompaction(12_000, left_to_it)
+
+
+@pytest.mark.parametrize(
+    ("held", "running", "concurrency", "may"),
+    [
+        (0, 0, 8, True),
+        (0, 7, 8, True),  # under its share (2 of 8): the last free slot too
+        (1, 7, 8, True),
+        (0, 8, 8, False),  # none free
+        (2, 2, 8, True),  # at its share, 6 free: more than a share stays free
+        (5, 5, 8, True),
+        (6, 6, 8, False),  # alone, all but one share
+        (3, 6, 8, False),
+        (0, 0, 1, True),
+        (1, 1, 2, False),  # the share is one slot, at least
+        (0, 1, 2, True),
+        (0, 0, 0, False),  # precompaction without slots
+    ],
+)
+def test_a_tenant_takes_a_slot_under_its_share_or_while_a_share_stays_free(
+    held: int, running: int, concurrency: int, may: bool
+) -> None:
+    assert may_take_a_slot(held, running, concurrency) is may
