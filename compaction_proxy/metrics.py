@@ -95,6 +95,11 @@ REQUEST_DURATION = Histogram(
     ["route"],
     buckets=LLM_LATENCY_BUCKETS,
 )
+UPSTREAM_SHARE_WAITS = Counter(
+    "compaction_proxy_upstream_share_waits_total",
+    "Requests that waited for one of their own client's to end: the client held its share "
+    "of the upstream pool (max_upstream_requests_per_client).",
+)
 UPSTREAM_DURATION = Histogram(
     "compaction_proxy_upstream_duration_seconds",
     "Time the upstream took, from sending the request to the end of its answer.",

@@ -275,6 +275,9 @@ class Settings(BaseSettings):
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_pool_size: PositiveInt = 256
+    # Requests one client (an API key, else an address) has upstream at once; past it they
+    # wait for one of its own (default: three quarters of upstream_pool_size).
+    max_upstream_requests_per_client: PositiveInt | None = None
     # Relayed paths (files, audio, batches, Realtime...) have a pool of their own, so they can
     # never take the connections chat, Responses and summary calls need.
     relay_pool_size: PositiveInt = 64
@@ -378,6 +381,13 @@ class Settings(BaseSettings):
                 "(e.g. `openssl rand -hex 24`), or unset to turn the admin API off"
             )
         return value
+
+    @property
+    def upstream_share(self) -> int:
+        """Requests one client has upstream at once (``security.upstream_shares``)."""
+        if self.max_upstream_requests_per_client is not None:
+            return self.max_upstream_requests_per_client
+        return max(1, self.upstream_pool_size * 3 // 4)
 
     @property
     def upload_slots_total(self) -> int:

@@ -44,6 +44,7 @@ from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
 from compaction_proxy.security.tenant import TenantSecret, api_key_of
 from compaction_proxy.security.upload_slots import UploadSlots
+from compaction_proxy.security.upstream_shares import UpstreamShares
 from compaction_proxy.service.pending_writes import PendingLogWrites
 from compaction_proxy.service.services import Services
 from compaction_proxy.store import StoreUnavailable, open_store
@@ -148,6 +149,7 @@ def _services_context(
                     settings.max_uploads_per_address,
                     settings.upload_slots_total,
                 ),
+                upstream_shares=UpstreamShares(settings.upstream_share),
                 client_keys=client_keys,
                 tenant_secret=tenant_secret,
                 background=background,

@@ -23,6 +23,7 @@ from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.client_keys import ClientKeys
 from compaction_proxy.security.tenant import TenantSecret
 from compaction_proxy.security.upload_slots import UploadSlots
+from compaction_proxy.security.upstream_shares import UpstreamShares
 from compaction_proxy.service.pending_writes import PendingLogWrites
 from compaction_proxy.store.base import Store
 from compaction_proxy.upstream_seam import Upstream
@@ -43,6 +44,7 @@ class Services:
     # never take the upstream's.
     relay_upstream: Upstream
     upload_slots: UploadSlots
+    upstream_shares: UpstreamShares
     client_keys: ClientKeys
     tenant_secret: TenantSecret
     background: BackgroundCompactions

@@ -4,6 +4,8 @@ the proxy cut another's requests: what its usage teaches the meter is its own.""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +19,7 @@ from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, system, user
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import MASKING_OFF, route
+from tests.helpers import MASKING_OFF, counter, route
 
 pytest.importorskip("openai")
 
@@ -210,3 +212,41 @@ async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_reque
         )
     assert raw.headers["x-compaction-status"] == "none"
     assert (fake.chat_requests[-1].body or {})["messages"] == messages
+
+
+async def test_a_client_with_more_requests_than_the_pool_leaves_others_a_connection(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """A pool of four upstream connections, a client's share three. Client A sends four
+    requests the upstream takes two seconds to answer; B's, sent while they are in flight,
+    is answered at once (it waited behind A's before the share), and all four of A's are
+    answered, its fourth after one of its own."""
+
+    @web.middleware
+    async def slow_for_a(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.headers.get("Authorization") == "Bearer sk-a":
+            await asyncio.sleep(2.0)
+        return await handler(request)
+
+    app = fake.app()
+    app.middlewares.append(slow_for_a)
+    server: TestServer = await aiohttp_server(app)
+    upstream = str(server.make_url("/v1"))
+    proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW)], upstream_pool_size=4)
+    waits_before = counter("compaction_proxy_upstream_share_waits_total")
+
+    async def hello(key: str) -> float:
+        started = time.perf_counter()
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key=key, max_retries=0) as client:
+            await client.chat.completions.create(
+                model="small-model",
+                messages=[user(f"hello {uuid.uuid4().hex[:6]}")],  # type: ignore[list-item]
+            )
+        return time.perf_counter() - started
+
+    a_requests = [asyncio.create_task(hello("sk-a")) for _ in range(4)]
+    await asyncio.sleep(0.5)  # three of A's upstream, the fourth waiting for one of them
+    assert await hello("sk-b") < 1.0
+    a_latencies = sorted(await asyncio.gather(*a_requests))
+    assert a_latencies[2] < 3.0 < a_latencies[3]
+    assert counter("compaction_proxy_upstream_share_waits_total") == waits_before + 1
