@@ -7,6 +7,7 @@ carries ``Authorization: Bearer <admin_token>`` (compared in constant time).
 from __future__ import annotations
 
 import hmac
+import math
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -15,6 +16,7 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.compaction import triggers
+from compaction_proxy.compaction.guards.ceilings import WINDOW_SECONDS as CEILING_WINDOW_SECONDS
 from compaction_proxy.compaction.guards.miss_guard import proactive_compaction_stopped
 from compaction_proxy.compaction.model_policy import budgets
 from compaction_proxy.compaction.outcomes import Outcome, Round
@@ -377,9 +379,18 @@ def _round_result(result: Round, generation: int) -> web.Response:
     }
     if result.span is not None:
         body["span"] = {"start": result.span.start, "end": result.span.end}
+    status, headers = _OUTCOME_STATUS[result.outcome], {}
     if result.failure is not None:
         body["reason"] = result.failure.explanation
-    return _json(body, _OUTCOME_STATUS[result.outcome])
+        if result.failure.reason == "http_429":
+            # The upstream rate-limited the summary call: a rate limit, with its stated wait.
+            status = 429
+            if result.failure.retry_after is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(result.failure.retry_after)))
+    if result.outcome is Outcome.CEILING:
+        # The ceilings count a sliding minute: a call is allowed again within one.
+        headers["Retry-After"] = str(CEILING_WINDOW_SECONDS)
+    return _json(body, status, headers)
 
 
 async def _manual(

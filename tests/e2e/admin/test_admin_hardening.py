@@ -1,6 +1,6 @@
 """The admin API against a caller that guesses tokens, and answers that must not be cached or
-sniffed; a summarizer that answers garbage to a manual compaction; positions that are not
-numbers."""
+sniffed; a summarizer that answers garbage to a manual compaction, or rate-limits it; positions
+that are not numbers."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import logging
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.conftest import RunningProxy
+from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import (
     ADMIN_AUTH,
+    ADMIN_TOKEN,
     admin,
     admin_history,
+    admin_routes,
     conversation_of,
     counter,
 )
@@ -87,6 +90,49 @@ async def test_a_malformed_summary_answer_to_a_manual_compaction_is_a_502_naming
     assert status == 502, result
     assert result["outcome"] == "summary_failed"
     assert "answer" in result["reason"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "retry_after"), [({"Retry-After": "30"}, "30"), ({}, None)], ids=["30 s", "none"]
+)
+async def test_a_rate_limited_summary_call_to_a_manual_compaction_is_a_429_with_its_wait(
+    proxy: RunningProxy, fake: FakeUpstream, headers: dict[str, str], retry_after: str | None
+) -> None:
+    """The upstream's 429 to the summary call is a rate limit, not a broken summarizer:
+    429 with the wait it stated (none when it stated none), the outcome and reason as ever."""
+    conversation = await conversation_of(proxy, admin_history())
+    error = {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}
+    fake.fail_next(429, orjson.dumps({"error": error}), headers=headers)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{proxy.root}/admin/conversations/{conversation}/compact", headers=ADMIN_AUTH
+        ) as response:
+            result = await response.json()
+            assert response.status == 429, result
+            assert response.headers.get("Retry-After") == retry_after
+    assert result["outcome"] == "summary_failed"
+    assert "Rate limit reached" in result["reason"]
+
+
+async def test_a_manual_compaction_at_the_summary_ceiling_says_when_to_try_again(
+    make_proxy: ProxyFactory, upstream_url: str
+) -> None:
+    """One summary call a minute for the route: the second conversation's compaction is
+    refused at the ceiling, with the minute the ceilings count as its wait."""
+    proxy = await make_proxy(
+        admin_token=ADMIN_TOKEN,
+        routes=admin_routes(upstream_url),
+        summaries_per_minute_per_route=1,
+    )
+    first, second = [await conversation_of(proxy, admin_history()) for _ in range(2)]
+    assert (await admin(proxy, "POST", f"/conversations/{first}/compact"))[0] == 200
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{proxy.root}/admin/conversations/{second}/compact", headers=ADMIN_AUTH
+        ) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "60"
+            assert (await response.json())["outcome"] == "ceiling"
 
 
 @pytest.mark.parametrize("region", [{"start": True, "end": 3}, {"start": 0, "end": False}])
