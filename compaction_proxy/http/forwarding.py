@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 
@@ -37,16 +36,11 @@ from compaction_proxy.metrics import UPSTREAM_DURATION, UPSTREAM_SHARE_WAITS, ch
 from compaction_proxy.security.object_references import NamedObject
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.security.tenant import api_key_of
-from compaction_proxy.security.upload_slots import client_of
+from compaction_proxy.security.upstream_shares import client_named
 from compaction_proxy.service.exchange import AnswerBegan, Refusal, Reply
 from compaction_proxy.service.forwarded import Forwarded
 from compaction_proxy.service.native_compaction import MadeAnswer
-from compaction_proxy.upstream_seam import (
-    UpstreamAnswer,
-    UpstreamBroke,
-    UpstreamCall,
-    UpstreamUnreachable,
-)
+from compaction_proxy.upstream_seam import UpstreamBroke, UpstreamCall, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +49,6 @@ EdgeReply = Reply[web.StreamResponse]
 
 def _observe(route: Route, started: float) -> None:
     child(UPSTREAM_DURATION, route.model).observe(time.perf_counter() - started)
-
-
-@asynccontextmanager
-async def _opened(
-    request: web.Request, call: UpstreamCall
-) -> AsyncIterator[tuple[UpstreamAnswer, float]]:
-    """The upstream's answer to ``call``, and when it was sent: within the client's share of
-    the pool (``security.upstream_shares``), so the time it waited for one of its own
-    requests to end is not the upstream's."""
-    services = request.app[SERVICES]
-    client = client_of(api_key_of(request.headers), request.remote)
-    if services.upstream_shares.would_wait(client):
-        UPSTREAM_SHARE_WAITS.inc()
-    async with services.upstream_shares.held(client):
-        started = time.perf_counter()
-        async with services.upstream.open(call) as upstream:
-            yield upstream, started
 
 
 async def forward(
@@ -101,9 +78,13 @@ async def forward(
     )
     headers.setdefault("Content-Type", "application/json")
     url = upstream_url(route.base, path, client_query(request))
-    call = UpstreamCall("POST", url, headers, payload)
+    # The client's share of the pool: past it, a request waits for one of its own.
+    client = client_named(api_key_of(request.headers), request.remote)
+    if await services.upstream_shares.take(client):
+        UPSTREAM_SHARE_WAITS.inc()
+    started = time.perf_counter()
     try:
-        async with _opened(request, call) as (upstream, started):
+        async with services.upstream.open(UpstreamCall("POST", url, headers, payload)) as upstream:
             if answer_began is not None:
                 answer_began(upstream.status)
             reply_headers = client_headers(upstream)
@@ -142,6 +123,8 @@ async def forward(
             return Reply(response, upstream.status, answer=body)
     except (UpstreamUnreachable, UpstreamBroke) as exc:
         return Reply(upstream_failed(route.base, exc.cause, wire=wire), 0)
+    finally:
+        services.upstream_shares.give_back(client)
 
 
 class EdgeLink:

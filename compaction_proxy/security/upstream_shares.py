@@ -5,49 +5,72 @@ Every chat, Responses and Messages request goes upstream through one connection 
 writes, or the client takes to read it. A client with more requests in flight than the pool
 has connections (an agent farm on one key, or a client that reads slowly on purpose) would
 leave every other client's requests queued behind its own. So one client (whoever holds one
-API key, else one address: ``upload_slots.client_of``) holds at most ``share`` of them; its
-requests past that wait for one of its own to end, never for another client's.
+API key, else one address) holds at most ``share`` of them; its requests past that wait for
+one of its own to end, in turn, never for another client's.
 
 Waiting, not refusing: sent directly, a client's own concurrency is its provider's to limit,
 and the proxy must not answer it with errors it would not get there.
+
+On every request's path, so a plain count per client (no lock object, no context manager): a
+request under its client's share costs two dictionary updates.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections import deque
+
+# Whoever holds one API key, else one source address.
+Client = tuple[str, str]
+
+
+def client_named(api_key: str, address: str | None) -> Client:
+    return ("key", api_key) if api_key else ("address", address or "")
 
 
 class UpstreamShares:
-    """At most ``share`` requests of one client upstream at once; the rest wait in turn."""
+    """At most ``share`` requests of one client upstream at once; ``take`` before a request
+    goes, ``give_back`` once its answer is done (in a ``finally``)."""
 
     def __init__(self, share: int) -> None:
         self._share = share
-        self._gates: dict[str, asyncio.Semaphore] = {}
-        self._users: Counter[str] = Counter()  # requests holding or awaiting each gate
+        self._held: dict[Client, int] = {}  # only clients with a request upstream
+        self._waiting: dict[Client, deque[asyncio.Future[None]]] = {}
 
     @property
     def clients(self) -> int:
-        """Clients with a request upstream or waiting (a gate is kept only while used)."""
-        return len(self._gates)
+        """Clients with a request upstream (nothing is kept for the others)."""
+        return len(self._held)
 
-    def would_wait(self, client: str) -> bool:
-        gate = self._gates.get(client)
-        return gate is not None and gate.locked()
-
-    @asynccontextmanager
-    async def held(self, client: str) -> AsyncIterator[None]:
-        gate = self._gates.get(client)
-        if gate is None:
-            gate = self._gates[client] = asyncio.Semaphore(self._share)
-        self._users[client] += 1
+    async def take(self, client: Client) -> bool:
+        """One of ``client``'s places upstream; whether it waited for one of its own
+        requests to end. Cancelled while waiting, it takes none."""
+        held = self._held.get(client, 0)
+        if held < self._share:
+            self._held[client] = held + 1
+            return False
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(client, deque()).append(turn)
         try:
-            async with gate:
-                yield
-        finally:
-            self._users[client] -= 1
-            if not self._users[client]:
-                del self._users[client]
-                del self._gates[client]
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.give_back(client)  # handed a place as it was cancelled: passed on
+            raise
+        return True
+
+    def give_back(self, client: Client) -> None:
+        """The place of one of ``client``'s requests: to its next waiting request, if any."""
+        waiting = self._waiting.get(client)
+        while waiting:
+            turn = waiting.popleft()
+            if not waiting:
+                del self._waiting[client]
+            if not turn.done():  # not a request that stopped waiting
+                turn.set_result(None)
+                return
+        held = self._held[client] - 1
+        if held:
+            self._held[client] = held
+        else:
+            del self._held[client]

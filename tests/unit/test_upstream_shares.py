@@ -4,36 +4,60 @@ from __future__ import annotations
 
 import asyncio
 
-from compaction_proxy.security.upstream_shares import UpstreamShares
+from compaction_proxy.security.upstream_shares import UpstreamShares, client_named
+
+A, B = client_named("sk-a", None), client_named("", "10.0.0.2")
 
 
 async def test_past_its_share_a_client_waits_for_its_own_request_and_no_other_does() -> None:
     shares = UpstreamShares(2)
-    first, second = shares.held("a"), shares.held("a")
-    await first.__aenter__()
-    await second.__aenter__()
-    assert shares.would_wait("a") and not shares.would_wait("b")
-    third = asyncio.create_task(_hold_once(shares, "a"))
-    async with shares.held("b"):  # another client goes at once
-        pass
+    assert not await shares.take(A) and not await shares.take(A)
+    third = asyncio.create_task(shares.take(A))
+    assert not await shares.take(B)  # another client goes at once
+    shares.give_back(B)
     await asyncio.sleep(0)
     assert not third.done()
-    await first.__aexit__(None, None, None)
-    await asyncio.wait_for(third, 1)
-    await second.__aexit__(None, None, None)
+    shares.give_back(A)  # one of A's ends: its place goes to the third
+    assert await asyncio.wait_for(third, 1) is True
+    shares.give_back(A)
+    shares.give_back(A)
     assert shares.clients == 0  # nothing is kept for a client with nothing upstream
 
 
-async def test_a_waiting_request_whose_client_left_gives_up_its_turn() -> None:
+async def test_requests_waiting_past_the_share_go_in_turn() -> None:
     shares = UpstreamShares(1)
-    async with shares.held("a"):
-        waiting = asyncio.create_task(_hold_once(shares, "a"))
+    await shares.take(A)
+    order: list[int] = []
+
+    async def wait(n: int) -> None:
+        await shares.take(A)
+        order.append(n)
+
+    waiting = [asyncio.create_task(wait(n)) for n in range(3)]
+    await asyncio.sleep(0)
+    for _ in range(3):
+        shares.give_back(A)
         await asyncio.sleep(0)
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
+    await asyncio.gather(*waiting)
+    assert order == [0, 1, 2]
+    shares.give_back(A)
     assert shares.clients == 0
 
 
-async def _hold_once(shares: UpstreamShares, client: str) -> None:
-    async with shares.held(client):
-        pass
+async def test_a_request_that_stops_waiting_takes_no_place_and_passes_on_one_handed_to_it() -> None:
+    shares = UpstreamShares(1)
+    await shares.take(A)
+    left = asyncio.create_task(shares.take(A))
+    await asyncio.sleep(0)
+    left.cancel()
+    await asyncio.gather(left, return_exceptions=True)
+    shares.give_back(A)
+    assert shares.clients == 0
+    # Handed the place in the same step as it was cancelled: the place goes back.
+    await shares.take(A)
+    handed = asyncio.create_task(shares.take(A))
+    await asyncio.sleep(0)
+    shares.give_back(A)
+    handed.cancel()
+    await asyncio.gather(handed, return_exceptions=True)
+    assert shares.clients == 0
