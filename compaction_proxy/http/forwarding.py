@@ -80,8 +80,9 @@ async def forward(
     url = upstream_url(route.base, path, client_query(request))
     # The client's share of the pool: past it, a request waits for one of its own.
     client = client_named(api_key_of(request.headers), request.remote)
-    if await services.upstream_shares.take(client):
+    if not services.upstream_shares.took(client):
         UPSTREAM_SHARE_WAITS.inc()
+        await services.upstream_shares.turn(client)
     started = time.perf_counter()
     try:
         async with services.upstream.open(UpstreamCall("POST", url, headers, payload)) as upstream:

@@ -29,8 +29,8 @@ def client_named(api_key: str, address: str | None) -> Client:
 
 
 class UpstreamShares:
-    """At most ``share`` requests of one client upstream at once; ``take`` before a request
-    goes, ``give_back`` once its answer is done (in a ``finally``)."""
+    """At most ``share`` requests of one client upstream at once: ``took`` (else ``turn``)
+    before a request goes, ``give_back`` once its answer is done (in a ``finally``)."""
 
     def __init__(self, share: int) -> None:
         self._share = share
@@ -42,13 +42,19 @@ class UpstreamShares:
         """Clients with a request upstream (nothing is kept for the others)."""
         return len(self._held)
 
-    async def take(self, client: Client) -> bool:
-        """One of ``client``'s places upstream; whether it waited for one of its own
-        requests to end. Cancelled while waiting, it takes none."""
+    def took(self, client: Client) -> bool:
+        """Whether one of ``client``'s places upstream was free, and is now taken."""
         held = self._held.get(client, 0)
         if held < self._share:
             self._held[client] = held + 1
-            return False
+            return True
+        return False
+
+    async def turn(self, client: Client) -> None:
+        """A place for a request ``took`` found none for: the next one of ``client``'s own
+        requests gives back, in turn. Cancelled while waiting, it takes none."""
+        if self.took(client):  # one came free meanwhile
+            return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(client, deque()).append(turn)
         try:
@@ -57,7 +63,6 @@ class UpstreamShares:
             if turn.done() and not turn.cancelled():
                 self.give_back(client)  # handed a place as it was cancelled: passed on
             raise
-        return True
 
     def give_back(self, client: Client) -> None:
         """The place of one of ``client``'s requests: to its next waiting request, if any."""

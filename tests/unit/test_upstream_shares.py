@@ -11,14 +11,14 @@ A, B = client_named("sk-a", None), client_named("", "10.0.0.2")
 
 async def test_past_its_share_a_client_waits_for_its_own_request_and_no_other_does() -> None:
     shares = UpstreamShares(2)
-    assert not await shares.take(A) and not await shares.take(A)
-    third = asyncio.create_task(shares.take(A))
-    assert not await shares.take(B)  # another client goes at once
+    assert shares.took(A) and shares.took(A) and not shares.took(A)
+    third = asyncio.create_task(shares.turn(A))
+    assert shares.took(B)  # another client goes at once
     shares.give_back(B)
     await asyncio.sleep(0)
     assert not third.done()
     shares.give_back(A)  # one of A's ends: its place goes to the third
-    assert await asyncio.wait_for(third, 1) is True
+    await asyncio.wait_for(third, 1)
     shares.give_back(A)
     shares.give_back(A)
     assert shares.clients == 0  # nothing is kept for a client with nothing upstream
@@ -26,11 +26,11 @@ async def test_past_its_share_a_client_waits_for_its_own_request_and_no_other_do
 
 async def test_requests_waiting_past_the_share_go_in_turn() -> None:
     shares = UpstreamShares(1)
-    await shares.take(A)
+    shares.took(A)
     order: list[int] = []
 
     async def wait(n: int) -> None:
-        await shares.take(A)
+        await shares.turn(A)
         order.append(n)
 
     waiting = [asyncio.create_task(wait(n)) for n in range(3)]
@@ -46,16 +46,16 @@ async def test_requests_waiting_past_the_share_go_in_turn() -> None:
 
 async def test_a_request_that_stops_waiting_takes_no_place_and_passes_on_one_handed_to_it() -> None:
     shares = UpstreamShares(1)
-    await shares.take(A)
-    left = asyncio.create_task(shares.take(A))
+    shares.took(A)
+    left = asyncio.create_task(shares.turn(A))
     await asyncio.sleep(0)
     left.cancel()
     await asyncio.gather(left, return_exceptions=True)
     shares.give_back(A)
     assert shares.clients == 0
     # Handed the place in the same step as it was cancelled: the place goes back.
-    await shares.take(A)
-    handed = asyncio.create_task(shares.take(A))
+    shares.took(A)
+    handed = asyncio.create_task(shares.turn(A))
     await asyncio.sleep(0)
     shares.give_back(A)
     handed.cancel()
