@@ -286,10 +286,11 @@ async def _forward_with_recovery(
         verdict = classify_overflow(reply.status, reply.error_body)
         if not verdict.is_overflow:
             break
-        tenant = await _tenant_of(services, forwarded, link.headers)
-        if verdict.limit is not None and tenant is not None:
-            named = window_key(client_request.model, client_request.declared_window)
-            services.learned_windows.learn(route.model, tenant, named, verdict.limit)
+        if verdict.limit is not None:
+            tenant = await _tenant_of(services, forwarded, link.headers)
+            if tenant is not None:  # the limit is that tenant's to learn (LearnedWindows)
+                named = window_key(client_request.model, client_request.declared_window)
+                services.learned_windows.learn(route.model, tenant, named, verdict.limit)
         retry, overflowed_at = None, time.time()
         if retries < model_policy.policy.max_overflow_retries:
             retries += 1
@@ -321,6 +322,7 @@ async def _forward_with_recovery(
 async def _tenant_of(
     services: Services, forwarded: Forwarded, client_headers: Mapping[str, str]
 ) -> str | None:
+    """The caller's tenant: its request view's, else (store out of reach) from the secret."""
     if forwarded.job is not None:
         return forwarded.job.view.tenant
     return await known_tenant(services, client_headers)
