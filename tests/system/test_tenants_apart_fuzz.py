@@ -4,8 +4,8 @@ proxy does for another tenant.
 Two proxies, alike, each in front of an upstream of its own. In every example tenant A's
 request (any wire format, streamed or not, one of two keys, sometimes an argument named in an
 overflow's words) goes to the first proxy alone and is answered with whatever an upstream may
-answer; then tenant B starts a conversation (a history drawn near the window, so it may be
-compacted at once) on both. What reaches each upstream for B, summary calls included, and what
+answer; then tenant B starts a conversation in any format (a history drawn near the window,
+so it may be compacted at once) on both. What reaches each upstream for B, summary calls included, and what
 B is told, must be the same: nothing a proxy keeps of A (a learned window, a calibration, a
 slot) may change B's requests. Background rounds are off, so both proxies decide in step.
 """
@@ -118,21 +118,22 @@ def tenant_a_traffic(draw: st.DrawFn) -> Traffic:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     derandomize=True,
 )
-@given(a=tenant_a_traffic(), b_rounds=st.integers(4, 14))
+@given(a=tenant_a_traffic(), b_wire=st.sampled_from(WIRES), b_rounds=st.integers(4, 14))
 def test_nothing_one_tenant_sends_or_is_answered_changes_anothers_requests(
-    pair: Pair, a: Traffic, b_rounds: int
+    pair: Pair, a: Traffic, b_wire: str, b_rounds: int
 ) -> None:
     n = next(_conversations)
     first, second = pair.upstreams
     first.answer = a.answer
     send(pair.ports[0], PATHS[a.wire], a.body, headers_for(a.wire, a.key))
 
-    b_body = request_body("chat", history("chat", f"B's task {n}.", b_rounds, B_OUTPUT), False)
+    b_turns = history(b_wire, f"B's task {n}.", b_rounds, B_OUTPUT)
+    b_body = request_body(b_wire, b_turns, False)
     told = []
     for port, upstream in zip(pair.ports, pair.upstreams, strict=True):
-        upstream.answer = normal_answer("chat")
+        upstream.answer = normal_answer(b_wire)
         upstream.received.clear()
-        status, headers, got = send(port, PATHS["chat"], b_body, headers_for("chat", "sk-b"))
+        status, headers, got = send(port, PATHS[b_wire], b_body, headers_for(b_wire, "sk-b"))
         told.append((status, headers.get("x-compaction-status"), got))
     assert told[0] == told[1]
     assert first.received == second.received
