@@ -5,9 +5,10 @@ Two proxies, alike, each in front of an upstream of its own. In every example te
 request (any wire format, streamed or not, one of two keys, sometimes an argument named in an
 overflow's words) goes to the first proxy alone and is answered with whatever an upstream may
 answer; then tenant B starts a conversation in any format (a history drawn near the window,
-so it may be compacted at once) on both. What reaches each upstream for B, summary calls included, and what
-B is told, must be the same: nothing a proxy keeps of A (a learned window, a calibration, a
-slot) may change B's requests. Background rounds are off, so both proxies decide in step.
+so it may be compacted at once) on both. What reaches each upstream for B, summary calls
+included, and what B is told, must be the same: nothing a proxy keeps of A (a learned window,
+a calibration, a slot) may change B's requests. Background rounds are off, so both proxies
+decide in step.
 """
 
 from __future__ import annotations
