@@ -41,20 +41,15 @@ log = logging.getLogger(__name__)
 TRIGGER = "precompact"
 
 
-def tenant_share(concurrency: int) -> int:
-    """The rounds a tenant may always hold: a quarter of the slots, at least one."""
-    return max(1, concurrency // 4)
-
-
 def may_take_a_slot(held: int, running: int, concurrency: int) -> bool:
     """Whether a tenant holding ``held`` of the ``running`` rounds may start one more: while
-    it holds less than its share, whenever a slot is free; beyond it, only while more than a
-    share would stay free for other tenants. One tenant running many agents at once then
-    never takes every slot: another's conversation still gets its checkpoint prepared ahead,
-    instead of waiting for a summary call at its threshold. Alone, a tenant can hold all
-    but one share."""
+    it holds less than its share (a quarter of the slots, at least one), whenever a slot is
+    free; beyond it, only while more than a share would stay free for other tenants. One
+    tenant running many agents at once then never takes every slot: another's conversation
+    still gets its checkpoint prepared ahead, instead of waiting for a summary call at its
+    threshold. Alone, a tenant can hold all but one share."""
     free = concurrency - running
-    share = tenant_share(concurrency)
+    share = max(1, concurrency // 4)
     return free > 0 and (held < share or free > share)
 
 

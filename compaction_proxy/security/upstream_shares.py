@@ -12,7 +12,9 @@ Waiting, not refusing: sent directly, a client's own concurrency is its provider
 and the proxy must not answer it with errors it would not get there.
 
 On every request's path, so a plain count per client (no lock object, no context manager): a
-request under its client's share costs two dictionary updates.
+request under its client's share costs two dictionary updates. For the same reason a client is
+named by its key itself, held only while its requests are upstream, not by the digest
+``upload_slots.client_of`` takes for uploads (a hash on every request).
 """
 
 from __future__ import annotations
@@ -51,10 +53,9 @@ class UpstreamShares:
         return False
 
     async def turn(self, client: Client) -> None:
-        """A place for a request ``took`` found none for: the next one of ``client``'s own
+        """A place for a request ``took`` found none for, asked at once (a place is never
+        freed while others wait: ``give_back`` hands it on): the next one of ``client``'s own
         requests gives back, in turn. Cancelled while waiting, it takes none."""
-        if self.took(client):  # one came free meanwhile
-            return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(client, deque()).append(turn)
         try:
