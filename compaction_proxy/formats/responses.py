@@ -35,6 +35,7 @@ from compaction_proxy.formats.responses_items import (
     sent_items,
     translate,
 )
+from compaction_proxy.formats.responses_socket import RESPONSES_SOCKET
 from compaction_proxy.formats.responses_summary import (
     cache_safe_responses_body,
     responses_summary_text,
@@ -42,6 +43,7 @@ from compaction_proxy.formats.responses_summary import (
 from compaction_proxy.formats.sealed_checkpoints import MadeCompaction
 from compaction_proxy.formats.wire import (
     ParseContext,
+    SocketDialect,
     SummaryPost,
     WireFormat,
     chat_summary,
@@ -147,6 +149,7 @@ class ResponsesFormat(WireFormat):
     upstream_path: ClassVar[str] = "/responses"
     answer_cap_fields: ClassVar[tuple[str, ...]] = ("max_output_tokens",)
     stored_by_default: ClassVar[bool] = True
+    socket: ClassVar[SocketDialect | None] = RESPONSES_SOCKET
 
     def asks_for_compaction(self, body: dict[str, Any]) -> bool:
         return responses_compaction.asks_for_compaction(body)

@@ -5,8 +5,9 @@ A ``WireFormat`` is chosen once, by the route the request came in on, and carrie
 the shared core), writing a surface back as the API's body, the upstream path, the answer cap
 field, whether the provider stores answers by default, the shape of the errors its clients
 read, the API's family (``ApiFamily``: its default upstream, credentials and cache prices),
-the header that names a conversation, and the summary call: its cache-safe body in the
-client's own format, the body rebuilt from the chat form, and the reading of the answer. The
+the header that names a conversation, the summary call (its cache-safe body in the client's
+own format, the body rebuilt from the chat form, and the reading of the answer), and, for an
+API also served over a WebSocket, how a frame becomes a request (``SocketDialect``). The
 adapters are ``formats.chat``, ``formats.responses`` and ``formats.anthropic``;
 ``formats.wire_formats`` lists them. Code outside ``formats`` knows a format by this interface
 alone (an import-linter contract).
@@ -24,7 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.formats.known_messages import KnownMessages
@@ -56,6 +57,48 @@ SummaryReader = Callable[[Any], tuple[str, bool]]
 
 
 @dataclass(frozen=True)
+class SocketResponse:
+    """A socket connection's last response: its id, the whole input it answered, its output
+    (what a later frame naming it continues from)."""
+
+    response_id: str
+    input: list[Any]
+    output: list[Any]
+
+
+class FrameRefused(ValueError):
+    """A WebSocket frame that is no request: why, in the provider's words."""
+
+
+class SocketDialect(Protocol):
+    """How an API served over a WebSocket maps onto its HTTP endpoint (pure): each request
+    frame is served as one streamed request, and the answer's events go back a frame each."""
+
+    def request_body(self, frame: Any) -> dict[str, Any]:
+        """The request a parsed frame stands for; ``FrameRefused`` for any other frame."""
+        ...
+
+    def http_body(self, body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:
+        """``body`` as the streamed HTTP request it asks for, given the connection's last
+        response."""
+        ...
+
+    def answered_here(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The events answering ``body`` without the upstream, if it asks for no answer."""
+        ...
+
+    def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
+        """The response a later frame may continue from, when ``event`` ends one; ``sent``:
+        the HTTP body it answered."""
+        ...
+
+    def error_event(self, status: int, body: Any, headers: Mapping[str, str]) -> dict[str, Any]:
+        """An answer that is not a stream (``body``: its JSON, or its text; ``headers``:
+        lower-cased) as the one event a socket client reads it as."""
+        ...
+
+
+@dataclass(frozen=True)
 class SummaryPost:
     """One summary call in one format: where it goes, its body, how its answer is read."""
 
@@ -78,6 +121,7 @@ class WireFormat(ABC):
     # (Anthropic's), not wherever prompts share one: a cache-safe summary call then reads
     # through to such a place (``compaction.planning.ReadThrough``).
     caches_at_breakpoints: ClassVar[bool] = False
+    socket: ClassVar[SocketDialect | None] = None  # served over a WebSocket as well
 
     @abstractmethod
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:

@@ -11,7 +11,8 @@ in place of the client's, client keys for this proxy never sent on, the hop mark
 and a failure to reach the upstream is a 502 or 504 in OpenAI's error shape.
 
 A WebSocket (the Realtime API) is relayed frame by frame (``http.websocket_relay``), routed
-by the ``model`` its query names.
+by the ``model`` its query names. One opened on an endpoint the proxy compacts is not relayed
+(``http.socket_endpoint``).
 
 Metrics are labelled with the path's template (``/v1/files/{id}/content``), never the path a
 client sent, so their label sets stay bounded whatever the clients do.

@@ -26,6 +26,7 @@ from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.inspector import inspector_routes
 from compaction_proxy.http.metrics_endpoint import metrics_handler
 from compaction_proxy.http.passthrough import passthrough
+from compaction_proxy.http.socket_endpoint import socket_endpoint
 from compaction_proxy.http.upstream_client import AiohttpUpstream
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import TokenMeter
@@ -254,6 +255,11 @@ def create_app(settings: Settings) -> web.Application:
             web.post("/v1/chat/completions", guarded(handlers.endpoint(CHAT))),
             web.post("/v1/responses", guarded(handlers.endpoint(RESPONSES))),
             web.post("/v1/messages", guarded(handlers.endpoint(MESSAGES))),
+            # A WebSocket on a compacted endpoint: served frame by frame, or refused.
+            *(
+                web.get("/v1" + wire.upstream_path, guarded(socket_endpoint(wire)))
+                for wire in (CHAT, RESPONSES, MESSAGES)
+            ),
             web.get("/v1/models", guarded(handlers.list_models)),
             web.get("/healthz", handlers.healthz),
             web.get("/readyz", handlers.readyz),

@@ -1,4 +1,4 @@
-"""The fake provider's Responses API (``POST /v1/responses``).
+"""The fake provider's Responses API (``POST /v1/responses``, and over a WebSocket).
 
 Like the real one where the proxy can tell the difference: input items (messages, function
 calls and their outputs, reasoning items), pairing enforced (an output needs its call, a call
@@ -97,6 +97,7 @@ class FakeResponses:
     agent: FileReader | None = None  # set by a test: a scripted agent's model instead
     refused: list[str] = field(default_factory=list)  # pairing problems, in its words
     overflows: list[int] = field(default_factory=list)  # prompts refused as over the window
+    sockets: int = 0  # WebSocket connections opened
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -105,7 +106,7 @@ class FakeResponses:
         return [body for body in self.received if not is_summary_request(body)]
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/responses", self._create)]
+        return [web.post("/v1/responses", self._create), web.get("/v1/responses", self._socket)]
 
     def input_tokens(self, body: dict[str, Any]) -> int:
         total = 3
@@ -129,20 +130,32 @@ class FakeResponses:
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = jsonio.loads(await request.read())
-        self.received.append(body)
         self.headers_received.append(dict(request.headers))
+        reply = await self._reply(body)
+        if isinstance(reply, _Refusal):
+            return _error(400, reply.message, reply.param, reply.code, self.headers())
+        # Encoded before a stream starts: what the answer echoes of the request may not encode
+        # (an integer past 64 bits), and that must be a 400, not a stream cut after its headers.
+        encoded = orjson.dumps(reply)
+        if body.get("stream"):
+            return await self._stream(request, reply)
+        return web.Response(body=encoded, content_type="application/json", headers=self.headers())
+
+    async def _reply(self, body: dict[str, Any]) -> dict[str, Any] | _Refusal:
+        """The response to ``body``, or why it is refused."""
+        self.received.append(body)
         model = str(body.get("model"))
         items = input_items(body)
         stateful = body.get("previous_response_id") is not None
         problem = None if stateful else pairing_problem(items)
         if problem is not None:
             self.refused.append(problem)
-            return _error(400, problem, "input", None, self.headers())
+            return _Refusal(problem, "input", None)
         tokens = self.input_tokens(body)
         cap = int(body.get("max_output_tokens") or 0)
         if tokens + cap > self.window_of(model):
             self.overflows.append(tokens)
-            return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded", self.headers())
+            return _Refusal(OVERFLOW_MESSAGE, "input", "context_length_exceeded")
         if is_summary_request(body) and self.summary_delay():
             await asyncio.sleep(self.summary_delay())
         number = next(self._ids)
@@ -155,13 +168,35 @@ class FakeResponses:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": tokens + produced,
         }
-        response = _response(f"resp_fake{number}", model, body, [item], usage)
-        # Encoded before a stream starts: what the answer echoes of the request may not encode
-        # (an integer past 64 bits), and that must be a 400, not a stream cut after its headers.
-        encoded = orjson.dumps(response)
-        if body.get("stream"):
-            return await self._stream(request, response)
-        return web.Response(body=encoded, content_type="application/json", headers=self.headers())
+        return _response(f"resp_fake{number}", model, body, [item], usage)
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        """Responses over a WebSocket, as OpenAI serves them: each ``response.create`` frame
+        answered by the events of a stream, a frame each, or by an ``error`` event. A frame
+        naming the connection's last response (``previous_response_id``) is read after that
+        response's input and output, which the connection keeps (``store: false`` or not)."""
+        socket = web.WebSocketResponse()
+        if not socket.can_prepare(request).ok:
+            return _error(405, "Use POST or a WebSocket.", None, None, self.headers())
+        await socket.prepare(request)
+        self.sockets += 1
+        last: tuple[str, list[Any], list[Any]] | None = None
+        async for message in socket:
+            body = {k: v for k, v in orjson.loads(message.data).items() if k != "type"}
+            if last is not None and body.get("previous_response_id") == last[0]:
+                del body["previous_response_id"]
+                body["input"] = [*last[1], *last[2], *input_items(body)]
+            reply = await self._reply(body)
+            if isinstance(reply, _Refusal):
+                error = {"type": "invalid_request_error", **reply.error()}
+                await socket.send_str(
+                    orjson.dumps({"type": "error", "status": 400, "error": error}).decode()
+                )
+                continue
+            for event in self._events(reply):
+                await socket.send_str(orjson.dumps(event).decode())
+            last = (reply["id"], input_items(body), reply["output"])
+        return socket
 
     def _move(self, body: dict[str, Any], items: list[Any], number: int) -> Move:
         """The scripted agent's move when one is set; else a call of the first tool while
@@ -192,38 +227,56 @@ class FakeResponses:
     async def _stream(self, request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
         stream = web.StreamResponse(headers={**self.headers(), "Content-Type": "text/event-stream"})
         await stream.prepare(request)
-        sequence = itertools.count()
-
-        async def send(kind: str, **fields: Any) -> None:
-            event = {"type": kind, "sequence_number": next(sequence), **fields}
+        for event in self._events(response):
+            kind = event["type"]
             await stream.write(f"event: {kind}\ndata: ".encode() + orjson.dumps(event) + b"\n\n")
+        await stream.write_eof()
+        return stream
+
+    def _events(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events streaming ``response``, in order."""
+        events: list[dict[str, Any]] = []
+
+        def send(kind: str, **fields: Any) -> None:
+            events.append({"type": kind, "sequence_number": len(events), **fields})
 
         started = {**response, "status": "in_progress", "output": [], "usage": None}
-        await send("response.created", response=started)
-        await send("response.in_progress", response=started)
+        send("response.created", response=started)
+        send("response.in_progress", response=started)
         for index, item in enumerate(response["output"]):
             opened = {**item, "status": "in_progress"}
-            await send("response.output_item.added", output_index=index, item=opened)
+            send("response.output_item.added", output_index=index, item=opened)
             if item["type"] == "message":
                 text = item["content"][0]["text"]
                 part = {"type": "output_text", "text": "", "annotations": []}
                 where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-                await send("response.content_part.added", **where, part=part)
+                send("response.content_part.added", **where, part=part)
                 size = max(1, len(text) // self.stream_pieces)
                 for start in range(0, len(text), size):
                     piece = text[start : start + size]
-                    await send("response.output_text.delta", **where, delta=piece, logprobs=[])
-                await send("response.output_text.done", **where, text=text, logprobs=[])
-                await send("response.content_part.done", **where, part={**part, "text": text})
+                    send("response.output_text.delta", **where, delta=piece, logprobs=[])
+                send("response.output_text.done", **where, text=text, logprobs=[])
+                send("response.content_part.done", **where, part={**part, "text": text})
             else:
                 where = {"item_id": item["id"], "output_index": index}
                 arguments = item["arguments"]
-                await send("response.function_call_arguments.delta", **where, delta=arguments)
-                await send("response.function_call_arguments.done", **where, arguments=arguments)
-            await send("response.output_item.done", output_index=index, item=item)
-        await send("response.completed", response=response)
-        await stream.write_eof()
-        return stream
+                send("response.function_call_arguments.delta", **where, delta=arguments)
+                send("response.function_call_arguments.done", **where, arguments=arguments)
+            send("response.output_item.done", output_index=index, item=item)
+        send("response.completed", response=response)
+        return events
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A request the API refuses: its message, ``param`` and ``code``."""
+
+    message: str
+    param: str | None
+    code: str | None
+
+    def error(self) -> dict[str, Any]:
+        return {"message": self.message, "param": self.param, "code": self.code}
 
 
 def _response(

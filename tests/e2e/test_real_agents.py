@@ -103,6 +103,7 @@ async def run_codex_remote_compacting(base_url: str, home: Path, workdir: Path) 
 
 
 REMOTE_COMPACTION_FAILED = "expected exactly one compaction output item"
+WEBSOCKET_FALLBACK = "Falling back from WebSockets to HTTPS transport"
 
 
 def carried_checkpoints(fake: FakeUpstream) -> set[str]:
@@ -306,6 +307,7 @@ async def test_codex_remote_compaction_succeeds_through_the_proxy(
     assert code == 0, output
     assert f"Read all {FILES} files." in output, output
     assert REMOTE_COMPACTION_FAILED not in output, output
+    assert WEBSOCKET_FALLBACK not in output, output  # its socket was served, every turn
     triggers = counter("compaction_proxy_requests_total", route="agent-*", outcome="compacted")
     assert triggers - served >= 1
     forwarded = fake.responses.forwarded

@@ -1,0 +1,117 @@
+"""Responses over a WebSocket, as requests over HTTP (pure).
+
+OpenAI serves the Responses API over a WebSocket as well (``GET /v1/responses`` upgraded):
+each turn is a ``response.create`` frame, the body of a ``POST /v1/responses`` with a
+``type``, answered by the events a streamed answer has, one frame each. Two things a socket
+has that HTTP has not, and how a frame becomes a request the proxy can compact:
+
+- ``previous_response_id`` naming the connection's last response. The provider keeps that
+  response's input and output for the connection, even with ``store: false``, and reads them
+  before the frame's own input: a client sends only what is new (Codex does, every turn).
+  ``http_body`` does the same, so the request is the whole history, as the client would have
+  sent it over HTTP. An id the connection has not answered goes on as sent: the provider's
+  to find, or to refuse, as it would be directly.
+- ``generate: false``: a prompt sent ahead to warm the provider's cache, answered without a
+  model's turn (Codex's prewarm). ``answered_here`` answers it, empty, and it becomes
+  the connection's last response like any other, so the next frame may continue from it.
+
+An answer that is not a stream of events becomes one ``error`` event (``error_event``), in the
+shape OpenAI sends on a socket: ``{"type": "error", "status", "error", "headers"}``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from compaction_proxy.formats.wire import FrameRefused, SocketResponse
+
+CREATE = "response.create"
+# Events that end an answer with a response a later frame may continue from.
+_CONTINUABLE = frozenset({"response.completed", "response.incomplete"})
+# The answer's headers an error event carries (what a client reads of a refusal).
+_ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
+
+
+def _items(value: Any) -> list[Any] | None:
+    """An ``input`` as a list of items; None when it is neither text nor a list (the
+    endpoint's to refuse)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else None
+
+
+def _prewarm_events(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answer to a prewarm: a response created and completed with no output."""
+    response: dict[str, Any] = {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "model": body.get("model"),
+        "output": [],
+        "usage": None,
+    }
+    usage = {
+        "input_tokens": 0,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 0,
+    }
+    done = {**response, "status": "completed", "usage": usage}
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": response},
+        {"type": "response.completed", "sequence_number": 1, "response": done},
+    ]
+
+
+class ResponsesSocket:
+    """The Responses API's ``SocketDialect``."""
+
+    def request_body(self, frame: Any) -> dict[str, Any]:
+        if not isinstance(frame, dict):
+            raise FrameRefused("Invalid event: expected a JSON object.")
+        kind = frame.get("type")
+        if kind != CREATE:
+            raise FrameRefused(f"Unsupported event type {kind!r}: this server takes {CREATE!r}.")
+        return {key: value for key, value in frame.items() if key != "type"}
+
+    def http_body(self, body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:
+        sent = {**body, "stream": True}
+        previous = sent.get("previous_response_id")
+        new = _items(sent.get("input"))
+        if last is not None and previous == last.response_id and new is not None:
+            del sent["previous_response_id"]
+            sent["input"] = [*last.input, *last.output, *new]
+        return sent
+
+    def answered_here(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        return _prewarm_events(body) if body.get("generate") is False else None
+
+    def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
+        if event.get("type") not in _CONTINUABLE:
+            return None
+        response = event.get("response")
+        if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+            return None
+        output = response.get("output")
+        items = _items(sent.get("input"))
+        if items is None or not isinstance(output, list):
+            return None
+        return SocketResponse(response["id"], items, output)
+
+    def error_event(self, status: int, body: Any, headers: Mapping[str, str]) -> dict[str, Any]:
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            text = body if isinstance(body, str) and body else f"The request failed ({status})."
+            error = {"type": "api_error", "code": None, "message": text, "param": None}
+        kept = {name: headers[name] for name in _ERROR_HEADERS if name in headers}
+        return {"type": "error", "status": status, "error": error, "headers": kept}
+
+
+RESPONSES_SOCKET = ResponsesSocket()

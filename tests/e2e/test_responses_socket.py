@@ -1,0 +1,171 @@
+"""Responses over a WebSocket (``GET /v1/responses`` upgraded), with the real openai SDK's
+``responses.connect()``: every turn served as the HTTP request it stands for, so compacted like
+any other; a frame continuing the connection's last response carries its whole history; a
+prewarm answered without the upstream; errors as the provider's ``error`` events; the other
+compacted endpoints refuse a socket with 426."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.helpers import MASKING_OFF, counter, route
+
+pytest.importorskip("openai")
+
+import openai
+
+MODEL = "resp-small"
+WINDOW = 16_000
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file of the repository.",
+        "parameters": {"type": "object", "properties": {"step": {"type": "integer"}}},
+    }
+]
+CUT = "removed by compaction-proxy"
+ENDS = ("response.completed", "response.incomplete", "response.failed", "error")
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream) -> RunningProxy:
+    fake.windows[MODEL] = WINDOW
+    fake.responses.tool_rounds = 1_000
+    policy = {"precompact_ratio": 0, **MASKING_OFF}
+    return await make_proxy(routes=[route(upstream_url, "resp-*", WINDOW, **policy)])
+
+
+def socket_url(proxy: RunningProxy, path: str = "/responses") -> str:
+    return proxy.url.replace("http://", "ws://") + path
+
+
+async def turn(connection: Any, event: dict[str, Any]) -> list[Any]:
+    """The events answering one ``response.create``, up to the one that ends it."""
+    await connection.send(event)
+    events = []
+    while True:
+        events.append(await connection.recv())
+        if events[-1].type in ENDS:
+            return events
+
+
+def observation(step: int) -> str:
+    return f"step {step} output: " + "importer log line with details " * 220
+
+
+async def test_a_socket_session_continuing_each_response_is_compacted_like_http(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """Codex's way: each frame names the last response and sends only what is new. The
+    upstream gets every turn as a whole history over HTTP (never an id it did not make), and
+    the history outgrows the 16k window: the proxy cuts it, and no turn overflows."""
+    served = counter("compaction_proxy_requests_total", route="resp-*", outcome="ok")
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    async with client.responses.connect() as connection:
+        opening = {"role": "user", "content": "Read the files, one step at a time."}
+        event: dict[str, Any] = {"type": "response.create", "model": MODEL, "tools": TOOLS}
+        events = await turn(connection, {**event, "input": [opening], "store": False})
+        for step in range(12):
+            done = events[-1]
+            assert done.type == "response.completed", done
+            (call,) = done.response.output
+            output = {"type": "function_call_output", "call_id": call.call_id}
+            new = [{**output, "output": observation(step)}]
+            continuing = {**event, "previous_response_id": done.response.id, "store": False}
+            events = await turn(connection, {**continuing, "input": new})
+        assert events[-1].type == "response.completed", events[-1]
+    forwarded = fake.responses.forwarded
+    assert len(forwarded) == 13
+    assert all("previous_response_id" not in body for body in forwarded)
+    # The second turn as the upstream got it: the whole history, the first turn's included.
+    assert forwarded[1]["input"][0] == opening and len(forwarded[1]["input"]) == 3
+    compacted = (CUT, "<compacted-summary>")
+    assert any(mark in str(body["input"]) for body in forwarded for mark in compacted)
+    assert fake.responses.overflows == [] and fake.responses.refused == []
+    assert counter("compaction_proxy_requests_total", route="resp-*", outcome="ok") > served
+
+
+async def test_a_prewarm_is_answered_without_the_upstream_and_continued_from(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
+    developer = {"role": "developer", "content": "You are a careful agent."}
+    task = {"role": "user", "content": "Say hello."}
+    async with client.responses.connect() as connection:
+        warm = {"type": "response.create", "model": MODEL, "input": [developer]}
+        events = await turn(connection, {**warm, "generate": False})
+        assert [e.type for e in events] == ["response.created", "response.completed"]
+        assert fake.responses.received == []
+        prewarmed = events[-1].response.id
+        events = await turn(
+            connection,
+            {**warm, "previous_response_id": prewarmed, "input": [task]},
+        )
+    assert events[-1].type == "response.completed"
+    (body,) = fake.responses.received
+    assert body["input"] == [developer, task]
+    assert body["stream"] is True
+
+
+async def raw_turn(socket: aiohttp.ClientWebSocketResponse, frame: bytes) -> list[Any]:
+    await socket.send_str(frame.decode())
+    events = []
+    while True:
+        events.append(orjson.loads((await socket.receive()).data))
+        if events[-1]["type"] in ENDS:
+            return events
+
+
+async def test_frames_that_are_no_request_get_error_events_and_the_socket_goes_on(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """Not JSON, another event type, a request the endpoint refuses, the window overflowed:
+    each an ``error`` event with the status and the error object an HTTP client would get;
+    then a good frame is served on the same socket."""
+    fake.windows[MODEL] = 50
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": "Bearer sk-test"}) as session,
+        session.ws_connect(socket_url(proxy)) as socket,
+    ):
+        (error,) = await raw_turn(socket, b"{not json")
+        assert error["status"] == 400 and error["error"]["type"] == "invalid_request_error"
+        (error,) = await raw_turn(socket, b'{"type": "response.steer"}')
+        assert error["status"] == 400 and "response.steer" in error["error"]["message"]
+        create = {"type": "response.create", "model": MODEL}
+        (error,) = await raw_turn(socket, orjson.dumps({**create, "input": 7}))
+        assert error["status"] == 400 and error["error"]["param"] == "input"
+        long = "a thousand words " * 300
+        (error,) = await raw_turn(socket, orjson.dumps({**create, "input": long}))
+        assert error["status"] == 400
+        assert error["error"]["code"] == "context_length_exceeded", error
+        events = await raw_turn(socket, orjson.dumps({**create, "input": "Hi."}))
+        assert events[-1]["type"] == "response.completed"
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/messages"])
+async def test_a_socket_on_an_endpoint_served_over_http_alone_is_refused_with_426(
+    proxy: RunningProxy, fake: FakeUpstream, path: str
+) -> None:
+    """426: what Codex takes for "send it over HTTP", at once. Nothing reaches the upstream."""
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(socket_url(proxy, path))
+    assert refused.value.status == 426
+    assert fake.received == []
+
+
+async def test_a_plain_get_on_the_responses_path_goes_on_as_sent(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(proxy.url + "/responses", headers={"Authorization": "Bearer sk-x"}) as got,
+    ):
+        assert got.status == 405  # the fake upstream's answer to a GET there, relayed
