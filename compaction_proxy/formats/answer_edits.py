@@ -28,41 +28,64 @@ class AnswerEdit(Protocol):
         ...
 
 
+class EventStream:
+    """A stream of server-sent events fed in chunks: each chunk's whole events, cut after
+    their blank line, each keeping its line ends."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The events ``chunk`` completes."""
+        data = self._held + chunk
+        end = max(data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n"))
+        if end < 0:
+            self._held = data
+            return []
+        cut = end + (4 if data[end : end + 4] == b"\r\n\r\n" else 2)
+        self._held = data[cut:]
+        return _events(data[:cut])
+
+    def close(self) -> bytes:
+        """What is left: an event the stream did not end with a blank line, or nothing."""
+        rest, self._held = self._held, b""
+        return rest
+
+
+def event_fields(event: bytes) -> tuple[bytes | None, bytes | None]:
+    """An event's ``event:`` name and its one ``data:`` line's payload (None for either it
+    lacks; a payload in several ``data:`` lines is None too)."""
+    name, data = None, []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            data.append(line[5:].strip())
+        elif line.startswith(b"event:"):
+            name = line[6:].strip()
+    return name, data[0] if len(data) == 1 else None
+
+
 class EventEditor:
     """Applies ``edit`` to each ``data:`` event of a stream fed in chunks."""
 
     def __init__(self, edit: EventEdit) -> None:
         self._edit = edit
-        self._held = b""
+        self._stream = EventStream()
 
     def feed(self, chunk: bytes) -> bytes:
         """What to send of ``chunk`` now: the events it completes, edited."""
-        data = self._held + chunk
-        end = max(data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n"))
-        if end < 0:
-            self._held = data
-            return b""
-        cut = end + (4 if data[end : end + 4] == b"\r\n\r\n" else 2)
-        self._held = data[cut:]
-        return self._edited(data[:cut])
+        return b"".join(self._one(event) for event in self._stream.feed(chunk))
 
     def close(self) -> bytes:
         """What is left: an event the stream did not end with a blank line, edited."""
-        rest, self._held = self._held, b""
-        return self._edited(rest) if rest.strip() else rest
-
-    def _edited(self, block: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in _events(block):
-            out.append(self._one(event))
-        return b"".join(out)
+        rest = self._stream.close()
+        return b"".join(self._one(event) for event in _events(rest)) if rest.strip() else rest
 
     def _one(self, event: bytes) -> bytes:
-        data_lines = [line for line in event.splitlines() if line.startswith(b"data:")]
-        if len(data_lines) != 1:
+        _, data = event_fields(event)
+        if data is None:
             return event
         try:
-            parsed = orjson.loads(data_lines[0][5:].strip())
+            parsed = orjson.loads(data)
         except orjson.JSONDecodeError:
             return event
         if not isinstance(parsed, dict):

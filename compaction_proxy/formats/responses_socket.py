@@ -31,6 +31,7 @@ from compaction_proxy.formats.wire import FrameRefused, SocketResponse
 CREATE = "response.create"
 # Events that end an answer with a response a later frame may continue from.
 _CONTINUABLE = frozenset({"response.completed", "response.incomplete"})
+_CONTINUABLE_NAMES = frozenset(name.encode() for name in _CONTINUABLE)
 # The answer's headers an error event carries (what a client reads of a refusal).
 _ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 
@@ -92,6 +93,9 @@ class ResponsesSocket:
 
     def answered_here(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         return _prewarm_events(body) if body.get("generate") is False else None
+
+    def may_end(self, name: bytes | None) -> bool:
+        return name is None or name in _CONTINUABLE_NAMES
 
     def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
         if event.get("type") not in _CONTINUABLE:

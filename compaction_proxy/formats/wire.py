@@ -87,6 +87,12 @@ class SocketDialect(Protocol):
         """The events answering ``body`` without the upstream, if it asks for no answer."""
         ...
 
+    def may_end(self, name: bytes | None) -> bool:
+        """Whether an event of this (SSE) name may end a response a later frame continues
+        from: only those are read (``continued_by``), every other passes as it came. An event
+        with no name may."""
+        ...
+
     def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
         """The response a later frame may continue from, when ``event`` ends one; ``sent``:
         the HTTP body it answered."""

@@ -5,9 +5,9 @@ OpenAI serves Responses over a WebSocket at ``/v1/responses``, and Codex on its 
 provider opens one before anything else. Relayed as it came, a whole session would pass the
 proxy by: nothing compacted, logged or counted. Here each frame becomes a request to this very
 process (the address the client reached, the client's handshake headers, ``POST`` on the same
-path), which authenticates, parses, compacts, forwards, logs and counts it as any other; this
-module knows nothing of that. What the socket adds (a frame continuing the connection's last
-response, a prewarm) is the format's ``SocketDialect``.
+path and query), which authenticates, parses, compacts, forwards, logs and counts it as any
+other; this module knows nothing of that. What the socket adds (a frame continuing the
+connection's last response, a prewarm) is the format's ``SocketDialect``.
 
 Frames are read as they come (so pings are answered during a long turn, and a client that
 leaves is seen at once) and served one at a time, in order. When the client goes, the turn in
@@ -22,6 +22,7 @@ request (``http.passthrough``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -30,7 +31,7 @@ import aiohttp
 import orjson
 from aiohttp import WSMsgType, web
 
-from compaction_proxy.formats.answer_edits import EventEditor
+from compaction_proxy.formats.answer_edits import EventStream, event_fields
 from compaction_proxy.formats.wire import FrameRefused, SocketDialect, SocketResponse, WireFormat
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import caller_format, error_response
@@ -126,7 +127,7 @@ async def _serve_socket(request: web.Request, dialect: SocketDialect) -> web.Str
     frames: asyncio.Queue[str | None] = asyncio.Queue(maxsize=FRAMES_WAITING)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        turns = _Turns(client, dialect, session, base + request.path, request.headers)
+        turns = _Turns(client, dialect, session, base + request.raw_path, request.headers)
         reader = asyncio.ensure_future(_read_frames(client, frames))
         server = asyncio.ensure_future(turns.serve(frames))
         try:
@@ -193,22 +194,30 @@ class _Turns:
         await self._client.send_str(orjson.dumps(event).decode())
         self._last = self._dialect.continued_by(event, sent) or self._last
 
+    async def _pass_on(self, event: bytes, sent: dict[str, Any]) -> None:
+        """One server-sent event as a frame: its data as it came, read only when it may end
+        a response to continue from."""
+        name, data = event_fields(event)
+        if data is None:  # a comment, a keep-alive: nothing for a socket
+            return
+        await self._client.send_str(data.decode(errors="replace"))
+        if self._dialect.may_end(name):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                parsed = orjson.loads(data)
+                if isinstance(parsed, dict):
+                    self._last = self._dialect.continued_by(parsed, sent) or self._last
+
     async def _forward(self, sent: dict[str, Any]) -> None:
         """``sent`` to this process's endpoint; its answer back as events."""
         async with self._session.post(
             self._url, data=orjson.dumps(sent), headers=self._headers
         ) as answer:
             if answer.status < 400 and answer.content_type == "text/event-stream":
-                found: list[dict[str, Any]] = []
-                events = EventEditor(lambda event: found.append(event))
+                events = EventStream()
                 async for chunk in answer.content.iter_any():
-                    events.feed(chunk)
-                    for event in found:
-                        await self._send(event, sent)
-                    found.clear()
-                events.close()
-                for event in found:
-                    await self._send(event, sent)
+                    for event in events.feed(chunk):
+                        await self._pass_on(event, sent)
+                await self._pass_on(events.close(), sent)
                 return
             parsed = _json_or_text(await answer.read())
             if answer.status < 400 and isinstance(parsed, dict):  # a whole answer, not a stream
