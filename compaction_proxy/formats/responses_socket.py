@@ -29,9 +29,11 @@ from typing import Any
 from compaction_proxy.formats.wire import FrameRefused, SocketResponse
 
 CREATE = "response.create"
-# Events that end an answer with a response a later frame may continue from.
+# Events that end an answer with a response a later frame may continue from, and all that end
+# one.
 _CONTINUABLE = frozenset({"response.completed", "response.incomplete"})
-_CONTINUABLE_NAMES = frozenset(name.encode() for name in _CONTINUABLE)
+_ENDING = _CONTINUABLE | {"response.failed", "error"}
+_ENDING_NAMES = frozenset(name.encode() for name in _ENDING)
 # The answer's headers an error event carries (what a client reads of a refusal).
 _ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 
@@ -95,7 +97,10 @@ class ResponsesSocket:
         return _prewarm_events(body) if body.get("generate") is False else None
 
     def may_end(self, name: bytes | None) -> bool:
-        return name is None or name in _CONTINUABLE_NAMES
+        return name is None or name in _ENDING_NAMES
+
+    def ends(self, event: dict[str, Any]) -> bool:
+        return event.get("type") in _ENDING
 
     def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
         if event.get("type") not in _CONTINUABLE:

@@ -88,9 +88,12 @@ class SocketDialect(Protocol):
         ...
 
     def may_end(self, name: bytes | None) -> bool:
-        """Whether an event of this (SSE) name may end a response a later frame continues
-        from: only those are read (``continued_by``), every other passes as it came. An event
-        with no name may."""
+        """Whether an event of this (SSE) name may end the answer: only those are read
+        (``ends``, ``continued_by``), every other passes as it came. One with no name may."""
+        ...
+
+    def ends(self, event: dict[str, Any]) -> bool:
+        """Whether ``event`` ends the answer to a frame (a client waits for no more)."""
         ...
 
     def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:

@@ -22,7 +22,6 @@ request (``http.passthrough``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -37,6 +36,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.passthrough import passthrough
 from compaction_proxy.http.websocket_relay import is_websocket
+from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.tenant import api_key_of
 
 log = logging.getLogger(__name__)
@@ -171,11 +171,12 @@ class _Turns:
     async def serve(self, frames: asyncio.Queue[str | None]) -> None:
         while (frame := await frames.get()) is not None:
             try:
-                body = self._dialect.request_body(orjson.loads(frame))
-            except (orjson.JSONDecodeError, FrameRefused) as refused:
-                why = str(refused) if isinstance(refused, FrameRefused) else "Invalid JSON."
-                invalid = {"type": "invalid_request_error", "code": None, "message": why}
-                await self._send(self._dialect.error_event(400, {"error": invalid}, {}), {})
+                body = self._dialect.request_body(jsonio.loads(frame))
+            except FrameRefused as refused:
+                await self._refuse(400, "invalid_request_error", str(refused))
+                continue
+            except (ValueError, RecursionError):
+                await self._refuse(400, "invalid_request_error", "Invalid event: not JSON.")
                 continue
             sent = self._dialect.http_body(body, self._last)
             here = self._dialect.answered_here(sent)
@@ -184,48 +185,59 @@ class _Turns:
                     await self._send(event, sent)
                 continue
             try:
-                await self._forward(sent)
-            except aiohttp.ClientError as failed:  # this process, out of reach of itself
-                log.error("serving a WebSocket frame over HTTP failed: %r", failed)
-                error = {"type": "api_error", "code": None, "message": "The proxy failed."}
-                await self._send(self._dialect.error_event(502, {"error": error}, {}), {})
+                ended = await self._forward(sent)
+            except aiohttp.ClientError as failed:  # the answer broke off on its way here
+                log.warning("serving a WebSocket frame over HTTP failed: %r", failed)
+                ended = False
+            if not ended:
+                await self._refuse(502, "api_error", "The answer ended before the response did.")
+
+    async def _refuse(self, status: int, kind: str, message: str) -> None:
+        error = {"type": kind, "code": None, "message": message, "param": None}
+        await self._send(self._dialect.error_event(status, {"error": error}, {}), {})
 
     async def _send(self, event: dict[str, Any], sent: dict[str, Any]) -> None:
         await self._client.send_str(orjson.dumps(event).decode())
         self._last = self._dialect.continued_by(event, sent) or self._last
 
-    async def _pass_on(self, event: bytes, sent: dict[str, Any]) -> None:
-        """One server-sent event as a frame: its data as it came, read only when it may end
-        a response to continue from."""
+    async def _pass_on(self, event: bytes, sent: dict[str, Any]) -> bool:
+        """One server-sent event as a frame, its data as it came; whether it ended the
+        answer (only an event that may is read)."""
         name, data = event_fields(event)
         if data is None:  # a comment, a keep-alive: nothing for a socket
-            return
+            return False
         await self._client.send_str(data.decode(errors="replace"))
-        if self._dialect.may_end(name):
-            with contextlib.suppress(orjson.JSONDecodeError):
-                parsed = orjson.loads(data)
-                if isinstance(parsed, dict):
-                    self._last = self._dialect.continued_by(parsed, sent) or self._last
+        if not self._dialect.may_end(name):
+            return False
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(parsed, dict):
+            return False
+        self._last = self._dialect.continued_by(parsed, sent) or self._last
+        return self._dialect.ends(parsed)
 
-    async def _forward(self, sent: dict[str, Any]) -> None:
-        """``sent`` to this process's endpoint; its answer back as events."""
+    async def _forward(self, sent: dict[str, Any]) -> bool:
+        """``sent`` to this process's endpoint, its answer back as events; whether one of
+        them ended it."""
         async with self._session.post(
-            self._url, data=orjson.dumps(sent), headers=self._headers
+            self._url, data=jsonio.dumps(sent), headers=self._headers
         ) as answer:
             if answer.status < 400 and answer.content_type == "text/event-stream":
-                events = EventStream()
+                events, ended = EventStream(), False
                 async for chunk in answer.content.iter_any():
                     for event in events.feed(chunk):
-                        await self._pass_on(event, sent)
-                await self._pass_on(events.close(), sent)
-                return
+                        ended = await self._pass_on(event, sent) or ended
+                return await self._pass_on(events.close(), sent) or ended
             parsed = _json_or_text(await answer.read())
             if answer.status < 400 and isinstance(parsed, dict):  # a whole answer, not a stream
                 await self._send({"type": "response.completed", "response": parsed}, sent)
-                return
+                return True
             status = answer.status if answer.status >= 400 else 502
             headers = {k.lower(): v for k, v in answer.headers.items()}
             await self._send(self._dialect.error_event(status, parsed, headers), sent)
+            return True
 
 
 def _json_or_text(raw: bytes) -> Any:

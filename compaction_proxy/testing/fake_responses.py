@@ -98,6 +98,7 @@ class FakeResponses:
     refused: list[str] = field(default_factory=list)  # pairing problems, in its words
     overflows: list[int] = field(default_factory=list)  # prompts refused as over the window
     sockets: int = 0  # WebSocket connections opened
+    cut_streams: int = 0  # the next streams to cut off after their first event
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -230,6 +231,11 @@ class FakeResponses:
         for event in self._events(response):
             kind = event["type"]
             await stream.write(f"event: {kind}\ndata: ".encode() + orjson.dumps(event) + b"\n\n")
+            if self.cut_streams:
+                self.cut_streams -= 1
+                assert request.transport is not None
+                request.transport.abort()  # the provider's end of the stream, cut short
+                return stream
         await stream.write_eof()
         return stream
 

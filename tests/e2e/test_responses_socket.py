@@ -118,7 +118,7 @@ async def raw_turn(socket: aiohttp.ClientWebSocketResponse, frame: bytes) -> lis
     await socket.send_str(frame.decode())
     events = []
     while True:
-        events.append(orjson.loads((await socket.receive()).data))
+        events.append(orjson.loads((await socket.receive(timeout=20)).data))
         if events[-1]["type"] in ENDS:
             return events
 
@@ -146,6 +146,24 @@ async def test_frames_that_are_no_request_get_error_events_and_the_socket_goes_o
         assert error["status"] == 400
         assert error["error"]["code"] == "context_length_exceeded", error
         events = await raw_turn(socket, orjson.dumps({**create, "input": "Hi."}))
+        assert events[-1]["type"] == "response.completed"
+
+
+async def test_an_answer_the_upstream_cuts_short_ends_in_an_error_event(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """Over HTTP the client would see its stream end short; on a socket nothing ends, so the
+    proxy says it: a 502 ``error`` event after what came, and the socket goes on."""
+    fake.responses.cut_streams = 1
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": "Bearer sk-test"}) as session,
+        session.ws_connect(socket_url(proxy)) as socket,
+    ):
+        create = orjson.dumps({"type": "response.create", "model": MODEL, "input": "Hi."})
+        events = await raw_turn(socket, create)
+        assert events[0]["type"] == "response.created"
+        assert events[-1]["type"] == "error" and events[-1]["status"] == 502, events
+        events = await raw_turn(socket, create)
         assert events[-1]["type"] == "response.completed"
 
 
