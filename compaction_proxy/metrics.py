@@ -65,6 +65,12 @@ FORMAT_REQUESTS = Counter(
     "did to them (their X-Compaction-Status).",
     ["format", "status"],
 )
+SOCKET_SESSIONS = Counter(
+    "compaction_proxy_socket_sessions_total",
+    "WebSockets opened on an API's endpoint and served frame by frame (each frame is also "
+    "counted as a request of its format), by format.",
+    ["format"],
+)
 BYPASSES = Counter(
     "compaction_proxy_bypassed_requests_total",
     "Requests forwarded exactly as the client sent them because the proxy's own work failed, "
@@ -301,6 +307,7 @@ def initialize_label_sets() -> None:
     for guard in GUARDS:
         GUARD_TRIPS.labels(guard=guard)
     for api in FORMATS:
+        SOCKET_SESSIONS.labels(format=api)
         for status in STATUSES:
             FORMAT_REQUESTS.labels(format=api, status=status)
 

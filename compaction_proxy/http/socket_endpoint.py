@@ -36,6 +36,7 @@ from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.passthrough import passthrough
 from compaction_proxy.http.websocket_relay import is_websocket
+from compaction_proxy.metrics import SOCKET_SESSIONS
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.security.tenant import api_key_of
 
@@ -85,6 +86,7 @@ def socket_endpoint(wire: WireFormat) -> Handler:
             return await passthrough(request)
         if wire.socket is None:
             return refused_websocket(caller_format(request))
+        SOCKET_SESSIONS.labels(format=wire.name).inc()
         return await _serve_socket(request, wire.socket)
 
     handle.__name__ = f"{wire.name}_socket"

@@ -67,6 +67,7 @@ async def test_a_socket_session_continuing_each_response_is_compacted_like_http(
     upstream gets every turn as a whole history over HTTP (never an id it did not make), and
     the history outgrows the 16k window: the proxy cuts it, and no turn overflows."""
     served = counter("compaction_proxy_requests_total", route="resp-*", outcome="ok")
+    sessions = counter("compaction_proxy_socket_sessions_total", format="responses")
     client = openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0)
     async with client.responses.connect() as connection:
         opening = {"role": "user", "content": "Read the files, one step at a time."}
@@ -90,6 +91,7 @@ async def test_a_socket_session_continuing_each_response_is_compacted_like_http(
     assert any(mark in str(body["input"]) for body in forwarded for mark in compacted)
     assert fake.responses.overflows == [] and fake.responses.refused == []
     assert counter("compaction_proxy_requests_total", route="resp-*", outcome="ok") > served
+    assert counter("compaction_proxy_socket_sessions_total", format="responses") == sessions + 1
 
 
 async def test_a_prewarm_is_answered_without_the_upstream_and_continued_from(
