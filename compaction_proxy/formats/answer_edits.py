@@ -64,6 +64,15 @@ def event_fields(event: bytes) -> tuple[bytes | None, bytes | None]:
     return name, data[0] if len(data) == 1 else None
 
 
+def event_object(data: bytes) -> dict[str, Any] | None:
+    """An event's data as a JSON object; None when it is none."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 class EventEditor:
     """Applies ``edit`` to each ``data:`` event of a stream fed in chunks."""
 
@@ -82,13 +91,8 @@ class EventEditor:
 
     def _one(self, event: bytes) -> bytes:
         _, data = event_fields(event)
-        if data is None:
-            return event
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return event
-        if not isinstance(parsed, dict):
+        parsed = None if data is None else event_object(data)
+        if parsed is None:
             return event
         replaced = self._edit(parsed)
         if replaced is None:

@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 from aiohttp import WSMsgType, web
 
-from compaction_proxy.formats.answer_edits import EventStream, event_fields
+from compaction_proxy.formats.answer_edits import EventStream, event_fields, event_object
 from compaction_proxy.formats.wire import FrameRefused, SocketDialect, SocketResponse, WireFormat
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import caller_format, error_response
@@ -209,13 +209,8 @@ class _Turns:
         if data is None:  # a comment, a keep-alive: nothing for a socket
             return False
         await self._client.send_str(data.decode(errors="replace"))
-        if not self._dialect.may_end(name):
-            return False
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
-        if not isinstance(parsed, dict):
+        parsed = event_object(data) if self._dialect.may_end(name) else None
+        if parsed is None:
             return False
         self._last = self._dialect.continued_by(parsed, sent) or self._last
         return self._dialect.ends(parsed)

@@ -20,17 +20,8 @@ pytest.importorskip("openai")
 
 import openai
 
-MODEL = "resp-small"
-WINDOW = 16_000
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "name": "read_file",
-        "description": "Read a file of the repository.",
-        "parameters": {"type": "object", "properties": {"step": {"type": "integer"}}},
-    }
-]
-CUT = "removed by compaction-proxy"
+from tests.e2e.test_responses import CUT, MODEL, TOOLS, WINDOW, observation
+
 ENDS = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
@@ -54,10 +45,6 @@ async def turn(connection: Any, event: dict[str, Any]) -> list[Any]:
         events.append(await connection.recv())
         if events[-1].type in ENDS:
             return events
-
-
-def observation(step: int) -> str:
-    return f"step {step} output: " + "importer log line with details " * 220
 
 
 async def test_a_socket_session_continuing_each_response_is_compacted_like_http(
