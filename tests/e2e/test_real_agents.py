@@ -87,17 +87,20 @@ async def run_codex(
     return await codex_exec(codex_home, home, workdir, "PROXY_API_KEY")
 
 
-async def run_codex_remote_compacting(base_url: str, home: Path, workdir: Path) -> tuple[int, str]:
-    """Codex on its built-in OpenAI provider at ``base_url``, told its window is 16k: it
-    compacts remotely, a Responses request ending with a ``compaction_trigger`` that must be
-    answered with exactly one ``compaction`` item, which it sends back from then on."""
+async def run_codex_remote_compacting(
+    base_url: str, home: Path, workdir: Path, own_window: int = WINDOW
+) -> tuple[int, str]:
+    """Codex on its built-in OpenAI provider at ``base_url`` (a WebSocket first, as to
+    OpenAI), told its window is ``own_window``: near it, it compacts remotely, a Responses
+    request ending with a ``compaction_trigger`` that must be answered with exactly one
+    ``compaction`` item, which it sends back from then on."""
     codex_home = home / "codex"
     codex_home.mkdir(parents=True)
     (codex_home / "config.toml").write_text(
         f'model = "{MODEL}"\n'
         f'openai_base_url = "{base_url}"\n'
-        f"model_context_window = {WINDOW}\n"
-        f"model_auto_compact_token_limit = {WINDOW * 8 // 10}\n"
+        f"model_context_window = {own_window}\n"
+        f"model_auto_compact_token_limit = {own_window * 8 // 10}\n"
     )
     return await codex_exec(codex_home, home, workdir, "OPENAI_API_KEY")
 
@@ -317,6 +320,31 @@ async def test_codex_remote_compaction_succeeds_through_the_proxy(
     report(
         REAL_AGENTS, f"codex remote compaction through the proxy: {triggers - served:.0f} served"
     )
+
+
+async def test_codex_on_its_own_provider_is_compacted_by_the_proxy_over_its_websocket(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Codex on its built-in provider, its window left to the proxy: every turn goes over
+    the WebSocket it opens (no fallback to HTTP), and the proxy keeps them in the model's
+    window, none of them relayed past it."""
+    agent_binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path, count=8))
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    sockets = counter("compaction_proxy_socket_sessions_total", format="responses")
+    code, output = await run_codex_remote_compacting(
+        proxy.url, tmp_path / "home", tmp_path, own_window=1_000_000
+    )
+    assert code == 0, output
+    assert "Read all 8 files." in output, output
+    assert WEBSOCKET_FALLBACK not in output, output
+    assert counter("compaction_proxy_socket_sessions_total", format="responses") > sockets
+    assert fake.responses.sockets == 0  # nothing went past the proxy
+    received = fake.responses.forwarded
+    assert fake.responses.refused == [] and fake.responses.overflows == []
+    assert forwarded_compacted(received)
+    assert all("previous_response_id" not in body for body in received)
 
 
 async def test_codex_remote_compaction_fails_straight_at_an_upstream_without_it(
