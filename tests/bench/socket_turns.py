@@ -1,13 +1,15 @@
 """What a turn costs over a WebSocket against the same turn over HTTP, side by side in one run.
 
-Run: ``python -m tests.bench.socket_turns [--rounds N] [--transcript NAME]``. Not collected by
-pytest. One proxy process (in-process store) before the fake upstream (``--instant``); each
-round replays the transcript's requests in Responses form, streamed, as a fresh conversation
-twice: over HTTP (each a ``POST /v1/responses``, its events read to the end) and over one
-WebSocket (each a ``response.create`` frame, its events read up to ``response.completed``),
-the two in alternating order round by round. Every frame carries the whole input, as the POST
-does: a client continuing the last response sends less, but the proxy then builds and sends
-the same whole request, so the proxy's side is what is measured either way.
+Run: ``python -m tests.bench.socket_turns [--rounds N] [--transcript NAME] [--frames
+new|whole]``. Not collected by pytest. One proxy process (in-process store) before an instant
+upstream that answers each request with the transcript's own next turn
+(``tests.bench.transcript_upstream``); each round replays the transcript's requests in
+Responses form, streamed, as a fresh conversation twice: over HTTP (each a ``POST
+/v1/responses``, its events read to the end) and over one WebSocket (each a ``response.create``
+frame, its events read up to ``response.completed``), the two in alternating order round by
+round. With ``--frames new`` (the default, as Codex sends them) a frame names the last
+response and carries only what followed it; with ``whole`` every frame carries the whole
+input, as the POST does. The upstream gets the same requests either way.
 
 Printed: per transport, the proxy's CPU time per turn (Linux schedstat of every thread) and
 the median latency per turn, for all turns and the last tenth; then socket / HTTP.
@@ -40,14 +42,27 @@ async def over_http(http: aiohttp.ClientSession, base: str, body: dict[str, Any]
         await got.read()
 
 
-async def over_socket(socket: aiohttp.ClientWebSocketResponse, body: dict[str, Any]) -> None:
+async def over_socket(
+    socket: aiohttp.ClientWebSocketResponse, body: dict[str, Any]
+) -> dict[str, Any]:
+    """One frame's turn; the response it completed."""
     await socket.send_str(orjson.dumps({"type": "response.create", **body}).decode())
     while True:
         message = await socket.receive()
         event = orjson.loads(message.data)
         assert event["type"] != "error", event
         if event["type"] == "response.completed":
-            return
+            response: dict[str, Any] = event["response"]
+            return response
+
+
+def frame_for(body: dict[str, Any], last: tuple[str, int] | None) -> dict[str, Any]:
+    """``body`` as a frame continuing ``last`` (its id, and how many input items it and its
+    output make): only what follows them."""
+    if last is None:
+        return body
+    response_id, known = last
+    return {**body, "previous_response_id": response_id, "input": body["input"][known:]}
 
 
 def bodies_for(name: str) -> list[dict[str, Any]]:
@@ -61,14 +76,20 @@ def bodies_for(name: str) -> list[dict[str, Any]]:
 
 
 async def one_round(
-    http: aiohttp.ClientSession, base: str, bodies: list[dict[str, Any]], transport: str, pid: int
+    http: aiohttp.ClientSession,
+    base: str,
+    bodies: list[dict[str, Any]],
+    transport: str,
+    pid: int,
+    whole: bool = False,
 ) -> tuple[list[int], list[float]]:
-    """One replay as a fresh conversation over ``transport``: CPU ns and latency per turn."""
+    """One replay as a fresh conversation over ``transport``: CPU ns and latency per turn.
+    ``whole``: every frame carries the whole input."""
     session = f"bench-{uuid.uuid4().hex}"
     fresh = [{**body, "prompt_cache_key": session} for body in bodies]
     cpu, latency = [], []
     headers = {**HEADERS, "X-Session-Id": session}
-    socket = None
+    socket, last = None, None
     if transport == "socket":
         socket = await http.ws_connect(
             f"{base.replace('http', 'ws')}/v1/responses", headers=headers
@@ -79,7 +100,8 @@ async def one_round(
             if socket is None:
                 await over_http(http, base, body)
             else:
-                await over_socket(socket, body)
+                response = await over_socket(socket, frame_for(body, None if whole else last))
+                last = (response["id"], len(body["input"]) + len(response["output"]))
             latency.append(time.perf_counter() - started)
             await asyncio.sleep(0.002)  # the proxy's work after the answer (its log) is the turn's
             cpu.append(run_ns([pid]) - before)
@@ -101,25 +123,31 @@ async def run(args: argparse.Namespace) -> None:
     bodies = bodies_for(args.transcript)
     upstream_port = free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
-    fake = ("-m", "compaction_proxy.testing.fake_upstream", "--port", str(upstream_port))
-    async with process(*fake, "--instant"):
+    answers = ("-m", "tests.bench.transcript_upstream", "--port", str(upstream_port))
+    async with process(*answers, "--transcript", args.transcript):
         await wait_until_ready(f"{upstream}/v1/models")
         async with proxy_process(metered_env(upstream)) as (proxy, base):
             await at_rest([proxy.pid])
             timeout = aiohttp.ClientTimeout(total=600)
             async with aiohttp.ClientSession(timeout=timeout) as http:
+                whole = args.frames == "whole"
                 for transport in ("http", "socket"):  # warm both paths
-                    await one_round(http, base, bodies[:20], transport, proxy.pid)
+                    await one_round(http, base, bodies[:20], transport, proxy.pid, whole)
                 cpu: dict[str, list[list[float]]] = {"http": [], "socket": []}
                 latency: dict[str, list[list[float]]] = {"http": [], "socket": []}
                 stolen = cpu_jiffies()
                 for turn in range(args.rounds):
                     order = ("http", "socket") if turn % 2 == 0 else ("socket", "http")
                     for transport in order:
-                        ns, seconds = await one_round(http, base, bodies, transport, proxy.pid)
+                        ns, seconds = await one_round(
+                            http, base, bodies, transport, proxy.pid, whole
+                        )
                         cpu[transport].append([n / 1e6 for n in ns])
                         latency[transport].append([s * 1e3 for s in seconds])
-    print(f"{args.transcript}: {len(bodies)} turns a replay, {args.rounds} rounds of each")
+    print(
+        f"{args.transcript}: {len(bodies)} turns a replay, {args.rounds} rounds of each, "
+        f"frames carrying {'the whole input' if args.frames == 'whole' else 'what is new'}"
+    )
     print(stolen_since(stolen))
     print(
         f"{'transport':<10} {'CPU ms/turn':>12} {'last tenth':>11} {'p50 ms':>8} {'last tenth':>11}"
@@ -136,6 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--transcript", default="django-13265")
+    parser.add_argument("--frames", choices=["new", "whole"], default="new")
     asyncio.run(run(parser.parse_args()))
 
 
