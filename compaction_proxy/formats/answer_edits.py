@@ -9,6 +9,7 @@ they came, byte for byte, the others are written again as ``event:``/``data:`` l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,9 +29,14 @@ class AnswerEdit(Protocol):
         ...
 
 
+# A line's end, as the SSE standard has them (CRLF, LF, or CR alone), twice: a blank line,
+# which ends an event.
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+
+
 class EventStream:
     """A stream of server-sent events fed in chunks: each chunk's whole events, cut after
-    their blank line, each keeping its line ends."""
+    their blank line, each keeping its line ends (every byte passes, in order)."""
 
     def __init__(self) -> None:
         self._held = b""
@@ -38,11 +44,11 @@ class EventStream:
     def feed(self, chunk: bytes) -> list[bytes]:
         """The events ``chunk`` completes."""
         data = self._held + chunk
-        end = max(data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n"))
-        if end < 0:
-            self._held = data
-            return []
-        cut = end + (4 if data[end : end + 4] == b"\r\n\r\n" else 2)
+        # A CR last may be the first half of a CRLF: held until the next byte says.
+        searched = data[:-1] if data.endswith(b"\r") else data
+        cut = 0
+        for blank in _BLANK_LINE.finditer(searched):
+            cut = blank.end()
         self._held = data[cut:]
         return _events(data[:cut])
 
@@ -104,12 +110,11 @@ def _events(block: bytes) -> list[bytes]:
     """``block`` cut after each blank line, each piece keeping its line ends."""
     pieces: list[bytes] = []
     start = 0
-    while start < len(block):
-        lf, crlf = block.find(b"\n\n", start), block.find(b"\r\n\r\n", start)
-        ends = [e + 2 for e in (lf,) if e >= 0] + [e + 4 for e in (crlf,) if e >= 0]
-        stop = min(ends) if ends else len(block)
-        pieces.append(block[start:stop])
-        start = stop
+    for blank in _BLANK_LINE.finditer(block):
+        pieces.append(block[start : blank.end()])
+        start = blank.end()
+    if start < len(block):
+        pieces.append(block[start:])
     return pieces
 
 

@@ -48,6 +48,12 @@ def _items(value: Any) -> list[Any] | None:
     return list(value) if isinstance(value, list) else None
 
 
+def _type_of(event: dict[str, Any]) -> str | None:
+    """An event's ``type``, when it is a string (an upstream may write anything there)."""
+    kind = event.get("type")
+    return kind if isinstance(kind, str) else None
+
+
 def _prewarm_events(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The answer to a prewarm: a response created and completed with no output."""
     response: dict[str, Any] = {
@@ -100,10 +106,10 @@ class ResponsesSocket:
         return name is None or name in _ENDING_NAMES
 
     def ends(self, event: dict[str, Any]) -> bool:
-        return event.get("type") in _ENDING
+        return _type_of(event) in _ENDING
 
     def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
-        if event.get("type") not in _CONTINUABLE:
+        if _type_of(event) not in _CONTINUABLE:
             return None
         response = event.get("response")
         if not isinstance(response, dict) or not isinstance(response.get("id"), str):

@@ -107,17 +107,21 @@ def loopback_headers(handshake: Mapping[str, str]) -> dict[str, str]:
     return headers
 
 
-def _own_address(request: web.Request) -> tuple[str, aiohttp.BaseConnector | None]:
+def _own_address(request: web.Request) -> tuple[str, aiohttp.BaseConnector]:
     """The base URL of the address the client reached this process at, and the connector to
-    reach it by."""
+    reach it by: a connection of its own for each frame's request. A kept-alive one could be
+    closed by this process (after an answer the upstream cut short) as the next frame is
+    written to it, and a request that failed there could not be sent again without the risk
+    of paying for it twice."""
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
     if isinstance(sockname, str):  # a Unix socket
-        return "http://localhost", aiohttp.UnixConnector(path=sockname)
+        return "http://localhost", aiohttp.UnixConnector(path=sockname, force_close=True)
     if not isinstance(sockname, tuple):
         raise RuntimeError(f"no address to reach this process at: {sockname!r}")
     host, port = str(sockname[0]), int(sockname[1])
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}", None
+    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return base, aiohttp.TCPConnector(force_close=True)
 
 
 async def _serve_socket(request: web.Request, dialect: SocketDialect) -> web.StreamResponse:
@@ -208,6 +212,8 @@ class _Turns:
         name, data = event_fields(event)
         if data is None:  # a comment, a keep-alive: nothing for a socket
             return False
+        # A text frame holds UTF-8: bytes that are not (a stream cut inside a character) are
+        # replaced, as a client reading the stream as text would.
         await self._client.send_str(data.decode(errors="replace"))
         parsed = event_object(data) if self._dialect.may_end(name) else None
         if parsed is None:
@@ -222,11 +228,14 @@ class _Turns:
             self._url, data=jsonio.dumps(sent), headers=self._headers
         ) as answer:
             if answer.status < 400 and answer.content_type == "text/event-stream":
-                events, ended = EventStream(), False
+                # Up to the event that ends the answer: a socket client reads no further for
+                # this frame, so anything after it would be read as the next frame's.
+                events = EventStream()
                 async for chunk in answer.content.iter_any():
                     for event in events.feed(chunk):
-                        ended = await self._pass_on(event, sent) or ended
-                return await self._pass_on(events.close(), sent) or ended
+                        if await self._pass_on(event, sent):
+                            return True
+                return await self._pass_on(events.close(), sent)
             parsed = _json_or_text(await answer.read())
             if answer.status < 400 and isinstance(parsed, dict):  # a whole answer, not a stream
                 await self._send({"type": "response.completed", "response": parsed}, sent)

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction_proxy.formats.answer_edits import EventEditor, sse_event
+from compaction_proxy.formats.answer_edits import EventEditor, EventStream, event_fields, sse_event
 from compaction_proxy.formats.responses_compaction import FirstOutputItem
 
 pytest.importorskip("hypothesis")
@@ -70,3 +70,41 @@ def test_a_whole_answer_lists_the_item_first() -> None:
     body = orjson.dumps({"id": "resp_1", "output": [MESSAGE]})
     assert orjson.loads(FirstOutputItem(ITEM).whole(body))["output"] == [ITEM, MESSAGE]
     assert FirstOutputItem(ITEM).whole(b"not json") == b"not json"
+
+
+# Line ends as the SSE standard allows them, and events written with them: (name, data, end).
+LINE_ENDS = st.sampled_from([b"\n", b"\r\n", b"\r"])
+NAMES = st.sampled_from([b"response.created", b"response.completed", b"x"])
+DATA = st.binary(min_size=1, max_size=30).map(
+    lambda raw: bytes(b for b in raw if b not in b" \t\n\r\x0b\x0c") or b"{}"
+)
+
+
+def written(name: bytes, data: bytes, end: bytes) -> bytes:
+    return b"event: " + name + end + b"data: " + data + end + end
+
+
+def split(stream: bytes, cuts: list[int]) -> list[bytes]:
+    chunks, start = [], 0
+    for size in cuts:
+        chunks.append(stream[start : start + size])
+        start += size
+    return [*chunks, stream[start:]]
+
+
+@given(
+    st.lists(st.tuples(NAMES, DATA, LINE_ENDS), max_size=6),
+    st.lists(st.integers(1, 40), max_size=12),
+)
+def test_a_streams_events_are_cut_at_each_blank_line_however_it_arrives(
+    events: list[tuple[bytes, bytes, bytes]], cuts: list[int]
+) -> None:
+    """CRLF, LF or CR alone: each event comes out whole, with its name and data, every byte
+    in order, whatever the chunks (a CR at a chunk's end may be half of a CRLF)."""
+    sent = [written(*event) for event in events]
+    stream = EventStream()
+    out = [event for chunk in split(b"".join(sent), cuts) for event in stream.feed(chunk)]
+    rest = stream.close()  # the last event when a CR ends it: the stream's end completes it
+    out += [rest] if rest else []
+    assert out == sent
+    assert [event_fields(event) for event in out] == [(name, data) for name, data, _ in events]

@@ -93,6 +93,8 @@ def test_a_prewarm_is_answered_here_and_continued_from() -> None:
         ({"type": "response.completed", "response": {"id": 3, "output": []}}, False),
         ({"type": "response.completed", "response": {"id": "r", "output": None}}, False),
         ({"type": "response.completed", "response": "r"}, False),
+        ({"type": {"response.completed": 1}, "response": {"id": "r", "output": []}}, False),
+        ({"type": ["x"]}, False),
     ],
 )
 def test_only_a_response_that_ended_well_is_continued_from(
@@ -102,6 +104,23 @@ def test_only_a_response_that_ended_well_is_continued_from(
     assert (found is not None) is continued
     if found is not None:
         assert found.input == [TASK] and found.output == event["response"]["output"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "ends"),
+    [
+        ("response.completed", True),
+        ("response.incomplete", True),
+        ("response.failed", True),
+        ("error", True),
+        ("response.output_text.delta", False),
+        (None, False),
+        ({"error": 1}, False),  # an upstream may write anything there
+        (["error"], False),
+    ],
+)
+def test_an_answer_ends_with_a_response_that_ended_or_an_error(kind: Any, ends: bool) -> None:
+    assert SOCKET.ends({"type": kind}) is ends
 
 
 def test_a_refusal_reads_as_the_error_event_a_socket_client_gets() -> None:
