@@ -33,7 +33,9 @@ CREATE = "response.create"
 # one.
 _CONTINUABLE = frozenset({"response.completed", "response.incomplete"})
 _ENDING = _CONTINUABLE | {"response.failed", "error"}
-_ENDING_NAMES = frozenset(name.encode() for name in _ENDING)
+# What the data of an event that ends an answer holds, as JSON writes its type (or an escape,
+# which could spell it otherwise).
+_ENDING_MARKS = (*(b'"%s"' % kind.encode() for kind in _ENDING), b"\\u")
 # The answer's headers an error event carries (what a client reads of a refusal).
 _ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 
@@ -102,8 +104,8 @@ class ResponsesSocket:
     def answered_here(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         return _prewarm_events(body) if body.get("generate") is False else None
 
-    def may_end(self, name: bytes | None) -> bool:
-        return name is None or name in _ENDING_NAMES
+    def may_end(self, data: bytes) -> bool:
+        return any(mark in data for mark in _ENDING_MARKS)
 
     def ends(self, event: dict[str, Any]) -> bool:
         return _type_of(event) in _ENDING

@@ -87,9 +87,10 @@ class SocketDialect(Protocol):
         """The events answering ``body`` without the upstream, if it asks for no answer."""
         ...
 
-    def may_end(self, name: bytes | None) -> bool:
-        """Whether an event of this (SSE) name may end the answer: only those are read
-        (``ends``, ``continued_by``), every other passes as it came. One with no name may."""
+    def may_end(self, data: bytes) -> bool:
+        """Whether an event with this data may end the answer, read as a client reads it (its
+        JSON, not its SSE name): only those are parsed (``ends``, ``continued_by``), every
+        other passes as it came."""
         ...
 
     def ends(self, event: dict[str, Any]) -> bool:

@@ -107,21 +107,17 @@ def loopback_headers(handshake: Mapping[str, str]) -> dict[str, str]:
     return headers
 
 
-def _own_address(request: web.Request) -> tuple[str, aiohttp.BaseConnector]:
+def _own_address(request: web.Request) -> tuple[str, aiohttp.BaseConnector | None]:
     """The base URL of the address the client reached this process at, and the connector to
-    reach it by: a connection of its own for each frame's request. A kept-alive one could be
-    closed by this process (after an answer the upstream cut short) as the next frame is
-    written to it, and a request that failed there could not be sent again without the risk
-    of paying for it twice."""
+    reach it by."""
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
     if isinstance(sockname, str):  # a Unix socket
-        return "http://localhost", aiohttp.UnixConnector(path=sockname, force_close=True)
+        return "http://localhost", aiohttp.UnixConnector(path=sockname)
     if not isinstance(sockname, tuple):
         raise RuntimeError(f"no address to reach this process at: {sockname!r}")
     host, port = str(sockname[0]), int(sockname[1])
-    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    return base, aiohttp.TCPConnector(force_close=True)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}", None
 
 
 async def _serve_socket(request: web.Request, dialect: SocketDialect) -> web.StreamResponse:
@@ -208,25 +204,33 @@ class _Turns:
 
     async def _pass_on(self, event: bytes, sent: dict[str, Any]) -> bool:
         """One server-sent event as a frame, its data as it came; whether it ended the
-        answer (only an event that may is read)."""
-        name, data = event_fields(event)
+        answer, by its JSON as the client reads it (only an event that may is parsed)."""
+        _, data = event_fields(event)
         if data is None:  # a comment, a keep-alive: nothing for a socket
             return False
         # A text frame holds UTF-8: bytes that are not (a stream cut inside a character) are
         # replaced, as a client reading the stream as text would.
         await self._client.send_str(data.decode(errors="replace"))
-        parsed = event_object(data) if self._dialect.may_end(name) else None
+        parsed = event_object(data) if self._dialect.may_end(data) else None
         if parsed is None:
             return False
         self._last = self._dialect.continued_by(parsed, sent) or self._last
         return self._dialect.ends(parsed)
 
+    async def _post(self, body: bytes) -> aiohttp.ClientResponse:
+        """``body`` to this process's endpoint, on a kept-alive connection. One that this
+        process was closing as the request was written to it (after an answer the upstream cut
+        short) took none of it: the request goes again on a new one. Nothing else is sent
+        twice, which could bill it twice."""
+        try:
+            return await self._session.post(self._url, data=body, headers=self._headers)
+        except aiohttp.ClientConnectionResetError:
+            return await self._session.post(self._url, data=body, headers=self._headers)
+
     async def _forward(self, sent: dict[str, Any]) -> bool:
         """``sent`` to this process's endpoint, its answer back as events; whether one of
         them ended it."""
-        async with self._session.post(
-            self._url, data=jsonio.dumps(sent), headers=self._headers
-        ) as answer:
+        async with await self._post(jsonio.dumps(sent)) as answer:
             if answer.status < 400 and answer.content_type == "text/event-stream":
                 # Up to the event that ends the answer: a socket client reads no further for
                 # this frame, so anything after it would be read as the next frame's.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from compaction_proxy.formats.responses_socket import RESPONSES_SOCKET as SOCKET
@@ -121,6 +122,24 @@ def test_only_a_response_that_ended_well_is_continued_from(
 )
 def test_an_answer_ends_with_a_response_that_ended_or_an_error(kind: Any, ends: bool) -> None:
     assert SOCKET.ends({"type": kind}) is ends
+    data = orjson.dumps({"sequence_number": 1, "type": kind})
+    assert SOCKET.may_end(data) or not ends  # never passed over unread
+
+
+@pytest.mark.parametrize(
+    ("data", "read"),
+    [
+        (b'{"type":"response.output_text.delta","delta":"hi"}', False),
+        (b'{"type":"response.completed","response":{}}', True),
+        (b'{"type": "error", "error": {}}', True),
+        (b'{"type":"\\u0065rror"}', True),  # "error", escaped: read, to be sure
+        (b'{"type":"response.created","response":{"error":null}}', True),  # read, not ending
+    ],
+)
+def test_an_event_that_may_end_the_answer_is_read_whatever_its_sse_name(
+    data: bytes, read: bool
+) -> None:
+    assert SOCKET.may_end(data) is read
 
 
 def test_a_refusal_reads_as_the_error_event_a_socket_client_gets() -> None:
