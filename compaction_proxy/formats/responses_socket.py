@@ -89,7 +89,8 @@ class ResponsesSocket:
             raise FrameRefused("Invalid event: expected a JSON object.")
         kind = frame.get("type")
         if kind != CREATE:
-            raise FrameRefused(f"Unsupported event type {kind!r}: this server takes {CREATE!r}.")
+            named = repr(kind[:60]) if isinstance(kind, str) else f"a {type(kind).__name__}"
+            raise FrameRefused(f"Unsupported event type {named}: this server takes {CREATE!r}.")
         return {key: value for key, value in frame.items() if key != "type"}
 
     def http_body(self, body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:

@@ -188,9 +188,11 @@ class _Turns:
                 continue
             try:
                 ended = await self._forward(sent)
-            except aiohttp.ClientError as failed:  # the answer broke off on its way here
+            except aiohttp.ClientError as failed:
+                if self._client.closed:  # the client left: nobody to tell
+                    return
                 log.warning("serving a WebSocket frame over HTTP failed: %r", failed)
-                ended = False
+                ended = False  # the answer broke off on its way here
             if not ended:
                 await self._refuse(502, "api_error", "The answer ended before the response did.")
 
