@@ -10,7 +10,10 @@ has that HTTP has not, and how a frame becomes a request the proxy can compact:
   before the frame's own input: a client sends only what is new (Codex does, every turn).
   ``http_body`` does the same, so the request is the whole history, as the client would have
   sent it over HTTP. An id the connection has not answered goes on as sent: the provider's
-  to find, or to refuse, as it would be directly.
+  to find, or to refuse, as it would be directly. The history is written once: a request
+  continuing the last response writes its new items after the JSON of those it shares
+  (``http_request``), where writing the whole body again cost a quarter of a millisecond a
+  turn at 170 KB.
 - ``generate: false``: a prompt sent ahead to warm the provider's cache, answered without a
   model's turn (Codex's prewarm). ``answered_here`` answers it, empty, and it becomes
   the connection's last response like any other, so the next frame may continue from it.
@@ -26,7 +29,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from compaction_proxy.formats.wire import FrameRefused, SocketResponse
+from compaction_proxy.formats.wire import FrameRefused, SocketRequest, SocketResponse
+from compaction_proxy.parsing import jsonio
 
 CREATE = "response.create"
 # Events that end an answer with a response a later frame may continue from, and all that end
@@ -36,6 +40,8 @@ _ENDING = _CONTINUABLE | {"response.failed", "error"}
 # What the data of an event that ends an answer holds, as JSON writes its type (or an escape,
 # which could spell it otherwise).
 _ENDING_MARKS = (*(b'"%s"' % kind.encode() for kind in _ENDING), b"\\u")
+# Stands for the input in a body written around it: no request holds this string.
+_INPUT_HERE = "\x00input-" + uuid.uuid4().hex
 # The answer's headers an error event carries (what a client reads of a refusal).
 _ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 
@@ -48,6 +54,40 @@ def _items(value: Any) -> list[Any] | None:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     return list(value) if isinstance(value, list) else None
+
+
+def _items_json(items: list[Any]) -> bytes:
+    """``items`` as JSON, comma-separated, without the brackets."""
+    return b",".join(jsonio.dumps(item) for item in items)
+
+
+def _joined(*parts: bytes) -> bytes:
+    return b",".join(part for part in parts if part)
+
+
+def _with_input(sent: dict[str, Any], input_json: bytes) -> bytes:
+    """``sent`` as JSON, its input written from ``input_json`` (pure)."""
+    around = jsonio.dumps({**sent, "input": _INPUT_HERE})
+    return around.replace(jsonio.dumps(_INPUT_HERE), b"[" + input_json + b"]", 1)
+
+
+def _continues(body: dict[str, Any], last: SocketResponse | None) -> list[Any] | None:
+    """The new items of a body continuing ``last`` (it names it, with an input of items or
+    text); None for any other body."""
+    if last is None or body.get("previous_response_id") != last.response_id:
+        return None
+    return _items(body.get("input"))
+
+
+def http_body(body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:
+    """What ``body`` asks for, as a streamed ``POST``: continuing ``last``, its input and
+    output before the body's own input, when it names ``last`` (pure)."""
+    sent = {**body, "stream": True}
+    new = _continues(body, last)
+    if last is not None and new is not None:
+        del sent["previous_response_id"]
+        sent["input"] = [*last.input, *last.output, *new]
+    return sent
 
 
 def _type_of(event: dict[str, Any]) -> str | None:
@@ -93,14 +133,14 @@ class ResponsesSocket:
             raise FrameRefused(f"Unsupported event type {named}: this server takes {CREATE!r}.")
         return {key: value for key, value in frame.items() if key != "type"}
 
-    def http_body(self, body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:
-        sent = {**body, "stream": True}
-        previous = sent.get("previous_response_id")
-        new = _items(sent.get("input"))
-        if last is not None and previous == last.response_id and new is not None:
-            del sent["previous_response_id"]
-            sent["input"] = [*last.input, *last.output, *new]
-        return sent
+    def http_request(self, body: dict[str, Any], last: SocketResponse | None) -> SocketRequest:
+        sent = http_body(body, last)
+        new = _continues(body, last)
+        if last is None or new is None:
+            return SocketRequest(sent, jsonio.dumps(sent))
+        shared = last.input_json if last.input_json is not None else _items_json(last.input)
+        input_json = _joined(shared, _items_json(last.output), _items_json(new))
+        return SocketRequest(sent, _with_input(sent, input_json), input_json)
 
     def answered_here(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         return _prewarm_events(body) if body.get("generate") is False else None
@@ -111,17 +151,17 @@ class ResponsesSocket:
     def ends(self, event: dict[str, Any]) -> bool:
         return _type_of(event) in _ENDING
 
-    def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
+    def continued_by(self, event: dict[str, Any], sent: SocketRequest) -> SocketResponse | None:
         if _type_of(event) not in _CONTINUABLE:
             return None
         response = event.get("response")
         if not isinstance(response, dict) or not isinstance(response.get("id"), str):
             return None
         output = response.get("output")
-        items = _items(sent.get("input"))
+        items = _items(sent.body.get("input"))
         if items is None or not isinstance(output, list):
             return None
-        return SocketResponse(response["id"], items, output)
+        return SocketResponse(response["id"], items, output, sent.input_json)
 
     def error_event(self, status: int, body: Any, headers: Mapping[str, str]) -> dict[str, Any]:
         error = body.get("error") if isinstance(body, dict) else None

@@ -57,13 +57,26 @@ SummaryReader = Callable[[Any], tuple[str, bool]]
 
 
 @dataclass(frozen=True)
+class SocketRequest:
+    """A frame as the HTTP request it stands for: the body, the body's JSON as sent, and the
+    JSON of its input's items (comma-separated) when it was written piece by piece, so that a
+    frame continuing its response writes only what is new."""
+
+    body: dict[str, Any]
+    raw: bytes
+    input_json: bytes | None = None
+
+
+@dataclass(frozen=True)
 class SocketResponse:
     """A socket connection's last response: its id, the whole input it answered, its output
-    (what a later frame naming it continues from)."""
+    (what a later frame naming it continues from), and the input's items as JSON where known
+    (``SocketRequest.input_json``)."""
 
     response_id: str
     input: list[Any]
     output: list[Any]
+    input_json: bytes | None = None
 
 
 class FrameRefused(ValueError):
@@ -78,7 +91,7 @@ class SocketDialect(Protocol):
         """The request a parsed frame stands for; ``FrameRefused`` for any other frame."""
         ...
 
-    def http_body(self, body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:
+    def http_request(self, body: dict[str, Any], last: SocketResponse | None) -> SocketRequest:
         """``body`` as the streamed HTTP request it asks for, given the connection's last
         response."""
         ...
@@ -97,9 +110,9 @@ class SocketDialect(Protocol):
         """Whether ``event`` ends the answer to a frame (a client waits for no more)."""
         ...
 
-    def continued_by(self, event: dict[str, Any], sent: dict[str, Any]) -> SocketResponse | None:
+    def continued_by(self, event: dict[str, Any], sent: SocketRequest) -> SocketResponse | None:
         """The response a later frame may continue from, when ``event`` ends one; ``sent``:
-        the HTTP body it answered."""
+        the request it answered."""
         ...
 
     def error_event(self, status: int, body: Any, headers: Mapping[str, str]) -> dict[str, Any]:

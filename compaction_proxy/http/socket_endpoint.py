@@ -31,7 +31,13 @@ import orjson
 from aiohttp import WSMsgType, web
 
 from compaction_proxy.formats.answer_edits import EventStream, event_fields, event_object
-from compaction_proxy.formats.wire import FrameRefused, SocketDialect, SocketResponse, WireFormat
+from compaction_proxy.formats.wire import (
+    FrameRefused,
+    SocketDialect,
+    SocketRequest,
+    SocketResponse,
+    WireFormat,
+)
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.passthrough import passthrough
@@ -180,8 +186,8 @@ class _Turns:
             except (ValueError, RecursionError):
                 await self._refuse(400, "invalid_request_error", "Invalid event: not JSON.")
                 continue
-            sent = self._dialect.http_body(body, self._last)
-            here = self._dialect.answered_here(sent)
+            sent = self._dialect.http_request(body, self._last)
+            here = self._dialect.answered_here(sent.body)
             if here is not None:
                 for event in here:
                     await self._send(event, sent)
@@ -198,13 +204,14 @@ class _Turns:
 
     async def _refuse(self, status: int, kind: str, message: str) -> None:
         error = {"type": kind, "code": None, "message": message, "param": None}
-        await self._send(self._dialect.error_event(status, {"error": error}, {}), {})
+        await self._send(self._dialect.error_event(status, {"error": error}, {}), None)
 
-    async def _send(self, event: dict[str, Any], sent: dict[str, Any]) -> None:
+    async def _send(self, event: dict[str, Any], sent: SocketRequest | None) -> None:
         await self._client.send_str(orjson.dumps(event).decode())
-        self._last = self._dialect.continued_by(event, sent) or self._last
+        if sent is not None:
+            self._last = self._dialect.continued_by(event, sent) or self._last
 
-    async def _pass_on(self, event: bytes, sent: dict[str, Any]) -> bool:
+    async def _pass_on(self, event: bytes, sent: SocketRequest) -> bool:
         """One server-sent event as a frame, its data as it came; whether it ended the
         answer, by its JSON as the client reads it (only an event that may is parsed)."""
         _, data = event_fields(event)
@@ -229,10 +236,10 @@ class _Turns:
         except aiohttp.ClientConnectionResetError:
             return await self._session.post(self._url, data=body, headers=self._headers)
 
-    async def _forward(self, sent: dict[str, Any]) -> bool:
+    async def _forward(self, sent: SocketRequest) -> bool:
         """``sent`` to this process's endpoint, its answer back as events; whether one of
         them ended it."""
-        async with await self._post(jsonio.dumps(sent)) as answer:
+        async with await self._post(sent.raw) as answer:
             if answer.status < 400 and answer.content_type == "text/event-stream":
                 # Up to the event that ends the answer: a socket client reads no further for
                 # this frame, so anything after it would be read as the next frame's.

@@ -10,8 +10,16 @@ import orjson
 import pytest
 
 from compaction_proxy.formats.responses_socket import RESPONSES_SOCKET as SOCKET
-from compaction_proxy.formats.wire import FrameRefused, SocketResponse
+from compaction_proxy.formats.responses_socket import http_body
+from compaction_proxy.formats.wire import FrameRefused, SocketRequest, SocketResponse
 from compaction_proxy.http.socket_endpoint import loopback_headers
+from compaction_proxy.parsing import jsonio
+from tests.strategies import items, junk, texts
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TASK = {"role": "user", "content": "Fix the test."}
 CALL = {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"}
@@ -55,7 +63,9 @@ LAST = SocketResponse("resp_1", [TASK], [CALL])
 def test_a_frame_continuing_the_last_response_is_its_whole_history(
     body: dict[str, Any], last: SocketResponse | None, expected: dict[str, Any]
 ) -> None:
-    assert SOCKET.http_body(body, last) == expected
+    assert http_body(body, last) == expected
+    request = SOCKET.http_request(body, last)
+    assert request.body == expected and jsonio.loads(request.raw) == expected
 
 
 @pytest.mark.parametrize(
@@ -72,8 +82,8 @@ def test_a_create_frame_is_its_fields_less_its_type() -> None:
 
 
 def test_a_prewarm_is_answered_here_and_continued_from() -> None:
-    sent = SOCKET.http_body({"model": "m", "input": [TASK], "generate": False}, None)
-    events = SOCKET.answered_here(sent)
+    sent = SOCKET.http_request({"model": "m", "input": [TASK], "generate": False}, None)
+    events = SOCKET.answered_here(sent.body)
     assert events is not None
     assert [e["type"] for e in events] == ["response.created", "response.completed"]
     assert events[0]["response"]["id"] == events[1]["response"]["id"]
@@ -101,7 +111,7 @@ def test_a_prewarm_is_answered_here_and_continued_from() -> None:
 def test_only_a_response_that_ended_well_is_continued_from(
     event: dict[str, Any], continued: bool
 ) -> None:
-    found = SOCKET.continued_by(event, {"input": [TASK]})
+    found = SOCKET.continued_by(event, SocketRequest({"input": [TASK]}, b""))
     assert (found is not None) is continued
     if found is not None:
         assert found.input == [TASK] and found.output == event["response"]["output"]
@@ -183,3 +193,33 @@ def test_a_key_sent_as_a_subprotocol_becomes_the_requests_authorization() -> Non
     assert loopback_headers(browser)["Authorization"] == "Bearer sk-b"
     anthropic = {"x-api-key": "sk-c", **browser}
     assert "Authorization" not in loopback_headers(anthropic)
+
+
+frame_bodies = st.fixed_dictionaries(
+    {"model": st.just("m") | junk},
+    optional={
+        "input": st.lists(items, max_size=4) | texts(10) | junk,
+        "previous_response_id": st.sampled_from(["resp_1", "resp_2"]) | junk,
+        "tools": junk,
+        "n": st.integers(min_value=-(2**70), max_value=2**70),  # past 64 bits, kept whole
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(turns=st.lists(st.tuples(frame_bodies, st.lists(items, max_size=3)), max_size=5))
+def test_each_request_written_is_the_body_it_stands_for_turn_after_turn(
+    turns: list[tuple[dict[str, Any], list[Any]]],
+) -> None:
+    """Written piece by piece after the JSON of the history it continues, a request reads as
+    the whole body it stands for written at once, whatever came before on the connection."""
+    last: SocketResponse | None = None
+    for number, (frame, output) in enumerate(turns, start=1):
+        if frame.get("previous_response_id") == "resp_1" and last is not None:
+            frame = {**frame, "previous_response_id": last.response_id}
+        request = SOCKET.http_request(frame, last)
+        assert request.body == http_body(frame, last)
+        # Read as the body written whole reads (a string of surrogate halves reads joined).
+        assert jsonio.loads(request.raw) == jsonio.loads(jsonio.dumps(request.body))
+        done = {"type": "response.completed", "response": {"id": f"r{number}", "output": output}}
+        last = SOCKET.continued_by(done, request) or last
