@@ -12,8 +12,7 @@ has that HTTP has not, and how a frame becomes a request the proxy can compact:
   sent it over HTTP. An id the connection has not answered goes on as sent: the provider's
   to find, or to refuse, as it would be directly. The history is written once: a request
   continuing the last response writes its new items after the JSON of those it shares
-  (``http_request``), where writing the whole body again cost a quarter of a millisecond a
-  turn at 170 KB.
+  (``http_request``), not the whole body again each turn.
 - ``generate: false``: a prompt sent ahead to warm the provider's cache, answered without a
   model's turn (Codex's prewarm). ``answered_here`` answers it, empty, and it becomes
   the connection's last response like any other, so the next frame may continue from it.
