@@ -81,8 +81,14 @@ def _continues(body: dict[str, Any], last: SocketResponse | None) -> list[Any] |
 def http_body(body: dict[str, Any], last: SocketResponse | None) -> dict[str, Any]:
     """What ``body`` asks for, as a streamed ``POST``: continuing ``last``, its input and
     output before the body's own input, when it names ``last`` (pure)."""
+    return _expanded(body, last, _continues(body, last))
+
+
+def _expanded(
+    body: dict[str, Any], last: SocketResponse | None, new: list[Any] | None
+) -> dict[str, Any]:
+    """``http_body`` given ``new``, the items of a body continuing ``last`` (``_continues``)."""
     sent = {**body, "stream": True}
-    new = _continues(body, last)
     if last is not None and new is not None:
         del sent["previous_response_id"]
         sent["input"] = [*last.input, *last.output, *new]
@@ -133,8 +139,8 @@ class ResponsesSocket:
         return {key: value for key, value in frame.items() if key != "type"}
 
     def http_request(self, body: dict[str, Any], last: SocketResponse | None) -> SocketRequest:
-        sent = http_body(body, last)
         new = _continues(body, last)
+        sent = _expanded(body, last, new)
         if last is None or new is None:
             return SocketRequest(sent, jsonio.dumps(sent))
         shared = last.input_json if last.input_json is not None else _items_json(last.input)

@@ -41,9 +41,10 @@ from compaction_proxy.formats.wire import (
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.http.errors import caller_format, error_response
 from compaction_proxy.http.passthrough import passthrough
-from compaction_proxy.http.websocket_relay import is_websocket
+from compaction_proxy.http.websocket_relay import HANDSHAKE_HEADERS, is_websocket
 from compaction_proxy.metrics import SOCKET_SESSIONS
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.security.outbound import HOP_BY_HOP
 from compaction_proxy.security.tenant import api_key_of
 
 log = logging.getLogger(__name__)
@@ -51,25 +52,12 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FRAMES_WAITING = 4  # frames read ahead of the one being served
 
-# The handshake's headers that are the connection's, not the requests'.
-_NOT_FORWARDED = frozenset(
-    {
-        "host",
-        "connection",
-        "upgrade",
-        "keep-alive",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "content-length",
-        "content-type",
-        "content-encoding",
-        "accept-encoding",
-        "sec-websocket-key",
-        "sec-websocket-version",
-        "sec-websocket-extensions",
-        "sec-websocket-protocol",
-    }
+# The handshake's headers that are the connection's, not the requests': hop by hop, the
+# handshake's own, and those describing a body (each frame's request has its own).
+_NOT_FORWARDED = (
+    HOP_BY_HOP
+    | {name.lower() for name in HANDSHAKE_HEADERS}
+    | {"host", "content-length", "content-type", "content-encoding", "accept-encoding"}
 )
 
 
