@@ -155,8 +155,8 @@ def claimer(request: web.Request, route: Route) -> Claim | None:
     if not owned_mode(request, route):
         return None
 
-    async def claim(object_id: str) -> None:
-        await _claim(request, [object_id])
+    async def claim(object_ids: Sequence[str]) -> None:
+        await _claim(request, object_ids)
 
     return claim
 

@@ -9,7 +9,7 @@ headers are dropped, since aiohttp re-frames the body it writes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -46,8 +46,8 @@ def is_event_stream(upstream: UpstreamAnswer) -> bool:
     return upstream.content_type == "text/event-stream"
 
 
-# Records a created object as the caller's (``http.ownership``).
-Claim = Callable[[str], Awaitable[None]]
+# Records created objects as the caller's (``http.ownership``).
+Claim = Callable[[Sequence[str]], Awaitable[None]]
 
 
 class UsageScanner:
@@ -72,9 +72,11 @@ class UsageScanner:
         self._skipping = False  # that line is not kept
         self.usage: dict[str, Any] | None = None
         self.finished = False  # a terminal event, or chat's usage chunk or [DONE], went by
-        # With ``wants_created``, the id of what the stream creates (a response, a chat
-        # completion): its first event names it, so only the first data line is read for it.
-        self.created: str | None = None
+        # With ``wants_created``, the ids of what the stream creates, not yet taken
+        # (``take_created``): its first event names the response or chat completion, its
+        # terminal event the output items a later Responses input may name.
+        self._created: list[str] = []
+        self._wants_created = wants_created
         self._first = wants_created
 
     def feed(self, chunk: bytes) -> None:
@@ -118,17 +120,21 @@ class UsageScanner:
     def _scan(self, line: bytes) -> None:
         if not line.startswith(b"data:"):
             return
-        if line[5:].strip() == b"[DONE]" or any(e in line for e in self.TERMINAL_EVENTS):
+        terminal = line[5:].strip() == b"[DONE]" or any(e in line for e in self.TERMINAL_EVENTS)
+        if terminal:
             self.finished = True
         first, self._first = self._first, False
-        if b'"usage"' not in line and not first:
+        ends_created = terminal and self._wants_created
+        if b'"usage"' not in line and not first and not ends_created:
             return
         try:
             event = orjson.loads(line[5:].strip())
         except orjson.JSONDecodeError:
             return
         if first:
-            self.created = created_id(event)
+            self._created += created_ids(event)
+        elif ends_created:
+            self._created += created_ids(event)[1:]
         usage = usage_in(event)
         if usage is not None:
             # Messages streams the prompt's usage first (``message_start``) and the answer's
@@ -141,25 +147,39 @@ class UsageScanner:
             if isinstance(event, dict) and event.get("choices") == []:
                 self.finished = True
 
+    def take_created(self) -> list[str]:
+        """The ids of what the stream creates seen since the last call."""
+        taken, self._created = self._created, []
+        return taken
 
-def created_id(answer: Any) -> str | None:
-    """The id of what an answer creates: a Responses stream's ``response.created`` event, a
-    chat stream's chunk, or a whole answer (a response, a chat completion)."""
+
+# Stream events that carry the whole response: the first, and those that end it.
+_WHOLE_RESPONSE_EVENTS = ("response.created", "response.completed", "response.incomplete")
+
+
+def created_ids(answer: Any) -> list[str]:
+    """The ids of what an answer creates: the response or chat completion (a whole answer, a
+    chat stream's chunk, a Responses stream's event carrying the response), then the output
+    items a Responses answer holds (which a later input may name by ``item_reference``)."""
     if not isinstance(answer, dict):
-        return None
-    if answer.get("type") == "response.created" and isinstance(answer.get("response"), dict):
+        return []
+    if answer.get("type") in _WHOLE_RESPONSE_EVENTS and isinstance(answer.get("response"), dict):
         answer = answer["response"]
     found = answer.get("id")
-    return found if isinstance(found, str) else None
+    ids = [found] if isinstance(found, str) else []
+    output = answer.get("output")
+    if ids and isinstance(output, list):
+        ids += [i["id"] for i in output if isinstance(i, dict) and isinstance(i.get("id"), str)]
+    return ids
 
 
 async def claim_created(claim: Claim, answer: bytes) -> None:
     """Claim what a whole JSON answer creates, if it names anything."""
     try:
-        created = created_id(orjson.loads(answer))
+        created = created_ids(orjson.loads(answer))
     except orjson.JSONDecodeError:
         return
-    if created is not None:
+    if created:
         await claim(created)
 
 
@@ -232,9 +252,8 @@ async def relay_stream(
     while chunk := await _next_chunk(upstream, response, scanner):
         answered = scanner.finished  # what the client had before this chunk
         scanner.feed(chunk)
-        if claim is not None and scanner.created is not None:
-            await claim(scanner.created)
-            claim = None
+        if claim is not None and (created := scanner.take_created()):
+            await claim(created)
         sent = chunk if editor is None else editor.feed(chunk)
         try:
             if sent:

@@ -8,6 +8,11 @@ returns the response's text. So every body is searched, at any depth, for the fi
 name objects by (``NAMING_KEYS``); the edge then binds the request to the account
 (``security.account_endpoints``, ``http.ownership``).
 
+A Responses input item can name a stored item too: an ``item_reference`` is read as the item
+it names (the Vercel AI SDK sends one for each earlier answer while ``store`` is on), and a
+``reasoning`` item with an ``id`` and no ``encrypted_content`` is read as the reasoning kept
+under that id. Both are searched among the top-level ``input`` items (``stored_items_named``).
+
 Payloads the upstream never reads as references are not searched: a tool call's arguments, a
 JSON schema, ``metadata``, and the ``input`` of an Anthropic tool use (an agent's own tool
 may well take a ``file_id``).
@@ -22,9 +27,11 @@ that names nothing costs a scan, not a walk.
 from __future__ import annotations
 
 import email.policy
+import functools
 import json
 import re
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.parser import BytesParser
 from typing import Any
@@ -64,7 +71,16 @@ _OPAQUE_KEYS = frozenset(
     {"metadata", "parameters", "input_schema", "schema", "json_schema", "arguments"}
 )
 
-_KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS))
+# Strings whose presence means an input item may name a stored item: the two item types that
+# do, and the field that makes a reasoning item carry its own content instead.
+ITEM_REFERENCE = "item_reference"
+REASONING = "reasoning"
+ENCRYPTED = "encrypted_content"
+_ITEM_MARKS = frozenset({ITEM_REFERENCE, REASONING, ENCRYPTED})
+# The fields of such an item that decide what it names: given twice in one object, a 400.
+_ITEM_KEYS = frozenset({"type", "id", ENCRYPTED})
+
+_KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS | _ITEM_MARKS))
 _KEYS = re.compile(rb'"(' + _KEY_NAMES.encode() + rb')"')
 # A key spelled with an escaped letter or underscore (``"file\u005fid"``) reads as the same
 # key once parsed, but no byte search sees it: such a body is searched the slow way.
@@ -94,6 +110,18 @@ class KeysSeen:
         return bool(self.escapes) or any(key in NAMING_KEYS for key, _ in self.keys)
 
     @property
+    def may_name_stored_items(self) -> bool:
+        return bool(self.escapes) or any(key in (ITEM_REFERENCE, REASONING) for key, _ in self.keys)
+
+    def count(self, word: str) -> int:
+        """How many times ``word`` stands as a whole JSON string (key or value)."""
+        return self._counts.get(word, 0)
+
+    @functools.cached_property
+    def _counts(self) -> Counter[str]:
+        return Counter(key for key, _ in self.keys)
+
+    @property
     def may_repeat_a_routing_key(self) -> bool:
         """Whether ``model`` or ``stream`` may stand twice in one object: seen twice anywhere,
         or some key is spelled with escapes."""
@@ -120,20 +148,29 @@ class DuplicateKey(ValueError):
         self.key = key
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen and key in DECISION_KEYS:
-            raise DuplicateKey(key)
-        seen.add(key)
-    return dict(pairs)
+def _refuser(keys: frozenset[str]) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen and key in keys:
+                raise DuplicateKey(key)
+            seen.add(key)
+        return dict(pairs)
+
+    return refuse_duplicates
 
 
-def duplicated_key(raw: bytes) -> str | None:
+_DECISIONS = _refuser(DECISION_KEYS)
+_DECISIONS_AND_ITEMS = _refuser(DECISION_KEYS | _ITEM_KEYS)
+
+
+def duplicated_key(raw: bytes, items: bool = False) -> str | None:
     """The first decision key that stands twice in one JSON object of ``raw``, if any (a
-    whole parse by the standard library: called only when ``scan`` says it may be)."""
+    whole parse by the standard library: called only when ``scan`` says it may be). With
+    ``items``, an input item's ``type``, ``id`` and ``encrypted_content`` count as decision
+    keys (they decide whether the item names a stored one)."""
     try:
-        json.loads(raw, object_pairs_hook=_refuse_duplicates)
+        json.loads(raw, object_pairs_hook=_DECISIONS_AND_ITEMS if items else _DECISIONS)
     except DuplicateKey as duplicate:
         return duplicate.key
     except (ValueError, RecursionError):
@@ -162,10 +199,58 @@ def find_references(
     a naming field that only stands where nothing is read as a reference decides nothing)."""
     seen = scan(raw, start, earlier)
     named = named_objects(body) if seen.may_name_objects else []
+    items = seen.may_name_stored_items
+    unsure = False
+    if items:
+        in_items, unsure = stored_items_named(body, seen)
+        named += in_items
     repeated = None
-    if named or seen.may_repeat_a_routing_key:
-        repeated = duplicated_key(raw)
+    if named or seen.may_repeat_a_routing_key or unsure:
+        repeated = duplicated_key(raw, items)
     return References(seen, named, repeated)
+
+
+def stored_items_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bool]:
+    """The stored items ``body``'s top-level ``input`` names (see the module's docstring), and
+    whether a field given twice could make another parser read another name: an item that
+    may name one (its ``id`` could stand twice), or a parse that reads fewer or more of those
+    items and ``encrypted_content`` fields than the scan of the bytes saw (a ``type`` or an
+    ``encrypted_content`` given twice). The caller then looks for repeats with the exact
+    parse. One pass over the items; Codex's, whose reasoning carries its content, need no
+    more."""
+    items = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return [], False  # no input items: nothing the API reads as one (a chat body, say)
+    named = []
+    candidates = references = reasoning = encrypted = 0
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        content = item.get(ENCRYPTED)
+        encrypted += content is not None or ENCRYPTED in item
+        has_content = content is not None
+        if kind == ITEM_REFERENCE:
+            references += 1
+            candidates += 1
+            named.append(_item_named(item.get("id")))
+        elif kind == REASONING:
+            reasoning += 1
+            candidates += not has_content
+            if "id" in item and item["id"] is not None and not has_content:
+                named.append(_item_named(item["id"]))
+    reasoning += REASONING in body  # the ``reasoning`` option
+    as_scanned = (
+        not seen.escapes
+        and references == seen.count(ITEM_REFERENCE)
+        and reasoning == seen.count(REASONING)
+        and encrypted == seen.count(ENCRYPTED)
+    )
+    return named, bool(candidates) or not as_scanned
+
+
+def _item_named(value: Any) -> NamedObject:
+    return NamedObject("input", value if isinstance(value, str) else "")
 
 
 def named_objects(body: Any) -> list[NamedObject]:

@@ -102,13 +102,34 @@ def is_object_id(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_OBJECT_ID
 
 
+# Answers that show the items of a response or conversation the caller owns (checked before
+# it was served): a later Responses input may name each item (``item_reference``), so each is
+# the caller's too. Their items are the answer's ``output``, its ``data``, or the answer itself.
+_ITEMS_IN_OUTPUT = frozenset({("/v1/responses", "POST"), ("/v1/responses/{id}", "GET")})
+_ITEMS_IN_DATA = frozenset(
+    {
+        ("/v1/responses/{id}/input_items", "GET"),
+        ("/v1/conversations/{id}/items", "GET"),
+        ("/v1/conversations/{id}/items", "POST"),
+    }
+)
+_ITEM = ("/v1/conversations/{id}/items/{id}", "GET")
+
+
 def created_objects(template: str, method: str, answer: Any) -> list[str]:
     """The ids an answer makes its caller the owner of: a created object's, an upload's file
-    once it is complete, a batch's output and error files as they appear."""
+    once it is complete, a batch's output and error files as they appear, and the items of a
+    response or conversation of theirs."""
     if not isinstance(answer, Mapping):
         return []
     found: list[Any] = []
     if method == "POST" and template in _CREATES:
+        found.append(answer.get("id"))
+    if (template, method) in _ITEMS_IN_OUTPUT and isinstance(answer.get("output"), list):
+        found += [item.get("id") for item in answer["output"] if isinstance(item, Mapping)]
+    elif (template, method) in _ITEMS_IN_DATA:
+        found += listed_objects(answer)
+    elif (template, method) == _ITEM:
         found.append(answer.get("id"))
     elif template == "/v1/uploads/{id}/complete":
         file = answer.get("file")

@@ -3,7 +3,10 @@
 Like the real one where the proxy can tell the difference: input items (messages, function
 calls and their outputs, reasoning items), pairing enforced (an output needs its call, a call
 its output, a reasoning item the item after it), a window enforced with the Responses overflow
-error, usage as ``input_tokens``/``output_tokens``, and real SSE events when streamed. With
+error, usage as ``input_tokens``/``output_tokens``, and real SSE events when streamed. The
+output items of a response made with ``store`` on (the default) are kept, and an input's
+``item_reference`` is read as the item it names (a 404 in the API's words for one not kept).
+With
 ``tools`` in the request and a user message or a function output last, it calls the first
 tool (an agent loop for tests to drive), ``tool_rounds`` times in all; otherwise it answers
 with text.
@@ -98,6 +101,7 @@ class FakeResponses:
     refused: list[str] = field(default_factory=list)  # pairing problems, in its words
     overflows: list[int] = field(default_factory=list)  # prompts refused as over the window
     sockets: int = 0  # WebSocket connections opened
+    stored_items: dict[str, dict[str, Any]] = field(default_factory=dict)  # by id
     cut_streams: int = 0  # the next streams to cut off after their first event
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -134,7 +138,7 @@ class FakeResponses:
         self.headers_received.append(dict(request.headers))
         reply = await self._reply(body)
         if isinstance(reply, _Refusal):
-            return _error(400, reply.message, reply.param, reply.code, self.headers())
+            return _error(reply.status, reply.message, reply.param, reply.code, self.headers())
         # Encoded before a stream starts: what the answer echoes of the request may not encode
         # (an integer past 64 bits), and that must be a 400, not a stream cut after its headers.
         encoded = orjson.dumps(reply)
@@ -147,12 +151,18 @@ class FakeResponses:
         self.received.append(body)
         model = str(body.get("model"))
         items = input_items(body)
+        for index, item in enumerate(items):
+            if isinstance(item, dict) and item.get("type") == "item_reference":
+                kept = self.stored_items.get(str(item.get("id")))
+                if kept is None:
+                    return _Refusal(_not_kept(item.get("id")), "input", None, status=404)
+                items[index] = kept
         stateful = body.get("previous_response_id") is not None
         problem = None if stateful else pairing_problem(items)
         if problem is not None:
             self.refused.append(problem)
             return _Refusal(problem, "input", None)
-        tokens = self.input_tokens(body)
+        tokens = self.input_tokens({**body, "input": items})  # references read as their items
         cap = int(body.get("max_output_tokens") or 0)
         if tokens + cap > self.window_of(model):
             self.overflows.append(tokens)
@@ -169,6 +179,8 @@ class FakeResponses:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": tokens + produced,
         }
+        if body.get("store") is not False:
+            self.stored_items[item["id"]] = item
         return _response(f"resp_fake{number}", model, body, [item], usage)
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
@@ -190,9 +202,8 @@ class FakeResponses:
             reply = await self._reply(body)
             if isinstance(reply, _Refusal):
                 error = {"type": "invalid_request_error", **reply.error()}
-                await socket.send_str(
-                    orjson.dumps({"type": "error", "status": 400, "error": error}).decode()
-                )
+                refusal = {"type": "error", "status": reply.status, "error": error}
+                await socket.send_str(orjson.dumps(refusal).decode())
                 continue
             for event in self._events(reply):
                 await socket.send_str(orjson.dumps(event).decode())
@@ -280,9 +291,17 @@ class _Refusal:
     message: str
     param: str | None
     code: str | None
+    status: int = 400
 
     def error(self) -> dict[str, Any]:
         return {"message": self.message, "param": self.param, "code": self.code}
+
+
+def _not_kept(item_id: Any) -> str:
+    return (
+        f"Item with id '{item_id}' not found. Items are not persisted when `store` is set to "
+        "false. Try again with `store` set to true, or remove this item from your input."
+    )
 
 
 def _response(

@@ -276,6 +276,106 @@ async def test_a_reference_in_a_later_turn_of_a_remembered_conversation_is_found
     assert payroll.id not in str(fake.received)
 
 
+async def first_answer_item(client: openai.AsyncOpenAI, text: str, stream: bool) -> str:
+    """The id of the message a stored response answers ``text`` with."""
+    if not stream:
+        made = await client.responses.create(model="gpt-4o-mini", input=text)
+        return made.output[0].id
+    events = await client.responses.create(model="gpt-4o-mini", input=text, stream=True)
+    async for event in events:
+        if event.type == "response.completed":
+            return event.response.output[0].id
+    raise AssertionError("the stream never completed")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_owned_serves_an_item_reference_only_to_the_tenant_whose_answer_it_names(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    stream: bool,
+) -> None:
+    """The Vercel AI SDK sends each earlier answer as an ``item_reference`` while ``store`` is
+    on: the provider reads it as the stored item. Alice's answers are hers to name (claimed
+    from the answer, or from a stream's last event); Bob naming one, as an item reference or
+    as a stored reasoning item, gets the API's 404 and nothing reaches the upstream."""
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    async with alice_and_bob(proxy) as (alice, bob):
+        item = await first_answer_item(alice, "The payroll is in vault/7.", stream)
+        later = {"role": "user", "content": "Go on."}
+        await alice.responses.create(
+            model="gpt-4o-mini",
+            input=[{"type": "item_reference", "id": item}, later],  # type: ignore[list-item]
+        )
+        for named in (
+            {"type": "item_reference", "id": item},
+            {"type": "reasoning", "id": item, "summary": []},
+        ):
+            with pytest.raises(openai.NotFoundError) as missing:
+                await bob.responses.create(model="gpt-4o-mini", input=[named, later])  # type: ignore[list-item]
+            assert isinstance(missing.value.body, dict) and item in missing.value.body["message"]
+    reached = [body for body in fake.responses.received if item in str(body)]
+    assert len(reached) == 1  # Alice's own reference alone
+
+
+async def test_reasoning_that_carries_its_own_content_names_nothing_stored(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """Codex sends its reasoning back with ``encrypted_content`` and ``store: false``: the
+    provider reads the item as sent, so it is served whatever its id."""
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}
+    async with alice_and_bob(proxy) as (_, bob):
+        await bob.responses.create(
+            model="gpt-4o-mini",
+            input=[
+                {"role": "user", "content": "Hi."},
+                reasoning,
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Go on."},
+            ],  # type: ignore[list-item]
+            store=False,
+        )
+    assert "rs_1" in str(fake.responses.received)
+
+
+@pytest.mark.parametrize(
+    ("item", "key"),
+    [
+        # Read as a message by a parser keeping the last "type", as a reference by one
+        # keeping the first.
+        (
+            b'{"type":"item_reference","type":"message","role":"user","content":"x","id":"m"}',
+            "type",
+        ),
+        (b'{"type":"item_reference","id":"theirs","id":"mine"}', "id"),
+        (
+            b'{"type":"reasoning","id":"rs_x","summary":[],"encrypted_content":null,'
+            b'"encrypted_content":"gAAA"}',
+            "encrypted_content",
+        ),
+    ],
+)
+async def test_a_field_deciding_what_an_item_names_given_twice_is_a_400(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    item: bytes,
+    key: str,
+) -> None:
+    proxy = await keyed(make_proxy, upstream_url, monkeypatch, account_endpoints="owned")
+    raw = b'{"model":"gpt-4o-mini","input":[' + item + b',{"role":"user","content":"y"}]}'
+    headers = {"Authorization": f"Bearer {BOB}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/responses", data=raw, headers=headers) as answer:
+            assert answer.status == 400
+            error = (await answer.json())["error"]
+    assert error["code"] == "duplicate_key" and error["param"] == key
+    assert fake.responses.received == []
+
+
 async def test_a_body_sent_under_another_content_type_is_searched_all_the_same(
     make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
 ) -> None:

@@ -3,6 +3,7 @@ caller's, and lists narrowed to the caller's own (pure tables)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -71,6 +72,17 @@ def test_a_path_addresses_every_account_object_it_names_not_only_the_first(
             ["file-o"],
         ),
         ("/v1/responses", "POST", {"id": "x" * (MAX_OBJECT_ID + 1)}, []),  # no id of the API's
+        # A response's output items, which a later input may name (``item_reference``).
+        (
+            "/v1/responses",
+            "POST",
+            {"id": "resp_1", "output": [{"id": "rs_1"}, {"id": "msg_1"}, "junk", {"id": 7}]},
+            ["resp_1", "rs_1", "msg_1"],
+        ),
+        ("/v1/responses/{id}", "GET", {"id": "resp_1", "output": [{"id": "msg_1"}]}, ["msg_1"]),
+        ("/v1/responses/{id}/input_items", "GET", {"data": [{"id": "msg_0"}]}, ["msg_0"]),
+        ("/v1/conversations/{id}/items", "POST", {"data": [{"id": "msg_2"}]}, ["msg_2"]),
+        ("/v1/conversations/{id}/items/{id}", "GET", {"id": "msg_3"}, ["msg_3"]),
         ("/v1/files", "POST", ["not", "an", "object"], []),
         ("/v1/files/{id}", "DELETE", {"id": "file-1", "deleted": True}, []),
     ],
@@ -206,7 +218,7 @@ def test_the_whole_parse_for_repeats_runs_only_where_a_repeat_could_matter(
     """A tool schema with a parameter named like a naming field costs a scan, not a parse."""
     schema = b'{"model": "a", "tools": [{"parameters": {"properties": {"container": {}}}}]}'
     parsed: list[bytes] = []
-    monkeypatch.setattr(object_references, "duplicated_key", parsed.append)
+    monkeypatch.setattr(object_references, "duplicated_key", lambda raw, _: parsed.append(raw))
     assert find_references(schema, orjson.loads(schema)).named == []
     assert parsed == []
     # A body that does name an object is parsed whole for repeats.
@@ -247,7 +259,15 @@ def test_owned_mode_serves_only_what_it_can_keep_apart(
 
 
 _fields = st.sampled_from(
-    [b'"file_id":"f1"', b'"model":"m"', b'"stream":true', b'"mod\\u0065l":"x"', b'"text":"hi"']
+    [
+        b'"file_id":"f1"',
+        b'"model":"m"',
+        b'"stream":true',
+        b'"mod\\u0065l":"x"',
+        b'"text":"hi"',
+        b'"type":"item_reference"',
+        b'"encrypted_content":"e"',
+    ]
 )
 _messages = st.lists(_fields, min_size=1, max_size=3).map(lambda f: b"{" + b",".join(f) + b"}")
 
@@ -283,3 +303,99 @@ def test_a_forms_fields_name_objects_but_its_files_bytes_do_not() -> None:
     assert named_in_form(b"not a form", "multipart/form-data; boundary=b") == [
         NamedObject("form", "")
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, ["msg_1"]),
+        ({"input": [{"type": "item_reference", "id": 7}]}, [""]),  # owned by nobody
+        ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, ["rs_1"]),
+        ({"input": [{"type": "reasoning", "id": "rs_1", "encrypted_content": None}]}, ["rs_1"]),
+        # Carrying its own content, a reasoning item is read as sent.
+        ({"input": [{"type": "reasoning", "id": "rs_1", "encrypted_content": "gA"}]}, []),
+        ({"input": [{"type": "reasoning", "id": None, "summary": []}]}, []),
+        ({"input": [{"type": "reasoning", "summary": []}], "reasoning": {"effort": "low"}}, []),
+        # Only top-level input items are items; a chat body has none.
+        ({"input": [{"role": "user", "content": [{"type": "item_reference", "id": "m"}]}]}, []),
+        ({"messages": [{"role": "assistant", "content": "x", "reasoning": "y"}]}, []),
+        ({"input": "item_reference"}, []),
+    ],
+)
+def test_an_input_item_naming_a_stored_item_is_found(
+    body: dict[str, Any], named: list[str]
+) -> None:
+    raw = orjson.dumps(body)
+    found = find_references(raw, body)
+    assert found.named == [NamedObject("input", object_id) for object_id in named]
+    assert found.duplicated is None
+
+
+def test_items_are_parsed_whole_for_repeats_only_where_they_name_or_the_scan_disagrees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Codex's reasoning items carry their content: a pass over the items, no whole parse."""
+    parsed: list[bytes] = []
+    monkeypatch.setattr(object_references, "duplicated_key", lambda raw, _: parsed.append(raw))
+    codex = {
+        "input": [{"type": "reasoning", "summary": [], "encrypted_content": "gA"}] * 3,
+        "reasoning": {"effort": "high"},
+        "include": ["reasoning.encrypted_content"],
+    }
+    assert find_references(raw := orjson.dumps(codex), codex).named == []
+    assert parsed == []
+    # "reasoning" standing where no item is: the scan and the parse disagree.
+    odd = {"input": [], "tools": [{"parameters": {"properties": {"reasoning": {}}}}]}
+    find_references(raw := orjson.dumps(odd), odd)
+    assert parsed == [raw]
+
+
+_item_fields = st.lists(
+    st.sampled_from(
+        [
+            ("type", "item_reference"),
+            ("type", "reasoning"),
+            ("type", "message"),
+            ("id", "theirs"),
+            ("id", "mine"),
+            ("id", None),
+            ("encrypted_content", None),
+            ("encrypted_content", "gA"),
+            ("role", "user"),
+        ]
+    ),
+    max_size=6,
+)
+
+
+def _names(items: Any) -> set[str]:
+    found = set()
+    for item in items:
+        kind = item.get("type")
+        stored_reasoning = kind == "reasoning" and item.get("encrypted_content") is None
+        if (kind == "item_reference" or stored_reasoning) and item.get("id") is not None:
+            found.add(item["id"])
+    return found
+
+
+@given(items=st.lists(_item_fields, min_size=1, max_size=4))
+def test_what_any_parser_reads_an_item_to_name_is_checked_or_the_body_refused(
+    items: list[list[tuple[str, Any]]],
+) -> None:
+    """Whether a parser keeps the first or the last of a field given twice, every stored item
+    it would read the body to name is among those found, or the body is refused."""
+    raw = (
+        b'{"input":['
+        + b",".join(
+            b"{" + b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in item) + b"}"
+            for item in items
+        )
+        + b"]}"
+    )
+    found = find_references(raw, orjson.loads(raw))
+    if found.duplicated is not None:
+        return
+    keeping_first = json.loads(raw, object_pairs_hook=lambda pairs: dict(reversed(pairs)))
+    named = {n.object_id for n in found.named}
+    assert _names(keeping_first["input"]) <= named
+    assert _names(orjson.loads(raw)["input"]) <= named
