@@ -133,7 +133,7 @@ async def keyed(
 ) -> RunningProxy:
     """The proxy holding the upstream key (for requests of no model too), two client keys."""
     monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
-    account = {"account_endpoints": settings["account_endpoints"]} if settings else {}
+    account = {k: v for k, v in settings.items() if k == "account_endpoints"}
     return await make_proxy(
         routes=[route(upstream_url, "*", api_key_env="UPSTREAM_KEY") | account],
         upstream_api_key_env="UPSTREAM_KEY",

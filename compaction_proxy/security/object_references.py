@@ -12,6 +12,9 @@ A Responses input item can name a stored item too: an ``item_reference`` is read
 it names (the Vercel AI SDK sends one for each earlier answer while ``store`` is on), and a
 ``reasoning`` item with an ``id`` and no ``encrypted_content`` is read as the reasoning kept
 under that id. Both are searched among the top-level ``input`` items (``stored_items_named``).
+So is a skill the account keeps, mounted by its ``skill_id``: OpenAI's ``skill_reference`` in a
+tool's ``environment``, Anthropic's ``custom`` skill in a ``container`` (``skills_named``;
+Anthropic's own skills, of type ``anthropic``, are nobody's objects).
 
 Payloads the upstream never reads as references are not searched: a tool call's arguments, a
 JSON schema, ``metadata``, and the ``input`` of an Anthropic tool use (an agent's own tool
@@ -76,9 +79,13 @@ _OPAQUE_KEYS = frozenset(
 ITEM_REFERENCE = "item_reference"
 REASONING = "reasoning"
 ENCRYPTED = "encrypted_content"
-_ITEM_MARKS = frozenset({ITEM_REFERENCE, REASONING, ENCRYPTED})
-# The fields of such an item that decide what it names: given twice in one object, a 400.
-_ITEM_KEYS = frozenset({"type", "id", ENCRYPTED})
+SKILL_ID = "skill_id"
+_ITEM_MARKS = frozenset({ITEM_REFERENCE, REASONING, ENCRYPTED, SKILL_ID})
+# The fields of such an item or skill that decide what it names: given twice in one object,
+# a 400.
+_ITEM_KEYS = frozenset({"type", "id", ENCRYPTED, SKILL_ID})
+# The skill entries that mount one of the account's skills.
+_ACCOUNT_SKILLS = frozenset({"skill_reference", "custom"})
 
 _KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS | _ITEM_MARKS))
 _KEYS = re.compile(rb'"(' + _KEY_NAMES.encode() + rb')"')
@@ -112,6 +119,10 @@ class KeysSeen:
     @property
     def may_name_stored_items(self) -> bool:
         return bool(self.escapes) or any(key in (ITEM_REFERENCE, REASONING) for key, _ in self.keys)
+
+    @property
+    def may_mount_skills(self) -> bool:
+        return bool(self.escapes) or self.count(SKILL_ID) > 0
 
     def count(self, word: str) -> int:
         """How many times ``word`` stands as a whole JSON string (key or value)."""
@@ -167,8 +178,8 @@ _DECISIONS_AND_ITEMS = _refuser(DECISION_KEYS | _ITEM_KEYS)
 def duplicated_key(raw: bytes, items: bool = False) -> str | None:
     """The first decision key that stands twice in one JSON object of ``raw``, if any (a
     whole parse by the standard library: called only when ``scan`` says it may be). With
-    ``items``, an input item's ``type``, ``id`` and ``encrypted_content`` count as decision
-    keys (they decide whether the item names a stored one)."""
+    ``items``, an input item's or a skill entry's ``type``, ``id``, ``encrypted_content`` and
+    ``skill_id`` count as decision keys (they decide whether it names a stored object)."""
     try:
         json.loads(raw, object_pairs_hook=_DECISIONS_AND_ITEMS if items else _DECISIONS)
     except DuplicateKey as duplicate:
@@ -199,13 +210,18 @@ def find_references(
     a naming field that only stands where nothing is read as a reference decides nothing)."""
     seen = scan(raw, start, earlier)
     named = named_objects(body) if seen.may_name_objects else []
-    items = seen.may_name_stored_items
     unsure = False
-    if items:
-        in_items, unsure = stored_items_named(body, seen)
-        named += in_items
+    for may, search in (
+        (seen.may_name_stored_items, stored_items_named),
+        (seen.may_mount_skills, skills_named),
+    ):
+        if may:
+            found, unsure_here = search(body, seen)
+            named += found
+            unsure = unsure or unsure_here
     repeated = None
     if named or seen.may_repeat_a_routing_key or unsure:
+        items = seen.may_name_stored_items or seen.may_mount_skills
         repeated = duplicated_key(raw, items)
     return References(seen, named, repeated)
 
@@ -251,6 +267,33 @@ def stored_items_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bo
 
 def _item_named(value: Any) -> NamedObject:
     return NamedObject("input", value if isinstance(value, str) else "")
+
+
+def skills_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bool]:
+    """The account's skills ``body`` mounts (see the module's docstring), and whether a field
+    given twice could make another parser read another: any skill entry (its ``type`` could
+    stand twice), or a ``skill_id`` the scan saw where no skill entry is."""
+    lists: list[Any] = []
+    if isinstance(body, dict):
+        tools = body.get("tools")
+        for tool in tools if isinstance(tools, list) else []:
+            environment = tool.get("environment") if isinstance(tool, dict) else None
+            if isinstance(environment, dict):
+                lists.append(environment.get("skills"))
+        container = body.get("container")
+        if isinstance(container, dict):
+            lists.append(container.get("skills"))
+    named = []
+    entries = 0
+    for skills in lists:
+        for skill in skills if isinstance(skills, list) else []:
+            if not isinstance(skill, dict) or SKILL_ID not in skill:
+                continue
+            entries += 1
+            if skill.get("type") in _ACCOUNT_SKILLS:
+                value = skill[SKILL_ID]
+                named.append(NamedObject(SKILL_ID, value if isinstance(value, str) else ""))
+    return named, bool(entries) or bool(seen.escapes) or entries != seen.count(SKILL_ID)
 
 
 def named_objects(body: Any) -> list[NamedObject]:

@@ -211,6 +211,46 @@ async def test_an_anthropic_request_naming_a_file_is_bound_to_the_account(
     assert fake.messages.received == []
 
 
+async def test_a_skill_the_account_keeps_binds_the_request_and_anthropics_own_do_not(
+    make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, fake: FakeUpstream
+) -> None:
+    """An uploaded skill is the account's instructions and code: mounting one (OpenAI's
+    ``skill_reference``, Anthropic's ``custom``) is refused under a held key, and in owned mode
+    is a 404 (skills are not made through the proxy, so they are nobody's). Anthropic's own
+    skills are no object of the account."""
+    monkeypatch.setenv("ANTHROPIC_KEY", "sk-ant-held")
+    proxy = await keyed(
+        make_proxy,
+        upstream_url,
+        monkeypatch,
+        anthropic_base_url=upstream_url,
+        anthropic_api_key_env="ANTHROPIC_KEY",
+    )
+    mounted = {"type": "skill_reference", "skill_id": "skill_of_the_operator"}
+    shell = {"type": "shell", "environment": {"type": "container_auto", "skills": [mounted]}}
+    async with alice_and_bob(proxy) as (_, bob):
+        with pytest.raises(openai.PermissionDeniedError):
+            await bob.responses.create(model="gpt-4o-mini", input="x", tools=[shell])  # type: ignore[list-item]
+    async with anthropic.AsyncAnthropic(base_url=proxy.root, api_key=BOB, max_retries=0) as claude:
+        custom = {"type": "custom", "skill_id": "skill_of_the_operator", "version": "latest"}
+        with pytest.raises(anthropic.PermissionDeniedError):
+            await claude.messages.create(
+                model="claude-sonnet-4-5",
+                max_tokens=100,
+                messages=[{"role": "user", "content": "make slides"}],
+                extra_body={"container": {"skills": [custom]}},
+            )
+        own = {"type": "anthropic", "skill_id": "pptx", "version": "latest"}
+        await claude.messages.create(
+            model="claude-sonnet-4-5",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "make slides"}],
+            extra_body={"container": {"skills": [own]}},
+        )
+    assert "skill_of_the_operator" not in str(fake.received) + str(fake.responses.received)
+    assert "pptx" in str(fake.messages.received)
+
+
 @pytest.mark.parametrize(
     ("path", "raw", "key"),
     [

@@ -399,3 +399,50 @@ def test_what_any_parser_reads_an_item_to_name_is_checked_or_the_body_refused(
     named = {n.object_id for n in found.named}
     assert _names(keeping_first["input"]) <= named
     assert _names(orjson.loads(raw)["input"]) <= named
+
+
+ANTHROPIC_SKILL = {"type": "anthropic", "skill_id": "pptx", "version": "latest"}
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        # OpenAI: an uploaded skill mounted in a shell tool's container.
+        (
+            {
+                "tools": [
+                    {
+                        "type": "shell",
+                        "environment": {
+                            "type": "container_auto",
+                            "skills": [{"type": "skill_reference", "skill_id": "skill_1"}],
+                        },
+                    }
+                ]
+            },
+            ["skill_1"],
+        ),
+        # Anthropic: a custom skill is the account's, Anthropic's own are nobody's.
+        (
+            {"container": {"skills": [ANTHROPIC_SKILL, {"type": "custom", "skill_id": "skill_2"}]}},
+            ["skill_2"],
+        ),
+        ({"container": {"skills": [ANTHROPIC_SKILL]}}, []),
+        ({"container": {"skills": [{"type": "custom", "skill_id": 3}]}}, [""]),  # nobody's
+        # A tool's own parameter named skill_id mounts nothing.
+        ({"tools": [{"name": "t", "parameters": {"properties": {"skill_id": {}}}}]}, []),
+    ],
+)
+def test_a_skill_the_account_keeps_is_found_where_it_is_mounted(
+    body: dict[str, Any], named: list[str]
+) -> None:
+    found = find_references(orjson.dumps(body), body)
+    assert found.named == [NamedObject("skill_id", skill) for skill in named]
+    assert found.duplicated is None
+
+
+def test_a_skill_type_given_twice_is_a_repeat() -> None:
+    """Read as Anthropic's own by a parser keeping the last ``type``, as the account's custom
+    skill by one keeping the first."""
+    raw = b'{"container":{"skills":[{"type":"custom","type":"anthropic","skill_id":"s"}]}}'
+    assert find_references(raw, orjson.loads(raw)).duplicated == "type"
