@@ -290,7 +290,8 @@ def skills_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bool]:
             if not isinstance(skill, dict) or SKILL_ID not in skill:
                 continue
             entries += 1
-            if skill.get("type") in _ACCOUNT_SKILLS:
+            kind = skill.get("type")
+            if isinstance(kind, str) and kind in _ACCOUNT_SKILLS:
                 value = skill[SKILL_ID]
                 named.append(NamedObject(SKILL_ID, value if isinstance(value, str) else ""))
     return named, bool(entries) or bool(seen.escapes) or entries != seen.count(SKILL_ID)

@@ -342,21 +342,47 @@ def _key(name: str, escaped: bool) -> bytes:
     return name.encode()
 
 
+# Input items and skill entries that may name stored objects, their deciding fields given
+# in any order, any number of times.
+item_fields = st.lists(
+    st.tuples(
+        st.sampled_from(["type", "id", "encrypted_content", "skill_id", "summary"]),
+        st.sampled_from(["item_reference", "reasoning", "custom", "skill_reference", "anthropic"])
+        | naming_values,
+    ),
+    max_size=5,
+)
+
+
+def _object(fields: list[tuple[str, Any]], escaped: bool) -> bytes:
+    return (
+        b"{"
+        + b",".join(b'"' + _key(k, escaped) + b'":' + jsonio.dumps(v) for k, v in fields)
+        + b"}"
+    )
+
+
 @st.composite
 def naming_bodies(draw: st.DrawFn) -> bytes:
-    """A JSON object with a model, the fields above at the top and inside a content part."""
+    """A JSON object with a model, the fields above at the top and inside a content part, input
+    items and skill entries."""
     escaped = draw(st.booleans())
     top = draw(st.lists(st.tuples(naming_keys, naming_values), max_size=4))
     inner = draw(st.lists(st.tuples(naming_keys, naming_values), max_size=3))
-    part = (
-        b"{"
-        + b",".join(
-            b'"' + _key(k, escaped) + b'":' + jsonio.dumps(v) for k, v in [("type", "file"), *inner]
-        )
-        + b"}"
+    part = _object([("type", "file"), *inner], escaped)
+    items = [_object(fields, escaped) for fields in draw(st.lists(item_fields, max_size=3))]
+    skills = (
+        b"["
+        + b",".join(_object(f, escaped) for f in draw(st.lists(item_fields, max_size=2)))
+        + b"]"
     )
-    content = b'[{"role":"user","content":[' + part + b"]}]"
-    fields = [b'"model":"fuzz-small"', b'"messages":' + content, b'"input":' + content]
+    content = b'[{"role":"user","content":[' + part + b"]}"
+    fields = [b'"model":"fuzz-small"', b'"messages":' + content + b"]"]
+    fields.append(b'"input":' + content + b"".join(b"," + item for item in items) + b"]")
+    if draw(st.booleans()):
+        fields.append(b'"container":{"skills":' + skills + b"}")
+    else:
+        fields.append(b'"tools":[{"type":"shell","environment":{"skills":' + skills + b"}}]")
     fields += [b'"' + _key(k, escaped) + b'":' + jsonio.dumps(v) for k, v in top]
     return b"{" + b",".join(fields) + b"}"
 

@@ -429,6 +429,7 @@ ANTHROPIC_SKILL = {"type": "anthropic", "skill_id": "pptx", "version": "latest"}
         ),
         ({"container": {"skills": [ANTHROPIC_SKILL]}}, []),
         ({"container": {"skills": [{"type": "custom", "skill_id": 3}]}}, [""]),  # nobody's
+        ({"container": {"skills": [{"type": [], "skill_id": "s"}]}}, []),  # no type the API has
         # A tool's own parameter named skill_id mounts nothing.
         ({"tools": [{"name": "t", "parameters": {"properties": {"skill_id": {}}}}]}, []),
     ],
