@@ -356,11 +356,14 @@ _item_fields = st.lists(
             ("type", "item_reference"),
             ("type", "reasoning"),
             ("type", "message"),
+            ("type", "custom"),
+            ("type", "anthropic"),
             ("id", "theirs"),
             ("id", "mine"),
             ("id", None),
             ("encrypted_content", None),
             ("encrypted_content", "gA"),
+            ("skill_id", "their_skill"),
             ("role", "user"),
         ]
     ),
@@ -368,37 +371,44 @@ _item_fields = st.lists(
 )
 
 
-def _names(items: Any) -> set[str]:
+def _names(body: Any) -> set[str]:
+    """What the API reads ``body``'s items and skills to name."""
     found = set()
-    for item in items:
+    for item in body["input"]:
         kind = item.get("type")
         stored_reasoning = kind == "reasoning" and item.get("encrypted_content") is None
         if (kind == "item_reference" or stored_reasoning) and item.get("id") is not None:
             found.add(item["id"])
+    for skill in body["container"]["skills"]:
+        if skill.get("type") == "custom" and "skill_id" in skill:
+            found.add(skill["skill_id"])
     return found
 
 
-@given(items=st.lists(_item_fields, min_size=1, max_size=4))
-def test_what_any_parser_reads_an_item_to_name_is_checked_or_the_body_refused(
-    items: list[list[tuple[str, Any]]],
+def _objects(objects: list[list[tuple[str, Any]]]) -> bytes:
+    return b",".join(
+        b"{" + b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in fields) + b"}"
+        for fields in objects
+    )
+
+
+@given(
+    items=st.lists(_item_fields, min_size=1, max_size=4),
+    skills=st.lists(_item_fields, max_size=3),
+)
+def test_what_any_parser_reads_a_body_to_name_is_checked_or_the_body_refused(
+    items: list[list[tuple[str, Any]]], skills: list[list[tuple[str, Any]]]
 ) -> None:
     """Whether a parser keeps the first or the last of a field given twice, every stored item
-    it would read the body to name is among those found, or the body is refused."""
-    raw = (
-        b'{"input":['
-        + b",".join(
-            b"{" + b",".join(orjson.dumps(k) + b":" + orjson.dumps(v) for k, v in item) + b"}"
-            for item in items
-        )
-        + b"]}"
-    )
+    and skill it would read the body to name is among those found, or the body is refused."""
+    raw = b'{"input":[' + _objects(items) + b'],"container":{"skills":[' + _objects(skills) + b"]}}"
     found = find_references(raw, orjson.loads(raw))
     if found.duplicated is not None:
         return
     keeping_first = json.loads(raw, object_pairs_hook=lambda pairs: dict(reversed(pairs)))
     named = {n.object_id for n in found.named}
-    assert _names(keeping_first["input"]) <= named
-    assert _names(orjson.loads(raw)["input"]) <= named
+    assert _names(keeping_first) <= named
+    assert _names(orjson.loads(raw)) <= named
 
 
 ANTHROPIC_SKILL = {"type": "anthropic", "skill_id": "pptx", "version": "latest"}
