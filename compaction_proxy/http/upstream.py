@@ -76,6 +76,7 @@ class UsageScanner:
         # (``take_created``): its first event names the response or chat completion, its
         # terminal event the output items a later Responses input may name.
         self._created: list[str] = []
+        self._found: set[str] = set()  # every id found, taken or not
         self._wants_created = wants_created
         self._first = wants_created
 
@@ -131,10 +132,10 @@ class UsageScanner:
             event = orjson.loads(line[5:].strip())
         except orjson.JSONDecodeError:
             return
-        if first:
-            self._created += created_ids(event)
-        elif ends_created:
-            self._created += created_ids(event)[1:]
+        if first or ends_created:
+            found = [i for i in created_ids(event) if i not in self._found]
+            self._found.update(found)
+            self._created += found
         usage = usage_in(event)
         if usage is not None:
             # Messages streams the prompt's usage first (``message_start``) and the answer's

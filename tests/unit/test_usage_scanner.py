@@ -139,3 +139,44 @@ def test_an_answer_is_whole_once_its_terminal_event_went_by(stream: bytes, finis
     scanner = UsageScanner()
     scanner.feed(stream)
     assert scanner.finished is finished
+
+
+def _event(kind: str, **fields: object) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + orjson.dumps({"type": kind, **fields}) + b"\n\n"
+
+
+RESPONSE = {"id": "resp_1", "output": [], "usage": None}
+DONE = {"id": "resp_1", "output": [{"id": "rs_1"}, {"id": "msg_1"}], "usage": {"input_tokens": 1}}
+
+
+@pytest.mark.parametrize(
+    ("events", "taken"),
+    [
+        # The response at its first event, its output items at its last.
+        (
+            [
+                _event("response.created", response=RESPONSE),
+                _event("response.completed", response=DONE),
+            ],
+            [["resp_1"], ["rs_1", "msg_1"]],
+        ),
+        # A first event that names nothing: the last names the response and its items.
+        (
+            [
+                _event("response.in_progress", response=RESPONSE),
+                _event("response.completed", response=DONE),
+            ],
+            [[], ["resp_1", "rs_1", "msg_1"]],
+        ),
+    ],
+)
+def test_what_a_stream_creates_is_taken_once_as_its_events_go_by(
+    events: list[bytes], taken: list[list[str]]
+) -> None:
+    scanner = UsageScanner(wants_created=True)
+    seen = []
+    for event in events:
+        scanner.feed(event)
+        seen.append(scanner.take_created())
+    assert seen == taken
+    assert scanner.take_created() == []
