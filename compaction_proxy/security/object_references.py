@@ -74,8 +74,9 @@ _OPAQUE_KEYS = frozenset(
     {"metadata", "parameters", "input_schema", "schema", "json_schema", "arguments"}
 )
 
-# Strings whose presence means an input item may name a stored item: the two item types that
-# do, and the field that makes a reasoning item carry its own content instead.
+# Strings whose presence means an input item may name a stored item, or a skill entry mount
+# the account's skill: the two item types that do, the field that makes a reasoning item carry
+# its own content instead, and the field that names a skill.
 ITEM_REFERENCE = "item_reference"
 REASONING = "reasoning"
 ENCRYPTED = "encrypted_content"
@@ -118,7 +119,7 @@ class KeysSeen:
 
     @property
     def may_name_stored_items(self) -> bool:
-        return bool(self.escapes) or any(key in (ITEM_REFERENCE, REASONING) for key, _ in self.keys)
+        return bool(self.escapes) or self.count(ITEM_REFERENCE) + self.count(REASONING) > 0
 
     @property
     def may_mount_skills(self) -> bool:
@@ -204,10 +205,12 @@ def find_references(
 ) -> References:
     """The stored objects ``body`` (parsed from ``raw``) names, and whether a decision field
     stands twice in one of its objects. The bytes are scanned from ``start`` (``scan``);
-    the body is walked only where the scan saw a naming field; the exact check for a repeated
-    field (a whole parse) runs only where a repeat could matter: a routing field seen twice,
-    an escaped key, or a named object (whose field may hide a second value in its object;
-    a naming field that only stands where nothing is read as a reference decides nothing)."""
+    the body is walked only where the scan saw a naming field, and its input items and skill
+    entries looked at only where it saw their marks; the exact check for a repeated field (a
+    whole parse) runs only where a repeat could matter: a routing field seen twice, an escaped
+    key, a named object (whose field may hide a second value in its object; a naming field that
+    only stands where nothing is read as a reference decides nothing), or an item or skill
+    entry whose name a repeated field could change."""
     seen = scan(raw, start, earlier)
     named = named_objects(body) if seen.may_name_objects else []
     unsure = False
@@ -243,9 +246,8 @@ def stored_items_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bo
         if not isinstance(item, dict):
             continue
         kind = item.get("type")
-        content = item.get(ENCRYPTED)
-        encrypted += content is not None or ENCRYPTED in item
-        has_content = content is not None
+        encrypted += ENCRYPTED in item
+        has_content = item.get(ENCRYPTED) is not None
         if kind == ITEM_REFERENCE:
             references += 1
             candidates += 1
