@@ -6,10 +6,9 @@ its output, a reasoning item the item after it), a window enforced with the Resp
 error, usage as ``input_tokens``/``output_tokens``, and real SSE events when streamed. The
 output items of a response made with ``store`` on (the default) are kept, and an input's
 ``item_reference`` is read as the item it names (a 404 in the API's words for one not kept).
-With
-``tools`` in the request and a user message or a function output last, it calls the first
-tool (an agent loop for tests to drive), ``tool_rounds`` times in all; otherwise it answers
-with text.
+With ``tools`` in the request and a user message or a function output last, it calls the
+first tool (an agent loop for tests to drive), ``tool_rounds`` times in all; otherwise it
+answers with text.
 """
 
 from __future__ import annotations
