@@ -1,5 +1,6 @@
-"""Running the real coding agents the end-to-end suite drives (Claude Code, Codex, opencode):
-where ``.ci/run`` installs them, and one headless run as a subprocess."""
+"""Running the real coding agents the end-to-end suite drives (Claude Code, Codex, opencode)
+and an app on the Vercel AI SDK: where ``.ci/run`` installs them, and one headless run as a
+subprocess."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ def agent_binary(name: str, package: str) -> str:
     if found is None:
         pytest.skip(f"{name} is not installed (.ci/run installs {package})")
     return found
+
+
+def ai_sdk_modules() -> Path:
+    """Where ``.ci/run`` installs the Vercel AI SDK (``ai``, ``@ai-sdk/openai``) for the app
+    the suite runs on it; the test is skipped where it or ``node`` is missing."""
+    modules = AGENTS.parent
+    if not (modules / "ai").is_dir() or not (modules / "@ai-sdk" / "openai").is_dir():
+        pytest.skip("the Vercel AI SDK is not installed (.ci/run installs ai and @ai-sdk/openai)")
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    return modules
 
 
 async def run_agent(command: list[str], env: dict[str, str], workdir: Path) -> tuple[int, str]:

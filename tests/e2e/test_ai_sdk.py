@@ -1,0 +1,102 @@
+"""An app on the Vercel AI SDK (``ai`` with ``@ai-sdk/openai``, run by ``node``) through the
+proxy: a shell agent over the Responses API against a scripted model whose window its history
+outgrows, in two user turns. The SDK keeps ``store`` on by default and sends each earlier
+answer back as an ``item_reference``, which the provider reads as the stored item: the proxy
+forwards the references, compacts around them, and under a key it holds serves each client
+its own. Pointed straight at the same model, the app runs out of window. Skipped, with the
+reason, where ``.ci/run`` has not installed the SDK."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.testing.fake_agent import FileReader, data_file
+from compaction_proxy.testing.fake_upstream import FakeUpstream
+from tests.agents import ai_sdk_modules, run_agent
+from tests.conftest import ProxyFactory
+from tests.helpers import route
+
+pytestmark = pytest.mark.slow
+
+APP = Path(__file__).parent / "apps" / "ai_sdk_agent.mjs"
+MODEL = "gpt-scripted"
+WINDOW = 16_000
+FILES = 8  # about 6k tokens each: the history outgrows the window by the third
+
+
+async def run_app(base_url: str, key: str, mode: str, workdir: Path) -> tuple[int, str]:
+    env = {"AI_SDK_MODULES": str(ai_sdk_modules())}
+    return await run_agent(["node", str(APP), base_url, key, MODEL, mode], env, workdir)
+
+
+def script(fake: FakeUpstream, folder: Path) -> None:
+    paths = []
+    for index in range(FILES):
+        path = folder / f"data_{index}.txt"
+        path.write_text(data_file(index))
+        paths.append(str(path))
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(paths)
+
+
+def references(body: dict[str, Any]) -> int:
+    items = body.get("input")
+    listed = items if isinstance(items, list) else []
+    return sum(1 for i in listed if isinstance(i, dict) and i.get("type") == "item_reference")
+
+
+@pytest.mark.parametrize("mode", ["whole", "stream"])
+async def test_an_ai_sdk_app_completes_through_the_proxy_and_its_references_go_on(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path, mode: str
+) -> None:
+    ai_sdk_modules()
+    script(fake, tmp_path)
+    proxy = await make_proxy(routes=[route(upstream_url, MODEL, WINDOW)])
+    code, output = await run_app(proxy.url, "sk-test", mode, tmp_path)
+    assert code == 0, output
+    assert output.count(f"ANSWER: Read all {FILES} files.") == 2, output
+    forwarded = fake.responses.forwarded
+    assert any(references(body) for body in forwarded)  # the SDK's, read by the provider
+    assert fake.responses.refused == [] and fake.responses.overflows == []
+    compacted = [b for b in map(str, forwarded) if "compacted-summary" in b or "removed by" in b]
+    assert compacted  # the proxy is what kept it inside
+
+
+async def test_an_ai_sdk_app_pointed_straight_at_the_model_runs_out_of_window(
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """The witness: without the proxy the same app overflows."""
+    ai_sdk_modules()
+    script(fake, tmp_path)
+    code, output = await run_app(upstream_url, "sk-test", "whole", tmp_path)
+    assert code != 0 and fake.responses.overflows, output
+
+
+async def test_an_ai_sdk_app_under_a_held_key_is_served_its_own_references(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In owned mode every answer's items are recorded as the client's, from a whole answer
+    or a stream's last event, so its references are served as the provider would serve them."""
+    ai_sdk_modules()
+    script(fake, tmp_path)
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
+    client_key = "cpk-app-0123456789"
+    held = route(upstream_url, MODEL, WINDOW, api_key_env="UPSTREAM_KEY")
+    proxy = await make_proxy(
+        routes=[held | {"account_endpoints": "owned"}],
+        client_key_digests=[digest_of(client_key)],
+    )
+    for mode in ("whole", "stream"):
+        code, output = await run_app(proxy.url, client_key, mode, tmp_path)
+        assert code == 0, output
+        assert output.count(f"ANSWER: Read all {FILES} files.") == 2, output
+    assert any(references(body) for body in fake.responses.forwarded)
+    assert fake.responses.refused == [] and fake.responses.overflows == []
