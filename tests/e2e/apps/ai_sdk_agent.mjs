@@ -35,6 +35,6 @@ for (const ask of [null, "Say again how many files you read."]) {
   const options = { model: openai.responses(model), tools: { bash }, stopWhen: stepCountIs(40), messages };
   const result = mode === "stream" ? streamText(options) : await generateText(options);
   const text = await result.text;
-  messages.push(...(await result.response).messages);
+  messages.push(...(await result.responseMessages));
   console.log(`ANSWER: ${text}`);
 }
