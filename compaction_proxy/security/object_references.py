@@ -37,7 +37,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.parser import BytesParser
+from itertools import repeat
 from typing import Any
+
+import orjson
 
 # Fields whose string value is one object's id.
 _ID_KEYS = frozenset(
@@ -213,30 +216,33 @@ def find_references(
     entry whose name a repeated field could change."""
     seen = scan(raw, start, earlier)
     named = named_objects(body) if seen.may_name_objects else []
-    unsure = False
-    for may, search in (
-        (seen.may_name_stored_items, stored_items_named),
-        (seen.may_mount_skills, skills_named),
-    ):
-        if may:
-            found, unsure_here = search(body, seen)
-            named += found
-            unsure = unsure or unsure_here
+    unsure = bool(named) or seen.may_repeat_a_routing_key
+    if seen.may_name_stored_items:
+        found, unsure_here = stored_items_named(body, seen, raw)
+        named += found
+        unsure = unsure or unsure_here
+    if seen.may_mount_skills:
+        found, unsure_here = skills_named(body, seen)
+        named += found
+        unsure = unsure or unsure_here
     repeated = None
-    if named or seen.may_repeat_a_routing_key or unsure:
+    if unsure:
         items = seen.may_name_stored_items or seen.may_mount_skills
         repeated = duplicated_key(raw, items)
     return References(seen, named, repeated)
 
 
-def stored_items_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bool]:
+def stored_items_named(
+    body: Any, seen: KeysSeen, raw: bytes = b""
+) -> tuple[list[NamedObject], bool]:
     """The stored items ``body``'s top-level ``input`` names (see the module's docstring), and
     whether a field given twice could make another parser read another name: an item that
-    may name one (its ``id`` could stand twice), or a parse that reads fewer or more of those
-    items and ``encrypted_content`` fields than the scan of the bytes saw (a ``type`` or an
+    may name one (its ``id`` could stand twice) unless its bytes in ``raw`` are the plain
+    two-field object an SDK writes, or a parse that reads fewer or more of those items and
+    ``encrypted_content`` fields than the scan of the bytes saw (a ``type`` or an
     ``encrypted_content`` given twice). The caller then looks for repeats with the exact
-    parse. One pass over the items; Codex's, whose reasoning carries its content, need no
-    more."""
+    parse. One pass over the items; Codex's, whose reasoning carries its content, and the
+    Vercel AI SDK's references, need no more."""
     items = body.get("input") if isinstance(body, dict) else None
     if not isinstance(items, list):
         return [], False  # no input items: nothing the API reads as one (a chat body, say)
@@ -250,7 +256,6 @@ def stored_items_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bo
         has_content = item.get(ENCRYPTED) is not None
         if kind == ITEM_REFERENCE:
             references += 1
-            candidates += 1
             named.append(_item_named(item.get("id")))
         elif kind == REASONING:
             reasoning += 1
@@ -264,7 +269,32 @@ def stored_items_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bo
         and reasoning == seen.count(REASONING)
         and encrypted == seen.count(ENCRYPTED)
     )
+    if as_scanned and references:
+        marks = [at for key, at in seen.keys if key == ITEM_REFERENCE]
+        ids = [n.object_id for n in named[:references]] if not candidates else []
+        plain = len(ids) == len(marks) and all(map(_plain_reference, repeat(raw), marks, ids))
+        candidates += 0 if plain else references
     return named, bool(candidates) or not as_scanned
+
+
+# An item reference as SDKs write it, compact (JavaScript's JSON.stringify) or with Python's
+# default separators: two fields, so neither can stand twice.
+_PLAIN_REFERENCES = (
+    (b'{"type":', b',"id":', b"}"),
+    (b'{"type": ', b', "id": ', b"}"),
+)
+
+
+def _plain_reference(raw: bytes, mark: int, object_id: str) -> bool:
+    """Whether the ``"item_reference"`` string at ``mark`` in ``raw`` is the type of a plain
+    reference object naming ``object_id``."""
+    name = orjson.dumps(object_id)
+    for opening, separator, closing in _PLAIN_REFERENCES:
+        start = mark - len(opening)
+        whole = opening + b'"item_reference"' + separator + name + closing
+        if start >= 0 and raw.startswith(whole, start):
+            return True
+    return False
 
 
 def _item_named(value: Any) -> NamedObject:

@@ -457,3 +457,33 @@ def test_a_skill_type_given_twice_is_a_repeat() -> None:
     skill by one keeping the first."""
     raw = b'{"container":{"skills":[{"type":"custom","type":"anthropic","skill_id":"s"}]}}'
     assert find_references(raw, orjson.loads(raw)).duplicated == "type"
+
+
+@pytest.mark.parametrize(
+    ("separators", "parsed_whole"),
+    [
+        ((",", ":"), False),  # JavaScript's JSON.stringify, as the Vercel AI SDK writes it
+        ((", ", ": "), False),  # Python's json.dumps
+        ((" ,", " :"), True),  # any other spelling: the exact parse decides
+    ],
+)
+def test_plain_item_references_need_no_exact_parse(
+    monkeypatch: pytest.MonkeyPatch, separators: tuple[str, str], parsed_whole: bool
+) -> None:
+    """A reference written as the plain two-field object cannot hide a second ``type`` or
+    ``id``: its bytes say so, and the whole body is not parsed again for repeats."""
+    parsed: list[bytes] = []
+    monkeypatch.setattr(object_references, "duplicated_key", lambda raw, _: parsed.append(raw))
+    body = {
+        "input": [
+            {"role": "user", "content": "Read the files."},
+            {"type": "item_reference", "id": "msg_1"},
+            {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+            {"type": "item_reference", "id": "msg_2"},
+        ],
+        "store": True,
+    }
+    raw = json.dumps(body, separators=separators).encode()
+    found = find_references(raw, body)
+    assert [n.object_id for n in found.named] == ["msg_1", "msg_2"]
+    assert parsed == ([raw] if parsed_whole else [])
