@@ -181,6 +181,7 @@ KNOWN_TEMPLATES = frozenset(
         "/v1/threads/{id}/runs/{id}/steps/{id}",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/messages/cache_touch",  # Claude Code's prompt-cache keepalive
         "/v1/messages/batches",
         "/v1/messages/batches/{id}",
         "/v1/messages/batches/{id}/results",

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
         ("/v1/files/file-abc123/content", "/v1/files/{id}/content"),
         ("/v1/responses/resp_123/input_items", "/v1/responses/{id}/input_items"),
         ("/v1/responses/compact", "/v1/responses/compact"),
+        ("/v1/messages/cache_touch", "/v1/messages/cache_touch"),
         ("/v1/batches/batch_1/cancel", "/v1/batches/{id}/cancel"),
         ("/v1/threads/t1/runs/r1/steps", "/v1/threads/{id}/runs/{id}/steps"),
         ("/v1/anything-new/x/y", "other"),
