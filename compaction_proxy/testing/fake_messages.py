@@ -173,6 +173,7 @@ class FakeMessages:
     # tool call alone, as a model offered tools may answer
     summary_tool_calls: int = 0
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    touched: list[Any] = field(default_factory=list)  # request ids cache touches named
     # An Anthropic-compatible endpoint without the context-management beta (most of them)
     # refuses the field, as a strict schema does.
     knows_context_management: bool = False
@@ -181,6 +182,7 @@ class FakeMessages:
         return [
             web.post("/v1/messages", self._create),
             web.post("/v1/messages/count_tokens", self._count_tokens),
+            web.post("/v1/messages/cache_touch", self._cache_touch),
             web.post("/v1/messages/batches", self._create_batch),
             web.get("/v1/messages/batches", self._list_batches),
             web.get("/v1/messages/batches/{batch}", self._batch),
@@ -296,6 +298,14 @@ class FakeMessages:
             problem = "context_management: Extra inputs are not permitted"
             return anthropic_error(400, "invalid_request_error", problem)
         return web.json_response({"input_tokens": self.input_tokens(body)})
+
+    async def _cache_touch(self, request: web.Request) -> web.Response:
+        """Claude Code's keepalive of a request's prompt cache: it reads the status alone."""
+        body = await self._read(request, needs_model=False)
+        if isinstance(body, web.Response):
+            return body
+        self.touched.append(body.get("request_id"))
+        return web.json_response({})
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         body = await self._read(request)

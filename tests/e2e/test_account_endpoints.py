@@ -8,6 +8,8 @@ import io
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 
 from compaction_proxy.testing.fake_upstream import FakeUpstream
@@ -160,3 +162,29 @@ async def test_owned_continues_only_the_callers_own_stored_responses(
             assert missing.value.body["param"] == "previous_response_id"
     stateful = [r for r in fake.responses.received if r.get("previous_response_id")]
     assert len(stateful) == 4  # Bob's never went upstream
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["own key", "held key"])
+async def test_claude_codes_cache_keepalive_is_relayed_and_refused_under_a_held_key(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeUpstream,
+    held: bool,
+) -> None:
+    """``/v1/messages/cache_touch`` names a request of the account by its id: relayed with the
+    client's own key, refused under the proxy's (Claude Code then stops touching)."""
+    if held:
+        proxy = await keyed(make_proxy, upstream_url, monkeypatch)
+    else:
+        proxy = await make_proxy(anthropic_base_url=upstream_url)
+    headers = {"x-api-key": BOB if held else "sk-ant-own", "anthropic-version": "2023-06-01"}
+    async with aiohttp.ClientSession() as http:
+        url = proxy.root + "/v1/messages/cache_touch"
+        async with http.post(url, json={"request_id": "req_of_alice"}, headers=headers) as got:
+            status, answer = got.status, await got.read()
+    if held:
+        assert status == 403 and orjson.loads(answer)["error"]["type"] == "permission_error"
+        assert fake.messages.touched == []
+    else:
+        assert status == 200 and fake.messages.touched == ["req_of_alice"]
