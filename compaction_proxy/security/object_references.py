@@ -11,10 +11,8 @@ name objects by (``NAMING_KEYS``); the edge then binds the request to the accoun
 A Responses input item can name a stored item too: an ``item_reference`` is read as the item
 it names (the Vercel AI SDK sends one for each earlier answer while ``store`` is on), and a
 ``reasoning`` item with an ``id`` and no ``encrypted_content`` is read as the reasoning kept
-under that id. Both are searched among the top-level ``input`` items (``stored_items_named``).
-So is a skill the account keeps, mounted by its ``skill_id``: OpenAI's ``skill_reference`` in a
-tool's ``environment``, Anthropic's ``custom`` skill in a ``container`` (``skills_named``;
-Anthropic's own skills, of type ``anthropic``, are nobody's objects).
+under that id. So does a skill the account keeps, mounted by its ``skill_id``. Both are found
+by ``security.stored_items``, where the scan saw their marks.
 
 Payloads the upstream never reads as references are not searched: a tool call's arguments, a
 JSON schema, ``metadata``, and the ``input`` of an Anthropic tool use (an agent's own tool
@@ -37,10 +35,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.parser import BytesParser
-from itertools import repeat
 from typing import Any
 
-import orjson
+from compaction_proxy.security.stored_items import (
+    ITEM_KEYS,
+    ITEM_MARKS,
+    ITEM_REFERENCE,
+    REASONING,
+    SKILL_ID,
+    skills_named,
+    stored_items_named,
+)
 
 # Fields whose string value is one object's id.
 _ID_KEYS = frozenset(
@@ -76,22 +81,11 @@ DECISION_KEYS = NAMING_KEYS | _ROUTING_KEYS
 _OPAQUE_KEYS = frozenset(
     {"metadata", "parameters", "input_schema", "schema", "json_schema", "arguments"}
 )
+# Maps of a client's own labels: ``metadata``, and Codex's ``client_metadata``, which names its
+# session's ``thread_id`` (a thread of Codex's, no object of the account) on every request.
+_OPAQUE_SUFFIX = "_metadata"
 
-# Strings whose presence means an input item may name a stored item, or a skill entry mount
-# the account's skill: the two item types that do, the field that makes a reasoning item carry
-# its own content instead, and the field that names a skill.
-ITEM_REFERENCE = "item_reference"
-REASONING = "reasoning"
-ENCRYPTED = "encrypted_content"
-SKILL_ID = "skill_id"
-_ITEM_MARKS = frozenset({ITEM_REFERENCE, REASONING, ENCRYPTED, SKILL_ID})
-# The fields of such an item or skill that decide what it names: given twice in one object,
-# a 400.
-_ITEM_KEYS = frozenset({"type", "id", ENCRYPTED, SKILL_ID})
-# The skill entries that mount one of the account's skills.
-_ACCOUNT_SKILLS = frozenset({"skill_reference", "custom"})
-
-_KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS | _ITEM_MARKS))
+_KEY_NAMES = "|".join(sorted(re.escape(key) for key in DECISION_KEYS | ITEM_MARKS))
 _KEYS = re.compile(rb'"(' + _KEY_NAMES.encode() + rb')"')
 # A key spelled with an escaped letter or underscore (``"file\u005fid"``) reads as the same
 # key once parsed, but no byte search sees it: such a body is searched the slow way.
@@ -176,7 +170,7 @@ def _refuser(keys: frozenset[str]) -> Callable[[list[tuple[str, Any]]], dict[str
 
 
 _DECISIONS = _refuser(DECISION_KEYS)
-_DECISIONS_AND_ITEMS = _refuser(DECISION_KEYS | _ITEM_KEYS)
+_DECISIONS_AND_ITEMS = _refuser(DECISION_KEYS | ITEM_KEYS)
 
 
 def duplicated_key(raw: bytes, items: bool = False) -> str | None:
@@ -215,15 +209,15 @@ def find_references(
     only stands where nothing is read as a reference decides nothing), or an item or skill
     entry whose name a repeated field could change."""
     seen = scan(raw, start, earlier)
-    named = named_objects(body) if seen.may_name_objects else []
+    named = _named_sparingly(body, seen) if seen.may_name_objects else []
     unsure = bool(named) or seen.may_repeat_a_routing_key
     if seen.may_name_stored_items:
         found, unsure_here = stored_items_named(body, seen, raw)
-        named += found
+        named += [NamedObject(param, object_id) for param, object_id in found]
         unsure = unsure or unsure_here
     if seen.may_mount_skills:
         found, unsure_here = skills_named(body, seen)
-        named += found
+        named += [NamedObject(param, object_id) for param, object_id in found]
         unsure = unsure or unsure_here
     repeated = None
     if unsure:
@@ -232,106 +226,46 @@ def find_references(
     return References(seen, named, repeated)
 
 
-def stored_items_named(
-    body: Any, seen: KeysSeen, raw: bytes = b""
-) -> tuple[list[NamedObject], bool]:
-    """The stored items ``body``'s top-level ``input`` names (see the module's docstring), and
-    whether a field given twice could make another parser read another name: an item that
-    may name one (its ``id`` could stand twice) unless its bytes in ``raw`` are the plain
-    two-field object an SDK writes, or a parse that reads fewer or more of those items and
-    ``encrypted_content`` fields than the scan of the bytes saw (a ``type`` or an
-    ``encrypted_content`` given twice). The caller then looks for repeats with the exact
-    parse. One pass over the items; Codex's, whose reasoning carries its content, and the
-    Vercel AI SDK's references, need no more."""
-    items = body.get("input") if isinstance(body, dict) else None
-    if not isinstance(items, list):
-        return [], False  # no input items: nothing the API reads as one (a chat body, say)
-    named = []
-    candidates = references = reasoning = encrypted = 0
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type")
-        encrypted += ENCRYPTED in item
-        has_content = item.get(ENCRYPTED) is not None
-        if kind == ITEM_REFERENCE:
-            references += 1
-            named.append(_item_named(item.get("id")))
-        elif kind == REASONING:
-            reasoning += 1
-            candidates += not has_content
-            if "id" in item and item["id"] is not None and not has_content:
-                named.append(_item_named(item["id"]))
-    reasoning += REASONING in body  # the ``reasoning`` option
-    as_scanned = (
-        not seen.escapes
-        and references == seen.count(ITEM_REFERENCE)
-        and reasoning == seen.count(REASONING)
-        and encrypted == seen.count(ENCRYPTED)
-    )
-    if as_scanned and references:
-        marks = [at for key, at in seen.keys if key == ITEM_REFERENCE]
-        ids = [n.object_id for n in named[:references]] if not candidates else []
-        plain = len(ids) == len(marks) and all(map(_plain_reference, repeat(raw), marks, ids))
-        candidates += 0 if plain else references
-    return named, bool(candidates) or not as_scanned
-
-
-# An item reference as SDKs write it, compact (JavaScript's JSON.stringify) or with Python's
-# default separators: two fields, so neither can stand twice.
-_PLAIN_REFERENCES = (
-    (b'{"type":', b',"id":', b"}"),
-    (b'{"type": ', b', "id": ', b"}"),
-)
-
-
-def _plain_reference(raw: bytes, mark: int, object_id: str) -> bool:
-    """Whether the ``"item_reference"`` string at ``mark`` in ``raw`` is the type of a plain
-    reference object naming ``object_id``."""
-    name = orjson.dumps(object_id)
-    for opening, separator, closing in _PLAIN_REFERENCES:
-        start = mark - len(opening)
-        whole = opening + b'"item_reference"' + separator + name + closing
-        if start >= 0 and raw.startswith(whole, start):
-            return True
-    return False
-
-
-def _item_named(value: Any) -> NamedObject:
-    return NamedObject("input", value if isinstance(value, str) else "")
-
-
-def skills_named(body: Any, seen: KeysSeen) -> tuple[list[NamedObject], bool]:
-    """The account's skills ``body`` mounts (see the module's docstring), and whether a field
-    given twice could make another parser read another: any skill entry (its ``type`` could
-    stand twice), or a ``skill_id`` the scan saw where no skill entry is."""
-    lists: list[Any] = []
-    if isinstance(body, dict):
-        tools = body.get("tools")
-        for tool in tools if isinstance(tools, list) else []:
-            environment = tool.get("environment") if isinstance(tool, dict) else None
-            if isinstance(environment, dict):
-                lists.append(environment.get("skills"))
-        container = body.get("container")
-        if isinstance(container, dict):
-            lists.append(container.get("skills"))
-    named = []
-    entries = 0
-    for skills in lists:
-        for skill in skills if isinstance(skills, list) else []:
-            if not isinstance(skill, dict) or SKILL_ID not in skill:
-                continue
-            entries += 1
-            kind = skill.get("type")
-            if isinstance(kind, str) and kind in _ACCOUNT_SKILLS:
-                value = skill[SKILL_ID]
-                named.append(NamedObject(SKILL_ID, value if isinstance(value, str) else ""))
-    return named, bool(entries) or bool(seen.escapes) or entries != seen.count(SKILL_ID)
-
-
 def named_objects(body: Any) -> list[NamedObject]:
     """Every object ``body`` names, in the order met (see the module's docstring)."""
     return list(_walk(body))
+
+
+# A body's conversation: the list that holds nearly all of its bytes.
+_CONVERSATION_LISTS = ("input", "messages")
+
+
+def _named_sparingly(body: Any, seen: KeysSeen) -> list[NamedObject]:
+    """``named_objects(body)``, walking the conversation's list only where a naming key the
+    scan saw may stand in it: the other top-level fields are walked first, and when they hold
+    every naming key the scan counted (Codex's ``client_metadata`` names a ``thread_id`` on
+    every request), the list holds none. Escaped keys are not counted: the whole walk."""
+    if not isinstance(body, dict):
+        return named_objects(body)
+    lists = [key for key in _CONVERSATION_LISTS if isinstance(body.get(key), list)]
+    if seen.escapes or not lists:
+        return named_objects(body)
+    rest = {key: value for key, value in body.items() if key not in lists}
+    if _naming_words(rest) != sum(seen.count(key) for key in NAMING_KEYS):
+        return named_objects(body)
+    return named_objects(rest)
+
+
+def _naming_words(value: Any) -> int:
+    """How many keys and string values in ``value`` are naming keys, everywhere, opaque
+    fields included: what the scan of its bytes would count."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += sum(1 for key in item if key in NAMING_KEYS)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and item in NAMING_KEYS:
+            count += 1
+    return count
 
 
 def _walk(body: Any) -> Iterator[NamedObject]:
@@ -346,7 +280,7 @@ def _walk(body: Any) -> Iterator[NamedObject]:
         tool_use = isinstance(value.get("type"), str) and value["type"].endswith("tool_use")
         later = []
         for key, item in value.items():
-            if key in _OPAQUE_KEYS or (tool_use and key == "input"):
+            if key in _OPAQUE_KEYS or key.endswith(_OPAQUE_SUFFIX) or (tool_use and key == "input"):
                 continue
             if key in NAMING_KEYS:
                 yield from _named_by(key, item)

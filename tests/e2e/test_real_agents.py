@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_agent import FileReader, data_file
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
@@ -66,8 +67,10 @@ def codex_config(home: Path, base_url: str, own_window: int | None = None) -> Pa
     return codex_home
 
 
-async def codex_exec(codex_home: Path, home: Path, workdir: Path, key: str) -> tuple[int, str]:
-    """``codex exec`` on the task, with ``CODEX_HOME`` and the key in environment ``key``."""
+async def codex_exec(
+    codex_home: Path, home: Path, workdir: Path, key: str, secret: str = "sk-codex"
+) -> tuple[int, str]:
+    """``codex exec`` on the task, with ``CODEX_HOME`` and ``secret`` in environment ``key``."""
     command = [
         agent_binary("codex", "@openai/codex"),
         "exec",
@@ -76,7 +79,7 @@ async def codex_exec(codex_home: Path, home: Path, workdir: Path, key: str) -> t
         "danger-full-access",
         TASK,
     ]
-    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), key: "sk-codex"}
+    env = {"HOME": str(home), "CODEX_HOME": str(codex_home), key: secret}
     return await run_agent(command, env, workdir)
 
 
@@ -88,12 +91,13 @@ async def run_codex(
 
 
 async def run_codex_remote_compacting(
-    base_url: str, home: Path, workdir: Path, own_window: int = WINDOW
+    base_url: str, home: Path, workdir: Path, own_window: int = WINDOW, key: str | None = None
 ) -> tuple[int, str]:
     """Codex on its built-in OpenAI provider at ``base_url`` (a WebSocket first, as to
     OpenAI), told its window is ``own_window``: near it, it compacts remotely, a Responses
     request ending with a ``compaction_trigger`` that must be answered with exactly one
-    ``compaction`` item, which it sends back from then on."""
+    ``compaction`` item, which it sends back from then on. With ``key``, it authenticates with
+    it (``CODEX_API_KEY``: on this provider Codex does not send ``OPENAI_API_KEY``)."""
     codex_home = home / "codex"
     codex_home.mkdir(parents=True)
     (codex_home / "config.toml").write_text(
@@ -102,6 +106,8 @@ async def run_codex_remote_compacting(
         f"model_context_window = {own_window}\n"
         f"model_auto_compact_token_limit = {own_window * 8 // 10}\n"
     )
+    if key is not None:
+        return await codex_exec(codex_home, home, workdir, "CODEX_API_KEY", key)
     return await codex_exec(codex_home, home, workdir, "OPENAI_API_KEY")
 
 
@@ -345,6 +351,41 @@ async def test_codex_on_its_own_provider_is_compacted_by_the_proxy_over_its_webs
     assert fake.responses.refused == [] and fake.responses.overflows == []
     assert forwarded_compacted(received)
     assert all("previous_response_id" not in body for body in received)
+
+
+@pytest.mark.parametrize("account_endpoints", ["refused", "owned"])
+async def test_codex_on_its_own_provider_works_behind_a_proxy_holding_the_key(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    account_endpoints: str,
+) -> None:
+    """A shared gateway: the proxy holds the upstream key, and Codex authenticates with a
+    client key of the proxy's. Every request names Codex's own session as ``thread_id`` in
+    its ``client_metadata``: a label of the client's, no object of the account, so it is
+    neither refused nor made to own anything, and the run completes over its socket."""
+    agent_binary("codex", "@openai/codex")
+    fake.windows[MODEL] = WINDOW
+    fake.responses.agent = FileReader(data_files(tmp_path, count=8))
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
+    client_key = "cpk-codex-0123456789"
+    held = route(upstream_url, "agent-*", WINDOW, api_key_env="UPSTREAM_KEY")
+    proxy = await make_proxy(
+        routes=[held | {"account_endpoints": account_endpoints}],
+        client_key_digests=[digest_of(client_key)],
+    )
+    code, output = await run_codex_remote_compacting(
+        proxy.url, tmp_path / "home", tmp_path, own_window=1_000_000, key=client_key
+    )
+    assert code == 0, output
+    assert "Read all 8 files." in output, output
+    assert WEBSOCKET_FALLBACK not in output, output
+    assert fake.responses.refused == [] and fake.responses.overflows == []
+    assert forwarded_compacted(fake.responses.forwarded)
+    sent = {headers.get("Authorization") for headers in fake.responses.headers_received}
+    assert sent == {"Bearer sk-held-by-the-proxy"}  # the client's key never left the proxy
 
 
 async def test_codex_remote_compaction_fails_straight_at_an_upstream_without_it(

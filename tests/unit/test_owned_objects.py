@@ -487,3 +487,46 @@ def test_plain_item_references_need_no_exact_parse(
     found = find_references(raw, body)
     assert [n.object_id for n in found.named] == ["msg_1", "msg_2"]
     assert parsed == ([raw] if parsed_whole else [])
+
+
+def test_codexs_client_metadata_names_no_object_and_the_list_is_not_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Codex names its own session's ``thread_id`` in ``client_metadata`` on every request:
+    a label of the client's, no object of the account. The naming key the scan saw stands
+    outside the conversation's list, so the list is not walked."""
+    walked: list[Any] = []
+    walk = object_references.named_objects
+    monkeypatch.setattr(object_references, "named_objects", lambda b: walked.append(b) or walk(b))
+    body = {
+        "model": "gpt-5.1-codex",
+        "input": [{"role": "user", "content": "x"}] * 3,
+        "client_metadata": {"session_id": "0199", "thread_id": "0199"},
+    }
+    assert find_references(orjson.dumps(body), body).named == []
+    assert walked == [{k: v for k, v in body.items() if k != "input"}]
+    # A naming key inside the list: the list is walked, and the object found.
+    named = {**body, "input": [*body["input"], {"role": "user", "content": [FILE_PART]}]}
+    assert find_references(orjson.dumps(named), named).named == [NamedObject("file_id", "file-a")]
+
+
+@given(
+    messages=st.lists(_messages, max_size=5),
+    top=st.lists(_fields, max_size=3),
+    labels=st.lists(_fields, max_size=2),
+)
+def test_walking_only_outside_the_list_finds_what_the_whole_walk_finds(
+    messages: list[bytes], top: list[bytes], labels: list[bytes]
+) -> None:
+    raw = (
+        b'{"messages":['
+        + b",".join(messages)
+        + b"]"
+        + b"".join(b"," + field for field in top)
+        + b',"client_metadata":{'
+        + b",".join(labels)
+        + b"}}"
+    )
+    body = orjson.loads(raw)
+    found = [n for n in find_references(raw, body).named if n.param != "input"]
+    assert found == named_objects(body)
