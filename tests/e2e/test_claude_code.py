@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
@@ -39,13 +40,15 @@ def data_files(folder: Path) -> list[str]:
     return paths
 
 
-async def run_claude(base_url: str, home: Path, workdir: Path, *arguments: str) -> tuple[int, str]:
+async def run_claude(
+    base_url: str, home: Path, workdir: Path, *arguments: str, key: str = "sk-ant-test"
+) -> tuple[int, str]:
     """``claude -p`` with the task, or with ``arguments`` instead when given."""
     env = {
         "HOME": str(home),
         "IS_SANDBOX": "1",  # lets --dangerously-skip-permissions run as root
         "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": "sk-ant-test",
+        "ANTHROPIC_API_KEY": key,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
@@ -77,6 +80,36 @@ async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_
     assert compacted  # the proxy is what kept it inside
     assert counter("compaction_proxy_client_disconnects_total", route="claude-*") == left
     await assert_usage_recorded(proxy)
+
+
+async def test_claude_code_works_behind_a_proxy_holding_the_key(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shared gateway in owned mode: Claude Code authenticates with a client key of the
+    proxy's, nothing it sends names an object of the account, and it completes, compacted,
+    on the proxy's key."""
+    claude_binary()
+    files = data_files(tmp_path)
+    fake.windows[MODEL] = WINDOW
+    fake.messages.script = shell_agent(files)
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-ant-held-by-the-proxy")
+    client_key = "cpk-claude-0123456789"
+    held = route(upstream_url, "claude-*", WINDOW, api_key_env="UPSTREAM_KEY")
+    proxy = await make_proxy(
+        routes=[held | {"account_endpoints": "owned"}], client_key_digests=[digest_of(client_key)]
+    )
+    base_url = proxy.url.removesuffix("/v1")
+    code, output = await run_claude(base_url, tmp_path / "a", tmp_path, key=client_key)
+    assert code == 0, output
+    assert f"Read all {FILES} files." in output
+    assert fake.messages.refused == [] and fake.messages.overflows == []
+    keys = {r.headers.get("x-api-key") for r in fake.messages.received}
+    assert keys == {"sk-ant-held-by-the-proxy"}  # the client's key never left the proxy
+    assert any("<compacted-summary>" in str(r.body) for r in fake.messages.received)
 
 
 async def test_claude_code_pointed_straight_at_the_model_runs_out_of_window(
