@@ -128,6 +128,28 @@ def admin_routes(upstream_url: str) -> list[dict[str, Any]]:
 ALICE, BOB = "cpk-alice-0123456789", "cpk-bob-0123456789"  # client keys
 
 
+AGENT_KEY = "cpk-agent-0123456789"  # an agent's client key, behind ``holding_the_key``
+HELD_KEY = "sk-held-by-the-proxy"
+
+
+async def holding_the_key(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    pattern: str,
+    window: int,
+    account_endpoints: str = "owned",
+) -> RunningProxy:
+    """The proxy as a shared gateway for an agent: a route for ``pattern`` holding the upstream
+    key (``HELD_KEY``), and ``AGENT_KEY`` the one client key."""
+    monkeypatch.setenv("UPSTREAM_KEY", HELD_KEY)
+    held = route(upstream_url, pattern, window, api_key_env="UPSTREAM_KEY")
+    return await make_proxy(
+        routes=[held | {"account_endpoints": account_endpoints}],
+        client_key_digests=[digest_of(AGENT_KEY)],
+    )
+
+
 async def keyed(
     make_proxy: ProxyFactory, upstream_url: str, monkeypatch: pytest.MonkeyPatch, **settings: Any
 ) -> RunningProxy:

@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_agent import FileReader, data_file
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import ai_sdk_modules, run_agent
 from tests.conftest import ProxyFactory
-from tests.helpers import route
+from tests.helpers import AGENT_KEY, holding_the_key, route
 
 pytestmark = pytest.mark.slow
 
@@ -87,15 +86,9 @@ async def test_an_ai_sdk_app_under_a_held_key_is_served_its_own_references(
     or a stream's last event, so its references are served as the provider would serve them."""
     ai_sdk_modules()
     script(fake, tmp_path)
-    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
-    client_key = "cpk-app-0123456789"
-    held = route(upstream_url, MODEL, WINDOW, api_key_env="UPSTREAM_KEY")
-    proxy = await make_proxy(
-        routes=[held | {"account_endpoints": "owned"}],
-        client_key_digests=[digest_of(client_key)],
-    )
+    proxy = await holding_the_key(make_proxy, upstream_url, monkeypatch, MODEL, WINDOW)
     for mode in ("whole", "stream"):
-        code, output = await run_app(proxy.url, client_key, mode, tmp_path)
+        code, output = await run_app(proxy.url, AGENT_KEY, mode, tmp_path)
         assert code == 0, output
         assert output.count(f"ANSWER: Read all {FILES} files.") == 2, output
     assert any(references(body) for body in fake.responses.forwarded)

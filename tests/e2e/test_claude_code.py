@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
-from tests.helpers import counter, route
+from tests.helpers import AGENT_KEY, HELD_KEY, counter, holding_the_key, route
 
 pytestmark = pytest.mark.slow
 
@@ -96,19 +95,14 @@ async def test_claude_code_works_behind_a_proxy_holding_the_key(
     files = data_files(tmp_path)
     fake.windows[MODEL] = WINDOW
     fake.messages.script = shell_agent(files)
-    monkeypatch.setenv("UPSTREAM_KEY", "sk-ant-held-by-the-proxy")
-    client_key = "cpk-claude-0123456789"
-    held = route(upstream_url, "claude-*", WINDOW, api_key_env="UPSTREAM_KEY")
-    proxy = await make_proxy(
-        routes=[held | {"account_endpoints": "owned"}], client_key_digests=[digest_of(client_key)]
-    )
+    proxy = await holding_the_key(make_proxy, upstream_url, monkeypatch, "claude-*", WINDOW)
     base_url = proxy.url.removesuffix("/v1")
-    code, output = await run_claude(base_url, tmp_path / "a", tmp_path, key=client_key)
+    code, output = await run_claude(base_url, tmp_path / "a", tmp_path, key=AGENT_KEY)
     assert code == 0, output
     assert f"Read all {FILES} files." in output
     assert fake.messages.refused == [] and fake.messages.overflows == []
     keys = {r.headers.get("x-api-key") for r in fake.messages.received}
-    assert keys == {"sk-ant-held-by-the-proxy"}  # the client's key never left the proxy
+    assert keys == {HELD_KEY}  # the client's key never left the proxy
     assert any("<compacted-summary>" in str(r.body) for r in fake.messages.received)
 
 

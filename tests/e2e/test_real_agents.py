@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
-from compaction_proxy.security.client_keys import digest_of
 from compaction_proxy.testing.fake_agent import FileReader, data_file
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
-from tests.helpers import counter, route
+from tests.helpers import AGENT_KEY, HELD_KEY, counter, holding_the_key, route
 from tests.reports import REAL_AGENTS, report
 
 pytestmark = pytest.mark.slow
@@ -369,15 +368,11 @@ async def test_codex_on_its_own_provider_works_behind_a_proxy_holding_the_key(
     agent_binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
     fake.responses.agent = FileReader(data_files(tmp_path, count=8))
-    monkeypatch.setenv("UPSTREAM_KEY", "sk-held-by-the-proxy")
-    client_key = "cpk-codex-0123456789"
-    held = route(upstream_url, "agent-*", WINDOW, api_key_env="UPSTREAM_KEY")
-    proxy = await make_proxy(
-        routes=[held | {"account_endpoints": account_endpoints}],
-        client_key_digests=[digest_of(client_key)],
+    proxy = await holding_the_key(
+        make_proxy, upstream_url, monkeypatch, "agent-*", WINDOW, account_endpoints
     )
     code, output = await run_codex_remote_compacting(
-        proxy.url, tmp_path / "home", tmp_path, own_window=1_000_000, key=client_key
+        proxy.url, tmp_path / "home", tmp_path, own_window=1_000_000, key=AGENT_KEY
     )
     assert code == 0, output
     assert "Read all 8 files." in output, output
@@ -385,7 +380,7 @@ async def test_codex_on_its_own_provider_works_behind_a_proxy_holding_the_key(
     assert fake.responses.refused == [] and fake.responses.overflows == []
     assert forwarded_compacted(fake.responses.forwarded)
     sent = {headers.get("Authorization") for headers in fake.responses.headers_received}
-    assert sent == {"Bearer sk-held-by-the-proxy"}  # the client's key never left the proxy
+    assert sent == {f"Bearer {HELD_KEY}"}  # the client's key never left the proxy
 
 
 async def test_codex_remote_compaction_fails_straight_at_an_upstream_without_it(
