@@ -37,8 +37,8 @@ class ScannedWords(Protocol):
 
 
 # Strings whose presence means an input item may name a stored item, or a skill entry mount
-# the account's skill: the two item types that do, the field that makes a reasoning item carry
-# its own content instead, and the field that names a skill.
+# one of the account's skills: the two item types that name one, the field that makes a
+# reasoning item carry its own content instead, and the field that names a skill.
 ITEM_REFERENCE = "item_reference"
 REASONING = "reasoning"
 ENCRYPTED = "encrypted_content"
