@@ -27,11 +27,13 @@ def agent_binary(name: str, package: str) -> str:
 
 
 def ai_sdk_modules() -> Path:
-    """Where ``.ci/run`` installs the Vercel AI SDK (``ai``, ``@ai-sdk/openai``) for the app
-    the suite runs on it; the test is skipped where it or ``node`` is missing."""
+    """Where ``.ci/run`` installs the Vercel AI SDK (``ai``, ``@ai-sdk/openai``,
+    ``@ai-sdk/anthropic``) for the app the suite runs on it; the test is skipped where it or
+    ``node`` is missing."""
     modules = AGENTS.parent
-    if not (modules / "ai").is_dir() or not (modules / "@ai-sdk" / "openai").is_dir():
-        pytest.skip("the Vercel AI SDK is not installed (.ci/run installs ai and @ai-sdk/openai)")
+    providers = [modules / "@ai-sdk" / name for name in ("openai", "anthropic")]
+    if not (modules / "ai").is_dir() or not all(path.is_dir() for path in providers):
+        pytest.skip("the Vercel AI SDK is not installed (.ci/run installs ai and its providers)")
     if shutil.which("node") is None:
         pytest.skip("node is not installed")
     return modules

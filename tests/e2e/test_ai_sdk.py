@@ -1,10 +1,11 @@
-"""An app on the Vercel AI SDK (``ai`` with ``@ai-sdk/openai``, run by ``node``) through the
-proxy: a shell agent over the Responses API against a scripted model whose window its history
-outgrows, in two user turns. The SDK keeps ``store`` on by default and sends each earlier
-answer back as an ``item_reference``, which the provider reads as the stored item: the proxy
-forwards the references, compacts around them, and under a key it holds serves each client
-its own. Pointed straight at the same model, the app runs out of window. Skipped, with the
-reason, where ``.ci/run`` has not installed the SDK."""
+"""An app on the Vercel AI SDK (``ai`` with ``@ai-sdk/openai`` and ``@ai-sdk/anthropic``, run
+by ``node``) through the proxy: a shell agent against a scripted model whose window its history
+outgrows, in two user turns, over the Responses API and over Anthropic's Messages API. On
+Responses the SDK keeps ``store`` on by default and sends each earlier answer back as an
+``item_reference``, which the provider reads as the stored item: the proxy forwards the
+references, compacts around them, and under a key it holds serves each client its own. Pointed
+straight at the same model, the app runs out of window. Skipped, with the reason, where
+``.ci/run`` has not installed the SDK."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from compaction_proxy.testing.fake_agent import FileReader, data_file
+from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import ai_sdk_modules, run_agent
 from tests.conftest import ProxyFactory
@@ -23,13 +25,17 @@ pytestmark = pytest.mark.slow
 
 APP = Path(__file__).parent / "apps" / "ai_sdk_agent.mjs"
 MODEL = "gpt-scripted"
+CLAUDE = "claude-scripted"
 WINDOW = 16_000
 FILES = 8  # about 6k tokens each: the history outgrows the window by the third
 
 
-async def run_app(base_url: str, key: str, mode: str, workdir: Path) -> tuple[int, str]:
+async def run_app(
+    base_url: str, key: str, mode: str, workdir: Path, api: str = "responses"
+) -> tuple[int, str]:
     env = {"AI_SDK_MODULES": str(ai_sdk_modules())}
-    return await run_agent(["node", str(APP), base_url, key, MODEL, mode], env, workdir)
+    model = CLAUDE if api == "messages" else MODEL
+    return await run_agent(["node", str(APP), base_url, key, model, mode, api], env, workdir)
 
 
 def script(fake: FakeUpstream, folder: Path) -> None:
@@ -38,8 +44,9 @@ def script(fake: FakeUpstream, folder: Path) -> None:
         path = folder / f"data_{index}.txt"
         path.write_text(data_file(index))
         paths.append(str(path))
-    fake.windows[MODEL] = WINDOW
+    fake.windows[MODEL] = fake.windows[CLAUDE] = WINDOW
     fake.responses.agent = FileReader(paths)
+    fake.messages.script = shell_agent(paths, tool="bash")
 
 
 def references(body: dict[str, Any]) -> int:
@@ -65,14 +72,30 @@ async def test_an_ai_sdk_app_completes_through_the_proxy_and_its_references_go_o
     assert compacted  # the proxy is what kept it inside
 
 
+@pytest.mark.parametrize("mode", ["whole", "stream"])
+async def test_an_ai_sdk_app_on_anthropics_messages_completes_through_the_proxy(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path, mode: str
+) -> None:
+    ai_sdk_modules()
+    script(fake, tmp_path)
+    proxy = await make_proxy(routes=[route(upstream_url, CLAUDE, WINDOW)])
+    code, output = await run_app(proxy.url, "sk-ant-test", mode, tmp_path, "messages")
+    assert code == 0, output
+    assert output.count(f"ANSWER: Read all {FILES} files.") == 2, output
+    assert fake.messages.refused == [] and fake.messages.overflows == []
+    bodies = [str(request.body) for request in fake.messages.received]
+    assert any("<compacted-summary>" in body or "removed by" in body for body in bodies)
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
 async def test_an_ai_sdk_app_pointed_straight_at_the_model_runs_out_of_window(
-    fake: FakeUpstream, upstream_url: str, tmp_path: Path
+    fake: FakeUpstream, upstream_url: str, tmp_path: Path, api: str
 ) -> None:
     """The witness: without the proxy the same app overflows."""
     ai_sdk_modules()
     script(fake, tmp_path)
-    code, output = await run_app(upstream_url, "sk-test", "whole", tmp_path)
-    assert code != 0 and fake.responses.overflows, output
+    code, output = await run_app(upstream_url, "sk-test", "whole", tmp_path, api)
+    assert code != 0 and (fake.responses.overflows or fake.messages.overflows), output
 
 
 async def test_an_ai_sdk_app_under_a_held_key_is_served_its_own_references(
