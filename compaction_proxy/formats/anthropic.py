@@ -171,6 +171,7 @@ class MessagesFormat(WireFormat):
     stored_by_default: ClassVar[bool] = False
     session_headers: ClassVar[tuple[str, ...]] = (CLAUDE_CODE_SESSION_HEADER,)
     caches_at_breakpoints: ClassVar[bool] = True
+    end_user_fields: ClassVar[tuple[tuple[str, type], ...]] = (("metadata", dict),)  # user_id
 
     def asked_compaction(self, body: dict[str, Any]) -> AskedCompaction | None:
         if "context_management" not in body:  # most bodies: nothing more to look at

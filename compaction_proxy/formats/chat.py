@@ -181,6 +181,22 @@ def _with_pruned_content(sent: Message, pruned: Message) -> Message:
     return {**sent, "content": pruned.get("content")}
 
 
+# Request fields that steer which cache a request reads, where it writes and how long it keeps
+# it: sent on the cache-safe call as the client sent them.
+CHAT_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options")
+
+
+def cache_safe_chat_summary(request: ClientRequest, body: dict[str, Any]) -> SummaryPost | None:
+    """The chat-form summary call ``body`` with the client's ``CHAT_CACHE_FIELDS``: its
+    messages and tools are the conversation's as forwarded already, but OpenAI routes a call
+    without the client's ``prompt_cache_key`` to another cache than the one its requests
+    wrote. None when the client sent none of them (the rebuilt call is the same)."""
+    fields = {name: request.body[name] for name in CHAT_CACHE_FIELDS if name in request.body}
+    if not fields:
+        return None
+    return chat_summary({**body, **fields})
+
+
 class ChatFormat(WireFormat):
     """``POST /v1/chat/completions``: the messages are the body's own."""
 
@@ -195,6 +211,11 @@ class ChatFormat(WireFormat):
 
     def payload(self, request: ClientRequest, surface: Surface) -> bytes:
         return chat_payload(request, surface)
+
+    def cache_safe_summary(
+        self, request: ClientRequest, prefix: Surface, body: dict[str, Any]
+    ) -> SummaryPost | None:
+        return cache_safe_chat_summary(request, body)
 
     def rebuilt_summary(self, body: dict[str, Any]) -> SummaryPost:
         return chat_summary(body)

@@ -4,10 +4,11 @@ A conversation a client holds in Responses form is cached by the provider as it 
 ``instructions``, its tools and its input items. A summary call rebuilt in chat form shares
 none of that prefix's text as the provider renders it, so it pays for the whole span again
 (docs/perf.md has the figures). The cache-safe call starts as the conversation's next request
-would: the client's instructions, tools, ``tool_choice`` and ``prompt_cache_key`` as sent,
-then the items the proxy forwarded from the head to the span's end, byte for byte (read
-losslessly, as the request was forwarded: ``responses.sent_items``), then the instruction as
-a user message; nothing is stored (``store: false``).
+would: the client's instructions, tools, ``tool_choice`` and cache options (its key, where
+breakpoints go, how long entries live) as sent, then the items the proxy forwarded from the
+head to the span's end, byte for byte (read losslessly, as the request was forwarded:
+``responses.sent_items``), then the instruction as a user message; nothing is stored
+(``store: false``).
 
 It is not made for a summary model other than the conversation's (whose cache it could not
 read), for a span with messages cut for the call, or when the client's ``tool_choice`` forces
@@ -23,9 +24,16 @@ from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.responses_items import items_for, sent_items
 
-# Request fields that make the cached prefix, or steer which cache a request reads: sent on
-# the cache-safe call as the client sent them.
-CACHE_FIELDS = ("instructions", "tools", "tool_choice", "prompt_cache_key")
+# Request fields that make the cached prefix, or steer which cache a request reads, where it
+# writes and how long it keeps it: sent on the cache-safe call as the client sent them.
+CACHE_FIELDS = (
+    "instructions",
+    "tools",
+    "tool_choice",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+)
 
 
 def forces_a_call(tool_choice: Any) -> bool:

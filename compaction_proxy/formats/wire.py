@@ -145,6 +145,13 @@ class WireFormat(ABC):
     # through to such a place (``compaction.planning.ReadThrough``).
     caches_at_breakpoints: ClassVar[bool] = False
     socket: ClassVar[SocketDialect | None] = None  # served over a WebSocket as well
+    # Request fields naming the end user a request is made for, with the type the API takes
+    # (OpenAI's ``safety_identifier`` and ``user``, Anthropic's ``metadata.user_id``): a summary
+    # call of that user's conversation to the same upstream names them too (``service.prepare``).
+    end_user_fields: ClassVar[tuple[tuple[str, type], ...]] = (
+        ("safety_identifier", str),
+        ("user", str),
+    )
 
     @abstractmethod
     def parse(self, raw: bytes, context: ParseContext) -> ClientRequest | ProviderHeld:

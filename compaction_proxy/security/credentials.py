@@ -9,8 +9,9 @@ another host than the request's route must bring its own key for the same reason
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from compaction_proxy.config.policy import resolve_policy, route_for
 from compaction_proxy.config.settings import Route, Settings
@@ -117,6 +118,21 @@ def summary_call_query(query: str, request_route: Route, summary_route: Route) -
     """The client's query string for a summary call (``api-version=...``): on the terms of
     its credentials, since a query may carry a key (``?key=...``)."""
     return query if summary_route.base == request_route.base else ""
+
+
+def summary_call_fields(
+    body: Mapping[str, Any],
+    fields: Iterable[tuple[str, type]],
+    request_route: Route,
+    summary_route: Route,
+) -> dict[str, Any]:
+    """The fields of the client's ``body`` naming its end user (``fields``: each name with the
+    type the API takes) that its summary call carries: on the terms of its credentials, to the
+    host its request went to alone (another's API may not take them); a value of another type
+    (which the upstream refuses the client's own request for) is left out."""
+    if summary_route.base != request_route.base:
+        return {}
+    return {name: body[name] for name, kind in fields if isinstance(body.get(name), kind)}
 
 
 # What RFC 3986 allows in a query, percent escapes included: anything else would make the

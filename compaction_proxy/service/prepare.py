@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from compaction_proxy.compaction import triggers
 from compaction_proxy.compaction.engine import Engine
@@ -50,7 +51,11 @@ from compaction_proxy.metrics import (
     child,
 )
 from compaction_proxy.offload import is_big, off_loop_if
-from compaction_proxy.security.credentials import summary_call_headers, summary_call_query
+from compaction_proxy.security.credentials import (
+    summary_call_fields,
+    summary_call_headers,
+    summary_call_query,
+)
 from compaction_proxy.security.outbound import upstream_headers, upstream_url
 from compaction_proxy.security.tenant import api_key_of, tenant_of
 from compaction_proxy.service.forwarded import Forwarded, RequestStatus, status_of
@@ -86,20 +91,22 @@ def summary_call(
     the client's query string on the same terms. Made first cache-safe, in the client's own
     format (``WireFormat.cache_safe_summary``), when the summary model is the request's and
     the span goes as forwarded; else (or when that gives no summary) rebuilt from the chat
-    form as the format's route takes it (``WireFormat.rebuilt_summary``). ``route``: the
-    summary model's."""
+    form as the format's route takes it (``WireFormat.rebuilt_summary``). Either names the end
+    user the client's request names (``WireFormat.end_user_fields``) when it goes to the same
+    upstream. ``route``: the summary model's."""
     timeout = services.settings.summary_timeout_seconds
     anthropic = wire.family is ApiFamily.ANTHROPIC
 
-    async def post(headers: MutableMapping[str, str], call: SummaryPost) -> Summary:
+    async def post(
+        headers: MutableMapping[str, str], call: SummaryPost, end_user: dict[str, Any]
+    ) -> Summary:
         query = summary_call_query(client_query, request_route, route)
         url = upstream_url(route.base, call.path, query)
         for name, value in call.headers.items():
             headers.setdefault(name, value)
+        body = {**call.body, **end_user} if end_user else call.body
         try:
-            return await call_summarizer(
-                services.upstream, url, headers, call.body, timeout, call.read
-            )
+            return await call_summarizer(services.upstream, url, headers, body, timeout, call.read)
         except SummaryFailed as failure:
             sent = api_key_of(headers)
             failure.caller_credential = bool(sent) and sent == api_key_of(client_headers)
@@ -114,6 +121,11 @@ def summary_call(
         keys = services.client_keys.required
         headers = upstream_headers(allowed, route.api_key_env, proxy_keys=keys, anthropic=anthropic)
         headers["Content-Type"] = "application/json"
+        end_user = (
+            summary_call_fields(client_request.body, wire.end_user_fields, request_route, route)
+            if client_request is not None
+            else {}
+        )
         cache_safe = None
         chosen = request.read_through or request
         if (
@@ -124,12 +136,12 @@ def summary_call(
             cache_safe = wire.cache_safe_summary(client_request, chosen.prefix, chosen.body)
         if cache_safe is not None:
             try:
-                return await post(headers, cache_safe)
+                return await post(headers, cache_safe, end_user)
             except SummaryFailed as failure:
                 if failure.reason not in REBUILT_AFTER:
                     raise
                 log.info("cache-safe summary call: %s; made again rebuilt", failure.reason)
-        return await post(headers, wire.rebuilt_summary(request.body))
+        return await post(headers, wire.rebuilt_summary(request.body), end_user)
 
     return call
 

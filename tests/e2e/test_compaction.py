@@ -99,6 +99,36 @@ async def test_the_summary_call_carries_the_clients_query_string(
     assert [r.query for r in fake.chat_requests] == ["api-version=2025-04-01-preview"]
 
 
+CACHE_OPTIONS: dict[str, Any] = {
+    "prompt_cache_key": "session-41",
+    "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+}
+END_USER = {"safety_identifier": "hashed-user-7", "user": "user-7"}
+
+
+async def test_the_summary_call_reads_the_clients_cache_and_names_its_end_user(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """OpenAI routes a request to a cache by its ``prompt_cache_key``, and attributes what a
+    request asks to the end user it names: the summary call of the conversation is made on
+    the same terms as the client's own requests."""
+    proxy = await make_proxy(routes=routes(upstream_url))
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        reply = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+            **CACHE_OPTIONS,
+            **END_USER,
+        )
+    assert reply.headers["x-compaction-status"] == "compacted"
+    (summary,) = fake.summary_requests
+    assert summary.body is not None
+    assert {k: summary.body.get(k) for k in {**CACHE_OPTIONS, **END_USER}} == {
+        **CACHE_OPTIONS,
+        **END_USER,
+    }
+
+
 async def test_ten_concurrent_identical_requests_make_one_summary_call(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -273,9 +303,13 @@ async def test_a_summary_on_another_host_gets_the_routes_key_and_no_client_heade
             model=MODEL,
             messages=history(),  # type: ignore[arg-type]
             extra_headers={"X-Trace-Id": "trace-1", "OpenAI-Organization": "org-1"},
+            **CACHE_OPTIONS,
+            **END_USER,
         )
     assert reply.headers["x-compaction-status"] == "compacted"
     (summary,) = summarizer.summary_requests
+    # Another model's cache, another host's API: none of the client's cache options or names.
+    assert summary.body is not None and not {*CACHE_OPTIONS, *END_USER} & summary.body.keys()
     assert summary.headers["Authorization"] == "Bearer sk-proxy-owned"
     sent = {name.lower(): value for name, value in summary.headers.items()}
     assert "x-trace-id" not in sent and sent["openai-organization"] == "org-1"

@@ -192,6 +192,29 @@ async def test_a_summary_call_answered_with_a_tool_call_is_made_again_rebuilt(
     assert "thinking" not in str(rebuilt.body["messages"])
 
 
+async def test_either_summary_call_names_the_end_user_the_clients_request_names(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Claude Code names its user and session in ``metadata.user_id``, by which Anthropic
+    attributes what a request asks: the summary calls of that conversation, cache-safe and
+    rebuilt, name them too."""
+    proxy = await start(make_proxy, upstream_url, fake)
+    fake.messages.summary_tool_calls = 1  # the cache-safe call answers with a call: rebuilt
+    metadata = {"user_id": "user_5f2e_account_0c1d_session_77ab"}
+    async with client_of(proxy) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=2048,
+            messages=claude_code_like(),
+            metadata=metadata,  # type: ignore[arg-type]
+            **CLAUDE_CODE_LIKE,  # type: ignore[arg-type]
+        )
+    assert raw.headers["x-compaction-status"] == "compacted"
+    cache_safe, rebuilt = fake.messages.summary_requests
+    assert cache_safe.body["metadata"] == rebuilt.body["metadata"] == metadata
+    assert fake.messages.refused == []
+
+
 async def test_the_next_request_reuses_the_checkpoint_anchored_on_streamed_usage(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:

@@ -220,6 +220,28 @@ async def test_reasoning_items_stay_with_their_call_and_reach_only_their_own_mod
         assert prefix == items[: len(prefix)] and prefix[-1].get("type") != "reasoning"
 
 
+async def test_the_cache_safe_call_reads_the_clients_cache_and_names_its_end_user(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    """The call that starts as the conversation's next request would goes to the same cache
+    (``prompt_cache_key``, where breakpoints go and how long they last) and names the same
+    end user (``safety_identifier``, ``user``) as the client's own requests."""
+    options: dict[str, Any] = {
+        "prompt_cache_key": "thread-9",
+        "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+        "safety_identifier": "hashed-user-3",
+        "user": "user-3",
+    }
+    items: list[Any] = [{"role": "user", "content": OPENING}]
+    for step in range(12):
+        items += read_file_round(step)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-r", max_retries=0) as client:
+        await client.responses.create(model=MODEL, input=items, tools=TOOLS, **options)
+    calls = [r.body for r in fake.summary_requests if r.path.endswith("/responses")]
+    assert calls and all(call is not None for call in calls)
+    assert all({k: call.get(k) for k in options} == options for call in calls if call)
+
+
 async def test_a_summary_call_in_responses_form_carries_integers_beyond_64_bits_as_sent(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:

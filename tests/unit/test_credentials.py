@@ -1,5 +1,5 @@
-"""What a summary call takes from the client's request: credentials and query string go only
-where the request went (pure: a table of routes)."""
+"""What a summary call takes from the client's request: credentials, query string and the end
+user it names go only where the request went (pure: a table of routes)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from compaction_proxy.config.settings import Route
 from compaction_proxy.security.credentials import (
     operator_query,
+    summary_call_fields,
     summary_call_headers,
     summary_call_query,
 )
@@ -45,6 +46,41 @@ def test_a_summary_call_carries_the_clients_credentials_and_query_only_to_its_ho
     assert summary_call_query("api-version=2025-04-01-preview&key=k", OPENAI, summary_route) == (
         query
     )
+
+
+OPENAI_END_USER = (("safety_identifier", str), ("user", str))
+ANTHROPIC_END_USER = (("metadata", dict),)
+
+
+@pytest.mark.parametrize(
+    ("body", "fields", "summary_route", "carried"),
+    [
+        (
+            {"model": "gpt-5", "safety_identifier": "u-1", "user": "alice", "stream": True},
+            OPENAI_END_USER,
+            ALSO_OPENAI,
+            {"safety_identifier": "u-1", "user": "alice"},
+        ),
+        ({"safety_identifier": "u-1", "user": "alice"}, OPENAI_END_USER, ELSEWHERE, {}),
+        ({"model": "gpt-5"}, OPENAI_END_USER, ALSO_OPENAI, {}),
+        # A value of a type the API refuses stays the client's own request's trouble.
+        ({"safety_identifier": 7, "user": ["a"]}, OPENAI_END_USER, ALSO_OPENAI, {}),
+        (
+            {"metadata": {"user_id": "user_1_session_2"}},
+            ANTHROPIC_END_USER,
+            ALSO_OPENAI,
+            {"metadata": {"user_id": "user_1_session_2"}},
+        ),
+        ({"metadata": "user_1"}, ANTHROPIC_END_USER, ALSO_OPENAI, {}),
+    ],
+)
+def test_a_summary_call_names_the_clients_end_user_only_to_its_host(
+    body: dict[str, object],
+    fields: tuple[tuple[str, type], ...],
+    summary_route: Route,
+    carried: dict[str, object],
+) -> None:
+    assert summary_call_fields(body, fields, OPENAI, summary_route) == carried
 
 
 @pytest.mark.parametrize(
