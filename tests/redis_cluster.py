@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import socket
 import subprocess
@@ -23,10 +24,15 @@ def _free(port: int) -> bool:
     return True
 
 
+class PortTaken(RuntimeError):
+    """Another process took a node's port between its choice and the node's start."""
+
+
 def _cluster_ports(count: int) -> list[int]:
-    """Ports whose cluster bus port (+10000) is free too."""
+    """Ports whose cluster bus port (+10000) is free too, from a random start: test workers
+    choose theirs at about the same moment."""
     ports: list[int] = []
-    candidate = 21000 + (int(time.time() * 1000) % 4000)
+    candidate = random.randrange(21000, 25000)
     while len(ports) < count:
         if _free(candidate) and _free(candidate + 10000):
             ports.append(candidate)
@@ -51,7 +57,20 @@ class RedisCluster:
     def url(self) -> str:
         return f"redis+cluster://127.0.0.1:{self.ports[0]}/0"
 
-    def start(self) -> None:
+    def start(self, attempts: int = 3) -> None:
+        """The nodes started and joined; on ports taken meanwhile by another process (another
+        test worker's cluster), again on other ports."""
+        for attempt in range(attempts):
+            try:
+                self._start_on_ports()
+                return
+            except PortTaken:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+                self.processes, self.ports = [], _cluster_ports(len(self.ports))
+
+    def _start_on_ports(self) -> None:
         for port in self.ports:
             node_dir = self.workdir / str(port)
             node_dir.mkdir(parents=True, exist_ok=True)
@@ -77,8 +96,10 @@ class RedisCluster:
                     stdout=subprocess.DEVNULL,
                 )
             )
-        for port in self.ports:
+        for port, process in zip(self.ports, self.processes, strict=True):
             self._wait(lambda p=port: self._cli(p, "ping") == "PONG")
+            if f"process_id:{process.pid}" not in self._cli(port, "info", "server"):
+                raise PortTaken(f"port {port} is another process's")
         subprocess.run(
             [
                 self.cli,
