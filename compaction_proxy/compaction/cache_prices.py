@@ -23,6 +23,7 @@ whole whatever the proxy does: a step's rewrite costs nothing extra then.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from compaction_proxy.config.api_family import ApiFamily
@@ -51,6 +52,9 @@ PRESETS: dict[str, CachePrices] = {
     # Automatic prefix caching: reads at a tenth (the GPT-5 family), writes at the plain
     # price, five to ten minutes idle.
     "openai": CachePrices(read=0.1, write=1.0, output=8.0, lifetime_seconds=300),
+    # The GPT-5.6 family and later: writes at a quarter more, as Anthropic's, and every
+    # entry kept at least thirty minutes.
+    "openai-5.6": CachePrices(read=0.1, write=1.25, output=8.0, lifetime_seconds=1800),
     # Implicit caching kept for hours (DeepSeek's disk cache, Gemini's implicit cache): reads
     # at a quarter, writes at the plain price.
     "deepseek": CachePrices(read=0.25, write=1.0, output=4.0, lifetime_seconds=3600),
@@ -59,17 +63,36 @@ PRESETS: dict[str, CachePrices] = {
 }
 
 
-def preset_for(preset: PricePreset, family: ApiFamily) -> CachePrices:
+# An OpenAI model name's version (``gpt-5.6``, ``gpt-5.6-mini``, ``openai/gpt-6``), not a
+# fine-tune's base (``ft:gpt-...``) or an open-weight model (``gpt-oss-120b``).
+_GPT_VERSION = re.compile(r"(?:^|/)gpt-(\d+)(?:\.(\d+))?(?![\d.])", re.IGNORECASE)
+_WRITES_BILLED_FROM = (5, 6)
+
+
+def bills_cache_writes(model: str) -> bool:
+    """Whether ``model`` is of OpenAI's GPT-5.6 family or a later one, on which a cache write
+    costs more than an uncached token (pure)."""
+    found = _GPT_VERSION.search(model)
+    if found is None:
+        return False
+    return (int(found[1]), int(found[2] or 0)) >= _WRITES_BILLED_FROM
+
+
+def preset_for(preset: PricePreset, family: ApiFamily, model: str = "") -> CachePrices:
     """The preset's prices; ``auto`` is the request's family's: Anthropic's for the Messages
-    API, OpenAI's otherwise."""
+    API, otherwise OpenAI's for ``model`` (``openai-5.6`` from the GPT-5.6 family on)."""
     if preset == "auto":
-        preset = "anthropic" if family is ApiFamily.ANTHROPIC else "openai"
+        if family is ApiFamily.ANTHROPIC:
+            preset = "anthropic"
+        else:
+            preset = "openai-5.6" if bills_cache_writes(model) else "openai"
     return PRESETS[preset]
 
 
-def cache_prices(pricing: PricingPolicy, family: ApiFamily) -> CachePrices:
-    """A route's prices: its preset with the figures it sets in place of the preset's."""
-    base = preset_for(pricing.preset, family)
+def cache_prices(pricing: PricingPolicy, family: ApiFamily, model: str = "") -> CachePrices:
+    """A route's prices for ``model``: its preset with the figures it sets in place of the
+    preset's."""
+    base = preset_for(pricing.preset, family, model)
     return CachePrices(
         read=base.read if pricing.cache_read is None else pricing.cache_read,
         write=base.write if pricing.cache_write is None else pricing.cache_write,

@@ -235,7 +235,7 @@ class PolicyBook:
             mapped_window(model),
             bridge_pruner(policy.pruner),
             masker_for(policy),
-            cache_prices(policy.pricing, family),
+            cache_prices(policy.pricing, family, model),
         )
         self._cache.put(key, resolved)
         return resolved

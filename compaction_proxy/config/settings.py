@@ -91,13 +91,14 @@ class MaskingPolicy(_Strict):
     clear_at_least: int | None = Field(default=None, ge=0)
 
 
-PricePreset = Literal["auto", "anthropic", "openai", "deepseek", "none"]
+PricePreset = Literal["auto", "anthropic", "openai", "openai-5.6", "deepseek", "none"]
 
 
 class PricingPolicy(_Strict):
     """How the route's provider bills a prompt it caches, in multiples of an uncached input
     token (compaction/cache_prices.py): a preset, any of its figures overridden. ``auto``:
-    ``anthropic`` for requests in Anthropic's Messages format, ``openai`` for the others."""
+    ``anthropic`` for requests in Anthropic's Messages format; for the others ``openai-5.6``
+    for a model of OpenAI's GPT-5.6 family or a later one, ``openai`` otherwise."""
 
     preset: PricePreset = "auto"
     cache_read: float | None = Field(default=None, ge=0)

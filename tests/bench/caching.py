@@ -6,6 +6,10 @@ example), and the rest is written to it (billed at 1.25x). Compaction changes th
 prefix, so it trades fewer tokens against cache misses; these helpers measure both sides.
 Prefixes are compared message by message, as cache breakpoints fall on message boundaries.
 Anthropic caches only where the client places breakpoints: ``BreakpointCache`` models that.
+OpenAI, from its GPT-5.6 family on, writes an entry only at a breakpoint, by default the one it
+puts at the end of each prompt's newest message that is not the model's, and a prompt reads
+only a prefix an earlier one wrote whole: ``PrefixCache(at_breakpoints=True)``, on the
+``openai-5.6`` preset's bills.
 """
 
 from __future__ import annotations
@@ -110,11 +114,29 @@ class Bill:
         )
 
 
-class PrefixCache:
-    """Per conversation, every message prefix sent so far."""
+def at_implicit_breakpoints(prices: CachePrices) -> bool:
+    """Whether a provider billed at ``prices`` caches as OpenAI does from GPT-5.6 on."""
+    return prices == PRESETS["openai-5.6"]
 
-    def __init__(self, fake: FakeUpstream) -> None:
+
+def _implicit_breakpoint(messages: list[Message]) -> int:
+    """Where OpenAI's implicit breakpoint falls: the prompt's newest message or item that is
+    not the model's (a message of another role, a tool's output); -1 when there is none."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        role, kind = message.get("role"), message.get("type")
+        if role not in (None, "assistant") or str(kind).endswith("_output"):
+            return index
+    return -1
+
+
+class PrefixCache:
+    """Per conversation, every message prefix sent so far (``at_breakpoints``: only those
+    ending at an implicit breakpoint, see the module's docstring)."""
+
+    def __init__(self, fake: FakeUpstream, at_breakpoints: bool = False) -> None:
         self._fake = fake
+        self._at_breakpoints = at_breakpoints
         self._seen: dict[str, set[bytes]] = defaultdict(set)
         self._sent: dict[str, set[bytes]] = defaultdict(set)  # messages, wherever they stood
         self._tokens: dict[bytes, int] = {}
@@ -130,6 +152,9 @@ class PrefixCache:
 
     def send(self, conversation: str, messages: list[Message], bill: Bill) -> None:
         """Add one prompt to ``bill``: the leading messages seen before are cache reads."""
+        if self._at_breakpoints:
+            self._send_at_breakpoint(conversation, messages, bill)
+            return
         prefixes, sent = self._seen[conversation], self._sent[conversation]
         chain = hashlib.sha256()
         cached_run = True
@@ -146,6 +171,32 @@ class PrefixCache:
             prefixes.add(digest)
             sent.add(encoded)
 
+    def _send_at_breakpoint(self, conversation: str, messages: list[Message], bill: Bill) -> None:
+        """``send`` on OpenAI's terms from GPT-5.6: the longest prefix an earlier prompt wrote
+        at its breakpoint is read, the rest up to this prompt's breakpoint written, and what
+        follows it (the model's own messages at the end) billed plain."""
+        written, sent = self._seen[conversation], self._sent[conversation]
+        chain = hashlib.sha256()
+        digests: list[bytes] = []
+        units: list[tuple[bytes, int]] = []
+        for message in messages:
+            encoded = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+            chain.update(encoded)
+            digests.append(chain.copy().digest())
+            units.append((encoded, self._message_tokens(encoded, message)))
+        read = next((i + 1 for i in range(len(digests) - 1, -1, -1) if digests[i] in written), 0)
+        mark = _implicit_breakpoint(messages)
+        for index, (encoded, tokens) in enumerate(units):
+            if index < read:
+                bill.charge(tokens, 0, 0, True)
+            elif index <= mark:
+                bill.charge(0, tokens, 0, encoded in sent)
+            else:
+                bill.charge(0, 0, tokens, encoded in sent)
+            sent.add(encoded)
+        if mark >= 0:
+            written.add(digests[mark])
+
 
 def bills_by_conversation(
     fake: FakeUpstream,
@@ -155,7 +206,7 @@ def bills_by_conversation(
 ) -> dict[str, Bill]:
     """What the upstream received, billed per conversation (one per ``key`` header) at
     ``prices``, summary calls included (their output at the output price)."""
-    cache = PrefixCache(fake)
+    cache = PrefixCache(fake, at_implicit_breakpoints(prices))
     bills: dict[str, Bill] = defaultdict(lambda: Bill(prices))
     for received in requests:
         if received.body is None or not received.path.endswith("/chat/completions"):
@@ -263,7 +314,7 @@ def responses_bills(
     """``bills_by_conversation`` for what reached the fake's Responses API (input items as the
     cache's units, the instructions first), summary calls made in Responses form among them,
     and those made in chat form beside them."""
-    cache = PrefixCache(fake)
+    cache = PrefixCache(fake, at_implicit_breakpoints(prices))
     bills: dict[str, Bill] = defaultdict(lambda: Bill(prices))
     for body, headers in zip(fake.responses.received, fake.responses.headers_received, strict=True):
         conversation = headers.get(key, "")

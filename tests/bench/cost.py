@@ -1,7 +1,7 @@
 """What compaction costs and saves on a provider that caches prompt prefixes, per price model.
 
 Run: ``python -m tests.bench.cost [--formats chat,responses,messages] [--presets anthropic,
-openai,deepseek,none] [--masking on|off|both] [--target 32000] [--window 128000]``. Not
+openai,openai-5.6,deepseek,none] [--masking on|off|both] [--target 32000] [--window 128000]``. Not
 collected by pytest. Every transcript is replayed, as its agent sent it, through a proxy
 process whose route sets the model's window (``--window``) and a soft target under it
 (``target_tokens``, ``--target``; ``--cap`` instead makes the target the route's hard
@@ -20,7 +20,8 @@ the tokens written again behind a changed prefix, the cache reads and the summar
 one line per format and preset with the goals: the shared transcripts' bill, the dearest
 transcript's, the hit ratio and the summary calls.
 
-Chat requests are billed by prefix (``caching.PrefixCache``); Responses requests by their
+Chat requests are billed by prefix (``caching.PrefixCache``; on the ``openai-5.6`` preset
+only prefixes ending at OpenAI's implicit breakpoints are read); Responses requests by their
 input items the same way, their summary calls (made in chat form) beside them; Messages
 requests carry breakpoints where Claude Code places them and are billed by Anthropic's rules
 (``caching.BreakpointCache``). Token savings alone mislead: a compactor that breaks prefix
@@ -46,6 +47,7 @@ from tests.bench.caching import (
     Bill,
     BreakpointCache,
     PrefixCache,
+    at_implicit_breakpoints,
     bills_by_conversation,
     breakpoint_bills,
     responses_bills,
@@ -148,7 +150,11 @@ def raw_bill(setup: Setup, fake: FakeUpstream, key: str, sent: list[dict[str, An
     """The conversation's requests as the agent sent them, billed on the same terms."""
     raw = Bill(setup.prices)
     cache: BreakpointCache | PrefixCache
-    cache = BreakpointCache(fake) if setup.api == "messages" else PrefixCache(fake)
+    cache = (
+        BreakpointCache(fake)
+        if setup.api == "messages"
+        else PrefixCache(fake, at_implicit_breakpoints(setup.prices))
+    )
     for body in sent:
         if isinstance(cache, BreakpointCache):
             cache.send(key, body, raw)
@@ -346,7 +352,7 @@ def main() -> None:
     )
     parser.add_argument("--only", default="", help="only the transcripts whose name holds it")
     parser.add_argument("--metrics", action="store_true", help="print the compaction counters")
-    parser.add_argument("--presets", default="anthropic,openai,deepseek,none")
+    parser.add_argument("--presets", default="anthropic,openai,openai-5.6,deepseek,none")
     parser.add_argument(
         "--masking",
         choices=["both", "on", "off"],

@@ -8,6 +8,7 @@ import pytest
 from compaction_proxy.compaction.cache_prices import (
     PRESETS,
     StepPrice,
+    bills_cache_writes,
     cache_prices,
     is_warm,
     net_value,
@@ -125,6 +126,50 @@ def test_auto_prices_follow_the_wire_format_and_figures_override_the_preset() ->
     custom = cache_prices(PricingPolicy(preset="openai", cache_read=0.5), ApiFamily.ANTHROPIC)
     assert (custom.read, custom.write) == (0.5, PRESETS["openai"].write)
     assert cache_prices(PricingPolicy(preset="none"), ApiFamily.ANTHROPIC).caches is False
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gpt-5.6", True),
+        ("gpt-5.6-mini", True),
+        ("gpt-5.6-codex", True),
+        ("gpt-5.6-2026-06-27", True),
+        ("GPT-5.7", True),
+        ("gpt-5.10", True),
+        ("gpt-6", True),
+        ("gpt-6.1-nano", True),
+        ("openai/gpt-5.6", True),
+        ("gpt-5.5", False),
+        ("gpt-5", False),
+        ("gpt-5-mini", False),
+        ("gpt-4.1", False),
+        ("gpt-4o", False),
+        ("o3", False),
+        ("gpt-oss-120b", False),
+        ("ft:gpt-4o-mini:acme::x1", False),
+        ("claude-sonnet-5", False),
+        ("my-gpt-5.6", False),
+        ("", False),
+    ],
+)
+def test_cache_writes_are_billed_from_openais_gpt_5_6_family_on(model: str, expected: bool) -> None:
+    assert bills_cache_writes(model) is expected
+
+
+def test_auto_prices_an_openai_model_on_its_familys_terms() -> None:
+    """From GPT-5.6 on OpenAI bills a cache write at 1.25x and keeps entries 30 minutes: a
+    step's rewrite is dearer, and a conversation idle for ten minutes is still cached."""
+    later = cache_prices(PricingPolicy(), ApiFamily.OPENAI, "gpt-5.6-mini")
+    assert later == PRESETS["openai-5.6"] and (later.write, later.lifetime_seconds) == (1.25, 1800)
+    assert cache_prices(PricingPolicy(), ApiFamily.OPENAI, "gpt-5.5") == PRESETS["openai"]
+    assert cache_prices(PricingPolicy(preset="openai"), ApiFamily.OPENAI, "gpt-6").write == 1.0
+    assert is_warm(later, 1_000.0 - 600, 1_000.0)
+    assert not is_warm(PRESETS["openai"], 1_000.0 - 600, 1_000.0)
+    # 8,000 tokens saved, 2,200 written again: paid back in three turns at a write's plain
+    # price (1,980 units), not at a quarter more (2,530).
+    mask = StepPrice(saved=8_000, rewritten=2_200)
+    assert pays(PRESETS["openai"], mask, 3) and not pays(later, mask, 3)
 
 
 def test_a_soft_target_sets_the_watermarks_and_prices_what_lies_between_it_and_the_window() -> None:
