@@ -6,13 +6,19 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import pytest
 import yaml
 
-from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
+from compaction_proxy.config.settings import (
+    Policy,
+    PricePreset,
+    PrunerPolicy,
+    Route,
+    Settings,
+)
 
 pytest.importorskip("helm_python")
 pytest.importorskip("kubernetes_validate")
@@ -179,6 +185,12 @@ def test_the_grace_period_outlasts_a_drain_and_the_last_log_writes(chart: Chart)
     shutdown_timeout = Settings().shutdown_timeout
     spec = render(chart)["deployment.yaml"]["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] > 2 * shutdown_timeout
+
+
+def test_the_charts_schema_takes_every_price_preset_the_proxy_takes() -> None:
+    schema = orjson.loads((Path(CHART) / "values.schema.json").read_bytes())
+    policy = schema["properties"]["config"]["properties"]["policy"]["properties"]
+    assert policy["pricing"]["properties"]["preset"]["enum"] == list(get_args(PricePreset))
 
 
 def test_every_route_key_the_proxy_takes_passes_the_charts_schema() -> None:
