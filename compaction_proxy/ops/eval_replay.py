@@ -181,12 +181,13 @@ def as_messages_body(body: dict[str, Any]) -> dict[str, Any]:
 class Replayed:
     """How every policy of a run is replayed: the route it starts from (the configured one for
     the model: its policy, its window), and the prices its bill is taken at (None: the
-    prices each policy's ``pricing`` names, for ``family``'s provider)."""
+    prices each policy's ``pricing`` names, for ``family``'s provider and ``model``)."""
 
     policy: Policy
     window: int
     family: ApiFamily
     prices: CachePrices | None = None
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,9 @@ def replay_settings(
         policy=replayed.policy.model_dump(),
     )
     policy = resolve_policy(settings, settings.routes[0], "*")
-    return settings, replayed.prices or cache_prices(policy.pricing, replayed.family)
+    return settings, replayed.prices or cache_prices(
+        policy.pricing, replayed.family, replayed.model
+    )
 
 
 async def replay(

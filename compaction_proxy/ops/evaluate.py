@@ -276,7 +276,8 @@ def starting_route(args: argparse.Namespace) -> Replayed:
     route = family_route_for(configured, args.model, family)
     window = args.window or configured_window(route, args.model) or DEFAULT_WINDOW
     prices = PRESETS[args.preset] if args.preset else None
-    return Replayed(resolve_policy(configured, route, args.model), window, family, prices)
+    policy = resolve_policy(configured, route, args.model)
+    return Replayed(policy, window, family, prices, args.model)
 
 
 def run_eval(args: argparse.Namespace) -> int:

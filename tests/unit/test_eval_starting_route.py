@@ -72,10 +72,15 @@ def test_the_command_line_wins_over_the_route(config: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("family", "preset"), [(ApiFamily.OPENAI, "openai"), (ApiFamily.ANTHROPIC, "anthropic")]
+    ("family", "model", "preset"),
+    [
+        (ApiFamily.OPENAI, "gpt-5-mini", "openai"),
+        (ApiFamily.OPENAI, "gpt-5.6-mini", "openai-5.6"),
+        (ApiFamily.ANTHROPIC, "claude-sonnet-5", "anthropic"),
+    ],
 )
-def test_without_a_route_the_defaults_bill_the_askings_provider(
-    family: ApiFamily, preset: str
+def test_without_a_route_the_defaults_bill_the_askings_provider_and_model(
+    family: ApiFamily, model: str, preset: str
 ) -> None:
-    replayed = Replayed(Policy(), DEFAULT_WINDOW, family)
+    replayed = Replayed(Policy(), DEFAULT_WINDOW, family, model=model)
     assert replay_settings(replayed, {}, "http://h/v1")[1] == PRESETS[preset]
