@@ -10,6 +10,7 @@ not, is kept as sent and reaches the upstream unchanged.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
@@ -190,11 +191,13 @@ def cache_safe_chat_summary(request: ClientRequest, body: dict[str, Any]) -> Sum
     """The chat-form summary call ``body`` with the client's ``CHAT_CACHE_FIELDS``: its
     messages and tools are the conversation's as forwarded already, but OpenAI routes a call
     without the client's ``prompt_cache_key`` to another cache than the one its requests
-    wrote. None when the client sent none of them (the rebuilt call is the same)."""
+    wrote. None when the client sent none of them (the rebuilt call is the same). Made again
+    without them only when the upstream refused the body: any other failure the same call
+    would have again."""
     fields = {name: request.body[name] for name in CHAT_CACHE_FIELDS if name in request.body}
     if not fields:
         return None
-    return chat_summary({**body, **fields})
+    return replace(chat_summary({**body, **fields}), rebuilt_after=frozenset({"http_400"}))
 
 
 class ChatFormat(WireFormat):

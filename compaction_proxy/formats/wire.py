@@ -121,14 +121,22 @@ class SocketDialect(Protocol):
         ...
 
 
+# Failures of a cache-safe summary call after which the rebuilt one is made: no text (the
+# model, offered the client's tools, answered with a call), a body refused, or a summary cut or
+# refused for its length (the client's thinking budget took its share).
+REBUILT_AFTER = frozenset({"empty", "malformed", "http_400", "length", "overflow"})
+
+
 @dataclass(frozen=True)
 class SummaryPost:
-    """One summary call in one format: where it goes, its body, how its answer is read."""
+    """One summary call in one format: where it goes, its body, how its answer is read; for a
+    cache-safe call, the failures after which the rebuilt one is made (``rebuilt_after``)."""
 
     path: str
     body: dict[str, Any]
     read: SummaryReader
     headers: Mapping[str, str] = field(default_factory=dict)  # set unless the client sent them
+    rebuilt_after: frozenset[str] = REBUILT_AFTER
 
 
 class WireFormat(ABC):

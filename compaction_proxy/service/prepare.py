@@ -68,12 +68,6 @@ from compaction_proxy.store.base import ConversationState, StoreUnavailable
 log = logging.getLogger(__name__)
 
 
-# Failures of the cache-safe Messages summary call after which the rebuilt one is made: no
-# text (the model, offered the client's tools, answered with a call), a body refused, or a
-# summary cut or refused for its length (the client's thinking budget took its share).
-REBUILT_AFTER = frozenset({"empty", "malformed", "http_400", "length", "overflow"})
-
-
 def summary_call(
     services: Services,
     client_headers: Mapping[str, str],
@@ -138,7 +132,7 @@ def summary_call(
             try:
                 return await post(headers, cache_safe, end_user)
             except SummaryFailed as failure:
-                if failure.reason not in REBUILT_AFTER:
+                if failure.reason not in cache_safe.rebuilt_after:
                     raise
                 log.info("cache-safe summary call: %s; made again rebuilt", failure.reason)
         return await post(headers, wire.rebuilt_summary(request.body), end_user)

@@ -129,6 +129,61 @@ async def test_the_summary_call_reads_the_clients_cache_and_names_its_end_user(
     }
 
 
+REFUSED_FIELD = orjson.dumps(
+    {
+        "error": {
+            "message": "Unrecognized request argument supplied: prompt_cache_options",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
+)
+CUT_AT_ITS_CAP = orjson.dumps(
+    {
+        "id": "chatcmpl-cut",
+        "object": "chat.completion",
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "## Current Work\nthe"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 12_000, "completion_tokens": 4, "total_tokens": 12_004},
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "calls"),
+    [
+        # An upstream that refuses a cache option: the call goes again without them.
+        ((400, REFUSED_FIELD), [True, False]),
+        # A summary cut at its cap would be cut again: no second call.
+        ((200, CUT_AT_ITS_CAP), [True]),
+    ],
+)
+async def test_a_chat_summary_call_is_made_again_without_the_clients_options_only_if_refused(
+    make_proxy: ProxyFactory,
+    upstream_url: str,
+    fake: FakeUpstream,
+    answer: tuple[int, bytes],
+    calls: list[bool],
+) -> None:
+    proxy = await make_proxy(routes=routes(upstream_url))
+    fake.fail_next(*answer)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=history(),  # type: ignore[arg-type]
+            **CACHE_OPTIONS,
+        )
+    made = [r.body for r in fake.summary_requests]
+    assert [body is not None and "prompt_cache_key" in body for body in made] == calls
+
+
 async def test_ten_concurrent_identical_requests_make_one_summary_call(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
