@@ -157,6 +157,12 @@ PROMPT_TOKENS_FORWARDED = Counter(
     "Estimated prompt tokens forwarded upstream.",
     ["route"],
 )
+UPSTREAM_PROMPT_TOKENS = Counter(
+    "compaction_proxy_upstream_prompt_tokens_total",
+    "Prompt tokens of answered requests as the upstream reported them, by what its prompt "
+    "cache did with them (read, written, uncached).",
+    ["route", "cache"],
+)
 TOKENS_SAVED = Counter(
     "compaction_proxy_tokens_saved_total",
     "Estimated prompt tokens not sent upstream because of compaction, counted on every "

@@ -4,10 +4,15 @@ Chat completions report ``prompt_tokens`` and ``completion_tokens``; the Respons
 Anthropic's Messages ``input_tokens`` and ``output_tokens`` (Anthropic counting cache writes
 and reads apart from its ``input_tokens``). Usage is found at an answer's top, or in a stream
 event's ``response`` (``response.completed``) or ``message`` (Messages' ``message_start``).
+What the provider's prompt cache did with the prompt is in ``prompt_tokens_details`` (chat),
+``input_tokens_details`` (Responses: ``cached_tokens``, and from GPT-5.6 ``cache_write_tokens``)
+or beside ``input_tokens`` (Anthropic's ``cache_read_input_tokens`` and
+``cache_creation_input_tokens``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -52,3 +57,36 @@ def usage_of_body(body: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return usage_in(parsed)
+
+
+@dataclass(frozen=True)
+class PromptCacheUse:
+    """A prompt's tokens by what the provider's cache did with them: ``read`` from it,
+    ``written`` to it, neither (``uncached``)."""
+
+    read: int
+    written: int
+    uncached: int
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def prompt_cache_use(usage: dict[str, Any]) -> PromptCacheUse | None:
+    """How the upstream's cache served the prompt of ``usage`` (as ``chat_usage`` gives it);
+    None without a prompt count. Counts a provider does not report are 0; the uncached rest is
+    never negative."""
+    prompt = _count(usage.get("prompt_tokens"))
+    if not prompt:
+        return None
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    if isinstance(details, dict):
+        read = _count(details.get("cached_tokens"))
+        written = _count(details.get("cache_write_tokens"))
+    else:
+        read = _count(usage.get("cache_read_input_tokens"))
+        written = _count(usage.get("cache_creation_input_tokens"))
+    read = min(read, prompt)
+    written = min(written, prompt - read)
+    return PromptCacheUse(read, written, prompt - read - written)

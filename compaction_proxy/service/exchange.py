@@ -25,7 +25,7 @@ from compaction_proxy.config.native_compaction import serves_compaction
 from compaction_proxy.config.settings import Route
 from compaction_proxy.conversation.log_events import overflow_event, usage_event
 from compaction_proxy.formats.request import ClientRequest
-from compaction_proxy.formats.usage import usage_of_body
+from compaction_proxy.formats.usage import prompt_cache_use, usage_of_body
 from compaction_proxy.formats.wire import ParseContext
 from compaction_proxy.metering.overflow import classify_overflow
 from compaction_proxy.metering.windows import window_key
@@ -39,6 +39,7 @@ from compaction_proxy.metrics import (
     PROXY_OVERHEAD,
     REQUEST_DURATION,
     REQUESTS,
+    UPSTREAM_PROMPT_TOKENS,
     child,
 )
 from compaction_proxy.offload import is_big, off_loop_if
@@ -198,7 +199,7 @@ async def serve(
         if log_entry is not None:
             # Written once the client has its answer (the conversation's next request waits
             # for it); logged even when the client went away mid-answer.
-            work = _write_log(services, forwarded, log_entry, reply)
+            work = _write_log(services, forwarded, log_entry, reply, route.model)
             services.pending_log_writes.spawn(log_entry.log.view.conversation, work)
         # Counted however the request ended, a client that left included.
         outcome = _outcome(reply, forwarded.status)
@@ -371,13 +372,22 @@ def _outcome(reply: Reply[Any] | None, status: RequestStatus) -> str:
 
 
 async def _write_log(
-    services: Services, forwarded: Forwarded, log_entry: RequestLogEntry, reply: Reply[Any] | None
+    services: Services,
+    forwarded: Forwarded,
+    log_entry: RequestLogEntry,
+    reply: Reply[Any] | None,
+    route: str,
 ) -> None:
     """The request's second round trip: its messages, what was forwarded, the upstream's
-    usage, the anchor (see ``service.request_log``)."""
+    usage, the anchor (see ``service.request_log``); and what the upstream's cache did with
+    the prompt, counted."""
     anchor = None
     await count_rereads(forwarded)
     usage = await usage_of(reply) if reply is not None else None
+    if usage is not None and (cache := prompt_cache_use(usage)) is not None:
+        child(UPSTREAM_PROMPT_TOKENS, route, "read").inc(cache.read)
+        child(UPSTREAM_PROMPT_TOKENS, route, "written").inc(cache.written)
+        child(UPSTREAM_PROMPT_TOKENS, route, "uncached").inc(cache.uncached)
     if reply is not None and usage is not None:
         log_entry.add(usage_event(now=time.time(), usage=usage, status=reply.status))
         log_entry.set(answer_attributes(forwarded.state, usage))

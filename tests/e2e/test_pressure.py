@@ -1,17 +1,22 @@
-"""Token pressure on every request, and model-free pruning once it crosses the threshold."""
+"""Token pressure on every request, model-free pruning once it crosses the threshold, and what
+the provider's cache did with each prompt."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
+import orjson
+
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.store import Store
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import assistant, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import chat, route
+from tests.helpers import chat, counter, route
 
 SMALL_WINDOW = 8_000
+CACHE_KINDS = ("read", "written", "uncached")
 
 
 def bulky(seed: str, words: int = 3_300) -> str:
@@ -154,3 +159,36 @@ async def test_anchor_from_usage_measures_the_next_request(
     exact = fake.chat_requests[-1].prompt_tokens
     assert upstream_count < anchored_estimate
     assert abs(anchored_estimate - exact) <= abs(requests[0]["estimated_tokens"] - upstream_count)
+
+
+async def test_what_the_providers_cache_did_with_each_prompt_is_counted_by_route(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """An operator sees in the metrics whether prompts are read from the provider's cache or
+    written to it again: the usage the upstream reports, split by route."""
+    proxy = await make_proxy(routes=routes(upstream_url, None))
+    cache = "compaction_proxy_upstream_prompt_tokens_total"
+    before = {kind: counter(cache, route="small-*", cache=kind) for kind in CACHE_KINDS}
+    usage = {
+        "prompt_tokens": 3_000,
+        "completion_tokens": 4,
+        "total_tokens": 3_004,
+        "prompt_tokens_details": {"cached_tokens": 2_048, "cache_write_tokens": 900},
+    }
+    answer = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "small-model",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": usage,
+    }
+    fake.fail_next(200, orjson.dumps(answer))
+    reply = await post(proxy, [user(f"hello {uuid.uuid4().hex[:6]}")])
+    assert reply.parse().usage.prompt_tokens == 3_000
+    await proxy.app[SERVICES].pending_log_writes.settled_all()  # counted after the answer
+    counted = {
+        kind: counter(cache, route="small-*", cache=kind) - before[kind] for kind in CACHE_KINDS
+    }
+    assert counted == {"read": 2_048, "written": 900, "uncached": 52}

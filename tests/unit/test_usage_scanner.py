@@ -1,4 +1,5 @@
-"""Usage, from an SSE stream however its bytes are split, or from a whole answer."""
+"""Usage, from an SSE stream however its bytes are split, or from a whole answer; and what the
+provider's prompt cache did with the prompt it counts."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from compaction_proxy.formats.usage import usage_of_body
+from compaction_proxy.formats.usage import (
+    PromptCacheUse,
+    chat_usage,
+    prompt_cache_use,
+    usage_of_body,
+)
 from compaction_proxy.http.upstream import UsageScanner
 from compaction_proxy.service.exchange import Reply, usage_of
 
@@ -180,3 +186,98 @@ def test_what_a_stream_creates_is_taken_once_as_its_events_go_by(
         seen.append(scanner.take_created())
     assert seen == taken
     assert scanner.take_created() == []
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        # Chat: cached tokens within the prompt; from GPT-5.6 the tokens written too.
+        (
+            {"prompt_tokens": 1_000, "prompt_tokens_details": {"cached_tokens": 700}},
+            PromptCacheUse(read=700, written=0, uncached=300),
+        ),
+        (
+            {
+                "prompt_tokens": 1_000,
+                "prompt_tokens_details": {"cached_tokens": 600, "cache_write_tokens": 380},
+            },
+            PromptCacheUse(read=600, written=380, uncached=20),
+        ),
+        # Responses, read as chat's terms.
+        (
+            chat_usage(
+                {
+                    "input_tokens": 900,
+                    "output_tokens": 5,
+                    "input_tokens_details": {"cached_tokens": 512, "cache_write_tokens": 388},
+                }
+            ),
+            PromptCacheUse(read=512, written=388, uncached=0),
+        ),
+        # Anthropic: reads and writes beside input_tokens, which holds the rest.
+        (
+            chat_usage(
+                {
+                    "input_tokens": 40,
+                    "cache_creation_input_tokens": 300,
+                    "cache_read_input_tokens": 9_000,
+                    "output_tokens": 12,
+                }
+            ),
+            PromptCacheUse(read=9_000, written=300, uncached=40),
+        ),
+        # A provider that says nothing of its cache: all of it uncached.
+        ({"prompt_tokens": 50, "completion_tokens": 2}, PromptCacheUse(0, 0, 50)),
+        # Counts that are no counts, or more than the prompt: never a negative rest.
+        (
+            {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 250}},
+            PromptCacheUse(read=100, written=0, uncached=0),
+        ),
+        (
+            {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": True}},
+            PromptCacheUse(read=0, written=0, uncached=100),
+        ),
+        (
+            {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": -5}},
+            PromptCacheUse(read=0, written=0, uncached=100),
+        ),
+        ({"prompt_tokens": 0}, None),
+        ({"prompt_tokens": "12"}, None),
+        ({"completion_tokens": 3}, None),
+    ],
+)
+def test_a_prompt_splits_into_what_the_providers_cache_read_wrote_and_left(
+    usage: dict[str, object], expected: PromptCacheUse | None
+) -> None:
+    assert prompt_cache_use(usage) == expected
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "prompt_tokens",
+                "input_tokens",
+                "cache_read_input_tokens",
+                "cache_creation_input_tokens",
+                "prompt_tokens_details",
+                "input_tokens_details",
+            ]
+        ),
+        st.one_of(
+            st.integers(-(2**70), 2**70),
+            st.none(),
+            st.booleans(),
+            st.text(max_size=3),
+            st.dictionaries(
+                st.sampled_from(["cached_tokens", "cache_write_tokens"]),
+                st.one_of(st.integers(-(2**70), 2**70), st.none(), st.text(max_size=3)),
+            ),
+        ),
+    )
+)
+def test_any_usage_splits_into_parts_that_add_up_to_its_prompt(usage: dict[str, object]) -> None:
+    use = prompt_cache_use(usage)
+    if use is not None:
+        assert min(use.read, use.written, use.uncached) >= 0
+        assert use.read + use.written + use.uncached == usage["prompt_tokens"]
