@@ -157,6 +157,7 @@ PROMPT_TOKENS_FORWARDED = Counter(
     "Estimated prompt tokens forwarded upstream.",
     ["route"],
 )
+PROMPT_CACHE_KINDS = ("read", "written", "uncached")  # as ``formats.usage.PromptCacheUse``
 UPSTREAM_PROMPT_TOKENS = Counter(
     "compaction_proxy_upstream_prompt_tokens_total",
     "Prompt tokens of answered requests as the upstream reported them, by what its prompt "
@@ -319,12 +320,15 @@ def initialize_label_sets() -> None:
 
 
 def initialize_route_series(routes: Iterable[str]) -> None:
-    """Create each configured route's fault series at zero (bypasses, client disconnects),
-    so that the dashboard's panels for them read 0, not "no data", on a healthy route."""
+    """Create each configured route's fault series (bypasses, client disconnects) and its
+    provider-cache series at zero, so that the dashboard's panels for them read 0, not "no
+    data", on a healthy route (or one whose provider reports no cache)."""
     for route in routes:
         for cause in ("store", "error"):
             BYPASSES.labels(route=route, cause=cause)
         CLIENT_DISCONNECTS.labels(route=route)
+        for kind in PROMPT_CACHE_KINDS:
+            UPSTREAM_PROMPT_TOKENS.labels(route=route, cache=kind)
 
 
 def exposition_registry() -> CollectorRegistry:

@@ -12,8 +12,7 @@ or beside ``input_tokens`` (Anthropic's ``cache_read_input_tokens`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -59,10 +58,9 @@ def usage_of_body(body: bytes) -> dict[str, Any] | None:
     return usage_in(parsed)
 
 
-@dataclass(frozen=True)
-class PromptCacheUse:
+class PromptCacheUse(NamedTuple):
     """A prompt's tokens by what the provider's cache did with them: ``read`` from it,
-    ``written`` to it, neither (``uncached``)."""
+    ``written`` to it, neither (``uncached``). (A tuple: made on every answered request.)"""
 
     read: int
     written: int

@@ -35,6 +35,7 @@ from compaction_proxy.metrics import (
     FORMAT_REQUESTS,
     METER_ERROR,
     OVERFLOW_RECOVERIES,
+    PROMPT_CACHE_KINDS,
     PROMPT_TOKENS_FORWARDED,
     PROXY_OVERHEAD,
     REQUEST_DURATION,
@@ -385,9 +386,9 @@ async def _write_log(
     await count_rereads(forwarded)
     usage = await usage_of(reply) if reply is not None else None
     if usage is not None and (cache := prompt_cache_use(usage)) is not None:
-        child(UPSTREAM_PROMPT_TOKENS, route, "read").inc(cache.read)
-        child(UPSTREAM_PROMPT_TOKENS, route, "written").inc(cache.written)
-        child(UPSTREAM_PROMPT_TOKENS, route, "uncached").inc(cache.uncached)
+        for kind, tokens in zip(PROMPT_CACHE_KINDS, cache, strict=True):
+            if tokens:
+                child(UPSTREAM_PROMPT_TOKENS, route, kind).inc(tokens)
     if reply is not None and usage is not None:
         log_entry.add(usage_event(now=time.time(), usage=usage, status=reply.status))
         log_entry.set(answer_attributes(forwarded.state, usage))
