@@ -68,7 +68,7 @@ class PromptCacheUse(NamedTuple):
 
 
 def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return value if type(value) is int and value > 0 else 0  # not a bool, nor below 0
 
 
 def prompt_cache_use(usage: dict[str, Any]) -> PromptCacheUse | None:
@@ -80,11 +80,12 @@ def prompt_cache_use(usage: dict[str, Any]) -> PromptCacheUse | None:
         return None
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
     if isinstance(details, dict):
-        read = _count(details.get("cached_tokens"))
-        written = _count(details.get("cache_write_tokens"))
+        read, written = details.get("cached_tokens"), details.get("cache_write_tokens")
     else:
-        read = _count(usage.get("cache_read_input_tokens"))
-        written = _count(usage.get("cache_creation_input_tokens"))
-    read = min(read, prompt)
-    written = min(written, prompt - read)
+        read = usage.get("cache_read_input_tokens")
+        written = usage.get("cache_creation_input_tokens")
+    if read is None and written is None:  # a provider that reports no cache
+        return PromptCacheUse(0, 0, prompt)
+    read = min(_count(read), prompt)
+    written = min(_count(written), prompt - read)
     return PromptCacheUse(read, written, prompt - read - written)
