@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
@@ -79,6 +80,11 @@ async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_
     assert compacted  # the proxy is what kept it inside
     assert counter("compaction_proxy_client_disconnects_total", route="claude-*") == left
     await assert_usage_recorded(proxy)
+    # Its summary calls name the user and session Claude Code's own requests name.
+    named = {orjson.dumps(r.body.get("metadata")) for r in fake.messages.received}
+    assert fake.messages.summary_requests
+    for summary in fake.messages.summary_requests:
+        assert summary.body.get("metadata") and orjson.dumps(summary.body["metadata"]) in named
 
 
 async def test_claude_code_works_behind_a_proxy_holding_the_key(
