@@ -16,6 +16,7 @@ import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_agent import FileReader, data_file
+from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
@@ -221,6 +222,10 @@ async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window
     assert_pruned_bytes_stay_pruned(responses_outputs(received))
     assert disconnects() == left_before
     await assert_usage_recorded(proxy)
+    # Summary calls in Codex's own form go to the cache its requests name.
+    keys = {body.get("prompt_cache_key") for body in received} - {None}
+    calls = [body for body in fake.responses.received if is_summary_request(body)]
+    assert keys and calls and all(call.get("prompt_cache_key") in keys for call in calls)
 
 
 async def test_codex_compacting_on_its_own_wastes_no_summary_of_the_proxy(
