@@ -26,6 +26,7 @@ from compaction_proxy.formats.request import (
     parse_object_with_model,
 )
 from compaction_proxy.formats.wire import (
+    PROMPT_CACHE_OPTIONS,
     ParseContext,
     SummaryPost,
     WireFormat,
@@ -182,19 +183,14 @@ def _with_pruned_content(sent: Message, pruned: Message) -> Message:
     return {**sent, "content": pruned.get("content")}
 
 
-# Request fields that steer which cache a request reads, where it writes and how long it keeps
-# it: sent on the cache-safe call as the client sent them.
-CHAT_CACHE_FIELDS = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options")
-
-
 def cache_safe_chat_summary(request: ClientRequest, body: dict[str, Any]) -> SummaryPost | None:
-    """The chat-form summary call ``body`` with the client's ``CHAT_CACHE_FIELDS``: its
+    """The chat-form summary call ``body`` with the client's ``PROMPT_CACHE_OPTIONS``: its
     messages and tools are the conversation's as forwarded already, but OpenAI routes a call
     without the client's ``prompt_cache_key`` to another cache than the one its requests
     wrote. None when the client sent none of them (the rebuilt call is the same). Made again
     without them only when the upstream refused the body: any other failure the same call
     would have again."""
-    fields = {name: request.body[name] for name in CHAT_CACHE_FIELDS if name in request.body}
+    fields = {name: request.body[name] for name in PROMPT_CACHE_OPTIONS if name in request.body}
     if not fields:
         return None
     return replace(chat_summary({**body, **fields}), rebuilt_after=frozenset({"http_400"}))

@@ -23,17 +23,11 @@ from typing import Any
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.responses_items import items_for, sent_items
+from compaction_proxy.formats.wire import PROMPT_CACHE_OPTIONS
 
 # Request fields that make the cached prefix, or steer which cache a request reads, where it
 # writes and how long it keeps it: sent on the cache-safe call as the client sent them.
-CACHE_FIELDS = (
-    "instructions",
-    "tools",
-    "tool_choice",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "prompt_cache_options",
-)
+CACHE_FIELDS = ("instructions", "tools", "tool_choice", *PROMPT_CACHE_OPTIONS)
 
 
 def forces_a_call(tool_choice: Any) -> bool:

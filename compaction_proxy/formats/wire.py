@@ -121,6 +121,9 @@ class SocketDialect(Protocol):
         ...
 
 
+# OpenAI's request fields that steer which cache a request reads, where it writes and how long
+# it keeps it (chat and Responses alike): a cache-safe summary call carries them as sent.
+PROMPT_CACHE_OPTIONS = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options")
 # Failures of a cache-safe summary call after which the rebuilt one is made: no text (the
 # model, offered the client's tools, answered with a call), a body refused, or a summary cut or
 # refused for its length (the client's thinking budget took its share).
