@@ -80,6 +80,7 @@ EVERYTHING_ON: dict[str, Any] = {
     },
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
     "grafanaDashboard": {"enabled": True},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     "autoscaling": {"enabled": True},
     "podDisruptionBudget": {"enabled": True},
     "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -91,7 +92,7 @@ VALUE_SETS = {
     "everything-on": EVERYTHING_ON,
 }
 # Custom resources Kubernetes' own schemas do not describe.
-NOT_IN_KUBERNETES = {"ServiceMonitor"}
+NOT_IN_KUBERNETES = {"ServiceMonitor", "PrometheusRule"}
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
@@ -101,7 +102,12 @@ def test_every_rendered_manifest_is_a_valid_kubernetes_object(
     manifests = render(chart, values)
     if values is EVERYTHING_ON:
         kinds = {m["kind"] for m in manifests.values()}
-        assert {"ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds
+        assert {
+            "ServiceMonitor",
+            "PrometheusRule",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+        } <= kinds
         redis_url = env_of(manifests)["REDIS_URL"]["value"]
         redis_services = [
             m["metadata"]["name"] for m in manifests.values() if m["kind"] == "Service"
@@ -121,6 +127,17 @@ def test_every_rendered_manifest_is_a_valid_kubernetes_object(
             kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
             pytest.fail(f"{name}: {error}")
+
+
+def test_the_prometheus_rule_carries_the_tested_alerting_rules(chart: Chart) -> None:
+    """The PrometheusRule's groups are the rules file's, alert for alert, its ``$labels``
+    templates left to Prometheus (Helm does not read the file as a template)."""
+    manifests = render(chart, EVERYTHING_ON)
+    rule = manifests["prometheusrule.yaml"]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    shipped = yaml.safe_load((CHART / "alerts" / "compaction-proxy.rules.yml").read_text())
+    assert rule["spec"] == shipped
+    assert "{{ $labels.summarizer }}" in orjson.dumps(rule["spec"]).decode()
 
 
 def test_without_an_existing_secret_a_tenant_secret_is_generated_and_kept(chart: Chart) -> None:

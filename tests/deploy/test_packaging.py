@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from compaction_proxy.config.settings import load_settings
+from tests import prometheus_server
 
 pytest.importorskip("jsonschema")
 
@@ -94,6 +95,7 @@ def test_chart_yaml_files_pass_yamllint() -> None:
         CHART / "Chart.yaml",
         CHART / "values.yaml",
         CHART / "dashboards" / "prometheus.yml",
+        CHART / "alerts" / "compaction-proxy.rules.yml",
         ROOT / "config" / "proxy.yaml",
         ROOT / "docker-compose.yml",
         *sorted((ROOT / "deploy").rglob("*.yml")),
@@ -189,7 +191,8 @@ def test_dashboard_configmap_ships_the_tested_dashboard() -> None:
     assert values()["grafanaDashboard"]["labels"] == {"grafana_dashboard": "1"}
     # The dashboard test reads this very file.
     dashboard_test = Path(__file__).parents[1] / "system" / "test_dashboard.py"
-    assert '"charts" / "compaction-proxy" / "dashboards"' in dashboard_test.read_text()
+    assert 'CHART / "dashboards"' in dashboard_test.read_text()
+    assert prometheus_server.CHART == CHART
 
 
 @pytest.mark.parametrize(
@@ -199,6 +202,7 @@ def test_dashboard_configmap_ships_the_tested_dashboard() -> None:
         ("hpa.yaml", "autoscaling.enabled"),
         ("pdb.yaml", "podDisruptionBudget.enabled"),
         ("dashboard-configmap.yaml", "grafanaDashboard.enabled"),
+        ("prometheusrule.yaml", "prometheusRule.enabled"),
         ("redis.yaml", "redis.enabled"),
     ],
 )
@@ -222,6 +226,18 @@ def test_the_build_context_leaves_out_the_installed_agents_and_environments() ->
     """``.ci/run`` installs the real agents (about 1 GB) into ``.ci/agents`` and a venv."""
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".ci/agents", ".venv", ".git", "tests"} <= set(ignored)
+
+
+def test_the_compose_prometheus_loads_the_charts_alerting_rules() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    mounts = dict(
+        v.rsplit(":", 1)[0].split(":") for v in compose["services"]["prometheus"]["volumes"]
+    )
+    config = yaml.safe_load((ROOT / "deploy" / "compose" / "prometheus.yml").read_text())
+    (rules,) = config["rule_files"]
+    folder = mounts["./charts/compaction-proxy/alerts"]
+    assert rules == f"{folder}/{prometheus_server.ALERT_RULES.name}"
+    assert prometheus_server.ALERT_RULES.parent == CHART / "alerts"
 
 
 def test_compose_sets_no_key_the_proxy_does_not_read() -> None:

@@ -8,29 +8,29 @@ through Prometheus's HTTP API and must return data.
 from __future__ import annotations
 
 import asyncio
-import re
-import shutil
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
-from prometheus_client.metrics import MetricWrapperBase
 
-from compaction_proxy import metrics
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
-from tests.processes import free_port, proxy_process, wait_until_ready
+from tests.processes import proxy_process
+from tests.prometheus_server import (
+    CHART,
+    GROUPING,
+    SCRAPE_SECONDS,
+    SELECTOR,
+    Prometheus,
+    exported_labels,
+)
 
 pytest.importorskip("openai")
 
 import openai
 
-DASHBOARD = Path(__file__).parents[2] / "charts" / "compaction-proxy" / "dashboards"
-SCRAPE_SECONDS = 1
+DASHBOARD = CHART / "dashboards"
 
 
 def dashboard() -> dict[str, Any]:
@@ -65,23 +65,6 @@ def test_dashboard_is_well_formed() -> None:
         "background",
     ):
         assert topic in titles
-
-
-def exported_labels() -> dict[str, frozenset[str]]:
-    """Each metric the proxy exports, by its name in queries, with its labels."""
-    found: dict[str, frozenset[str]] = {}
-    for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
-            labels = frozenset(value._labelnames)
-            found[value._name] = labels
-            found[f"{value._name}_total"] = labels
-            for suffix in ("_bucket", "_sum", "_count"):
-                found[f"{value._name}{suffix}"] = labels | {"le"}
-    return found
-
-
-SELECTOR = re.compile(r"(compaction_proxy_[a-z_]+)(\{[^}]*\})?")
-GROUPING = re.compile(r"by \(([^)]*)\)")
 
 
 def test_route_filter_applies_wherever_a_series_has_a_route() -> None:
@@ -119,48 +102,6 @@ def test_guard_bypass_disconnect_and_threshold_series_are_charted() -> None:
 
 def panel_targets() -> list[tuple[str, dict[str, Any]]]:
     return [(p["title"], t) for p in dashboard()["panels"] for t in p["targets"]]
-
-
-class Prometheus:
-    """A real Prometheus server, scraping one target every second."""
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.base = f"http://127.0.0.1:{free_port()}"
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self, target: str) -> None:
-        config = self.workdir / "prometheus.yml"
-        config.write_text(
-            f"global:\n  scrape_interval: {SCRAPE_SECONDS}s\n"
-            f"scrape_configs:\n  - job_name: compaction-proxy\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
-        )
-        self.process = await asyncio.create_subprocess_exec(
-            self.binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={self.workdir / 'data'}",
-            f"--web.listen-address={self.base.removeprefix('http://')}",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        await wait_until_ready(f"{self.base}/-/ready")
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            await self.process.wait()
-
-
-@pytest.fixture
-async def prometheus(tmp_path: Path) -> AsyncIterator[Prometheus]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("the prometheus binary is not installed (.ci/run installs Debian's)")
-    server = Prometheus(binary, tmp_path)
-    yield server
-    await server.stop()
 
 
 async def workload(base: str) -> None:
@@ -225,14 +166,8 @@ async def test_every_panel_query_returns_data(
         await asyncio.sleep(4 * SCRAPE_SECONDS)
 
         empty: list[str] = []
-        async with aiohttp.ClientSession() as http:
-            for title, expr in panel_queries():
-                concrete = expr.replace("$__rate_interval", "1m").replace("$route", ".*")
-                async with http.get(
-                    f"{prometheus.base}/api/v1/query", params={"query": concrete}
-                ) as response:
-                    answer = await response.json()
-                assert answer["status"] == "success", (title, answer)
-                if not answer["data"]["result"]:
-                    empty.append(f"{title}: {concrete}")
+        for title, expr in panel_queries():
+            concrete = expr.replace("$__rate_interval", "1m").replace("$route", ".*")
+            if not (await prometheus.api("query", query=concrete))["result"]:
+                empty.append(f"{title}: {concrete}")
     assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
