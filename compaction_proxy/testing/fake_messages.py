@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
+from compaction_proxy.testing.prompt_cache import PromptCaches, messages_prompt
 
 UNLIMITED = 10_000_000
 # A scripted model: the content blocks of its answer to a request
@@ -177,6 +178,7 @@ class FakeMessages:
     # An Anthropic-compatible endpoint without the context-management beta (most of them)
     # refuses the field, as a strict schema does.
     knows_context_management: bool = False
+    prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # breakpoint caching
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -349,6 +351,11 @@ class FakeMessages:
             content = [signed, *content]
         calls = any(block.get("type") == "tool_use" for block in content)
         number = len(self.received)
+        use = self.prompt_caches.anthropic(
+            messages_prompt(body, self.count_text, self.block_tokens)
+        )
+        read = min(use.read, tokens)
+        written = min(use.written, tokens - read)
         message_body = {
             "id": f"msg_fake{number}",
             "type": "message",
@@ -357,7 +364,12 @@ class FakeMessages:
             "content": content,
             "stop_reason": "tool_use" if calls else "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": tokens, "output_tokens": 3},
+            "usage": {
+                "input_tokens": tokens - read - written,  # Anthropic's: what the cache did not
+                "cache_creation_input_tokens": written,
+                "cache_read_input_tokens": read,
+                "output_tokens": 3,
+            },
         }
         if not body.get("stream"):
             return web.json_response(message_body)
@@ -392,7 +404,7 @@ class FakeMessages:
 
     @staticmethod
     def _ending(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-        final = {"output_tokens": message["usage"]["output_tokens"]}
+        final = dict(message["usage"])  # cumulative, the prompt's counts included
         delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
         return [
             ("message_delta", {"type": "message_delta", "delta": delta, "usage": final}),

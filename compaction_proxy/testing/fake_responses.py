@@ -34,6 +34,7 @@ from compaction_proxy.testing.fake_agent import (
     tool_names,
 )
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
+from compaction_proxy.testing.prompt_cache import PromptCaches, PromptPart
 
 CountText = Callable[[str], int]
 
@@ -102,6 +103,7 @@ class FakeResponses:
     sockets: int = 0  # WebSocket connections opened
     stored_items: dict[str, dict[str, Any]] = field(default_factory=dict)  # by id
     cut_streams: int = 0  # the next streams to cut off after their first event
+    prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # prefix caching
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -124,6 +126,15 @@ class FakeResponses:
         if body.get("tools"):
             total += self.count_text(jsonio.dumps(body["tools"]).decode())
         return total
+
+    def _cached(self, body: dict[str, Any], items: list[Any]) -> int:
+        """The prompt's tokens OpenAI's cache would read: tools, instructions, then items."""
+        tools, instructions = body.get("tools"), body.get("instructions")
+        parts = [PromptPart(tools, self.input_tokens({"tools": tools, "input": []}) - 3)]
+        if isinstance(instructions, str):
+            parts.append(PromptPart(instructions, 3 + self.count_text(instructions)))
+        parts += [PromptPart(i, self.input_tokens({"input": [i]}) - 3) for i in items]
+        return self.prompt_caches.openai(parts)
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         """Like a real provider, a body it cannot make sense of gets a 400, never a crash."""
@@ -173,7 +184,7 @@ class FakeResponses:
         produced = self.count_text(_text(item.get("content") or item.get("arguments")))
         usage = {
             "input_tokens": tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": min(self._cached(body, items), tokens)},
             "output_tokens": produced,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": tokens + produced,

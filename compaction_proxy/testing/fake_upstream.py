@@ -41,6 +41,7 @@ from compaction_proxy.testing.fake_answers import (
 from compaction_proxy.testing.fake_endpoints import FakeEndpoints
 from compaction_proxy.testing.fake_messages import FakeMessages, anthropic_models
 from compaction_proxy.testing.fake_responses import FakeResponses
+from compaction_proxy.testing.prompt_cache import PromptCaches, chat_prompt
 
 IMAGE_PART_TOKENS = 85
 DEFAULT_WINDOW = 128_000
@@ -100,6 +101,7 @@ class FakeUpstream:
     cut_streams: int = 0  # the next streams to cut off after their first chunk
     overflows: list[bytes] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # requests refused as malformed
+    prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # as OpenAI's (counted)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -195,6 +197,15 @@ class FakeUpstream:
             ]
         )
         return app
+
+    def cached_tokens(self, body: Mapping[str, Any]) -> int:
+        """What OpenAI's prompt cache reads of this chat prompt (which it then keeps)."""
+        tools = body.get("tools")
+        tools_tokens = self.count_text(text_of(tools)) if tools else 0
+        parts = chat_prompt(
+            dict(body), lambda m: self.prompt_tokens({"messages": [m]}) - 3, tools_tokens
+        )
+        return self.prompt_caches.openai(parts)
 
     def _remember(
         self, request: web.Request, body: dict[str, Any] | None, prompt_tokens: int = 0
@@ -316,11 +327,14 @@ class FakeUpstream:
                 text_of_request(messages), last_user_text(messages), tools, len(self.received)
             )
             text = move if isinstance(move, str) else move.arguments
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": self.count_text(text),
             "total_tokens": prompt_tokens + self.count_text(text),
         }
+        if self.count_tokens:
+            cached = min(self.cached_tokens(body), prompt_tokens)
+            usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
         completion_id = f"chatcmpl-fake{next(self._ids)}"
         message, finish = chat_answer(move) if finish == "stop" else ({}, finish)
         if body.get("stream"):
@@ -353,7 +367,7 @@ class FakeUpstream:
         model: str,
         deltas: list[dict[str, Any]],
         finish: str,
-        usage: dict[str, int],
+        usage: dict[str, Any],
     ) -> web.StreamResponse:
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
