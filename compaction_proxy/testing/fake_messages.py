@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
-from compaction_proxy.testing.prompt_cache import PromptCaches, messages_prompt
+from compaction_proxy.testing.prompt_cache import CacheRead, PromptCaches, messages_prompt
 
 UNLIMITED = 10_000_000
 # A scripted model: the content blocks of its answer to a request
@@ -179,6 +179,7 @@ class FakeMessages:
     # refuses the field, as a strict schema does.
     knows_context_management: bool = False
     prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # breakpoint caching
+    cache_reads: list[CacheRead] = field(default_factory=list)  # each answered prompt's
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -356,6 +357,7 @@ class FakeMessages:
         )
         read = min(use.read, tokens)
         written = min(use.written, tokens - read)
+        self.cache_reads.append(CacheRead(is_summary_request(body), tokens, read))
         message_body = {
             "id": f"msg_fake{number}",
             "type": "message",

@@ -41,7 +41,7 @@ from compaction_proxy.testing.fake_answers import (
 from compaction_proxy.testing.fake_endpoints import FakeEndpoints
 from compaction_proxy.testing.fake_messages import FakeMessages, anthropic_models
 from compaction_proxy.testing.fake_responses import FakeResponses
-from compaction_proxy.testing.prompt_cache import PromptCaches, chat_prompt
+from compaction_proxy.testing.prompt_cache import CacheRead, PromptCaches, chat_prompt
 
 IMAGE_PART_TOKENS = 85
 DEFAULT_WINDOW = 128_000
@@ -102,6 +102,7 @@ class FakeUpstream:
     overflows: list[bytes] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # requests refused as malformed
     prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # as OpenAI's (counted)
+    cache_reads: list[CacheRead] = field(default_factory=list)  # each answered chat prompt's
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -335,6 +336,7 @@ class FakeUpstream:
         if self.count_tokens:
             cached = min(self.cached_tokens(body), prompt_tokens)
             usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+            self.cache_reads.append(CacheRead(summarizing, prompt_tokens, cached))
         completion_id = f"chatcmpl-fake{next(self._ids)}"
         message, finish = chat_answer(move) if finish == "stop" else ({}, finish)
         if body.get("stream"):

@@ -49,6 +49,15 @@ class PromptPart:
     breakpoint: bool = False
 
 
+class CacheRead(NamedTuple):
+    """One answered prompt as a test reads it back: a summary call's or not, its tokens, and
+    those the cache gave."""
+
+    summary: bool
+    prompt: int
+    read: int
+
+
 class CacheUse(NamedTuple):
     """The tokens of a prompt read from the cache, and those written to it."""
 

@@ -3,7 +3,8 @@ and Anthropic describe their caches and report what they read in each answer's u
 (``compaction_proxy.testing.prompt_cache``). Through the real SDKs, an agent's conversation
 outgrows its window and is compacted; between two checkpoints, each request reads from the
 cache all that the one before it had cached (a proxy that changed a byte of a kept message
-from one request to the next would break that), and the metric counts what the clients read.
+from one request to the next would break that), each summary call reads nearly all its prompt
+from the cache the conversation's requests wrote, and the metric counts what the clients read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from compaction_proxy.testing.prompt_cache import OPENAI_STEP
+from compaction_proxy.testing.prompt_cache import OPENAI_STEP, CacheRead
 from tests.builders import assistant, file_output, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import counter, route
@@ -68,6 +69,15 @@ def assert_each_request_reads_what_the_last_cached(answers: list[Answered], slac
     assert any(a.read for a in answers if a.generation == generations[-1])
 
 
+def assert_summary_calls_read_the_conversations_cache(prompts: list[CacheRead]) -> None:
+    """A summary call is made as the conversation's next request would be: the provider
+    reads nearly all of it from the cache the conversation's requests wrote."""
+    summaries = [p for p in prompts if p.summary]
+    assert summaries
+    for summary in summaries:
+        assert summary.read >= 0.9 * summary.prompt, summary
+
+
 async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpoints(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
@@ -96,6 +106,7 @@ async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpo
             answers.append(Answered(usage.prompt_tokens, read, written, generation))
     # The whole last prompt is cached, save the reply's priming and the 128-token steps.
     assert_each_request_reads_what_the_last_cached(answers, slack=OPENAI_STEP + 3)
+    assert_summary_calls_read_the_conversations_cache(fake.cache_reads)
     await settled(proxy)
     assert reads("cache-*") - before == sum(a.read for a in answers)
 
@@ -146,5 +157,6 @@ async def test_a_compacted_messages_conversation_reads_the_cache_between_its_che
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(prompt, read, written, generation))
     assert_each_request_reads_what_the_last_cached(answers, slack=0)
+    assert_summary_calls_read_the_conversations_cache(fake.messages.cache_reads)
     await settled(proxy)
     assert reads("claude-*") - before == sum(a.read for a in answers)
