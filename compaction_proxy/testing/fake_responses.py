@@ -34,7 +34,7 @@ from compaction_proxy.testing.fake_agent import (
     tool_names,
 )
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request
-from compaction_proxy.testing.prompt_cache import PromptCaches, PromptPart
+from compaction_proxy.testing.prompt_cache import CacheRead, PromptCaches, PromptPart
 
 CountText = Callable[[str], int]
 
@@ -104,6 +104,7 @@ class FakeResponses:
     stored_items: dict[str, dict[str, Any]] = field(default_factory=dict)  # by id
     cut_streams: int = 0  # the next streams to cut off after their first event
     prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # prefix caching
+    cache_reads: list[CacheRead] = field(default_factory=list)  # each answered prompt's
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -134,7 +135,7 @@ class FakeResponses:
         if isinstance(instructions, str):
             parts.append(PromptPart(instructions, 3 + self.count_text(instructions)))
         parts += [PromptPart(i, self.input_tokens({"input": [i]}) - 3) for i in items]
-        return self.prompt_caches.openai(parts)
+        return self.prompt_caches.openai(parts, body.get("prompt_cache_key"))
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         """Like a real provider, a body it cannot make sense of gets a 400, never a crash."""
@@ -182,9 +183,11 @@ class FakeResponses:
         number = next(self._ids)
         item = responses_item(self._move(body, items, number), number)
         produced = self.count_text(_text(item.get("content") or item.get("arguments")))
+        cached = min(self._cached(body, items), tokens)
+        self.cache_reads.append(CacheRead(is_summary_request(body), tokens, cached))
         usage = {
             "input_tokens": tokens,
-            "input_tokens_details": {"cached_tokens": min(self._cached(body, items), tokens)},
+            "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": produced,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": tokens + produced,

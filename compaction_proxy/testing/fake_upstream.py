@@ -206,7 +206,7 @@ class FakeUpstream:
         parts = chat_prompt(
             dict(body), lambda m: self.prompt_tokens({"messages": [m]}) - 3, tools_tokens
         )
-        return self.prompt_caches.openai(parts)
+        return self.prompt_caches.openai(parts, body.get("prompt_cache_key"))
 
     def _remember(
         self, request: web.Request, body: dict[str, Any] | None, prompt_tokens: int = 0

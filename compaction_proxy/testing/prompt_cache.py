@@ -7,8 +7,8 @@ pays; one that breaks it on every request does not. So the fakes keep a cache as
 describe theirs, in two kinds:
 
 * OpenAI's (Chat Completions, Responses): every prompt of at least 1,024 tokens is cached by
-  its prefix; a later prompt beginning alike reads the longest part it shares, in 128-token
-  steps (``cached_tokens``).
+  its prefix; a later prompt beginning alike, under the same ``prompt_cache_key`` (or none),
+  reads the longest part it shares, in 128-token steps (``cached_tokens``).
 * Anthropic's (Messages): a prompt writes the cache only at its breakpoints (``cache_control``
   on a block, or the request's own, for its last block), up to its last one, once that prefix
   reaches 1,024 tokens; it reads the longest prefix an earlier prompt wrote, looking back from
@@ -84,9 +84,10 @@ def _encoded(content: Any) -> bytes:
         return os.urandom(16)
 
 
-def _prefixes(parts: Sequence[PromptPart]) -> tuple[list[bytes], list[int]]:
-    """Each prefix's digest (the first ``i + 1`` parts) and its tokens."""
-    chain = hashlib.blake2b(digest_size=16)
+def _prefixes(parts: Sequence[PromptPart], route: str = "") -> tuple[list[bytes], list[int]]:
+    """Each prefix's digest (the first ``i + 1`` parts, in the cache ``route`` names) and its
+    tokens."""
+    chain = hashlib.blake2b(route.encode(), digest_size=16)
     digests: list[bytes] = []
     tokens: list[int] = []
     total = 0
@@ -110,10 +111,12 @@ class PromptCaches:
             entries.clear()
         return entries
 
-    def openai(self, parts: Sequence[PromptPart]) -> int:
+    def openai(self, parts: Sequence[PromptPart], cache_key: Any = None) -> int:
         """The tokens of this prompt OpenAI reads from its cache (``cached_tokens``); the
-        prompt is cached in turn."""
-        digests, tokens = _prefixes(parts)
+        prompt is cached in turn. A request's ``prompt_cache_key`` routes it to a cache of
+        its own: prompts under different keys (or one under none) share nothing."""
+        route = f"key:{cache_key}" if isinstance(cache_key, str) else ""
+        digests, tokens = _prefixes(parts, route)
         entries = self._bounded(self._openai)
         shared = next(
             (tokens[i] for i in range(len(digests) - 1, -1, -1) if digests[i] in entries), 0

@@ -111,6 +111,47 @@ async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpo
     assert reads("cache-*") - before == sum(a.read for a in answers)
 
 
+async def test_a_compacted_responses_conversation_reads_the_cache_between_its_checkpoints(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """Codex's shape: stateless (``store`` off), its own ``prompt_cache_key``."""
+    fake.windows["cache-responses"] = WINDOW
+    proxy = await make_proxy(routes=[route(upstream_url, "cache-*", WINDOW)])
+    before = reads("cache-*")
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": f"FACT-3: ticket {uuid.uuid4().hex[:6]}. Fix the importer."}
+    ]
+    answers: list[Answered] = []
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+        for step in range(STEPS):
+            call = f"call_{step}"
+            items += [
+                {"type": "function_call", "call_id": call, "name": "read_file", "arguments": "{}"},
+                {
+                    "type": "function_call_output",
+                    "call_id": call,
+                    "output": file_output(f"m{step}x", 450),
+                },
+            ]
+            raw = await client.responses.with_raw_response.create(
+                model="cache-responses",
+                instructions="You are a coding agent.",
+                input=items,  # type: ignore[arg-type]
+                store=False,
+                prompt_cache_key="codex-session-1",
+            )
+            usage = raw.parse().usage
+            assert usage is not None
+            read = usage.input_tokens_details.cached_tokens
+            written = usage.input_tokens - read
+            generation = raw.headers["x-compaction-generation"]
+            answers.append(Answered(usage.input_tokens, read, written, generation))
+    assert_each_request_reads_what_the_last_cached(answers, slack=OPENAI_STEP + 3)
+    assert_summary_calls_read_the_conversations_cache(fake.responses.cache_reads)
+    await settled(proxy)
+    assert reads("cache-*") - before == sum(a.read for a in answers)
+
+
 def claude_code_turns(task: str, steps: int) -> list[dict[str, Any]]:
     """Claude Code's shape: its breakpoint on the last block of the newest turn only."""
     turns: list[dict[str, Any]] = [{"role": "user", "content": task}]

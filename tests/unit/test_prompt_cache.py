@@ -44,6 +44,14 @@ def test_openai_never_reads_a_prefix_that_differs_from_its_first_part() -> None:
     assert caches.openai(parts(2_000, 2_000, tag="other")) == 0
 
 
+def test_openai_reads_only_what_prompts_under_the_same_cache_key_wrote() -> None:
+    caches = PromptCaches()
+    caches.openai(parts(2_000), "session-1")
+    assert caches.openai(parts(2_000)) == 0
+    assert caches.openai(parts(2_000), "session-2") == 0
+    assert caches.openai(parts(2_000), "session-1") == 1_920
+
+
 @pytest.mark.parametrize(
     ("first_marks", "second_tokens", "second_marks", "use"),
     [
