@@ -131,7 +131,9 @@ class FakeResponses:
     def _cached(self, body: dict[str, Any], items: list[Any]) -> int:
         """The prompt's tokens OpenAI's cache would read: tools, instructions, then items."""
         tools, instructions = body.get("tools"), body.get("instructions")
-        parts = [PromptPart(tools, self.input_tokens({"tools": tools, "input": []}) - 3)]
+        parts = []
+        if tools:
+            parts.append(PromptPart(tools, self.input_tokens({"tools": tools, "input": []}) - 3))
         if isinstance(instructions, str):
             parts.append(PromptPart(instructions, 3 + self.count_text(instructions)))
         parts += [PromptPart(i, self.input_tokens({"input": [i]}) - 3) for i in items]

@@ -65,21 +65,30 @@ class CacheUse(NamedTuple):
     written: int
 
 
-def _without_breakpoint(content: Any) -> Any:
-    if isinstance(content, dict) and "cache_control" in content:
-        return {k: v for k, v in content.items() if k != "cache_control"}
+def _without_breakpoints(content: Any, depth: int = 3) -> Any:
+    """``content`` less its ``cache_control`` fields, down to ``depth`` levels (a turn, its
+    block, a tool result's blocks)."""
+    if depth and isinstance(content, dict):
+        return {
+            k: _without_breakpoints(v, depth - 1)
+            for k, v in content.items()
+            if k != "cache_control"
+        }
+    if depth and isinstance(content, list):
+        return [_without_breakpoints(v, depth - 1) for v in content]
     return content
 
 
 def _encoded(content: Any) -> bytes:
     """``content``'s bytes for the cache's key; what orjson cannot write (an integer past 64
     bits, nesting past its depth) by its ``repr``, which is as stable within one run."""
+    content = _without_breakpoints(content)
     try:
-        return orjson.dumps(_without_breakpoint(content), option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:
         pass
     try:
-        return repr(_without_breakpoint(content)).encode()
+        return repr(content).encode()
     except RecursionError:  # deeper still: a part no later prompt is taken to share
         return os.urandom(16)
 
@@ -178,10 +187,11 @@ def messages_prompt(
         if isinstance(content, str):
             parts.append(PromptPart(turn, 3 + count_text(content)))
             continue
+        role = turn.get("role") if isinstance(turn, dict) else None
         blocks = content if isinstance(content, list) and content else [None]
         for index, block in enumerate(blocks):
             tokens = block_tokens(block) + (3 if index == 0 else 0)
-            parts.append(PromptPart(block, tokens, _marked(block)))
+            parts.append(PromptPart({"role": role, "block": block}, tokens, _marked(block)))
     if parts and _marked(body):
         parts[-1] = PromptPart(parts[-1].content, parts[-1].tokens, True)
     return parts

@@ -106,3 +106,21 @@ def test_a_moved_breakpoint_is_the_same_cached_content() -> None:
     body["messages"][2]["content"][0]["cache_control"] = marked
     second = caches.anthropic(messages_prompt(body, len, lambda b: len(str(b.get("text")))))
     assert second.read == first.written
+
+
+def test_a_breakpoint_moved_within_the_system_prompt_changes_nothing_cached() -> None:
+    marked = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "a " * 2_000}, {"type": "text", "text": "b"}]
+    turns = [{"role": "user", "content": [{"type": "text", "text": "go", "cache_control": marked}]}]
+    caches = PromptCaches()
+
+    def use(first: bool) -> CacheUse:
+        blocks = [
+            {**block, "cache_control": marked} if (i == 0) == first else block
+            for i, block in enumerate(system)
+        ]
+        body = {"system": blocks, "messages": turns}
+        return caches.anthropic(messages_prompt(body, len, lambda b: len(str(b.get("text")))))
+
+    written = use(True).written
+    assert use(False) == CacheUse(written, 0)
