@@ -160,8 +160,12 @@ def overflow_event(*, now: float, limit: int | None, retried: bool) -> Event:
     return {"type": "overflow", "ts": now, "limit": limit, "retried": retried}
 
 
-def usage_event(*, now: float, usage: dict[str, Any], status: int) -> Event:
-    return {
+def usage_event(
+    *, now: float, usage: dict[str, Any], status: int, cache_read: int = 0, cache_written: int = 0
+) -> Event:
+    """The usage the upstream reported for a request; with the prompt tokens its cache read
+    and wrote, where it reported any (absent: none)."""
+    event: Event = {
         "type": "usage",
         "ts": now,
         "status": status,
@@ -169,3 +173,8 @@ def usage_event(*, now: float, usage: dict[str, Any], status: int) -> Event:
         "completion_tokens": usage.get("completion_tokens"),
         "total_tokens": usage.get("total_tokens"),
     }
+    if cache_read:
+        event["cache_read_tokens"] = cache_read
+    if cache_written:
+        event["cache_written_tokens"] = cache_written
+    return event

@@ -27,7 +27,8 @@ def _number(value: Any) -> int | None:
 
 def request_points(events: Iterable[Event]) -> list[dict[str, Any]]:
     """One point per request: when, tokens the client sent, tokens forwarded, what was done,
-    the generation, and the upstream's prompt tokens when it reported them."""
+    the generation, and the upstream's prompt tokens when it reported them, with those its
+    prompt cache read and wrote."""
     points: list[dict[str, Any]] = []
     waiting: dict[str, Any] | None = None
     for event in events:
@@ -44,11 +45,16 @@ def request_points(events: Iterable[Event]) -> list[dict[str, Any]]:
                 "generation": _number(event.get("generation")),
                 "messages": _number(event.get("body_messages")),
                 "prompt_tokens": None,
+                "cache_read_tokens": None,
+                "cache_written_tokens": None,
                 "http_status": None,
             }
             points.append(waiting)
         elif kind == "usage" and waiting is not None:
             waiting["prompt_tokens"] = _number(event.get("prompt_tokens"))
+            # Left out of the event when the upstream's cache did nothing with the prompt.
+            waiting["cache_read_tokens"] = _number(event.get("cache_read_tokens", 0))
+            waiting["cache_written_tokens"] = _number(event.get("cache_written_tokens", 0))
             waiting["http_status"] = _number(event.get("status"))
             waiting = None
     return points

@@ -201,6 +201,8 @@ def _log(args: argparse.Namespace) -> str:
                 "status",
                 "generation",
                 "prompt_tokens",
+                "cache_read_tokens",
+                "cache_written_tokens",
                 "outcome",
                 "error",
                 "trigger",

@@ -385,12 +385,21 @@ async def _write_log(
     anchor = None
     await count_rereads(forwarded)
     usage = await usage_of(reply) if reply is not None else None
-    if usage is not None and (cache := prompt_cache_use(usage)) is not None:
+    cache = prompt_cache_use(usage) if usage is not None else None
+    if cache is not None:
         for kind, tokens in zip(PROMPT_CACHE_KINDS, cache, strict=True):
             if tokens:
                 child(UPSTREAM_PROMPT_TOKENS, route, kind).inc(tokens)
     if reply is not None and usage is not None:
-        log_entry.add(usage_event(now=time.time(), usage=usage, status=reply.status))
+        read, written = (cache.read, cache.written) if cache is not None else (0, 0)
+        event = usage_event(
+            now=time.time(),
+            usage=usage,
+            status=reply.status,
+            cache_read=read,
+            cache_written=written,
+        )
+        log_entry.add(event)
         log_entry.set(answer_attributes(forwarded.state, usage))
         prompt_tokens = usage.get("prompt_tokens")
         measurement = forwarded.measurement

@@ -133,6 +133,12 @@ def drive(driver: Any, base: str, requests: int, screenshots: Path | None) -> No
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#chart circle.point")) == requests)
     markers = driver.find_elements(By.CSS_SELECTOR, "#chart .compaction-marker")
     assert markers and any(m.get_attribute("data-outcome") == "committed" for m in markers)
+    # A point's numbers name what the provider's cache read of its prompt.
+    titles = [
+        point.find_element(By.TAG_NAME, "title").get_attribute("textContent") or ""
+        for point in driver.find_elements(By.CSS_SELECTOR, "#chart circle.point")
+    ]
+    assert any(re.search(r"\d+ read from its cache", title) for title in titles), titles
 
     # A checkpoint expands to its summary text.
     checkpoint = wait.until(seen.presence_of_element_located((By.CSS_SELECTOR, "li.checkpoint")))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compaction_proxy.conversation.log_events import usage_event
 from compaction_proxy.conversation.timeline import compactions, overflows, request_points, timeline
 
 
@@ -47,6 +48,24 @@ def test_one_point_per_request_with_its_usage_when_reported() -> None:
     assert [p["sent_tokens"] for p in points] == [100, 900, 200]  # old events: sent = forwarded
     assert [p["prompt_tokens"] for p in points] == [104, None, 210]
     assert points[1]["status"] == "compacted"
+
+
+def test_a_point_shows_what_the_providers_cache_read_and_wrote_when_it_said() -> None:
+    answered = {"prompt_tokens": 3_000, "completion_tokens": 5, "total_tokens": 3_005}
+    events = [
+        request(1, 3_000),
+        usage_event(now=1, usage=answered, status=200, cache_read=2_048, cache_written=900),
+        request(2, 3_100),
+        usage_event(now=2, usage=answered, status=200),  # the cache did nothing (or says not)
+        request(3, 3_200),  # never answered
+    ]
+    assert "cache_read_tokens" not in events[3]  # nothing stored for nothing done
+    points = request_points(events)
+    assert [(p["cache_read_tokens"], p["cache_written_tokens"]) for p in points] == [
+        (2_048, 900),
+        (0, 0),
+        (None, None),
+    ]
 
 
 def test_compactions_pair_by_owner_and_an_unended_one_is_unfinished() -> None:

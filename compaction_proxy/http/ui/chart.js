@@ -26,6 +26,8 @@ function describe(point) {
     `generation ${point.generation ?? "?"}`,
   ];
   if (point.prompt_tokens !== null) parts.push(`upstream counted ${point.prompt_tokens}`);
+  if (point.cache_read_tokens) parts.push(`${point.cache_read_tokens} read from its cache`);
+  if (point.cache_written_tokens) parts.push(`${point.cache_written_tokens} written to it`);
   if (point.http_status !== null) parts.push(`HTTP ${point.http_status}`);
   return parts.join(" · ");
 }

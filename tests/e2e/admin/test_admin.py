@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from tests.builders import system, user
+from tests.builders import assistant, system, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import (
     ADMIN_AUTH,
@@ -214,6 +215,23 @@ async def test_region_compaction_merges_a_prior_checkpoint_inside_it(
     # Splitting the merged checkpoint is refused.
     status, result = await admin(proxy, "POST", path, json={"start": 5, "end": 12})
     assert status == 400 and "inside an existing checkpoint" in result["reason"]
+
+
+async def test_the_timeline_shows_what_the_providers_cache_read_of_each_prompt(
+    proxy: RunningProxy,
+) -> None:
+    """The fake caches prompts as OpenAI does: the second request of a conversation reads
+    the first one's prompt from the cache, and its point says how much."""
+    messages = admin_history()
+    conversation = await conversation_of(proxy, messages)
+    await conversation_of(proxy, [*messages, assistant("Looking."), user("continue")])
+    await proxy.app[SERVICES].pending_log_writes.settled_all()
+    status, timeline = await admin(proxy, "GET", f"/conversations/{conversation}/timeline")
+    assert status == 200
+    first, second = timeline["requests"]
+    assert first["cache_read_tokens"] == 0
+    assert 0 < second["cache_read_tokens"] <= first["prompt_tokens"] < second["prompt_tokens"]
+    assert second["cache_written_tokens"] == 0  # OpenAI reports no writes before GPT-5.6
 
 
 async def test_the_timeline_has_a_point_per_request_and_the_compaction_between(
