@@ -107,14 +107,12 @@ FAULTS = (
     Fault(
         "CompactionProxySlow",
         30,
-        tuple(
-            series("compaction_proxy_overhead_seconds_bucket", values, route="gpt-*", le=le)
-            for le, values in (
-                ("0.05", "0x30"),
-                ("0.1", "0+2x30"),
-                ("0.25", "0+10x30"),
-                ("+Inf", "0+10x30"),
-            )
+        (
+            series("compaction_proxy_overhead_seconds_bucket", "0x30", route="gpt-*", le="0.05"),
+            series("compaction_proxy_overhead_seconds_bucket", "0+2x30", route="gpt-*", le="0.1"),
+            series("compaction_proxy_overhead_seconds_bucket", "0+10x30", route="gpt-*", le="0.25"),
+            series("compaction_proxy_overhead_seconds_bucket", "0+10x30", route="gpt-*", le="+Inf"),
+            series("compaction_proxy_overhead_seconds_count", "0+10x30", route="gpt-*"),
         ),
         {"route": "gpt-*"},
     ),
@@ -158,6 +156,12 @@ HEALTHY = (
     series("compaction_proxy_overhead_seconds_bucket", "0+55x180", route="gpt-*", le="0.005"),
     series("compaction_proxy_overhead_seconds_bucket", "0+59x180", route="gpt-*", le="0.1"),
     series("compaction_proxy_overhead_seconds_bucket", "0+60x180", route="gpt-*", le="+Inf"),
+    series("compaction_proxy_overhead_seconds_count", "0+60x180", route="gpt-*"),
+    # A route with a request a minute, each waiting for its summary: slow, but not the proxy.
+    series("compaction_proxy_overhead_seconds_bucket", "0x180", route="batch-*", le="0.1"),
+    series("compaction_proxy_overhead_seconds_bucket", "0x180", route="batch-*", le="1"),
+    series("compaction_proxy_overhead_seconds_bucket", "0+1x180", route="batch-*", le="+Inf"),
+    series("compaction_proxy_overhead_seconds_count", "0+1x180", route="batch-*"),
     series("compaction_proxy_meter_error_ratio_bucket", "0+1x180", le="-0.1"),
     series("compaction_proxy_meter_error_ratio_count", "0+40x180"),
     series("compaction_proxy_guard_trips_total", "0+1x180", guard="miss_guard"),
