@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.testing.prompt_cache import CacheRead
 from tests.builders import agent_turns, system, user
 
 if TYPE_CHECKING:
@@ -176,3 +177,15 @@ async def alice_and_bob(
         openai.AsyncOpenAI(base_url=proxy.url, api_key=BOB, max_retries=0) as bob,
     ):
         yield alice, bob
+
+
+# -- the provider's prompt cache ----------------------------------------------------------
+
+
+def assert_summary_calls_read_the_conversations_cache(prompts: list[CacheRead]) -> None:
+    """A summary call is made as the conversation's next request would be: the provider
+    reads nearly all of it from the cache the conversation's requests wrote."""
+    summaries = [p for p in prompts if p.summary]
+    assert summaries
+    for summary in summaries:
+        assert summary.read >= 0.9 * summary.prompt, summary

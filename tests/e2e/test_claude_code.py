@@ -15,7 +15,14 @@ from compaction_proxy.testing.fake_messages import shell_agent
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
-from tests.helpers import AGENT_KEY, HELD_KEY, counter, holding_the_key, route
+from tests.helpers import (
+    AGENT_KEY,
+    HELD_KEY,
+    assert_summary_calls_read_the_conversations_cache,
+    counter,
+    holding_the_key,
+    route,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +92,8 @@ async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_
     assert fake.messages.summary_requests
     for summary in fake.messages.summary_requests:
         assert summary.body.get("metadata") and orjson.dumps(summary.body["metadata"]) in named
+    # They read from the provider's cache what Claude Code's own requests wrote.
+    assert_summary_calls_read_the_conversations_cache(fake.messages.cache_reads)
 
 
 async def test_claude_code_works_behind_a_proxy_holding_the_key(

@@ -18,10 +18,10 @@ import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from compaction_proxy.testing.prompt_cache import OPENAI_STEP, CacheRead
+from compaction_proxy.testing.prompt_cache import OPENAI_STEP
 from tests.builders import assistant, file_output, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
-from tests.helpers import counter, route
+from tests.helpers import assert_summary_calls_read_the_conversations_cache, counter, route
 
 pytest.importorskip("openai")
 pytest.importorskip("anthropic")
@@ -67,15 +67,6 @@ def assert_each_request_reads_what_the_last_cached(answers: list[Answered], slac
         compared += 1
     assert compared >= len(answers) // 2
     assert any(a.read for a in answers if a.generation == generations[-1])
-
-
-def assert_summary_calls_read_the_conversations_cache(prompts: list[CacheRead]) -> None:
-    """A summary call is made as the conversation's next request would be: the provider
-    reads nearly all of it from the cache the conversation's requests wrote."""
-    summaries = [p for p in prompts if p.summary]
-    assert summaries
-    for summary in summaries:
-        assert summary.read >= 0.9 * summary.prompt, summary
 
 
 async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpoints(

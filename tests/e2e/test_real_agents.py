@@ -20,7 +20,14 @@ from compaction_proxy.testing.fake_answers import is_summary_request
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.agents import agent_binary, assert_usage_recorded, run_agent
 from tests.conftest import ProxyFactory
-from tests.helpers import AGENT_KEY, HELD_KEY, counter, holding_the_key, route
+from tests.helpers import (
+    AGENT_KEY,
+    HELD_KEY,
+    assert_summary_calls_read_the_conversations_cache,
+    counter,
+    holding_the_key,
+    route,
+)
 from tests.reports import REAL_AGENTS, report
 
 pytestmark = pytest.mark.slow
@@ -226,6 +233,8 @@ async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window
     keys = {body.get("prompt_cache_key") for body in received} - {None}
     calls = [body for body in fake.responses.received if is_summary_request(body)]
     assert keys and calls and all(call.get("prompt_cache_key") in keys for call in calls)
+    # So they read from the provider's cache what Codex's own requests wrote.
+    assert_summary_calls_read_the_conversations_cache(fake.responses.cache_reads)
 
 
 async def test_codex_compacting_on_its_own_wastes_no_summary_of_the_proxy(
@@ -292,6 +301,7 @@ async def test_opencode_completes_through_the_proxy_a_task_that_outgrows_its_win
     assert_pruned_bytes_stay_pruned(chat_outputs([r.body for r in fake.chat_requests]))
     assert disconnects() == left_before
     await assert_usage_recorded(proxy)
+    assert_summary_calls_read_the_conversations_cache(fake.cache_reads)
 
 
 async def test_opencode_pointed_straight_at_the_model_runs_out_of_window(
