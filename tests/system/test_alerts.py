@@ -1,7 +1,7 @@
 """The alerting rules evaluated by a real Prometheus scraping a real proxy process: every rule
 evaluates without error on the series the proxy really exports, none is pending or firing under
-ordinary traffic, and a summarizer failing for two tenants makes its alert pending (its ``for``
-is minutes: pending is where a true expression shows)."""
+ordinary traffic, and a summarizer failing for two tenants, or a store that stops answering,
+makes its alert pending (their ``for`` is minutes: pending is where a true expression shows)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.builders import agent_turns, assistant, system, tool, user
 from tests.processes import proxy_process
 from tests.prometheus_server import ALERT_RULES, SCRAPE_SECONDS, Prometheus, alert_names
+from tests.redis_server import RedisServer
 
 pytest.importorskip("openai")
 
@@ -96,3 +97,37 @@ async def test_the_rules_hold_quiet_on_ordinary_traffic_and_see_a_summarizer_fai
     assert seen[0]["state"] == "pending"
     assert seen[0]["labels"]["summarizer"] == "alert-model"
     assert seen[0]["labels"]["severity"] == "warning"
+
+
+async def test_a_store_that_stops_answering_makes_its_alert_pending(
+    prometheus: Prometheus, fake: FakeUpstream, upstream_url: str, private_redis: RedisServer
+) -> None:
+    """Redis goes away under a running proxy: the process serves on from its own copy, and
+    the store's alert becomes pending on that process's series."""
+    routes = [{"model": "alert-model", "base_url": upstream_url, "context_window": WINDOW}]
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "alerts",
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
+        "COMPACTION_PROXY_LOG_LEVEL": "ERROR",
+        "REDIS_URL": private_redis.url,
+    }
+    async with proxy_process(env) as (_, base):
+        await prometheus.start(base.removeprefix("http://"), rules=ALERT_RULES)
+        await ask(base, "sk-a", [system(), user("before the outage")])
+        await asyncio.sleep(3 * SCRAPE_SECONDS)
+        assert await alerts(prometheus) == []
+        await private_redis.stop()
+        await ask(base, "sk-a", [system(), user("during the outage")])  # answered all the same
+        deadline = time.monotonic() + 20
+        seen: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not seen:
+            seen = [
+                alert
+                for alert in await alerts(prometheus)
+                if alert["labels"]["alertname"] == "CompactionProxyStoreUnavailable"
+            ]
+            await asyncio.sleep(SCRAPE_SECONDS / 2)
+    assert seen, "the store's alert never became pending"
+    assert seen[0]["state"] == "pending"
+    assert seen[0]["labels"]["instance"] == base.removeprefix("http://")
