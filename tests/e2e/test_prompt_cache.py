@@ -18,7 +18,7 @@ import pytest
 
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.testing.fake_upstream import FakeUpstream
-from compaction_proxy.testing.prompt_cache import OPENAI_STEP
+from compaction_proxy.testing.prompt_cache import OPENAI_STEP, CacheRead
 from tests.builders import assistant, file_output, system, tool, user
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import assert_summary_calls_read_the_conversations_cache, counter, route
@@ -49,10 +49,6 @@ def reads(proxy_route: str) -> float:
     return counter(READ, route=proxy_route, cache="read")
 
 
-async def settled(proxy: RunningProxy) -> None:
-    await proxy.app[SERVICES].pending_log_writes.settled_all()  # counted after the answer
-
-
 def assert_each_request_reads_what_the_last_cached(answers: list[Answered], slack: int) -> None:
     """Between checkpoints every request reads what the request before it had in the cache
     (``slack``: what the provider rounds away); the conversation was compacted at least
@@ -67,6 +63,24 @@ def assert_each_request_reads_what_the_last_cached(answers: list[Answered], slac
         compared += 1
     assert compared >= len(answers) // 2
     assert any(a.read for a in answers if a.generation == generations[-1])
+
+
+async def assert_the_cache_was_read(
+    proxy: RunningProxy,
+    proxy_route: str,
+    before: float,
+    answers: list[Answered],
+    prompts: list[CacheRead],
+    slack: int,
+) -> None:
+    """What the clients saw and the fake answered: each request read what the last one had
+    cached (``slack``: what the provider rounds away), every summary call its
+    conversation's cache, and the route's metric counts what the clients read (since
+    ``before``)."""
+    assert_each_request_reads_what_the_last_cached(answers, slack)
+    assert_summary_calls_read_the_conversations_cache(prompts)
+    await proxy.app[SERVICES].pending_log_writes.settled_all()  # counted after the answer
+    assert reads(proxy_route) - before == sum(a.read for a in answers)
 
 
 async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpoints(
@@ -96,10 +110,9 @@ async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpo
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(usage.prompt_tokens, read, written, generation))
     # The whole last prompt is cached, save the reply's priming and the 128-token steps.
-    assert_each_request_reads_what_the_last_cached(answers, slack=OPENAI_STEP + 3)
-    assert_summary_calls_read_the_conversations_cache(fake.cache_reads)
-    await settled(proxy)
-    assert reads("cache-*") - before == sum(a.read for a in answers)
+    await assert_the_cache_was_read(
+        proxy, "cache-*", before, answers, fake.cache_reads, OPENAI_STEP + 3
+    )
 
 
 async def test_a_compacted_responses_conversation_reads_the_cache_between_its_checkpoints(
@@ -137,10 +150,9 @@ async def test_a_compacted_responses_conversation_reads_the_cache_between_its_ch
             written = usage.input_tokens - read
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(usage.input_tokens, read, written, generation))
-    assert_each_request_reads_what_the_last_cached(answers, slack=OPENAI_STEP + 3)
-    assert_summary_calls_read_the_conversations_cache(fake.responses.cache_reads)
-    await settled(proxy)
-    assert reads("cache-*") - before == sum(a.read for a in answers)
+    await assert_the_cache_was_read(
+        proxy, "cache-*", before, answers, fake.responses.cache_reads, OPENAI_STEP + 3
+    )
 
 
 def claude_code_turns(task: str, steps: int) -> list[dict[str, Any]]:
@@ -188,7 +200,6 @@ async def test_a_compacted_messages_conversation_reads_the_cache_between_its_che
             prompt = usage.input_tokens + read + written
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(prompt, read, written, generation))
-    assert_each_request_reads_what_the_last_cached(answers, slack=0)
-    assert_summary_calls_read_the_conversations_cache(fake.messages.cache_reads)
-    await settled(proxy)
-    assert reads("claude-*") - before == sum(a.read for a in answers)
+    await assert_the_cache_was_read(
+        proxy, "claude-*", before, answers, fake.messages.cache_reads, 0
+    )

@@ -48,6 +48,29 @@ async def alerts(prometheus: Prometheus) -> list[dict[str, Any]]:
     return found
 
 
+async def pending(prometheus: Prometheus, name: str, timeout: float = 20) -> dict[str, Any]:
+    """Alert ``name`` once Prometheus holds it pending (fails if it never does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for alert in await alerts(prometheus):
+            if alert["labels"]["alertname"] == name:
+                assert alert["state"] == "pending", alert
+                return alert
+        await asyncio.sleep(SCRAPE_SECONDS / 2)
+    raise AssertionError(f"{name} never became pending")
+
+
+def proxy_env(upstream_url: str) -> dict[str, str]:
+    """A proxy process whose one route has a 16k window."""
+    routes = [{"model": "alert-model", "base_url": upstream_url, "context_window": WINDOW}]
+    return {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "alerts",
+        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
+        "COMPACTION_PROXY_LOG_LEVEL": "ERROR",
+    }
+
+
 async def alerting_rules(prometheus: Prometheus) -> list[dict[str, Any]]:
     groups = (await prometheus.api("rules", type="alert"))["groups"]
     return [rule for group in groups for rule in group["rules"]]
@@ -57,13 +80,7 @@ async def test_the_rules_hold_quiet_on_ordinary_traffic_and_see_a_summarizer_fai
     prometheus: Prometheus, fake: FakeUpstream, upstream_url: str
 ) -> None:
     fake.windows["alert-model"] = WINDOW
-    routes = [{"model": "alert-model", "base_url": upstream_url, "context_window": WINDOW}]
-    env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "COMPACTION_PROXY_TENANT_SECRET": "alerts",
-        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
-        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
-    }
+    env = proxy_env(upstream_url)
     async with proxy_process(env) as (_, base):
         await prometheus.start(base.removeprefix("http://"), rules=ALERT_RULES)
         # Ordinary traffic: short conversations of two clients, and one compacted as it passes
@@ -84,19 +101,9 @@ async def test_the_rules_hold_quiet_on_ordinary_traffic_and_see_a_summarizer_fai
         fake.summary_failures = 1_000
         await ask(base, "sk-a", over_the_window())
         await ask(base, "sk-b", over_the_window())
-        deadline = time.monotonic() + 20
-        seen: list[dict[str, Any]] = []
-        while time.monotonic() < deadline and not seen:
-            seen = [
-                alert
-                for alert in await alerts(prometheus)
-                if alert["labels"]["alertname"] == "CompactionProxySummarizerDown"
-            ]
-            await asyncio.sleep(SCRAPE_SECONDS / 2)
-    assert seen, "the summarizer's alert never became pending"
-    assert seen[0]["state"] == "pending"
-    assert seen[0]["labels"]["summarizer"] == "alert-model"
-    assert seen[0]["labels"]["severity"] == "warning"
+        down = await pending(prometheus, "CompactionProxySummarizerDown")
+    assert down["labels"]["summarizer"] == "alert-model"
+    assert down["labels"]["severity"] == "warning"
 
 
 async def test_a_store_that_stops_answering_makes_its_alert_pending(
@@ -104,14 +111,7 @@ async def test_a_store_that_stops_answering_makes_its_alert_pending(
 ) -> None:
     """Redis goes away under a running proxy: the process serves on from its own copy, and
     the store's alert becomes pending on that process's series."""
-    routes = [{"model": "alert-model", "base_url": upstream_url, "context_window": WINDOW}]
-    env = {
-        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
-        "COMPACTION_PROXY_TENANT_SECRET": "alerts",
-        "COMPACTION_PROXY_ROUTES": orjson.dumps(routes).decode(),
-        "COMPACTION_PROXY_LOG_LEVEL": "ERROR",
-        "REDIS_URL": private_redis.url,
-    }
+    env = {**proxy_env(upstream_url), "REDIS_URL": private_redis.url}
     async with proxy_process(env) as (_, base):
         await prometheus.start(base.removeprefix("http://"), rules=ALERT_RULES)
         await ask(base, "sk-a", [system(), user("before the outage")])
@@ -119,15 +119,5 @@ async def test_a_store_that_stops_answering_makes_its_alert_pending(
         assert await alerts(prometheus) == []
         await private_redis.stop()
         await ask(base, "sk-a", [system(), user("during the outage")])  # answered all the same
-        deadline = time.monotonic() + 20
-        seen: list[dict[str, Any]] = []
-        while time.monotonic() < deadline and not seen:
-            seen = [
-                alert
-                for alert in await alerts(prometheus)
-                if alert["labels"]["alertname"] == "CompactionProxyStoreUnavailable"
-            ]
-            await asyncio.sleep(SCRAPE_SECONDS / 2)
-    assert seen, "the store's alert never became pending"
-    assert seen[0]["state"] == "pending"
-    assert seen[0]["labels"]["instance"] == base.removeprefix("http://")
+        unavailable = await pending(prometheus, "CompactionProxyStoreUnavailable")
+    assert unavailable["labels"]["instance"] == base.removeprefix("http://")
