@@ -80,7 +80,11 @@ EVERYTHING_ON: dict[str, Any] = {
     },
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
     "grafanaDashboard": {"enabled": True},
-    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {
+        "enabled": True,
+        "labels": {"release": "prometheus"},
+        "ruleLabels": {"team": "llm-platform", "severity": "page"},
+    },
     "autoscaling": {"enabled": True},
     "podDisruptionBudget": {"enabled": True},
     "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -130,14 +134,21 @@ def test_every_rendered_manifest_is_a_valid_kubernetes_object(
 
 
 def test_the_prometheus_rule_carries_the_tested_alerting_rules(chart: Chart) -> None:
-    """The PrometheusRule's groups are the rules file's, alert for alert, its ``$labels``
-    templates left to Prometheus (Helm does not read the file as a template)."""
+    """The PrometheusRule's groups are the rules file's, alert for alert, each with the
+    ``ruleLabels`` added (its own severity kept), its ``$labels`` templates left to
+    Prometheus (Helm does not read the file as a template)."""
     manifests = render(chart, EVERYTHING_ON)
     rule = manifests["prometheusrule.yaml"]
     assert rule["metadata"]["labels"]["release"] == "prometheus"
     shipped = yaml.safe_load((CHART / "alerts" / "compaction-proxy.rules.yml").read_text())
+    for group in shipped["groups"]:
+        for alert in group["rules"]:
+            alert["labels"] = {"team": "llm-platform", **alert["labels"]}
     assert rule["spec"] == shipped
     assert "{{ $labels.summarizer }}" in orjson.dumps(rule["spec"]).decode()
+    plain = render(chart, {"prometheusRule": {"enabled": True}})["prometheusrule.yaml"]
+    shipped = yaml.safe_load((CHART / "alerts" / "compaction-proxy.rules.yml").read_text())
+    assert plain["spec"] == shipped
 
 
 def test_without_an_existing_secret_a_tenant_secret_is_generated_and_kept(chart: Chart) -> None:
