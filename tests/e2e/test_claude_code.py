@@ -67,13 +67,13 @@ async def run_claude(
 
 
 async def test_claude_code_completes_a_task_through_the_proxy_that_outgrows_its_window(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path, store_url: str
 ) -> None:
     claude_binary()
     files = data_files(tmp_path)
     fake.windows[MODEL] = WINDOW
     fake.messages.script = shell_agent(files)
-    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW)])
+    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW)], store_url=store_url)
     left = counter("compaction_proxy_client_disconnects_total", route="claude-*")
     code, output = await run_claude(proxy.url.removesuffix("/v1"), tmp_path / "a", tmp_path)
     assert code == 0, output

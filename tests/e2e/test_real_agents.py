@@ -210,15 +210,15 @@ def chat_outputs(bodies: list[Any]) -> list[dict[str, str]]:
 
 
 async def test_codex_completes_through_the_proxy_a_task_that_outgrows_its_window(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path, store_url: str
 ) -> None:
     """Eight files, a summarizer that takes a second (checkpoints are prepared while Codex
-    goes on, and requests go at once with the bridge's cuts meanwhile)."""
+    goes on, and requests go at once with the bridge's cuts meanwhile); on either store."""
     agent_binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
     fake.summary_delay = 1.0
     fake.responses.agent = FileReader(data_files(tmp_path, count=8))
-    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)], store_url=store_url)
     left_before = disconnects()
     code, output = await run_codex(proxy.url, tmp_path / "home", tmp_path)
     assert code == 0, output
@@ -286,12 +286,12 @@ async def test_codex_pointed_straight_at_the_model_runs_out_of_window(
 
 
 async def test_opencode_completes_through_the_proxy_a_task_that_outgrows_its_window(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path, store_url: str
 ) -> None:
     agent_binary("opencode", "opencode-ai")
     fake.windows[MODEL] = WINDOW
     fake.agent = FileReader(data_files(tmp_path, OPENCODE_FILE_CHARS))
-    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)], store_url=store_url)
     left_before = disconnects()
     code, output = await run_opencode(proxy.url, tmp_path / "home", tmp_path)
     assert code == 0, output
@@ -343,15 +343,15 @@ async def test_codex_remote_compaction_succeeds_through_the_proxy(
 
 
 async def test_codex_on_its_own_provider_is_compacted_by_the_proxy_over_its_websocket(
-    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, tmp_path: Path, store_url: str
 ) -> None:
     """Codex on its built-in provider, its window left to the proxy: every turn goes over
     the WebSocket it opens (no fallback to HTTP), and the proxy keeps them in the model's
-    window, none of them relayed past it."""
+    window, none of them relayed past it; on either store."""
     agent_binary("codex", "@openai/codex")
     fake.windows[MODEL] = WINDOW
     fake.responses.agent = FileReader(data_files(tmp_path, count=8))
-    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)])
+    proxy = await make_proxy(routes=[route(upstream_url, "agent-*", WINDOW)], store_url=store_url)
     sockets = counter("compaction_proxy_socket_sessions_total", format="responses")
     code, output = await run_codex_remote_compacting(
         proxy.url, tmp_path / "home", tmp_path, own_window=1_000_000
