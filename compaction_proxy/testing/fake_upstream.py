@@ -203,9 +203,7 @@ class FakeUpstream:
         """What OpenAI's prompt cache reads of this chat prompt (which it then keeps)."""
         tools = body.get("tools")
         tools_tokens = self.count_text(text_of(tools)) if tools else 0
-        parts = chat_prompt(
-            dict(body), lambda m: self.prompt_tokens({"messages": [m]}) - 3, tools_tokens
-        )
+        parts = chat_prompt(body, lambda m: self.prompt_tokens({"messages": [m]}) - 3, tools_tokens)
         return self.prompt_caches.openai(parts, body.get("prompt_cache_key"))
 
     def _remember(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -160,7 +160,7 @@ def _marked(value: Any) -> bool:
 
 
 def chat_prompt(
-    body: dict[str, Any], message_tokens: Callable[[Any], int], tools_tokens: int
+    body: Mapping[str, Any], message_tokens: Callable[[Any], int], tools_tokens: int
 ) -> list[PromptPart]:
     """A chat prompt's parts: its tools, then each message."""
     parts = [PromptPart(body["tools"], tools_tokens)] if body.get("tools") else []

@@ -65,33 +65,43 @@ def assert_each_request_reads_what_the_last_cached(answers: list[Answered], slac
     assert any(a.read for a in answers if a.generation == generations[-1])
 
 
+@dataclass(frozen=True)
+class CacheRun:
+    """A proxy whose one route (``pattern``) has a 16k window, and what the route's metric
+    had counted as read when it started."""
+
+    proxy: RunningProxy
+    pattern: str
+    before: float
+
+
+async def started(
+    make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream, model: str, pattern: str
+) -> CacheRun:
+    fake.windows[model] = WINDOW
+    proxy = await make_proxy(routes=[route(upstream_url, pattern, WINDOW)])
+    return CacheRun(proxy, pattern, reads(pattern))
+
+
 async def assert_the_cache_was_read(
-    proxy: RunningProxy,
-    proxy_route: str,
-    before: float,
-    answers: list[Answered],
-    prompts: list[CacheRead],
-    slack: int,
+    run: CacheRun, answers: list[Answered], prompts: list[CacheRead], slack: int
 ) -> None:
     """What the clients saw and the fake answered: each request read what the last one had
     cached (``slack``: what the provider rounds away), every summary call its
-    conversation's cache, and the route's metric counts what the clients read (since
-    ``before``)."""
+    conversation's cache, and the route's metric counts what the clients read."""
     assert_each_request_reads_what_the_last_cached(answers, slack)
     assert_summary_calls_read_the_conversations_cache(prompts)
-    await proxy.app[SERVICES].pending_log_writes.settled_all()  # counted after the answer
-    assert reads(proxy_route) - before == sum(a.read for a in answers)
+    await run.proxy.app[SERVICES].pending_log_writes.settled_all()  # counted after the answer
+    assert reads(run.pattern) - run.before == sum(a.read for a in answers)
 
 
 async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpoints(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    fake.windows["cache-model"] = WINDOW
-    proxy = await make_proxy(routes=[route(upstream_url, "cache-*", WINDOW)])
-    before = reads("cache-*")
+    run = await started(make_proxy, upstream_url, fake, "cache-model", "cache-*")
     messages = [system(), user(f"FACT-3: ticket {uuid.uuid4().hex[:6]}. Fix the importer.")]
     answers: list[Answered] = []
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=run.proxy.url, api_key="k", max_retries=0) as client:
         for step in range(STEPS):
             call = f"call_{step}"
             messages += [
@@ -110,23 +120,19 @@ async def test_a_compacted_chat_conversation_reads_the_cache_between_its_checkpo
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(usage.prompt_tokens, read, written, generation))
     # The whole last prompt is cached, save the reply's priming and the 128-token steps.
-    await assert_the_cache_was_read(
-        proxy, "cache-*", before, answers, fake.cache_reads, OPENAI_STEP + 3
-    )
+    await assert_the_cache_was_read(run, answers, fake.cache_reads, OPENAI_STEP + 3)
 
 
 async def test_a_compacted_responses_conversation_reads_the_cache_between_its_checkpoints(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
     """Codex's shape: stateless (``store`` off), its own ``prompt_cache_key``."""
-    fake.windows["cache-responses"] = WINDOW
-    proxy = await make_proxy(routes=[route(upstream_url, "cache-*", WINDOW)])
-    before = reads("cache-*")
+    run = await started(make_proxy, upstream_url, fake, "cache-responses", "cache-*")
     items: list[dict[str, Any]] = [
         {"role": "user", "content": f"FACT-3: ticket {uuid.uuid4().hex[:6]}. Fix the importer."}
     ]
     answers: list[Answered] = []
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="k", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=run.proxy.url, api_key="k", max_retries=0) as client:
         for step in range(STEPS):
             call = f"call_{step}"
             items += [
@@ -150,9 +156,7 @@ async def test_a_compacted_responses_conversation_reads_the_cache_between_its_ch
             written = usage.input_tokens - read
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(usage.input_tokens, read, written, generation))
-    await assert_the_cache_was_read(
-        proxy, "cache-*", before, answers, fake.responses.cache_reads, OPENAI_STEP + 3
-    )
+    await assert_the_cache_was_read(run, answers, fake.responses.cache_reads, OPENAI_STEP + 3)
 
 
 def claude_code_turns(task: str, steps: int) -> list[dict[str, Any]]:
@@ -176,16 +180,14 @@ def claude_code_turns(task: str, steps: int) -> list[dict[str, Any]]:
 async def test_a_compacted_messages_conversation_reads_the_cache_between_its_checkpoints(
     make_proxy: ProxyFactory, upstream_url: str, fake: FakeUpstream
 ) -> None:
-    fake.windows["claude-cache"] = WINDOW
-    proxy = await make_proxy(routes=[route(upstream_url, "claude-*", WINDOW)])
-    before = reads("claude-*")
+    run = await started(make_proxy, upstream_url, fake, "claude-cache", "claude-*")
     task = f"FACT-3: ticket {uuid.uuid4().hex[:6]}. Fix the importer."
     system_prompt = [
         {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}
     ]
     answers: list[Answered] = []
     async with anthropic.AsyncAnthropic(
-        base_url=proxy.url.removesuffix("/v1"), api_key="k", max_retries=0
+        base_url=run.proxy.url.removesuffix("/v1"), api_key="k", max_retries=0
     ) as client:
         for step in range(1, STEPS + 1):
             raw = await client.messages.with_raw_response.create(
@@ -200,6 +202,4 @@ async def test_a_compacted_messages_conversation_reads_the_cache_between_its_che
             prompt = usage.input_tokens + read + written
             generation = raw.headers["x-compaction-generation"]
             answers.append(Answered(prompt, read, written, generation))
-    await assert_the_cache_was_read(
-        proxy, "claude-*", before, answers, fake.messages.cache_reads, 0
-    )
+    await assert_the_cache_was_read(run, answers, fake.messages.cache_reads, 0)
