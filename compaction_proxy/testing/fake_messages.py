@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,6 +181,11 @@ class FakeMessages:
     knows_context_management: bool = False
     prompt_caches: PromptCaches = field(default_factory=PromptCaches)  # breakpoint caching
     cache_reads: list[CacheRead] = field(default_factory=list)  # each answered prompt's
+    # Off for benchmarks, as the chat fake's: prompts sized by their bytes, nothing cached,
+    # no body kept, so the upstream answers as fast as it can and holds no growing list.
+    count_tokens: bool = True
+    keep_requests: bool = True
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -253,7 +259,8 @@ class FakeMessages:
             return anthropic_error(400, "invalid_request_error", "Invalid JSON in request body")
         if not isinstance(body, dict) or (needs_model and not isinstance(body.get("model"), str)):
             return anthropic_error(400, "invalid_request_error", "model: Field required")
-        self.received.append(MessagesRequest(request.path, dict(request.headers), body))
+        if self.keep_requests:
+            self.received.append(MessagesRequest(request.path, dict(request.headers), body))
         return body
 
     def input_tokens(self, body: dict[str, Any]) -> int:
@@ -320,7 +327,9 @@ class FakeMessages:
         if problem is not None:
             self.refused.append(problem)
             return anthropic_error(400, "invalid_request_error", problem)
-        tokens, window = self.input_tokens(body), self.window_of(body["model"])
+        counted = self.input_tokens(body) if self.count_tokens else None
+        tokens = counted if counted is not None else len(orjson.dumps(body)) // 4
+        window = self.window_of(body["model"])
         cap = body.get("max_tokens")
         cap = cap if isinstance(cap, int) else 0
         if tokens + cap > window:
@@ -351,13 +360,15 @@ class FakeMessages:
             signed = {"type": "thinking", "thinking": thought, "signature": sign(thought)}
             content = [signed, *content]
         calls = any(block.get("type") == "tool_use" for block in content)
-        number = len(self.received)
-        use = self.prompt_caches.anthropic(
-            messages_prompt(body, self.count_text, self.block_tokens)
-        )
-        read = min(use.read, tokens)
-        written = min(use.written, tokens - read)
-        self.cache_reads.append(CacheRead(is_summary_request(body), tokens, read))
+        number = len(self.received) if self.keep_requests else next(self._ids)
+        read = written = 0
+        if self.count_tokens:
+            use = self.prompt_caches.anthropic(
+                messages_prompt(body, self.count_text, self.block_tokens)
+            )
+            read = min(use.read, tokens)
+            written = min(use.written, tokens - read)
+            self.cache_reads.append(CacheRead(is_summary_request(body), tokens, read))
         message_body = {
             "id": f"msg_fake{number}",
             "type": "message",

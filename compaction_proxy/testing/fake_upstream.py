@@ -111,8 +111,15 @@ class FakeUpstream:
             window_of=self.window_of,
             headers=self._headers,
             summary_delay=lambda: self.summary_delay,
+            count_tokens=self.count_tokens,
+            keep_requests=self.keep_requests,
         )
-        self.messages = FakeMessages(count_text=self.count_text, window_of=self.window_of)
+        self.messages = FakeMessages(
+            count_text=self.count_text,
+            window_of=self.window_of,
+            count_tokens=self.count_tokens,
+            keep_requests=self.keep_requests,
+        )
 
     # -- behaviour set by tests -------------------------------------------------------------
 
