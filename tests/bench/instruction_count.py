@@ -25,39 +25,26 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 
 from tests.bench.overhead import metered_env
+from tests.bench.request_forms import CHAT, REQUEST_FORMS, RequestForm
 from tests.processes import free_port, serve_argv, wait_until_ready
 from tests.redis_server import RedisServer
-from tests.transcripts import as_messages_body, as_responses_body, replay_requests, transcripts
+from tests.transcripts import replay_requests, transcripts
 
 SETTLE_SECONDS = 45.0  # litellm's background import ends well within it under valgrind
 
 
-MODEL = "bench-model"
-# Each format's path and its bodies, as its agents send them (``--format``).
-FORMATS: dict[str, tuple[str, Callable[[list[dict[str, Any]]], dict[str, Any]]]] = {
-    "chat": ("/v1/chat/completions", lambda history: {"model": MODEL, "messages": history}),
-    "responses": ("/v1/responses", lambda history: as_responses_body(MODEL, history)),
-    "messages": ("/v1/messages", lambda history: as_messages_body(MODEL, history)),
-}
-
-
 async def replay(
-    http: aiohttp.ClientSession, base: str, bodies: list[bytes], path: str = FORMATS["chat"][0]
+    http: aiohttp.ClientSession, base: str, bodies: list[bytes], form: RequestForm = CHAT
 ) -> None:
-    session = f"count-{time.time_ns()}"
-    headers = {"Authorization": "Bearer bench", "X-Session-Id": session}
-    if path == FORMATS["messages"][0]:  # as Anthropic's clients authenticate
-        headers = {"x-api-key": "bench", "anthropic-version": "2023-06-01", "X-Session-Id": session}
+    headers = form.headers(f"count-{time.time_ns()}")
     for body in bodies:
-        async with http.post(f"{base}{path}", data=body, headers=headers) as answer:
+        async with http.post(f"{base}{form.path}", data=body, headers=headers) as answer:
             await answer.read()
             assert answer.status == 200, answer.status
 
@@ -77,7 +64,7 @@ async def count(
     bodies: list[bytes],
     rounds: int,
     work: Path,
-    path: str,
+    form: RequestForm,
 ) -> float:
     """Millions of instructions a request for one set-up."""
     port, out = free_port(), work / f"callgrind-{time.time_ns()}"
@@ -97,10 +84,10 @@ async def count(
         await wait_until_ready(f"{base}/healthz", timeout=300.0)
         await asyncio.sleep(SETTLE_SECONDS)
         async with aiohttp.ClientSession() as http:
-            await replay(http, base, bodies, path)
+            await replay(http, base, bodies, form)
             await control("-i", "on", process.pid)
             for _ in range(rounds):
-                await replay(http, base, bodies, path)
+                await replay(http, base, bodies, form)
             await asyncio.sleep(1.0)  # the last record, written after its answer
             await control("-d", process.pid)
     finally:
@@ -123,8 +110,10 @@ async def control(*args: str | int) -> None:
 async def run(against: str | None, transcript: str | None, rounds: int, form: str) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
-    path, body_of = FORMATS[form]
-    bodies = [orjson.dumps(body_of(history)) for history in replay_requests(chosen.messages)]
+    bodies = [
+        orjson.dumps(REQUEST_FORMS[form].body_of(history))
+        for history in replay_requests(chosen.messages)
+    ]
     print(
         f"transcript {chosen.name} as {form}: {len(bodies)} requests a replay, "
         f"{rounds} replays counted"
@@ -150,7 +139,9 @@ async def run(against: str | None, transcript: str | None, rounds: int, form: st
             for name in ("memory", "redis"):
                 database += 1
                 store = "memory://" if name == "memory" else f"{redis.url[:-2]}/{database}"
-                millions = await count(upstream_url, store, cwd, bodies, rounds, work, path)
+                millions = await count(
+                    upstream_url, store, cwd, bodies, rounds, work, REQUEST_FORMS[form]
+                )
                 print(f"{name + suffix:<10}{millions:8.3f} M instructions a request", flush=True)
     finally:
         await redis.stop()
@@ -164,7 +155,7 @@ def main() -> None:
     parser.add_argument("--against", help="another checkout, counted beside this one")
     parser.add_argument("--transcript", default="13265", help="part of a transcript's name")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--format", choices=sorted(FORMATS), default="chat", dest="form")
+    parser.add_argument("--format", choices=sorted(REQUEST_FORMS), default="chat", dest="form")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")

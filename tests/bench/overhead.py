@@ -1,9 +1,12 @@
 """Proxy overhead, side by side in one run: direct, a bare relay, and the proxy in three set-ups.
 
-Run: ``python -m tests.bench.overhead [--rounds N] [--transcript NAME] [--against DIR]``. Not
-collected by pytest. With ``--against``, the memory and Redis set-ups of another checkout (a
-worktree of the parent commit) run as ``memory@`` and ``redis@`` beside this one's, in the same
-rounds: a change on the request path is measured against its parent, not against noise.
+Run: ``python -m tests.bench.overhead [--rounds N] [--transcript NAME] [--against DIR]
+[--format chat|responses|messages]``. Not collected by pytest. ``--format``: the transcript's
+requests as that wire format's agents send them (``tests.bench.request_forms``), to every
+target alike, so a format's overhead is read against a relay of the same bodies. With
+``--against``, the memory and Redis set-ups of another checkout (a worktree of the parent
+commit) run as ``memory@`` and ``redis@`` beside this one's, in the same rounds: a change on
+the request path is measured against its parent, not against noise.
 The fake upstream answers instantly (no token counting), so what differs between the
 columns is the hop in the middle. Targets are interleaved round by round so that noise on a
 shared machine hits all of them alike, and every round replays the transcript as a fresh
@@ -53,6 +56,7 @@ import aiohttp
 import orjson
 
 from compaction_proxy.security.client_keys import digest_of
+from tests.bench.request_forms import CHAT, REQUEST_FORMS, RequestForm
 from tests.bench.stage_proxy import STAGE_NAMES
 from tests.processes import free_port, proxy_process, wait_until_ready
 from tests.redis_server import RedisServer
@@ -72,25 +76,23 @@ async def process(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
         await proc.wait()
 
 
-async def post(http: aiohttp.ClientSession, base: str, body: bytes, session: str) -> float:
+async def post(
+    http: aiohttp.ClientSession, base: str, body: bytes, session: str, form: RequestForm = CHAT
+) -> float:
     """One request of a replay; its latency."""
     started = time.perf_counter()
-    async with http.post(
-        f"{base}/v1/chat/completions",
-        data=body,
-        headers={
-            "Content-Type": "application/json",
-            "Authorization": "Bearer bench",
-            "X-Session-Id": session,
-        },
-    ) as response:
-        await response.read()
-        assert response.status == 200, response.status
+    async with http.post(f"{base}{form.path}", data=body, headers=form.headers(session)) as answer:
+        await answer.read()
+        assert answer.status == 200, answer.status
     return time.perf_counter() - started
 
 
 async def replay(
-    http: aiohttp.ClientSession, base: str, bodies: list[bytes], concurrency: int
+    http: aiohttp.ClientSession,
+    base: str,
+    bodies: list[bytes],
+    concurrency: int,
+    form: RequestForm = CHAT,
 ) -> tuple[list[list[float]], float]:
     """Send every body (``concurrency`` replays at once, each a fresh conversation); the
     latencies of each replay by request index, and the wall time."""
@@ -98,7 +100,7 @@ async def replay(
 
     async def one_replay() -> None:
         session = f"bench-{next(_fresh)}"
-        replays.append([await post(http, base, body, session) for body in bodies])
+        replays.append([await post(http, base, body, session, form) for body in bodies])
 
     started = time.perf_counter()
     await asyncio.gather(*(one_replay() for _ in range(concurrency)))
@@ -128,6 +130,7 @@ async def lockstep(
     pids: dict[str, list[int]],
     bodies: list[bytes],
     rounds: int,
+    form: RequestForm = CHAT,
 ) -> dict[str, Stepped]:
     """Every target replays the transcript in step, one request each in turn (a fresh
     conversation per target and round), so the latencies compared at one request index were
@@ -147,7 +150,7 @@ async def lockstep(
         for body in bodies:
             for name, base in order:
                 marks[name].append(run_ns(pids[name]))
-                latencies[name].append(await post(http, base, body, sessions[name]))
+                latencies[name].append(await post(http, base, body, sessions[name], form))
         await asyncio.sleep(0.05)  # the last records
         for name in bases:
             marks[name].append(run_ns(pids[name]))
@@ -414,22 +417,22 @@ async def run(
     transcript: str | None,
     against: str | None = None,
     held_key: bool = False,
+    form: RequestForm = CHAT,
 ) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
-    bodies = [
-        orjson.dumps({"model": "bench-model", "messages": history})
-        for history in replay_requests(chosen.messages)
-    ]
+    bodies = [orjson.dumps(form.body_of(history)) for history in replay_requests(chosen.messages)]
     size = statistics.mean(len(b) for b in bodies)
     print(
-        f"transcript {chosen.name}: {len(bodies)} requests per replay, mean body "
+        f"transcript {chosen.name} ({form.path}): {len(bodies)} requests per replay, mean body "
         f"{size / 1024:.0f} KiB, {rounds} rounds, a fresh conversation per replay"
     )
     timings = tempfile.NamedTemporaryFile(prefix="bench-timings-", delete=False)  # noqa: SIM115
     timings.close()
     try:
-        await measure(bodies, rounds, step_rounds, control_us, timings.name, against, held_key)
+        await measure(
+            bodies, rounds, step_rounds, control_us, timings.name, against, held_key, form
+        )
     finally:
         os.unlink(timings.name)
 
@@ -442,6 +445,7 @@ async def measure(
     timings: str,
     against: str | None = None,
     held_key: bool = False,
+    form: RequestForm = CHAT,
 ) -> None:
     async with targets(free_port(), control_us, timings, against, held_key) as (
         bases,
@@ -452,7 +456,7 @@ async def measure(
         connector = aiohttp.TCPConnector(limit=64)
         async with aiohttp.ClientSession(connector=connector) as http:
             for base in bases.values():
-                await replay(http, base, bodies, 1)  # warm-up
+                await replay(http, base, bodies, 1, form)  # warm-up
             for concurrency in CONCURRENCIES:
                 tallies: dict[str, Tally] = defaultdict(Tally)
                 jiffies = cpu_jiffies()
@@ -461,7 +465,7 @@ async def measure(
                         tally = tallies[name]
                         own, redis = pids.get(name), pids["redis-server"]
                         before = (cpu_seconds(own) if own else 0.0), cpu_seconds(redis)
-                        done, wall = await replay(http, base, bodies, concurrency)
+                        done, wall = await replay(http, base, bodies, concurrency, form)
                         tally.cpu += (cpu_seconds(own) if own else 0.0) - before[0]
                         tally.redis_cpu += cpu_seconds(redis) - before[1]
                         tally.replays.extend(done)
@@ -475,7 +479,7 @@ async def measure(
                 f"\ncost against history length (the targets in step, concurrency 1, "
                 f"{step_rounds} rounds)"
             )
-            await replay(http, step.timed, bodies, 1)  # warm-up
+            await replay(http, step.timed, bodies, 1, form)  # warm-up
             os.truncate(step.timings, 0)  # not counted (the proxy appends after the end)
             stepped_bases = {name: bases[name] for name in ("relay", "redis")}
             stepped_bases.update(memory=step.timed, control=step.control)
@@ -483,7 +487,7 @@ async def measure(
             stepped_pids["memory"] = [step.timed_pid]
             stepped_pids["redis"].append(pids["redis-server"])
             jiffies = cpu_jiffies()
-            stepped = await lockstep(http, stepped_bases, stepped_pids, bodies, step_rounds)
+            stepped = await lockstep(http, stepped_bases, stepped_pids, bodies, step_rounds, form)
             relay = stepped["relay"]
             for name in ("memory", "redis", "control"):
                 first, last, ratio = growth_ratio(stepped[name].latencies, relay.latencies)
@@ -548,6 +552,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="every proxy holds the upstream key, and its clients send client keys",
     )
+    parser.add_argument(
+        "--format",
+        choices=sorted(REQUEST_FORMS),
+        default="chat",
+        dest="form",
+        help="the requests as that wire format's agents send them",
+    )
     args = parser.parse_args(argv)
     asyncio.run(
         run(
@@ -557,6 +568,7 @@ def main(argv: list[str] | None = None) -> None:
             args.transcript,
             args.against,
             args.held_key,
+            REQUEST_FORMS[args.form],
         )
     )
 
