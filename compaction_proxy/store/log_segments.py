@@ -24,7 +24,12 @@ logged part of it, or this one restarted) is read back to be packed.
 
 A segment grows by merging the next run into it while both fit ``SegmentLimits``: bigger
 segments compress better, and the limits keep one segment a small part of the log's bounds,
-so dropping the oldest segment whole never drops much more than the bounds ask.
+so dropping the oldest segment whole never drops much more than the bounds ask. A merge
+appends one zstd frame holding the new run alone, compressed with the segment's lines so far
+as its prefix: it refers back into them as one frame of the whole would, yet each run is
+compressed once, not once for every run merged after it. A segment is thus one frame or
+several in a row, each read with the lines of those before it as its prefix (``decompress``);
+a segment of one frame is what plain ``zstd.compress`` makes.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ PACK_AT_BYTES = 24 * 1024  # a run of unpacked events this large is packed
 READ_PACK_AT_BYTES = 2 * PACK_AT_BYTES  # past this, a stream no process holds is read back
 SEGMENT_BYTES = 128 * 1024  # a segment grows by merging while its lines fit this
 LEVEL = 3  # zstd's default: hundreds of MB/s on one core, and most of the ratio
+PREFIX_BYTES = 8  # zstd takes no shorter prefix: a frame after fewer lines stands alone
 
 Entry = tuple[str, bytes]  # a stream entry's id and its event's JSON
 
@@ -154,12 +160,29 @@ def segment_lines(entries: Iterable[Entry]) -> bytes:
     return b"".join(b"%s\t%s\n" % (entry_id.encode(), line) for entry_id, line in entries)
 
 
-def compress(lines: bytes) -> bytes:
-    return zstd.compress(lines, LEVEL)
+def compress(lines: bytes, prefix: bytes = b"") -> bytes:
+    """One zstd frame of ``lines``; with ``prefix``, one that refers back into it, read only
+    with the same prefix (``decompress``)."""
+    if len(prefix) < PREFIX_BYTES:
+        return zstd.compress(lines, LEVEL)
+    return zstd.compress(lines, LEVEL, zstd_dict=zstd.ZstdDict(prefix, is_raw=True).as_prefix)
 
 
-def decompress(frame: bytes) -> bytes:
-    return zstd.decompress(frame)
+def decompress(frames: bytes) -> bytes:
+    """A segment's lines: its frames in turn, each read with the lines before it as its prefix.
+    Raises ``zstd.ZstdError`` for a frame that is damaged or cut short."""
+    lines = b""
+    rest = frames
+    while rest:
+        prefix = None
+        if len(lines) >= PREFIX_BYTES:
+            prefix = zstd.ZstdDict(lines, is_raw=True).as_prefix
+        reader = zstd.ZstdDecompressor(prefix)
+        lines += reader.decompress(rest)
+        if not reader.eof:
+            raise zstd.ZstdError("a segment's frame is cut short")
+        rest = reader.unused_data
+    return lines
 
 
 def entries_of(lines: bytes) -> list[Entry]:
@@ -175,7 +198,8 @@ def entries_of(lines: bytes) -> list[Entry]:
 @dataclass(frozen=True)
 class PackPlan:
     """A pack ready to send: the run it takes off the stream, and the segment it lands as
-    (``merged`` with the newest segment, which it then replaces, or appended)."""
+    (``merged`` with the newest segment, which it then replaces, or appended). ``frame``: the
+    segment's frames, as stored."""
 
     chunk: tuple[Entry, ...]
     segment: Segment
@@ -188,23 +212,24 @@ def plan_pack(
     limits: SegmentLimits,
     token: str,
     newest: Segment | None = None,
-    newest_lines: bytes = b"",
+    newest_frames: bytes = b"",
 ) -> PackPlan:
     """Compress ``chunk`` into a segment kept under ``token``, merged into the ``newest``
-    segment (whose lines the caller holds) when both fit one segment's limits."""
+    segment (whose frames the caller holds) when both fit one segment's limits: its frames,
+    then one of ``chunk``'s lines alone with the newest segment's lines as its prefix."""
     lines = segment_lines(chunk)
     first, last = chunk[0][0], chunk[-1][0]
     fits = (
         newest is not None
-        and len(newest_lines) == newest.lines
         and newest.lines + len(lines) <= limits.lines
         and newest.events + len(chunk) <= limits.events
     )
-    if newest is not None and fits:
-        lines = newest_lines + lines
-        frame = compress(lines)
+    newest_lines = decompress(newest_frames) if fits else b""
+    if newest is not None and fits and len(newest_lines) == newest.lines:
+        frame = newest_frames + compress(lines, newest_lines)
         events = newest.events + len(chunk)
-        segment = Segment(newest.first, last, events, len(frame), len(lines), token)
+        size = newest.lines + len(lines)
+        segment = Segment(newest.first, last, events, len(frame), size, token)
         return PackPlan(tuple(chunk), segment, frame, newest)
     frame = compress(lines)
     segment = Segment(first, last, len(chunk), len(frame), len(lines), token)

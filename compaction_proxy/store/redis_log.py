@@ -235,7 +235,7 @@ class LogPacker:
         token = uuid.uuid4().hex[:16]
         if newest is None:
             return plan_pack(chunk, self._limits, token)
-        return plan_pack(chunk, self._limits, token, newest[0], decompress(newest[1]))
+        return plan_pack(chunk, self._limits, token, *newest)
 
     async def _send(
         self,

@@ -3,6 +3,8 @@ cut and merged into segments, and how a page is read across segments and the str
 
 from __future__ import annotations
 
+import sys
+
 import orjson
 import pytest
 
@@ -23,6 +25,11 @@ from compaction_proxy.store.log_segments import (
     plan_pack,
     segment_lines,
 )
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 pytest.importorskip("hypothesis")
 
@@ -107,7 +114,7 @@ def test_a_chunk_merges_into_the_newest_segment_only_while_both_fit() -> None:
     first = plan_pack([entry(1, 100), entry(2, 100)], WIDE, "t1")
     assert first.merged is None and first.segment.events == 2
     lines = decompress(first.frame)
-    merged = plan_pack([entry(3, 100)], WIDE, "t2", first.segment, lines)
+    merged = plan_pack([entry(3, 100)], WIDE, "t2", first.segment, first.frame)
     assert merged.merged == first.segment and merged.segment.token == "t2"
     assert (merged.segment.first, merged.segment.last, merged.segment.events) == (
         "100-1",
@@ -115,11 +122,39 @@ def test_a_chunk_merges_into_the_newest_segment_only_while_both_fit() -> None:
         3,
     )
     assert ids(entries_of(decompress(merged.frame))) == ["100-1", "100-2", "100-3"]
+    assert merged.segment.lines == len(decompress(merged.frame))
     tight = SegmentLimits(lines=len(lines) + 50, events=1000)
-    alone = plan_pack([entry(3, 100)], tight, "t3", first.segment, lines)
+    alone = plan_pack([entry(3, 100)], tight, "t3", first.segment, first.frame)
     assert alone.merged is None and alone.segment.first == "100-3"
-    # lines that are not the newest segment's (another's, or lost) are never merged
-    assert plan_pack([entry(3, 100)], WIDE, "t4", first.segment, lines[:-1]).merged is None
+    # frames that are not the newest segment's (another's, or lost) are never merged into
+    other = compress(lines[:-1])
+    assert plan_pack([entry(3, 100)], WIDE, "t4", first.segment, other).merged is None
+
+
+def test_a_merge_compresses_the_new_run_alone_and_keeps_the_frames_before_it() -> None:
+    """Each run is compressed once: merging appends a frame of the new lines, which refers
+    back into the segment's lines (so it is smaller than the same lines compressed alone)."""
+    run = [(f"100-{n}", b'{"output": "importer log line %d"}' % (n % 7)) for n in range(200)]
+    first = plan_pack(run[:100], WIDE, "t1")
+    merged = plan_pack(run[100:], WIDE, "t2", first.segment, first.frame)
+    assert merged.frame.startswith(first.frame)
+    appended = merged.frame[len(first.frame) :]
+    assert len(appended) < len(compress(segment_lines(run[100:])))
+    assert entries_of(decompress(merged.frame)) == run
+    assert merged.segment.stored == len(merged.frame)
+
+
+def test_a_segment_of_one_frame_of_all_its_lines_reads_as_before() -> None:
+    """Earlier versions compressed a merged segment's lines again as one frame."""
+    run = [entry(n, 50) for n in range(1, 9)]
+    assert entries_of(decompress(zstd.compress(segment_lines(run), 3))) == run
+
+
+def test_a_segment_cut_short_is_refused_not_read_in_part() -> None:
+    first = plan_pack([entry(1, 100), entry(2, 100)], WIDE, "t1")
+    merged = plan_pack([entry(3, 100)], WIDE, "t2", first.segment, first.frame)
+    with pytest.raises(zstd.ZstdError):
+        decompress(merged.frame[:-3])
 
 
 def test_a_page_reads_segments_then_the_stream_after_its_cursor() -> None:
@@ -167,3 +202,18 @@ def test_a_run_never_skips_an_entry(
     run = [int(entry_id.split("-")[1]) for entry_id in ids(linked_run(arrived, oldest))]
     assert run == stream[oldest - 1 : oldest - 1 + len(run)]
     assert run == [] or run[0] == oldest
+
+
+@given(st.lists(st.lists(st.binary(max_size=300), min_size=1, max_size=8), max_size=6))
+def test_runs_merged_one_by_one_read_back_in_order_byte_for_byte(runs: list[list[bytes]]) -> None:
+    entries: list[tuple[str, bytes]] = []
+    newest = None
+    for run in runs:
+        chunk = [
+            (f"{len(entries) + n + 1}-0", b"e" + value.replace(b"\n", b" "))
+            for n, value in enumerate(run)
+        ]
+        plan = plan_pack(chunk, WIDE, "t", *(newest or ()))
+        entries += chunk
+        newest = (plan.segment, plan.frame)
+    assert newest is None or entries_of(decompress(newest[1])) == entries
