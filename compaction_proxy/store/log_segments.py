@@ -168,20 +168,27 @@ def compress(lines: bytes, prefix: bytes = b"") -> bytes:
     return zstd.compress(lines, LEVEL, zstd_dict=zstd.ZstdDict(prefix, is_raw=True).as_prefix)
 
 
+class DamagedSegment(ValueError):
+    """A segment's frames do not read: damaged, cut short, or encoded by a later version."""
+
+
 def decompress(frames: bytes) -> bytes:
     """A segment's lines: its frames in turn, each read with the lines before it as its prefix.
-    Raises ``zstd.ZstdError`` for a frame that is damaged or cut short."""
+    Raises ``DamagedSegment`` for frames that do not read whole."""
     lines = b""
     rest = frames
-    while rest:
-        prefix = None
-        if len(lines) >= PREFIX_BYTES:
-            prefix = zstd.ZstdDict(lines, is_raw=True).as_prefix
-        reader = zstd.ZstdDecompressor(prefix)
-        lines += reader.decompress(rest)
-        if not reader.eof:
-            raise zstd.ZstdError("a segment's frame is cut short")
-        rest = reader.unused_data
+    try:
+        while rest:
+            prefix = None
+            if len(lines) >= PREFIX_BYTES:
+                prefix = zstd.ZstdDict(lines, is_raw=True).as_prefix
+            reader = zstd.ZstdDecompressor(prefix)
+            lines += reader.decompress(rest)
+            if not reader.eof:
+                raise DamagedSegment("a segment's frame is cut short")
+            rest = reader.unused_data
+    except zstd.ZstdError as exc:
+        raise DamagedSegment(str(exc)) from exc
     return lines
 
 

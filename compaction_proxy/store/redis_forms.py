@@ -127,7 +127,7 @@ def logged_tip_of(raw: str | None) -> tuple[int, str] | None:
         return None
     position, _, tip_hash = raw.partition(":")
     if not (position.isascii() and position.isdigit()):
-        _unreadable("tip", raw)
+        unreadable_field("tip", raw)
         return None
     return int(position), tip_hash
 
@@ -139,7 +139,7 @@ def generation_field(raw: str | None) -> int:
         return 0
     if raw.isascii() and raw.isdigit():
         return int(raw)
-    _unreadable("generation", raw)
+    unreadable_field("generation", raw)
     return 0
 
 
@@ -147,7 +147,7 @@ def generation_field(raw: str | None) -> int:
 _SAID: LRU[tuple[str, str], bool] = LRU(1024)
 
 
-def _unreadable(field: str, raw: str) -> None:
+def unreadable_field(field: str, raw: str) -> None:
     """A state field that cannot be read (another version's, or damaged) is read as absent,
     like an unreadable record: counted, logged once, and the conversation goes on."""
     said = (field, raw[:200])
@@ -174,7 +174,7 @@ def state_of(
     state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
     anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
     if anchor is None and "anchor" in state:
-        _unreadable("anchor", state["anchor"])
+        unreadable_field("anchor", state["anchor"])
     lines = sorted(
         (int(order), raw)
         for value in values

@@ -32,6 +32,7 @@ from compaction_proxy.metrics import LOG_PACKS
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.store.base import LogPage, StoreUnavailable
 from compaction_proxy.store.log_segments import (
+    DamagedSegment,
     Entry,
     LoggedBatch,
     PackPlan,
@@ -48,6 +49,7 @@ from compaction_proxy.store.log_segments import (
     plan_pack,
 )
 from compaction_proxy.store.packed_events import event_json
+from compaction_proxy.store.redis_forms import unreadable_field
 from compaction_proxy.store.redis_keys import keys_of, segment_key_prefix
 
 log = logging.getLogger(__name__)
@@ -313,9 +315,13 @@ class LogPacker:
         async with self._bounded("read_log"):
             frames, stream = await self._read_script(keys=keys, args=args)
         packed: list[Entry] = []
-        for frame in frames:
-            if frame:  # a segment whose key expired reads as nothing
+        for number, frame in enumerate(frames):
+            if not frame:  # a segment whose key expired reads as nothing
+                continue
+            try:
                 packed += entries_of(decompress(as_bytes(frame)))
+            except DamagedSegment:  # its events read as absent, like an unreadable record
+                unreadable_field("log_segment", f"{conversation} segment {number}")
         unpacked = [(entry_id, event_json(fields)) for entry_id, fields in _fields(stream)]
         page, more = page_after(packed, unpacked, after, limit)
         events = [(entry_id, jsonio.loads(line)) for entry_id, line in page]

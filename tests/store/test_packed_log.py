@@ -29,6 +29,7 @@ from tests.helpers import counter
 from tests.redis_server import shared_redis_url
 
 PACKS = "compaction_proxy_log_packs_total"
+UNREADABLE = "compaction_proxy_unreadable_state_fields_total"
 
 
 def tool_output(position: int, size: int = 3_000) -> str:
@@ -275,6 +276,30 @@ async def test_entries_and_seen_keys_of_earlier_versions_are_read_and_packed(
             await store.log_packs_settled()
         logged = await assert_packed(store, client, conversation, range(88))
         assert [event for _, event in logged[:40]] == [m.event for m in earlier]
+    finally:
+        await store.close()
+
+
+async def test_a_segment_that_does_not_read_is_left_out_counted_and_the_rest_reads(
+    conversation: str, client: aioredis.Redis
+) -> None:
+    """A damaged segment, or one a later version encoded (read after a rollback), reads as
+    absent like an unreadable record: the rest of the log still reads, in order."""
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
+    try:
+        for n in range(20):
+            await store.append(conversation, turn(n * 3))
+            await store.log_packs_settled()
+        whole = await whole_log(store, conversation)
+        prefix = segment_key_prefix(conversation)
+        segments = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        assert len(segments) >= 2
+        before = counter(UNREADABLE, field="log_segment")
+        await client.set(segments[0], b"damaged", keepttl=True)
+        left = await whole_log(store, conversation)
+        assert 0 < len(left) < len(whole)
+        assert [entry for entry in whole if entry in left] == left
+        assert counter(UNREADABLE, field="log_segment") == before + 1
     finally:
         await store.close()
 
