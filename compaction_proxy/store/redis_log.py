@@ -54,7 +54,7 @@ from compaction_proxy.store.redis_keys import keys_of, segment_key_prefix
 
 log = logging.getLogger(__name__)
 
-HELD_BYTES = 64 * 1024 * 1024  # bytes of logged events this process keeps to pack them
+HELD_BYTES = 64 * 1024 * 1024  # bytes of logged events and newest frames kept to pack them
 READ_PACK_PAGE = 512  # stream entries read back at a time
 OFF_LOOP_LINES = 64 * 1024  # a pack compressing more lines runs in a worker thread
 
@@ -84,6 +84,11 @@ class _Held:
         self.size += size
         self.count += len(batch.entries)
         return size
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of the newest segment's frames held to merge into."""
+        return len(self.newest[1]) if self.newest is not None else 0
 
     def keep(self, batches: list[LoggedBatch]) -> int:
         """Hold ``batches`` instead; the change in bytes held."""
@@ -138,14 +143,15 @@ class LogPacker:
         self._held[conversation] = held  # the most recently used, last
         if epoch != held.epoch:
             self._keep(held, [])
-            held.newest, held.epoch = None, epoch
+            self._hold_newest(held, None)
+            held.epoch = epoch
         if batch is not None:
             self._held_bytes += held.add(batch)
         if oldest is not None and any(b.first < oldest for b in held.batches):
             self._keep(held, batches_from(held.batches, oldest))
         while self._held_bytes > HELD_BYTES and len(self._held) > 1:
             _, forgotten = self._held.popitem(last=False)
-            self._held_bytes -= forgotten.size
+            self._held_bytes -= forgotten.size + forgotten.frame_bytes
             forgotten.remembered = False
         if oldest is None or held.packing:
             return
@@ -161,6 +167,14 @@ class LogPacker:
         """``held`` keeps ``batches`` instead; counted in the bound while it is remembered (a
         pack under way may outlive its conversation's place here)."""
         change = held.keep(batches)
+        if held.remembered:
+            self._held_bytes += change
+
+    def _hold_newest(self, held: _Held, newest: tuple[Segment, bytes] | None) -> None:
+        """``held`` merges into ``newest`` next; its frames count in the bound like the events
+        held (every conversation that packed once keeps one)."""
+        change = (len(newest[1]) if newest is not None else 0) - held.frame_bytes
+        held.newest = newest
         if held.remembered:
             self._held_bytes += change
 
@@ -190,7 +204,7 @@ class LogPacker:
             if not await self._land(conversation, held, start, chunk, claimed):
                 # another's entries come first: forgotten, and read back at the bound
                 self._keep(held, [])
-                held.newest = None
+                self._hold_newest(held, None)
                 return
             claimed = False
             oldest += len(chunk)
@@ -227,7 +241,7 @@ class LogPacker:
             raise
         LOG_PACKS.labels(source=source, outcome="landed" if reply == 1 else "refused").inc()
         if reply == 1:
-            held.newest = (plan.segment, plan.frame)
+            self._hold_newest(held, (plan.segment, plan.frame))
         return reply == 1
 
     def _plan(self, chunk: Sequence[Entry], newest: tuple[Segment, bytes] | None) -> PackPlan:

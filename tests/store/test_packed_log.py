@@ -227,7 +227,29 @@ async def test_what_a_process_holds_to_pack_stays_counted_while_packs_outlive_it
         await store.log_packs_settled()
         packer = store._packer
         assert first not in packer._held
-        assert packer._held_bytes == sum(held.size for held in packer._held.values())
+        held = packer._held.values()
+        assert packer._held_bytes == sum(h.size + h.frame_bytes for h in held)
+    finally:
+        await store.close()
+
+
+async def test_the_frames_held_to_merge_into_count_in_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every conversation that packed once keeps its newest segment's frames to merge the next
+    run into: conversations that packed and went quiet are forgotten by the same bound."""
+    monkeypatch.setattr(redis_log, "HELD_BYTES", 40_000)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
+    try:
+        for _ in range(12):
+            conversation = f"test-{uuid.uuid4().hex}"
+            for n in range(3):  # the third append makes a pack due
+                await store.append(conversation, turn(n * 3))
+            await store.log_packs_settled()
+        packer = store._packer
+        held = packer._held.values()
+        assert packer._held_bytes == sum(h.size + h.frame_bytes for h in held)
+        assert sum(h.frame_bytes for h in held) <= 40_000 < 12 * max(h.frame_bytes for h in held)
     finally:
         await store.close()
 
