@@ -1,8 +1,8 @@
 """A conversation's Redis log, packed into zstd segments (pure).
 
 Events are logged to the stream as plain JSON, and the stream's oldest entries are then packed,
-a run at a time, into one zstd frame: a **segment**, kept in a String key of its own, named in
-a List of ``Segment`` index lines. The frame is written by a plain ``SET`` beside the script
+a run at a time, into zstd frames: a **segment**, kept in a String key of its own, named in
+a List of ``Segment`` index lines. The frames are written by a plain ``SET`` beside the script
 that lands the pack, so it never passes through Lua. An agent's log is mostly tool outputs
 and file reads that repeat each other; compressed together they shrink about four times as
 much as event by event, and one call to zstd for a run costs far less than one call per event

@@ -15,7 +15,7 @@ PREFIX = "cp"
 # - log: Stream of the newest events, field "e" = JSON, or "z" = zstd-compressed JSON as
 #   earlier versions wrote (packed_events); older events are packed (log_segments)
 # - segments: List of the packed segments' index lines, oldest first (log_segments.Segment);
-#   each segment's zstd frame is a String of its own (segment_key_prefix)
+#   each segment's zstd frames are a String of their own (segment_key_prefix)
 # - packing: String, a caller's claim to read the log back and pack it
 # - seen: Set of the keys of the messages already logged, as earlier versions kept them: read,
 #   not written (now in Sets of integers: seen_key_prefix)

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 HELD_BYTES = 64 * 1024 * 1024  # bytes of logged events and newest frames kept to pack them
 READ_PACK_PAGE = 512  # stream entries read back at a time
-OFF_LOOP_LINES = 64 * 1024  # a pack compressing more lines runs in a worker thread
+OFF_LOOP_LINES = 64 * 1024  # a pack into a segment of more lines runs in a worker thread
 
 
 def as_bytes(value: str | bytes) -> bytes:
@@ -67,7 +67,7 @@ def as_bytes(value: str | bytes) -> bytes:
 @dataclass
 class _Held:
     """What this process logged to one conversation's stream, and the newest segment it
-    wrote there (with its frame, to merge the next run into it)."""
+    wrote there (with its frames, to merge the next run into it)."""
 
     batches: list[LoggedBatch] = field(default_factory=list)
     size: int = 0  # bytes of the entries held
@@ -245,9 +245,10 @@ class LogPacker:
         return reply == 1
 
     def _plan(self, chunk: Sequence[Entry], newest: tuple[Segment, bytes] | None) -> PackPlan:
-        """Compress ``chunk``, merged into ``newest`` (a segment and its frame) where it fits.
-        Past ``OFF_LOOP_LINES`` it runs in a worker thread: zstd lets go of the interpreter, so
-        the event loop serves the next request meanwhile."""
+        """Compress ``chunk``, merged into ``newest`` (a segment and its frames) where it fits.
+        Past ``OFF_LOOP_LINES`` (the newest segment's lines are read back and loaded as the new
+        frame's prefix) it runs in a worker thread: zstd lets go of the interpreter, so the
+        event loop serves the next request meanwhile."""
         token = uuid.uuid4().hex[:16]
         if newest is None:
             return plan_pack(chunk, self._limits, token)
