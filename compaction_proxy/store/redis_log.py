@@ -173,10 +173,10 @@ class LogPacker:
     def _hold_newest(self, held: _Held, newest: tuple[Segment, bytes] | None) -> None:
         """``held`` merges into ``newest`` next; its frames count in the bound like the events
         held (every conversation that packed once keeps one)."""
-        change = (len(newest[1]) if newest is not None else 0) - held.frame_bytes
+        before = held.frame_bytes
         held.newest = newest
         if held.remembered:
-            self._held_bytes += change
+            self._held_bytes += held.frame_bytes - before
 
     def _start(self, held: _Held, work: Coroutine[Any, Any, None]) -> None:
         held.packing = True

@@ -327,8 +327,7 @@ class FakeMessages:
         if problem is not None:
             self.refused.append(problem)
             return anthropic_error(400, "invalid_request_error", problem)
-        counted = self.input_tokens(body) if self.count_tokens else None
-        tokens = counted if counted is not None else len(orjson.dumps(body)) // 4
+        tokens = self.input_tokens(body) if self.count_tokens else len(orjson.dumps(body)) // 4
         window = self.window_of(body["model"])
         cap = body.get("max_tokens")
         cap = cap if isinstance(cap, int) else 0

@@ -181,9 +181,10 @@ class FakeResponses:
         if problem is not None:
             self.refused.append(problem)
             return _Refusal(problem, "input", None)
-        # References read as their items.
-        counted = self.input_tokens({**body, "input": items}) if self.count_tokens else None
-        tokens = counted if counted is not None else len(jsonio.dumps(items)) // 4
+        if self.count_tokens:  # references read as their items
+            tokens = self.input_tokens({**body, "input": items})
+        else:
+            tokens = len(jsonio.dumps(items)) // 4
         cap = int(body.get("max_output_tokens") or 0)
         if tokens + cap > self.window_of(model):
             self.overflows.append(tokens)
