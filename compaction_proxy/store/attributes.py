@@ -101,7 +101,7 @@ class ConversationAttributes:
     def to_stored(self) -> dict[str, str]:
         """The fields this holds, as stored (those that are ``None`` are left out)."""
         stored: dict[str, str] = {}
-        for name in _NAMES:
+        for name in ATTRIBUTE_NAMES:
             value = getattr(self, name)
             if value is not None:
                 stored[name] = _FORMATS.get(name, str)(value)
@@ -121,7 +121,7 @@ class ConversationAttributes:
         return self.checkpoint_misses or 0
 
 
-_NAMES = tuple(f.name for f in dataclasses.fields(ConversationAttributes))
+ATTRIBUTE_NAMES = tuple(f.name for f in dataclasses.fields(ConversationAttributes))
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "tenant": _text,
     "session": _text,

@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib.resources import files
 from types import TracebackType
 from typing import Any, cast
@@ -46,14 +46,17 @@ from compaction_proxy.store.log_bound import log_bytes_dropped
 from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES, LoggedBatch, SegmentLimits
 from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_forms import (
+    LOAD_FIELDS,
     STATE_FIELDS,
     Arg,
     anchor_field,
     as_json,
     chain_args,
+    consulted_positions,
     generation_field,
     length_prefixed,
     messages_as_two_args,
+    picked_chain_args,
     state_of,
 )
 from compaction_proxy.store.redis_keys import (
@@ -74,6 +77,9 @@ _LOG_KEYS: tuple[KeyKind, ...] = ("log", "seen", "state", "records", "anchored",
 _APPEND_KEYS: tuple[KeyKind, ...] = (*_LOG_KEYS, "used", "segments", "packing")
 _COMPACTION_KEYS: tuple[KeyKind, ...] = ("leases", *_LOG_KEYS, "used", "segments")
 _LEASE_POLL_SECONDS = 0.05
+# A load asks once with the positions it consulted last time, again with those its answer
+# names (another replica anchored or leased there), and at last with the whole chain.
+_LOAD_ASKS = 3
 INDEX_INTERVAL_SECONDS = 60.0
 INDEX_MEMORY = 100_000  # conversations whose last index write this process remembers
 
@@ -171,6 +177,8 @@ class RedisStore:
         bounds = (self._ttl_ms, max_log_events, read_pack_at, segment_ttl, max_log_bytes)
         self._append_bounds = " ".join(map(str, (*bounds, self._record_ttl_ms)))
         self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
+        # The chain positions each conversation's last load consulted: the next picks them.
+        self._consulted: LRU[str, tuple[int, ...]] = LRU(INDEX_MEMORY)
         # When each conversation was last written to the activity index, by this process.
         self._indexed: OrderedDict[str, float] = OrderedDict()
         self._parsed_records = ParsedRecords()
@@ -198,14 +206,22 @@ class RedisStore:
         self, conversation: str, chain: Sequence[str] | None = None
     ) -> ConversationState:
         keys = keys_of(conversation, "state", "records", "anchored", "positions", "leases")
-        args = chain_args(chain)
+        picks: Iterable[int] = (self._consulted.get(conversation) or ()) if chain else ()
         async with self._bounded("load"):
-            loaded = await self._load(keys=keys, args=args)
-        state_flat, raw_records, values, lease, lease_position = loaded
+            for ask in range(_LOAD_ASKS):
+                if ask == _LOAD_ASKS - 1 and chain is not None:
+                    picks = range(len(chain))  # every position: the chain lacks none
+                args = [*picked_chain_args(chain, picks), *LOAD_FIELDS]
+                loaded = await self._load(keys=keys, args=args)
+                consulted = consulted_positions(loaded[1])
+                if loaded[0] == 1:
+                    break
+                picks = sorted({*picks, *consulted})
+        if chain is not None:
+            self._consulted.put(conversation, consulted)
+        fields, raw_records, values, lease, lease_position = loaded[2:]
         parse = self._parsed_records
-        return state_of(
-            state_flat, raw_records, values, lease, lease_position, parse, chain is None
-        )
+        return state_of(fields, raw_records, values, lease, lease_position, parse, chain is None)
 
     async def _append(
         self,

@@ -6,7 +6,7 @@ Plain functions over plain data; ``redis.py`` sends them. See ``lua/`` for the o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from compaction_proxy.conversation.log_events import MessageEvent
@@ -15,7 +15,7 @@ from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.metrics import UNREADABLE_STATE_FIELDS
 from compaction_proxy.parsing import jsonio
-from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.attributes import ATTRIBUTE_NAMES, ConversationAttributes
 from compaction_proxy.store.base import ConversationState
 from compaction_proxy.store.branches import anchor_of, generation_of
 
@@ -39,10 +39,14 @@ STATE_FIELDS = frozenset(
     }
 )
 
+# The state hash fields a load reads (lua/load.lua): the branch's own, then the attributes
+# (named apart from every state field)
+LOAD_FIELDS = ("generation", "anchor", "tip", "ends", *ATTRIBUTE_NAMES)
+
 
 def chain_args(chain: Sequence[str] | None) -> list[Arg]:
-    """A chain as the scripts take it: its hashes back to back, and their width (0: the whole
-    conversation). Two arguments however long the chain."""
+    """A chain whole, as the scripts that take one so take it: its hashes back to back, and
+    their width (0: the whole conversation). Two arguments however long the chain."""
     if chain is None:
         return ["", 0]
     if not chain:
@@ -52,6 +56,22 @@ def chain_args(chain: Sequence[str] | None) -> list[Arg]:
     if width == 0 or len(widths) != 1:
         raise ValueError("the chain's hashes differ in width")
     return ["".join(chain), width]
+
+
+def picked_chain_args(chain: Sequence[str] | None, picks: Iterable[int]) -> list[Arg]:
+    """A chain as the load takes it: its length ('' for the whole conversation) and its
+    hashes at the positions ``picks`` names inside it, as "<position>:<hash>" space apart:
+    two arguments whose size does not grow with the chain. A hash never holds white space
+    (the chain's are hex digests)."""
+    if chain is None:
+        return ["", ""]
+    count = len(chain)
+    return [count, " ".join([f"{p}:{chain[p]}" for p in picks if 0 <= p < count])]
+
+
+def consulted_positions(raw: str) -> tuple[int, ...]:
+    """The chain positions a load consulted, as it names them (see ``lua/load.lua``)."""
+    return tuple(sorted({int(p) for p in raw.split()}))
 
 
 def anchor_field(record: ReplacementRecord) -> str:
@@ -159,7 +179,7 @@ def unreadable_field(field: str, raw: str) -> None:
 
 
 def state_of(
-    state_flat: list[str],
+    loaded: list[str | None],
     raw_records: list[str],
     values: list[str],
     lease: str | None,
@@ -168,10 +188,12 @@ def state_of(
     whole: bool,
 ) -> ConversationState:
     """The loaded snapshot: the records written before anchoring first, then the anchored
-    ones in commit order; the branch's generation is the newest of theirs. ``lease`` and
-    ``lease_position``: the live lease's owner and where its compaction ends, as the load
-    script returns them."""
-    state = dict(zip(state_flat[::2], state_flat[1::2], strict=True))
+    ones in commit order; the branch's generation is the newest of theirs. ``loaded``: the
+    values of ``LOAD_FIELDS`` (None where unset); ``lease`` and ``lease_position``: the live
+    lease's owner and where its compaction ends, as the load script returns them."""
+    state = {
+        name: value for name, value in zip(LOAD_FIELDS, loaded, strict=True) if value is not None
+    }
     anchor = Anchor.read(state["anchor"]) if "anchor" in state else None
     if anchor is None and "anchor" in state:
         unreadable_field("anchor", state["anchor"])
@@ -194,7 +216,5 @@ def state_of(
         lease_end=lease_end_of(lease_position),
         logged_tip=logged_tip_of(state.get("tip")),
         recent_ends=checkpoint_ends_of(state.get("ends")),
-        attributes=ConversationAttributes.read(
-            {k: v for k, v in state.items() if k not in STATE_FIELDS}
-        ),
+        attributes=ConversationAttributes.read(state),
     )

@@ -10,17 +10,19 @@ import uuid
 from collections.abc import Sequence
 
 import pytest
+import redis.asyncio as aioredis
 
 from compaction_proxy.conversation.replacements import (
     Checkpoint,
     CheckpointEnd,
     Prune,
+    ReplacementRecord,
     superseded_by,
 )
 from compaction_proxy.store import BeginResult, MemoryStore, Store
 from compaction_proxy.store.branches import anchor_of, on_chain
 from compaction_proxy.store.redis import RedisStore
-from tests.redis_server import shared_redis_url
+from tests.redis_server import RedisServer, shared_redis_url
 
 pytest.importorskip("hypothesis")
 
@@ -288,3 +290,64 @@ async def test_a_branch_reads_where_the_summary_being_written_ends(
     assert (await store.load(conversation, chain("b", 26))).lease_end is None  # a twin's
     await store.end_compaction(conversation, "a1", END)
     assert (await store.load(conversation, later)).lease_end is None
+
+
+@pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
+async def test_a_replica_reads_what_another_anchored_and_leased_where_it_never_looked(
+    backend: str, request: pytest.FixtureRequest, conversation: str
+) -> None:
+    """A load sends the chain's hashes only at the positions its last load consulted: another
+    replica's records and leases at new positions are still read (the script names them and
+    the load asks again)."""
+    url = shared_redis_url() if backend == "redis" else request.getfixturevalue("redis_cluster_url")
+    ours, theirs = RedisStore(url, ttl_seconds=3600), RedisStore(url, ttl_seconds=3600)
+    a = chain("a", 40)
+    try:
+        assert (await ours.load(conversation, a)).records == ()
+        first = summary_of(a, 12)
+        await commit(theirs, conversation, a, [first])
+        assert (await ours.load(conversation, a)).records == (first,)
+        second = summary_of(a, 20)
+        await commit(theirs, conversation, a, [second])
+        assert (
+            await theirs.begin_compaction(conversation, "theirs", 30, START, None, a, 30) is BEGUN
+        )
+        state = await ours.load(conversation, a)
+        assert (state.records, state.lease_owner, state.lease_end) == (
+            (first, second),
+            "theirs",
+            30,
+        )
+        # Another branch of the conversation lacks both anchors and the lease.
+        assert (await ours.load(conversation, chain("b", 40))).records == ()
+    finally:
+        await ours.close()
+        await theirs.close()
+
+
+async def test_what_a_load_sends_does_not_grow_with_its_chain(
+    private_redis: RedisServer, conversation: str
+) -> None:
+    """Measured on a server of the test's own: a load of a chain of 5,000 hashes sends what
+    one of 50 does, and reads the same records."""
+    store = RedisStore(private_redis.url, ttl_seconds=3600)
+    server = aioredis.Redis.from_url(private_redis.url)
+    long = chain("a", 5000)
+    checkpoint = summary_of(long, 12)
+
+    async def sent(on: Sequence[str]) -> tuple[int, tuple[ReplacementRecord, ...]]:
+        before = (await server.info("stats"))["total_net_input_bytes"]
+        records = (await store.load(conversation, on)).records
+        after = (await server.info("stats"))["total_net_input_bytes"]
+        return after - before, records
+
+    try:
+        await commit(store, conversation, long, [checkpoint])
+        await store.load(conversation, long)
+        short_bytes, short_records = await sent(long[:50])
+        long_bytes, long_records = await sent(long)
+        assert short_records == long_records == (checkpoint,)
+        assert long_bytes - short_bytes < 100  # the whole chain would be 50,000 bytes more
+    finally:
+        await store.close()
+        await server.aclose()

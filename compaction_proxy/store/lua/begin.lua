@@ -5,14 +5,14 @@
 -- Takes a lease anchored on the chain and logs compaction/start in one step.
 -- Returns, as lua/log.lua's reply: 1 (begun), 0 (busy: a live lease lies on the chain) or -1
 -- (stale: the branch's generation moved on).
-local blob, width = ARGV[7], tonumber(ARGV[8])
+local chain = blob_chain(ARGV[7], tonumber(ARGV[8]))
 local now = now_ms()
-if lease_on(KEYS[1], blob, width, now, true) then
+if lease_on(KEYS[1], chain, now, true) then
   return {0}
 end
 local expected = tonumber(ARGV[5])
 if expected >= 0 then
-  if branch_generation(KEYS[4], KEYS[5], KEYS[6], KEYS[7], blob, width) ~= expected then
+  if branch_generation(KEYS[4], KEYS[5], KEYS[6], KEYS[7], chain) ~= expected then
     return {-1}
   end
 end

@@ -1,6 +1,11 @@
 -- Prepended to every script that reads a branch (see store/branches.py for the model).
--- A chain arrives as two arguments: its hashes back to back, each `width` characters, and
--- `width`; width 0 stands for the whole conversation. Records are kept in the hash
+-- A chain arrives in one of two forms (store/redis_forms.py). Whole: its hashes back to back,
+-- each `width` characters, and `width` (`blob_chain`; width 0 stands for the whole
+-- conversation). Picked: its length and its hashes at the positions the caller picked only
+-- (`picked_chain`), so that what a request sends does not grow with its conversation. In
+-- Lua a chain is a table (nil: the whole conversation) that notes every position a script
+-- consulted, and, of a picked chain, those it did not hold (`missing`): the script then
+-- answers for the caller to ask again with them. Records are kept in the hash
 -- `anchored`, field "<position>:<hash>" -> lines "<order> <record JSON>" ("\n" apart; order =
 -- generation * 65536 + index in its commit), and a line "<order>" alone for the last commit
 -- that dropped records there (so a branch's generation never goes back); `positions` counts the fields at each
@@ -11,21 +16,47 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function chain_holds(blob, width, position, hash)
-  if width == 0 or position < 0 then return true end
-  if (position + 1) * width > #blob then return false end
-  return string.sub(blob, position * width + 1, (position + 1) * width) == hash
+local function blob_chain(blob, width)
+  if width == 0 then return nil end
+  return {count = math.floor(#blob / width), blob = blob, width = width, consulted = {}}
+end
+
+-- `count` '' stands for the whole conversation; `picks`: "<position>:<hash>" space apart.
+local function picked_chain(count, picks)
+  if count == '' then return nil end
+  local hashes = {}
+  for position, hash in string.gmatch(picks, '(%d+):(%S+)') do
+    hashes[tonumber(position)] = hash
+  end
+  return {count = tonumber(count), hashes = hashes, consulted = {}, missing = {}}
+end
+
+-- The chain's hash at a position inside it; nil where a picked chain was not given one.
+local function hash_at(chain, position)
+  chain.consulted[#chain.consulted + 1] = position
+  if chain.blob then
+    return string.sub(chain.blob, position * chain.width + 1, (position + 1) * chain.width)
+  end
+  local hash = chain.hashes[position]
+  if not hash then chain.missing[#chain.missing + 1] = position end
+  return hash
+end
+
+local function chain_holds(chain, position, hash)
+  if chain == nil or position < 0 then return true end
+  if position >= chain.count then return false end
+  return hash_at(chain, position) == hash
 end
 
 -- The field values of the records anchored on the chain.
-local function branch_values(anchored, positions, blob, width)
-  if width == 0 then return redis.call('HVALS', anchored) end
-  local values, count = {}, #blob / width
+local function branch_values(anchored, positions, chain)
+  if chain == nil then return redis.call('HVALS', anchored) end
+  local values = {}
   for _, p in ipairs(redis.call('HKEYS', positions)) do
     local position = tonumber(p)
-    if position < count then
-      local field = p .. ':' .. string.sub(blob, position * width + 1, (position + 1) * width)
-      local value = redis.call('HGET', anchored, field)
+    if position < chain.count then
+      local hash = hash_at(chain, position)
+      local value = hash and redis.call('HGET', anchored, p .. ':' .. hash)
       if value then values[#values + 1] = value end
     end
   end
@@ -34,13 +65,13 @@ end
 
 -- The newest generation among those values (of the whole conversation: its counter); a
 -- conversation that still holds records from before they were anchored counts its counter.
-local function branch_generation(state, legacy, anchored, positions, blob, width)
+local function branch_generation(state, legacy, anchored, positions, chain)
   local stored = redis.call('HGET', state, 'generation') or '0'
   -- An unreadable counter (damaged, or another version's) counts as 0, as the proxy reads it.
   local counter = string.match(stored, '^%d+$') and tonumber(stored) or 0
-  if width == 0 or redis.call('LLEN', legacy) > 0 then return counter end
+  if chain == nil or redis.call('LLEN', legacy) > 0 then return counter end
   local newest = 0
-  for _, value in ipairs(branch_values(anchored, positions, blob, width)) do
+  for _, value in ipairs(branch_values(anchored, positions, chain)) do
     for order in string.gmatch(value, '(%d+)[^\n]*') do
       local generation = math.floor(tonumber(order) / 65536)
       if generation > newest then newest = generation end
@@ -50,15 +81,16 @@ local function branch_generation(state, legacy, anchored, positions, blob, width
 end
 
 -- The owner of a live lease on the chain (or false) and the position its compaction ends at;
--- expired leases are dropped when `prune`.
-local function lease_on(leases, blob, width, now, prune)
+-- expired leases are dropped when `prune`. Every live lease's position is consulted, so that
+-- one answer names all that a picked chain lacks.
+local function lease_on(leases, chain, now, prune)
   local entries = redis.call('HGETALL', leases)
   local found, position = false, false
   for i = 1, #entries, 2 do
     local p, hash, expires = string.match(entries[i + 1], '^(-?%d+):(.*):(%d+)$')
     if not p or tonumber(expires) <= now then
       if prune then redis.call('HDEL', leases, entries[i]) end
-    elseif not found and chain_holds(blob, width, tonumber(p), hash) then
+    elseif chain_holds(chain, tonumber(p), hash) and not found then
       found, position = entries[i], p
     end
   end

@@ -1,13 +1,22 @@
 -- KEYS: state, records (before anchoring), anchored, positions, leases
--- ARGV: chain blob, width
--- One atomic snapshot of a branch: state, older records, anchored records, lease holder and
--- where its compaction ends.
-local blob, width = ARGV[1], tonumber(ARGV[2])
-local owner, position = lease_on(KEYS[5], blob, width, now_ms(), false)
+-- ARGV: the chain's length ('' for the whole conversation), its hashes at the positions the
+--       caller picked ("<position>:<hash>" space apart), then the state fields to read.
+-- One atomic snapshot of a branch: {1, consulted, the state fields' values, older records,
+-- anchored records, lease holder, where its compaction ends}. `consulted`: the chain
+-- positions its records and live leases lie at, space apart (the caller picks them next
+-- time). {0, consulted} instead when the chain lacked one of them (another replica anchored or
+-- leased there): the caller asks again with them.
+local chain = picked_chain(ARGV[1], ARGV[2])
+local owner, position = lease_on(KEYS[5], chain, now_ms(), false)
+local values = branch_values(KEYS[3], KEYS[4], chain)
+local consulted = chain and table.concat(chain.consulted, ' ') or ''
+if chain and #chain.missing > 0 then return {0, consulted} end
 return {
-  redis.call('HGETALL', KEYS[1]),
+  1,
+  consulted,
+  redis.call('HMGET', KEYS[1], unpack(ARGV, 3)),
   redis.call('LRANGE', KEYS[2], 0, -1),
-  branch_values(KEYS[3], KEYS[4], blob, width),
+  values,
   owner,
   position,
 }

@@ -1,0 +1,45 @@
+"""The Redis store's script arguments and the reading of a load's answer (pure functions)."""
+
+from __future__ import annotations
+
+from compaction_proxy.store.attributes import ATTRIBUTE_NAMES, ShortfallReason
+from compaction_proxy.store.redis_forms import (
+    LOAD_FIELDS,
+    STATE_FIELDS,
+    consulted_positions,
+    picked_chain_args,
+    state_of,
+)
+
+CHAIN = [f"{i:032x}" for i in range(6)]
+
+
+def test_a_picked_chain_sends_its_length_and_only_the_picked_hashes_inside_it() -> None:
+    assert picked_chain_args(CHAIN, [4, 1, 9, -1]) == [6, f"4:{CHAIN[4]} 1:{CHAIN[1]}"]
+    assert picked_chain_args(CHAIN, ()) == [6, ""]
+    assert picked_chain_args([], [0]) == [0, ""]
+
+
+def test_the_whole_conversation_sends_no_chain() -> None:
+    assert picked_chain_args(None, [1, 2]) == ["", ""]
+
+
+def test_consulted_positions_are_read_once_each_in_order() -> None:
+    assert consulted_positions("12 3 12 -1") == (-1, 3, 12)
+    assert consulted_positions("") == ()
+
+
+def test_the_attributes_a_load_reads_are_named_apart_from_the_logs_state_fields() -> None:
+    assert not STATE_FIELDS.intersection(ATTRIBUTE_NAMES)
+    assert len(set(LOAD_FIELDS)) == len(LOAD_FIELDS)
+
+
+def test_a_loaded_state_reads_unset_fields_as_unknown_and_empty_ones_as_stored() -> None:
+    loaded: list[str | None] = [None] * len(LOAD_FIELDS)
+    loaded[LOAD_FIELDS.index("over_threshold")] = ""  # back under the threshold
+    loaded[LOAD_FIELDS.index("generation")] = "7"
+    loaded[LOAD_FIELDS.index("model")] = "m"
+    state = state_of(loaded, [], [], None, None, lambda raw: None, True)
+    assert state.attributes.over_threshold is ShortfallReason.BELOW_THRESHOLD
+    assert (state.generation, state.attributes.model, state.attributes.tenant) == (7, "m", None)
+    assert state.anchor is None and state.lease_owner is None
