@@ -46,7 +46,6 @@ from compaction_proxy.store.log_bound import log_bytes_dropped
 from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES, LoggedBatch, SegmentLimits
 from compaction_proxy.store.parsed_records import ParsedRecords
 from compaction_proxy.store.redis_forms import (
-    LOAD_FIELDS,
     STATE_FIELDS,
     Arg,
     anchor_field,
@@ -211,7 +210,7 @@ class RedisStore:
             for ask in range(_LOAD_ASKS):
                 if ask == _LOAD_ASKS - 1 and chain is not None:
                     picks = range(len(chain))  # every position: the chain lacks none
-                args = [*picked_chain_args(chain, picks), *LOAD_FIELDS]
+                args = picked_chain_args(chain, picks)
                 loaded = await self._load(keys=keys, args=args)
                 consulted = consulted_positions(loaded[1])
                 if loaded[0] == 1:

@@ -39,8 +39,8 @@ STATE_FIELDS = frozenset(
     }
 )
 
-# The state hash fields a load reads (lua/load.lua): the branch's own, then the attributes
-# (named apart from every state field)
+# The state hash fields a load reads (named again in lua/load.lua): the branch's own, then
+# the attributes (named apart from every state field)
 LOAD_FIELDS = ("generation", "anchor", "tip", "ends", *ATTRIBUTE_NAMES)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from importlib.resources import files
+
 from compaction_proxy.store.attributes import ATTRIBUTE_NAMES, ShortfallReason
 from compaction_proxy.store.redis_forms import (
     LOAD_FIELDS,
@@ -32,6 +35,13 @@ def test_consulted_positions_are_read_once_each_in_order() -> None:
 def test_the_attributes_a_load_reads_are_named_apart_from_the_logs_state_fields() -> None:
     assert not STATE_FIELDS.intersection(ATTRIBUTE_NAMES)
     assert len(set(LOAD_FIELDS)) == len(LOAD_FIELDS)
+
+
+def test_the_load_script_reads_the_fields_its_answer_is_read_as_in_their_order() -> None:
+    script = (files("compaction_proxy.store") / "lua" / "load.lua").read_text(encoding="utf-8")
+    listed = re.search(r"local LOAD_FIELDS = \{(.*?)\}", script, re.DOTALL)
+    assert listed is not None
+    assert tuple(re.findall(r"'([a-z_]+)'", listed.group(1))) == LOAD_FIELDS
 
 
 def test_a_loaded_state_reads_unset_fields_as_unknown_and_empty_ones_as_stored() -> None:
