@@ -258,7 +258,7 @@ class RedisStore:
             # The index spans every conversation, so it cannot join the per-conversation script
             # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
             # Redis Cluster refuses scripts in pipelines, so there it is a second command.
-            if isinstance(self._client, RedisCluster) or not index:
+            if not index or isinstance(self._client, RedisCluster):
                 appended = await self._append_script(keys=keys, args=args)
                 if index:
                     await self._client.zadd(conversations_key(), {conversation: now})
