@@ -117,10 +117,11 @@ def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes
 
 
 def length_prefixed(values: Sequence[bytes]) -> bytes:
-    """Values as one script argument, each ``<length in bytes>:<bytes>`` (``append.lua``'s
-    ``pieces``): one argument for redis-py to pack instead of one each, and any byte may
-    appear in a value (an attribute read from a header or a body)."""
-    return b"".join(b"%d:%s" % (len(value), value) for value in values)
+    """Values as one script argument, each its length in 4 bytes (big-endian) and its bytes
+    (``append.lua``'s ``pieces`` reads one with one ``struct.unpack``): one argument for
+    redis-py to pack instead of one each, and any byte may appear in a value (an attribute
+    read from a header or a body)."""
+    return b"".join([len(value).to_bytes(4, "big") + value for value in values])
 
 
 def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:

@@ -7,8 +7,8 @@
 --   messages: JSON array of [hash, its seen Set and member, content_key, its seen Set and
 --   member ('' when none), by_content (0/1), length in bytes] (redis_forms.seen_member); blob:
 --   those events' JSON back to back. events: the plain events' JSON; attributes: field,
---   value, field, value...; each as "<length in bytes>:<bytes>" back to back
---   (redis_forms.length_prefixed: a value may hold any byte).
+--   value, field, value...; each as its length in 4 bytes (big-endian) and its bytes, back
+--   to back (redis_forms.length_prefixed: a value may hold any byte).
 --   A handful of arguments however many messages, events and attributes: redis-py packs each
 --   argument alone, and a request logging 20,000 messages would otherwise spend far longer
 --   packing 80,000 arguments than Redis spends running this script.
@@ -24,13 +24,12 @@
 -- message ('1' logged, '0' not), then the ordinals' epoch, the ordinal of the first entry
 -- logged and their ids (lua/log.lua).
 -- A request's record after its answer is one call; so is a plain append.
+-- One struct.unpack a value (a C call: a loop of string.find and string.sub cost the script
+-- about a tenth of its time).
 local function pieces(packed)
-  local out, at = {}, 1
-  while at <= #packed do
-    local colon = string.find(packed, ':', at, true)
-    local length = tonumber(string.sub(packed, at, colon - 1))
-    out[#out + 1] = string.sub(packed, colon + 1, colon + length)
-    at = colon + length + 1
+  local out, at, size = {}, 1, #packed
+  while at <= size do
+    out[#out + 1], at = struct.unpack('>I4c0', packed, at)
   end
   return out
 end
