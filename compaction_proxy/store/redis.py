@@ -55,6 +55,7 @@ from compaction_proxy.store.redis_forms import (
     generation_field,
     length_prefixed,
     messages_as_two_args,
+    packed_bounds,
     picked_chain_args,
     state_of,
 )
@@ -174,7 +175,7 @@ class RedisStore:
         read_pack_at = READ_PACK_AT_BYTES if compress_log else 0  # 0: never read back
         segment_ttl = LogPacker.segment_ttl_ms(self._ttl_ms)
         bounds = (self._ttl_ms, max_log_events, read_pack_at, segment_ttl, max_log_bytes)
-        self._append_bounds = " ".join(map(str, (*bounds, self._record_ttl_ms)))
+        self._append_bounds = packed_bounds(*bounds, self._record_ttl_ms)
         self._trimmed: LRU[str, bool] = LRU(4096)  # conversations whose log drop was said
         # The chain positions each conversation's last load consulted: the next picks them.
         self._consulted: LRU[str, tuple[int, ...]] = LRU(INDEX_MEMORY)

@@ -6,6 +6,7 @@ Plain functions over plain data; ``redis.py`` sends them. See ``lua/`` for the o
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -114,6 +115,12 @@ def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes
         keys = [message.hash, *seen_member(message.hash), message.content_key, *content]
         listing.append([*keys, int(message.by_content), len(event)])
     return jsonio.dumps(listing), b"".join(stored), stored
+
+
+def packed_bounds(*bounds: int) -> bytes:
+    """Whole numbers as one script argument, 8 bytes each, big-endian (``append.lua`` reads
+    them with one ``struct.unpack``)."""
+    return struct.pack(f">{len(bounds)}q", *bounds)
 
 
 def length_prefixed(values: Sequence[bytes]) -> bytes:

@@ -2,8 +2,10 @@
 --       positions, used, segments, packing
 -- ARGV: bounds, messages, blob, events, attributes, anchor_json ('' to keep the anchor),
 --       reached anchors ("\n" apart), now (ms), seen key prefix, segment key prefix
---   bounds: "ttl_ms max_log_events read_pack_at_bytes segment_ttl_ms max_log_bytes
---   records_ttl_ms" (read_pack_at_bytes 0: never), fixed per store.
+--   bounds: ttl_ms, max_log_events, read_pack_at_bytes (0: never), segment_ttl_ms,
+--   max_log_bytes, records_ttl_ms, 8 bytes each, big-endian (redis_forms.packed_bounds; one
+--   struct.unpack, where splitting them as text cost the script as much as a message), fixed
+--   per store.
 --   messages: JSON array of [hash, its seen Set and member, content_key, its seen Set and
 --   member ('' when none), by_content (0/1), length in bytes] (redis_forms.seen_member); blob:
 --   those events' JSON back to back. events: the plain events' JSON; attributes: field,
@@ -33,10 +35,8 @@ local function pieces(packed)
   end
   return out
 end
-local bound = {}
-for value in string.gmatch(ARGV[1], '%d+') do bound[#bound + 1] = value end
-local ttl, max_events, read_pack_at = bound[1], tonumber(bound[2]), tonumber(bound[3])
-local segment_ttl, max_log_bytes, records_ttl = bound[4], tonumber(bound[5]), tonumber(bound[6])
+local ttl, max_events, read_pack_at, segment_ttl, max_log_bytes, records_ttl =
+  struct.unpack('>i8i8i8i8i8i8', ARGV[1])
 local legacy = redis.call('EXISTS', KEYS[2]) == 1 and KEYS[2] or nil
 local seen, prefix = ARGV[9], ARGV[10]
 local added = 0
@@ -84,7 +84,7 @@ if logged > 0 then
   dropped = bound_log(KEYS[1], KEYS[3], KEYS[8], prefix, max_log_bytes, max_events)
 end
 local log = log_state(KEYS[1], KEYS[3])
-if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[8]), tonumber(ttl)) then
+if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[8]), ttl) then
   renew_segments(KEYS[8], prefix, segment_ttl)
   renew_seen(seen, segment_ttl, 2 * max_events)
 end
@@ -96,7 +96,10 @@ local reply = logged_reply(KEYS[3], 0)
 redis.call('PEXPIRE', KEYS[1], ttl)  -- not the Set `seen`: it is left to expire
 redis.call('PEXPIRE', KEYS[3], ttl)
 redis.call('PEXPIRE', KEYS[8], ttl)
-for k = 4, 7 do redis.call('PEXPIRE', KEYS[k], records_ttl) end
+-- The records' keys exist once the conversation compacted: until then one EXISTS, no PEXPIRE.
+if redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[6], KEYS[7]) > 0 then
+  for k = 4, 7 do redis.call('PEXPIRE', KEYS[k], records_ttl) end
+end
 local head = {added, dropped, log.oldest, log.tail_bytes, claimed, table.concat(marks)}
 for k = 2, #reply do head[#head + 1] = reply[k] end
 return head
