@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -67,11 +68,16 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    """A redis-server of a test's or a bench's own; ``wrapper``: a command it runs under (a
+    bench counts its instructions under valgrind), given ``start_seconds`` to come up."""
+
+    def __init__(self, wrapper: Sequence[str] = (), start_seconds: float = 5.0) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed (.ci/run installs it)")
         self.binary = binary
+        self.wrapper = tuple(wrapper)
+        self.start_seconds = start_seconds
         self.port = free_port()
         self.process: asyncio.subprocess.Process | None = None
 
@@ -81,6 +87,7 @@ class RedisServer:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
+            *self.wrapper,
             self.binary,
             "--port",
             str(self.port),
@@ -91,10 +98,11 @@ class RedisServer:
             "--appendonly",
             "no",
             stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL if self.wrapper else None,
         )
         client = aioredis.Redis.from_url(self.url)
         try:
-            for _ in range(100):
+            for _ in range(int(self.start_seconds / 0.05)):
                 try:
                     await client.ping()
                     return

@@ -7,7 +7,9 @@ store, Redis; with ``--against``, the same from another checkout) runs as ``serv
 callgrind with instrumentation off, so it starts and imports litellm at about native speed.
 After a settling pause and one warm-up replay (a fresh conversation each), instrumentation is
 switched on for ``--rounds`` replays and the counts dumped: every thread of the process,
-compression and the event loop included, divided by the requests sent.
+compression and the event loop included, divided by the requests sent. The Redis server runs
+under callgrind too: its counts over the same replays (its scripts, the packs the proxy lands
+after them) are the Redis set-up's other part, which the proxy's own count leaves out.
 
 Side by side, the overhead bench (``tests.bench.overhead``) cannot tell a change of 2 or 3 %
 from this host's noise; two counts of one checkout agree within 0.2 %. The count is not the
@@ -49,12 +51,34 @@ async def replay(
             assert answer.status == 200, answer.status
 
 
-def counted(out: Path) -> int:
-    """Instructions in the replays' dump: callgrind numbers the dump asked for ``<out>.1``."""
-    for line in out.with_name(out.name + ".1").read_text().splitlines():
-        if line.startswith("totals:"):
+def counted(out: Path, dump: int = 1) -> int:
+    """Instructions in a dump: callgrind numbers the dumps asked for ``<out>.1``, ``.2``..."""
+    for line in out.with_name(f"{out.name}.{dump}").read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
             return int(line.split()[1])
-    raise ValueError(f"no totals in {out}.1")
+    raise ValueError(f"no totals in {out}.{dump}")
+
+
+class CountedRedis:
+    """The shared Redis server under callgrind: its counts zeroed before a set-up's replays
+    and dumped after them."""
+
+    def __init__(self, work: Path) -> None:
+        self.out = work / "redis-callgrind"
+        wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}")
+        self.server = RedisServer(wrapper=wrapper, start_seconds=120.0)
+        self.dumps = 0
+
+    async def zero(self) -> None:
+        assert self.server.process is not None
+        await control("-z", self.server.process.pid)
+
+    async def dump(self) -> int:
+        """The instructions since ``zero``."""
+        assert self.server.process is not None
+        await control("-d", self.server.process.pid)
+        self.dumps += 1
+        return counted(self.out, self.dumps)
 
 
 async def count(
@@ -65,8 +89,10 @@ async def count(
     rounds: int,
     work: Path,
     form: RequestForm,
-) -> float:
-    """Millions of instructions a request for one set-up."""
+    redis: CountedRedis | None = None,
+) -> tuple[float, float | None]:
+    """Millions of instructions a request for one set-up: the proxy's, and with ``redis``
+    the Redis server's over the same replays."""
     port, out = free_port(), work / f"callgrind-{time.time_ns()}"
     env = {**os.environ, **metered_env(upstream), "COMPACTION_PROXY_STORE_URL": store}
     process = await asyncio.create_subprocess_exec(
@@ -80,21 +106,27 @@ async def count(
         stderr=asyncio.subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
+    served = None
     try:
         await wait_until_ready(f"{base}/healthz", timeout=300.0)
         await asyncio.sleep(SETTLE_SECONDS)
         async with aiohttp.ClientSession() as http:
             await replay(http, base, bodies, form)
+            await asyncio.sleep(1.0)
+            if redis is not None:
+                await redis.zero()
             await control("-i", "on", process.pid)
             for _ in range(rounds):
                 await replay(http, base, bodies, form)
             await asyncio.sleep(1.0)  # the last record, written after its answer
             await control("-d", process.pid)
+            served = await redis.dump() if redis is not None else None
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
         await process.wait()
-    return counted(out) / (rounds * len(bodies)) / 1e6
+    requests = rounds * len(bodies)
+    return counted(out) / requests / 1e6, None if served is None else served / requests / 1e6
 
 
 async def control(*args: str | int) -> None:
@@ -128,9 +160,9 @@ async def run(against: str | None, transcript: str | None, rounds: int, form: st
         "--instant",
         stdout=asyncio.subprocess.DEVNULL,
     )
-    redis = RedisServer()
-    await redis.start()
     work = Path(tempfile.mkdtemp(prefix="instruction-count-"))
+    redis = CountedRedis(work)
+    await redis.server.start()
     try:
         upstream_url = f"http://127.0.0.1:{upstream_port}"
         checkouts = {"": None} | ({"@": against} if against else {})
@@ -138,13 +170,26 @@ async def run(against: str | None, transcript: str | None, rounds: int, form: st
         for suffix, cwd in checkouts.items():
             for name in ("memory", "redis"):
                 database += 1
-                store = "memory://" if name == "memory" else f"{redis.url[:-2]}/{database}"
-                millions = await count(
-                    upstream_url, store, cwd, bodies, rounds, work, REQUEST_FORMS[form]
+                url = redis.server.url
+                store = "memory://" if name == "memory" else f"{url[:-2]}/{database}"
+                counted_redis = None if name == "memory" else redis
+                millions, served = await count(
+                    upstream_url,
+                    store,
+                    cwd,
+                    bodies,
+                    rounds,
+                    work,
+                    REQUEST_FORMS[form],
+                    counted_redis,
                 )
-                print(f"{name + suffix:<10}{millions:8.3f} M instructions a request", flush=True)
+                server = "" if served is None else f", the Redis server {served:.3f} M"
+                print(
+                    f"{name + suffix:<10}{millions:8.3f} M instructions a request{server}",
+                    flush=True,
+                )
     finally:
-        await redis.stop()
+        await redis.server.stop()
         upstream.terminate()
         await upstream.wait()
         shutil.rmtree(work, ignore_errors=True)
