@@ -82,10 +82,12 @@ end
 
 -- The owner of a live lease on the chain (or false) and the position its compaction ends at;
 -- expired leases are dropped when `prune`. Every live lease's position is consulted, so that
--- one answer names all that a picked chain lacks.
+-- one answer names all that a picked chain lacks. `now` (ms) is read from the clock when nil
+-- and some lease is held (most conversations hold none: no TIME call).
 local function lease_on(leases, chain, now, prune)
   local entries = redis.call('HGETALL', leases)
   local found, position = false, false
+  if #entries > 0 and not now then now = now_ms() end
   for i = 1, #entries, 2 do
     local p, hash, expires = string.match(entries[i + 1], '^(-?%d+):(.*):(%d+)$')
     if not p or tonumber(expires) <= now then

@@ -15,7 +15,7 @@ local LOAD_FIELDS = {
   'client_compactions',
 }
 local chain = picked_chain(ARGV[1], ARGV[2])
-local owner, position = lease_on(KEYS[5], chain, now_ms(), false)
+local owner, position = lease_on(KEYS[5], chain, nil, false)
 local values = branch_values(KEYS[3], KEYS[4], chain)
 local consulted = chain and table.concat(chain.consulted, ' ') or ''
 if chain and #chain.missing > 0 then return {0, consulted} end
