@@ -217,6 +217,8 @@ class RedisStore:
                 if loaded[0] == 1:
                     break
                 picks = sorted({*picks, *consulted})
+            else:  # asked again though every position was sent: never from this script
+                raise StoreUnavailable("load", "IncompleteChainAnswer")
         if chain is not None:
             self._consulted.put(conversation, consulted)
         fields, raw_records, values, lease, lease_position = loaded[2:]
