@@ -25,8 +25,9 @@ class MessageEvent:
 
     Logged when its chain hash is new to the conversation; with ``by_content``, only when its
     content (``content_key``) is new as well, so a rewritten body adds only contents the log
-    lacks. Logging one marks both keys seen. Position ``CONTEXT_POSITION`` marks a request
-    context (head and tools), deduplicated the same way but never the logged tip."""
+    lacks. A new hash marks both keys seen, logged or left out as a duplicate by content.
+    Position ``CONTEXT_POSITION`` marks a request context (head and tools), deduplicated the
+    same way but never the logged tip."""
 
     position: int
     hash: str

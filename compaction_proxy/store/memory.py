@@ -139,10 +139,18 @@ class _Conversation:
         self.log.append(jsonio.dumps(event))
 
 
-def _is_new(message: MessageEvent, seen: set[str]) -> bool:
+def _marked_new(message: MessageEvent, seen: set[str]) -> bool:
+    """Marks the message's keys seen, and answers whether it is to be logged: its hash unseen
+    and, ``by_content``, its content too. A new hash is marked even when its content was seen
+    (as ``lua/log.lua``'s ``seen_mark``): such a message is a duplicate either way."""
     if message.hash in seen:
         return False
-    return not (message.by_content and message.content_key in seen)
+    seen.add(message.hash)
+    if not message.content_key:
+        return True
+    content_new = message.content_key not in seen
+    seen.add(message.content_key)
+    return content_new or not message.by_content
 
 
 class MemoryStore:
@@ -294,10 +302,7 @@ class MemoryStore:
         before = entry.size
         added = 0
         for message in messages:
-            if _is_new(message, entry.seen):
-                entry.seen.add(message.hash)
-                if message.content_key:
-                    entry.seen.add(message.content_key)
+            if _marked_new(message, entry.seen):
                 entry.add(message.event)
                 added += 1
         tip = body_tip(messages)

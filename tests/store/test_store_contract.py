@@ -73,6 +73,26 @@ async def test_append_logs_new_messages_then_plain_events(store: Store, conversa
     assert state.logged_tip == (4, "hash-4")
 
 
+async def test_a_message_is_logged_once_by_hash_and_once_by_content_when_asked(
+    store: Store, conversation: str
+) -> None:
+    """Logged when its chain hash is new; ``by_content``, only when its content is new too. A
+    new hash is marked seen even when its content kept it out: it is a duplicate either way."""
+
+    def message(position: int, chain_hash: str, content: str, by_content: bool) -> MessageEvent:
+        event = {"type": "message", "hash": chain_hash}
+        return MessageEvent(position, chain_hash, event, f"d:{content}", by_content)
+
+    first = [message(0, "a0", "x", False), message(1, "a1", "y", False)]
+    assert await store.append(conversation, first) == 2
+    rewritten = [message(0, "b0", "x", True), message(1, "b1", "z", True)]
+    assert await store.append(conversation, rewritten) == 1
+    again = [message(0, "b0", "x", False), message(1, "b1", "z", False)]
+    assert await store.append(conversation, again) == 0
+    assert await store.append(conversation, [message(2, "c2", "y", False)]) == 1
+    assert [e["hash"] for e in await log_of(store, conversation)] == ["a0", "a1", "b1", "c2"]
+
+
 async def test_attributes_are_kept(store: Store, conversation: str) -> None:
     await store.append(
         conversation, [], attributes=ConversationAttributes(tenant="t1", last_seen=12.5)

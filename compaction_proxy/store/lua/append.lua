@@ -44,13 +44,14 @@ local marks = {}
 local blob, offset = ARGV[3], 1
 for _, m in ipairs(cjson.decode(ARGV[2])) do
   local hash, content_key, by_content, length = m[1], m[4], m[7], m[8]
-  local new = not seen_has(seen, legacy, hash, m[2], m[3])
-  if new and by_content == 1 and content_key ~= '' then
-    new = not seen_has(seen, legacy, content_key, m[5], m[6])
+  -- A new hash is marked seen even when its content was (by_content: not logged); a message
+  -- is only ever left unlogged as a duplicate, so the mark changes nothing it decides.
+  local new = seen_mark(seen, legacy, hash, m[2], m[3])
+  if new and content_key ~= '' then
+    local content_new = seen_mark(seen, legacy, content_key, m[5], m[6])
+    if by_content == 1 then new = content_new end
   end
   if new then
-    seen_add(seen, m[2], m[3])
-    if content_key ~= '' then seen_add(seen, m[5], m[6]) end
     log_event(KEYS[1], KEYS[3], string.sub(blob, offset, offset + length - 1))
     added = added + 1
   end

@@ -88,14 +88,13 @@ end
 -- `legacy` that earlier versions kept is still read while it lives.
 local SEEN_TOUCHED, SEEN_KINDS, SEEN_SETS = {}, {'', 'd:'}, 8
 
-local function seen_has(prefix, legacy, key, set, member)
-  if redis.call('SISMEMBER', prefix .. set, member) == 1 then return true end
-  return legacy and redis.call('SISMEMBER', legacy, key) == 1
-end
-
-local function seen_add(prefix, set, member)
-  redis.call('SADD', prefix .. set, member)
-  SEEN_TOUCHED[prefix .. set] = true
+-- Marks a key seen, and answers whether it was not seen before: one SADD does both (a Set
+-- that gains the key has its expiry renewed by `seen_save`).
+local function seen_mark(prefix, legacy, key, set, member)
+  local name = prefix .. set
+  if redis.call('SADD', name, member) == 0 then return false end
+  SEEN_TOUCHED[name] = true
+  return not (legacy and redis.call('SISMEMBER', legacy, key) == 1)
 end
 
 local function seen_save(ttl)
