@@ -46,8 +46,8 @@ LOAD_FIELDS = ("generation", "anchor", "tip", "ends", *ATTRIBUTE_NAMES)
 
 
 def chain_args(chain: Sequence[str] | None) -> list[Arg]:
-    """A chain whole, as the scripts that take one so take it: its hashes back to back, and
-    their width (0: the whole conversation). Two arguments however long the chain."""
+    """A whole chain, as begin and the lease wait take it: its hashes back to back, and their
+    width (0: the whole conversation). Two arguments however long the chain."""
     if chain is None:
         return ["", 0]
     if not chain:

@@ -3,9 +3,9 @@
 -- each `width` characters, and `width` (`blob_chain`; width 0 stands for the whole
 -- conversation). Picked: its length and its hashes at the positions the caller picked only
 -- (`picked_chain`), so that what a request sends does not grow with its conversation. In
--- Lua a chain is a table (nil: the whole conversation) that notes every position a script
--- consulted, and, of a picked chain, those it did not hold (`missing`): the script then
--- answers for the caller to ask again with them. Records are kept in the hash
+-- Lua a chain is a table (nil: the whole conversation); a picked one notes every position a
+-- script consulted, and those it did not hold (`missing`): the script then answers for the
+-- caller to ask again with them. Records are kept in the hash
 -- `anchored`, field "<position>:<hash>" -> lines "<order> <record JSON>" ("\n" apart; order =
 -- generation * 65536 + index in its commit), and a line "<order>" alone for the last commit
 -- that dropped records there (so a branch's generation never goes back); `positions` counts the fields at each
@@ -18,7 +18,7 @@ end
 
 local function blob_chain(blob, width)
   if width == 0 then return nil end
-  return {count = math.floor(#blob / width), blob = blob, width = width, consulted = {}}
+  return {count = math.floor(#blob / width), blob = blob, width = width}
 end
 
 -- `count` '' stands for the whole conversation; `picks`: "<position>:<hash>" space apart.
@@ -33,10 +33,10 @@ end
 
 -- The chain's hash at a position inside it; nil where a picked chain was not given one.
 local function hash_at(chain, position)
-  chain.consulted[#chain.consulted + 1] = position
   if chain.blob then
     return string.sub(chain.blob, position * chain.width + 1, (position + 1) * chain.width)
   end
+  chain.consulted[#chain.consulted + 1] = position
   local hash = chain.hashes[position]
   if not hash then chain.missing[#chain.missing + 1] = position end
   return hash
