@@ -60,7 +60,19 @@ class Budgets:
         return max(self.threshold, self.window - reserve)
 
     def with_answer_reserve(self, reserve: int | None) -> Budgets:
-        return dataclasses.replace(self, answer_reserve=reserve)
+        # Every request with a known window asks: built directly, as ``dataclasses.replace``
+        # would at several times the cost.
+        if reserve == self.answer_reserve:
+            return self
+        return Budgets(
+            self.window,
+            self.threshold,
+            self.retain,
+            self.precompact,
+            reserve,
+            self.priced_below,
+            self.window_threshold,
+        )
 
     def without_precompaction(self) -> Budgets:
         """These budgets with nothing prepared in the background: compaction from the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from types import TracebackType
 
 import aiohttp
 from aiohttp import WSMsgType
@@ -96,20 +97,45 @@ class _AiohttpSocket:
         await self._socket.close(code=code)
 
 
-class AiohttpUpstream:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+class _OpenedCall:
+    """One call's context: the answer once its headers are in; leaving it releases the
+    connection (closes it when the body was left unread). A plain context manager: it runs
+    once a request, and a generator-based one (an async generator the loop tracks) costs
+    several times as much."""
 
-    @asynccontextmanager
-    async def open(self, call: UpstreamCall) -> AsyncIterator[UpstreamAnswer]:
+    __slots__ = ("_call", "_response", "_session")
+
+    def __init__(self, session: aiohttp.ClientSession, call: UpstreamCall) -> None:
+        self._session = session
+        self._call = call
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> UpstreamAnswer:
+        call = self._call
         try:
-            response = await self.session.request(
+            self._response = await self._session.request(
                 call.method, call.url, data=call.body, headers=call.headers, allow_redirects=False
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamUnreachable(exc) from exc
-        async with response:  # releases the connection (closes it if the body is unread)
-            yield _AiohttpAnswer(response)
+        return _AiohttpAnswer(self._response)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._response is not None
+        await self._response.__aexit__(kind, error, traceback)
+
+
+class AiohttpUpstream:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    def open(self, call: UpstreamCall) -> _OpenedCall:
+        return _OpenedCall(self.session, call)
 
     @asynccontextmanager
     async def connect(self, call: SocketCall) -> AsyncIterator[UpstreamSocket]:

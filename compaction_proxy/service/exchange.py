@@ -205,7 +205,7 @@ async def serve(
         # Counted however the request ended, a client that left included.
         outcome = _outcome(reply, forwarded.status)
         child(REQUESTS, route.model, outcome).inc()
-        child(FORMAT_REQUESTS, client_request.api, forwarded.status.value).inc()
+        child(FORMAT_REQUESTS, client_request.api, forwarded.status).inc()
         child(REQUEST_DURATION, route.model).observe(time.perf_counter() - started)
         if outcome == "client_disconnected":
             CLIENT_DISCONNECTS.labels(route=route.model).inc()

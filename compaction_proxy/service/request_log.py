@@ -116,7 +116,7 @@ class RequestLogEntry:
                 surface_length=len(surface.nodes),
                 estimated_tokens=measurement.tokens,
                 anchored=measurement.anchored,
-                status=forwarded.status.value,
+                status=str(forwarded.status),  # the StrEnum's value, without its property
                 tip=view.chain[-1] if view.chain else None,
                 context=view.context_digest,
                 digests=view.body_digests if self.log.by_content else None,

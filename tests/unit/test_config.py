@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
-from compaction_proxy.compaction.model_policy import budgets
+from compaction_proxy.compaction.model_policy import Budgets, budgets
 from compaction_proxy.config.policy import configured_window, resolve_policy, route_for
 from compaction_proxy.config.settings import ConfigError, load_settings, redacted_url
 from compaction_proxy.ops.app import create_app
@@ -145,6 +146,21 @@ def test_budgets_are_floored_shares_of_the_window(
     )
     result = budgets(policy, window)
     assert (result.threshold, result.retain) == expected
+
+
+@pytest.mark.parametrize("reserve", [None, 0, 1_000, 6_000])
+def test_an_answer_reserve_changes_the_budgets_in_that_field_alone(reserve: int | None) -> None:
+    every_field_set = Budgets(
+        window=100_000,
+        threshold=80_000,
+        retain=16_000,
+        precompact=70_000,
+        answer_reserve=3_000,
+        priced_below=60_000,
+        window_threshold=85_000,
+    )
+    expected = dataclasses.replace(every_field_set, answer_reserve=reserve)
+    assert every_field_set.with_answer_reserve(reserve) == expected
 
 
 def test_check_config_prints_each_route_policy_and_key_source(
