@@ -29,7 +29,7 @@ from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.request_view import RequestView
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.metrics import OVER_THRESHOLD
-from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
+from compaction_proxy.store.attributes import NO_ATTRIBUTES, ConversationAttributes, ShortfallReason
 from compaction_proxy.store.base import ConversationState
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,11 @@ def answer_attributes(
     """The conversation's largest answer, raised by this one when it is larger."""
     answer = usage.get("completion_tokens")
     if state is None or not isinstance(answer, int) or isinstance(answer, bool) or answer <= 0:
-        return ConversationAttributes()
+        return NO_ATTRIBUTES
     largest = state.attributes.largest_answer_tokens
     if largest is None or answer > largest:
         return ConversationAttributes(largest_answer_tokens=answer)
-    return ConversationAttributes()
+    return NO_ATTRIBUTES
 
 
 def pressure_limits(

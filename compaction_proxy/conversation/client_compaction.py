@@ -73,6 +73,8 @@ def closing_user_text(body: Sequence[Message]) -> str:
 def is_client_compaction(body: Sequence[Message], tools: Any) -> bool:
     """Whether the request asks the model to summarize the conversation for the client."""
     text = closing_user_text(body)
+    if not text:
+        return False  # most requests: an agent's step, ending with a tool's result
     if not text.isascii():
         return _KNOWN.search(text) is not None or (not tools and _ASKS.search(text) is not None)
     lowered = text.lower()

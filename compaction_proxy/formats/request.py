@@ -9,6 +9,7 @@ adapter itself as the way back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from compaction_proxy.formats.bad_request import BadRequest
@@ -93,7 +94,7 @@ class ClientRequest:
             lineage.scanned.clean = True
         return False
 
-    @property
+    @cached_property  # asked by the pressure and the rescue; the body never changes
     def answer_cap(self) -> int | None:
         """The most tokens the client lets the answer take, when it says (a positive integer
         in the API's field; anything else is the upstream's to refuse)."""

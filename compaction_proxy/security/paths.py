@@ -18,10 +18,11 @@ proxy checked.
 from __future__ import annotations
 
 import posixpath
+import re
 import unicodedata
 from urllib.parse import unquote, unquote_to_bytes
 
-_NEEDS_A_LOOK = (".", "%", "\\", "//", ";")
+_NEEDS_A_LOOK = re.compile(r"[.%\\;]|//")
 _DECODINGS = 4  # rounds of percent-decoding a server stack might apply, one after another
 _DOTS = frozenset({".", ".."})
 
@@ -34,7 +35,7 @@ def leaves_v1(raw_target: str) -> bool:
     path = raw_target.partition("?")[0]
     if not path.startswith("/"):
         return True  # absolute-form (a URL) or asterisk-form
-    if path.isascii() and path.isprintable() and not any(m in path for m in _NEEDS_A_LOOK):
+    if path.isascii() and path.isprintable() and _NEEDS_A_LOOK.search(path) is None:
         return not (path == "/v1" or path.startswith("/v1/"))
     once = unquote(path, errors="surrogateescape").replace("\\", "/")
     if not once.isprintable() or any(_disguised_dots(s) for s in once.split("/")):

@@ -25,14 +25,14 @@ Invariants every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent
 from compaction_proxy.conversation.replacements import CheckpointEnd, ReplacementRecord
 from compaction_proxy.metering.anchor import Anchor
-from compaction_proxy.store.attributes import ConversationAttributes
+from compaction_proxy.store.attributes import NO_ATTRIBUTES, ConversationAttributes
 
 
 class StoreUnavailable(Exception):
@@ -60,7 +60,7 @@ class ConversationState:
     # the lease lies on this branch and says (a summary being written: what it will shadow)
     lease_end: int | None = None
     logged_tip: tuple[int, str] | None = None
-    attributes: ConversationAttributes = field(default_factory=ConversationAttributes)
+    attributes: ConversationAttributes = NO_ATTRIBUTES
     # The conversation's last few checkpoints, on any branch (see ``CheckpointEnd``)
     recent_ends: tuple[CheckpointEnd, ...] = ()
 

@@ -119,6 +119,27 @@ def test_a_write_sets_only_what_it_names() -> None:
     )
 
 
+_SOME_ATTRIBUTES = st.builds(
+    ConversationAttributes,
+    **{
+        name: st.none() | st.integers(0, 9) | st.just("v")
+        for name in ("tenant", "model", "checkpoint_misses", "largest_answer_tokens")
+    },
+)
+
+
+@given(_SOME_ATTRIBUTES, _SOME_ATTRIBUTES)
+def test_a_write_changes_every_field_it_sets_and_no_other(
+    kept: ConversationAttributes, write: ConversationAttributes
+) -> None:
+    merged = kept.updated(write)
+    for field in dataclasses.fields(ConversationAttributes):
+        written = getattr(write, field.name)
+        expected = getattr(kept, field.name) if written is None else written
+        assert getattr(merged, field.name) == expected
+    assert kept.updated(ConversationAttributes()) == kept
+
+
 @given(st.dictionaries(st.text(max_size=30), st.text(max_size=30), max_size=12))
 def test_reading_anything_stored_never_raises_and_its_stored_form_is_stable(
     stored: dict[str, str],
