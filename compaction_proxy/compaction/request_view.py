@@ -8,9 +8,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
+from compaction_proxy.computed_once import computed_once
 from compaction_proxy.conversation.fingerprint import context_fingerprint
 from compaction_proxy.conversation.messages import (
     Message,
@@ -104,18 +104,18 @@ class RequestView:
         """Work over this request runs off the event loop (see ``offload``)."""
         return is_big(self.size, len(self.head) + len(self.body))
 
-    @cached_property
+    @computed_once
     def live_start(self) -> int:
         """Body position where the live turn starts (see ``live_turn_start``)."""
         return live_turn_start(self.body)
 
-    @cached_property
+    @computed_once
     def answers(self) -> int:
         """The answers the conversation has had: its assistant messages (the turns a step's
         price counts ahead, ``compaction.cache_prices.turns_ahead``)."""
         return sum(1 for message in self.body if message.get("role") == "assistant")
 
-    @cached_property
+    @computed_once
     def tools_digest(self) -> str:
         """Names the request's tools. An agent sends the same tens of KiB of them every time,
         and a body parsed from a remembered one shares them with it, as the same object
@@ -128,7 +128,7 @@ class RequestView:
         _TOOLS_DIGESTS.put(id(tools), (tools, digest))
         return digest
 
-    @cached_property
+    @computed_once
     def context_digest(self) -> str:
         """Names the request's head and tools together (logged once per distinct value)."""
         h = hashlib.blake2b(bytes.fromhex(self.tools_digest), digest_size=16)
@@ -136,7 +136,7 @@ class RequestView:
             h.update(bytes.fromhex(digest))
         return h.hexdigest()
 
-    @cached_property
+    @computed_once
     def context_fingerprint(self) -> str:
         """The request's instructions up to volatile details (see
         ``conversation.fingerprint``): asked on every request of a compacted conversation,

@@ -9,9 +9,9 @@ adapter itself as the way back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from compaction_proxy.computed_once import computed_once
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.parsing import jsonio
@@ -94,7 +94,7 @@ class ClientRequest:
             lineage.scanned.clean = True
         return False
 
-    @cached_property  # asked by the pressure and the rescue; the body never changes
+    @computed_once  # asked by the pressure and the rescue; the body never changes
     def answer_cap(self) -> int | None:
         """The most tokens the client lets the answer take, when it says (a positive integer
         in the API's field; anything else is the upstream's to refuse)."""
