@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import compress, repeat
@@ -98,33 +98,40 @@ class ConversationAttributes:
                 parsed = parse(value)
                 if parsed is not None:
                     values[name] = parsed
-        return cls(**values)
+        return _built(NO_ATTRIBUTES.__dict__, values)
 
     def to_stored(self) -> dict[str, str]:
         """The fields this holds, as stored (those that are ``None`` are left out)."""
-        stored: dict[str, str] = {}
-        for name in ATTRIBUTE_NAMES:
-            value = getattr(self, name)
-            if value is not None:
-                stored[name] = _FORMATS.get(name, str)(value)
-        return stored
+        return {name: _FORMATS.get(name, str)(value) for name, value in _set_fields(self)}
 
     def updated(self, newer: ConversationAttributes) -> ConversationAttributes:
         """These attributes with every field ``newer`` sets written over them."""
         if newer is NO_ATTRIBUTES:
             return self
-        # Copied rather than through ``__init__`` (a request sets its attributes a few times,
-        # and the fields are already of their types), the set ones picked in C: a loop over
-        # the thirteen fields in Python cost more than the rest of the merge.
-        merged = object.__new__(ConversationAttributes)
-        fields, written = merged.__dict__, newer.__dict__
-        fields.update(self.__dict__)
-        fields.update(compress(written.items(), map(is_not, written.values(), repeat(None))))
-        return merged
+        return _built(self.__dict__, _set_fields(newer))
 
     @property
     def misses(self) -> int:
         return self.checkpoint_misses or 0
+
+
+def _set_fields(attributes: ConversationAttributes) -> Iterator[tuple[str, Any]]:
+    """The fields ``attributes`` sets (not ``None``), picked in C: a loop over the thirteen
+    fields in Python cost more than what a request does with the few it sets."""
+    fields = attributes.__dict__
+    return compress(fields.items(), map(is_not, fields.values(), repeat(None)))
+
+
+def _built(
+    fields: Mapping[str, Any], written: Iterable[tuple[str, Any]] | Mapping[str, Any]
+) -> ConversationAttributes:
+    """Attributes with ``fields`` and ``written`` over them, values already of their types:
+    filled in C rather than by the frozen ``__init__``, a call per field (a request builds
+    a few)."""
+    built = object.__new__(ConversationAttributes)
+    built.__dict__.update(fields)
+    built.__dict__.update(written)
+    return built
 
 
 NO_ATTRIBUTES = ConversationAttributes()  # none known, none to write (frozen: one for all)

@@ -13,6 +13,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from importlib.resources import files
+from itertools import chain, repeat
 from types import TracebackType
 from typing import Any, cast
 
@@ -76,6 +77,9 @@ from compaction_proxy.store.redis_log import LogPacker
 _LOG_KEYS: tuple[KeyKind, ...] = ("log", "seen", "state", "records", "anchored", "positions")
 _APPEND_KEYS: tuple[KeyKind, ...] = (*_LOG_KEYS, "used", "segments", "packing")
 _COMPACTION_KEYS: tuple[KeyKind, ...] = ("leases", *_LOG_KEYS, "used", "segments")
+# ``str.encode``'s arguments for ``map`` (infinite, so one pair serves every call): an
+# attribute read from a header or a body is written back byte for byte.
+_UTF8, _AS_READ = repeat("utf-8"), repeat("surrogateescape")
 _LEASE_POLL_SECONDS = 0.05
 # A load asks once with the positions it consulted last time, again with those its answer
 # names (another replica anchored or leased there), and at last with the whole chain.
@@ -245,9 +249,7 @@ class RedisStore:
             is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
         )
         plain = [jsonio.dumps(event) for event in events]
-        pairs = [
-            item.encode("utf-8", "surrogateescape") for pair in fields.items() for item in pair
-        ]
+        pairs = [*map(str.encode, chain.from_iterable(fields.items()), _UTF8, _AS_READ)]
         args: list[Arg] = [self._append_bounds, listing, blob]
         args += [length_prefixed(plain), length_prefixed(pairs)]
         args.append(as_json(anchor.__dict__) if anchor is not None else "")

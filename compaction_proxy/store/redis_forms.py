@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 from compaction_proxy.conversation.log_events import MessageEvent
@@ -123,12 +124,16 @@ def packed_bounds(*bounds: int) -> bytes:
     return struct.pack(f">{len(bounds)}q", *bounds)
 
 
+_LENGTH = struct.Struct(">I").pack
+
+
 def length_prefixed(values: Sequence[bytes]) -> bytes:
     """Values as one script argument, each its length in 4 bytes (big-endian) and its bytes
     (``append.lua``'s ``pieces`` reads one with one ``struct.unpack``): one argument for
     redis-py to pack instead of one each, and any byte may appear in a value (an attribute
     read from a header or a body)."""
-    return b"".join([len(value).to_bytes(4, "big") + value for value in values])
+    lengths = map(_LENGTH, map(len, values))
+    return b"".join(chain.from_iterable(zip(lengths, values, strict=True)))
 
 
 def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:

@@ -45,7 +45,7 @@ def keys_of(conversation: str, *kinds: KeyKind) -> list[str]:
     """The keys of ``kinds`` for one conversation, in that order (built per request: no
     mapping of every kind is made for the few a script takes)."""
     tag = f"{PREFIX}:{{{conversation}}}:"
-    return [tag + kind for kind in kinds]
+    return [*map(tag.__add__, kinds)]
 
 
 def conversation_keys(conversation: str) -> dict[KeyKind, str]:

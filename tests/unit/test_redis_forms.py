@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import re
+import struct
 from importlib.resources import files
+
+import pytest
 
 from compaction_proxy.store.attributes import ATTRIBUTE_NAMES, ShortfallReason
 from compaction_proxy.store.redis_forms import (
     LOAD_FIELDS,
     STATE_FIELDS,
     consulted_positions,
+    length_prefixed,
     picked_chain_args,
     state_of,
 )
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 CHAIN = [f"{i:032x}" for i in range(6)]
 
@@ -53,3 +62,18 @@ def test_a_loaded_state_reads_unset_fields_as_unknown_and_empty_ones_as_stored()
     assert state.attributes.over_threshold is ShortfallReason.BELOW_THRESHOLD
     assert (state.generation, state.attributes.model, state.attributes.tenant) == (7, "m", None)
     assert state.anchor is None and state.lease_owner is None
+
+
+def _pieces(packed: bytes) -> list[bytes]:
+    """``append.lua``'s reading of a length-prefixed argument, in Python."""
+    pieces, at = [], 0
+    while at < len(packed):
+        (length,) = struct.unpack_from(">I", packed, at)
+        pieces.append(packed[at + 4 : at + 4 + length])
+        at += 4 + length
+    return pieces
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20))
+def test_length_prefixed_values_read_back_as_sent_whatever_their_bytes(values: list[bytes]) -> None:
+    assert _pieces(length_prefixed(values)) == values

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from compaction_proxy.security.outbound import HOP_HEADER, upstream_headers
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from compaction_proxy.security.outbound import HOP_HEADER, upstream_headers, without
 from compaction_proxy.security.tenant import api_key_of
 
 KEPT = {"Authorization": "Bearer sk-client", "OpenAI-Beta": "assistants=v2", "X-Trace": "t-1"}
@@ -75,3 +80,19 @@ def test_the_clients_credential_is_read_from_any_formats_header(
     headers: dict[str, str], key: str
 ) -> None:
     assert api_key_of(headers) == key
+
+
+_NAMES = st.sampled_from(["Host", "host", "TE", "X-Trace", "x-trace", "Connection", "Keep-Alive"])
+_VALUES = st.sampled_from(["1", "x-trace", "close, X-TRACE", "keep-alive"])
+
+
+@given(st.lists(st.tuples(_NAMES, _VALUES), max_size=8))
+def test_a_copy_keeps_every_header_not_dropped_in_its_order_and_repeats(
+    sent: list[tuple[str, str]],
+) -> None:
+    headers = CIMultiDict(sent)
+    dropped = frozenset({"host", "te", "connection", "keep-alive"})
+    listed = headers.get("Connection")  # the first one's names: this hop's alone
+    named = {token.strip().lower() for token in listed.split(",")} if listed else set()
+    kept = [(k, v) for k, v in sent if k.lower() not in dropped | named]
+    assert list(without(headers, dropped).items()) == kept
