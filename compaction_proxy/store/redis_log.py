@@ -42,6 +42,7 @@ from compaction_proxy.store.log_segments import (
     decompress,
     due,
     entries_of,
+    lines_size,
     linked_run,
     pack_chunk,
     pack_due,
@@ -80,7 +81,7 @@ class _Held:
     def add(self, batch: LoggedBatch) -> int:
         """Hold ``batch`` too; the bytes it adds."""
         self.batches.append(batch)
-        size = sum(len(line) for _, line in batch.entries)
+        size = lines_size(batch.entries)
         self.size += size
         self.count += len(batch.entries)
         return size
@@ -225,12 +226,12 @@ class LogPacker:
         landed. ``freed``: the bytes the chunk takes in the stream, when not its JSON's."""
         source = "held" if start[0] == "held" else "read_back"
         merging = held.newest[0].lines if held.newest is not None else 0
-        if merging + sum(len(line) for _, line in chunk) > OFF_LOOP_LINES:
+        if merging + lines_size(chunk) > OFF_LOOP_LINES:
             plan = await asyncio.to_thread(self._plan, chunk, held.newest)
         else:
             plan = self._plan(chunk, held.newest)
         if freed is None:
-            freed = sum(len(line) for _, line in chunk)
+            freed = lines_size(chunk)
         try:
             reply = await self._send(conversation, plan, (*start, held.epoch), freed, claimed)
             if reply == -1:  # the newest segment is another's now: land the chunk alone
