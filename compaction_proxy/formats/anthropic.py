@@ -117,8 +117,11 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> tuple[TranslatedMes
     if not isinstance(base, TranslatedMessages):
         return None, 0
     head = 1 if base.groups and not base.groups[0] else 0
-    system = system_message(body)
-    if (base.messages[0] if head else None) != system:
+    system = body.get("system")
+    # The same ``system`` as sent (most bodies: the very object, the rest of the body reused)
+    # makes the same head; another may still make it, translated.
+    same = system is base.system or system == base.system
+    if not same and (base.messages[0] if head else None) != system_message(body):
         return None, 0
     # A parsed body's entries run in turn order, and its groups (the head's empty one aside)
     # in the order of their last entry: both are searched by bisection, not walked.
@@ -134,7 +137,8 @@ def _reusable(extension: Extension, body: dict[str, Any]) -> tuple[TranslatedMes
         kept += moved
         known += 1
     count = bisect.bisect_left(base.groups, len(kept), lo=head, key=_last_entry)
-    return TranslatedMessages(base.messages[:count], base.groups[:count], kept, base.sealed), known
+    messages, groups = base.messages[:count], base.groups[:count]
+    return TranslatedMessages(messages, groups, kept, base.sealed, system), known
 
 
 def messages_payload(request: ClientRequest, surface: Surface) -> bytes:

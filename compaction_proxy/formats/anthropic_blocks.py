@@ -68,6 +68,7 @@ class TranslatedMessages:
     groups: list[tuple[int, ...]]
     entries: list[Entry]
     sealed: bool = False  # it holds a compaction block the proxy made (sealed_checkpoints)
+    system: Any = None  # the body's ``system`` as sent, which the head message stands for
 
 
 def _system_text(system: Any) -> str:
@@ -83,9 +84,11 @@ def _system_text(system: Any) -> str:
     return "\n\n".join(texts)
 
 
-def _block(block: Any, param: str) -> dict[str, Any]:
+def _block(block: Any, turn_param: str, index: int) -> dict[str, Any]:
+    """``block`` (``turn_param``'s content block ``index``) when it is one; the parameter is
+    named only when it is not (every block of a new turn passes here)."""
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise _invalid(param, "a content block with a string 'type'")
+        raise _invalid(f"{turn_param}.content.{index}", "a content block with a string 'type'")
     return block
 
 
@@ -104,7 +107,7 @@ def _tool_result(block: dict[str, Any], param: str) -> Message:
         raise _invalid(f"{param}.tool_use_id", "a string")
     content = block.get("content")
     if isinstance(content, list):
-        content = [_part(_block(b, f"{param}.content.{i}"), param) for i, b in enumerate(content)]
+        content = [_part(_block(b, param, i), param) for i, b in enumerate(content)]
     elif content is not None and not isinstance(content, str):
         raise _invalid(f"{param}.content", "a string or an array of content blocks")
     return {"role": "tool", "tool_call_id": call_id, "content": content or ""}
@@ -182,7 +185,7 @@ def translate_messages(
             continue
         if not isinstance(content, list):
             raise _invalid(f"{param}.content", "a string or an array of content blocks")
-        blocks = [_block(b, f"{param}.content.{i}") for i, b in enumerate(content)]
+        blocks = [_block(b, param, i) for i, b in enumerate(content)]
         sealed = sealed or any(
             b["type"] == "compaction" and is_sealed(b.get("encrypted_content")) for b in blocks
         )
@@ -201,7 +204,7 @@ def translate_messages(
             else:
                 run.append(first + offset)
         _close_run(messages, groups, entries, run)
-    return TranslatedMessages(messages, groups, entries, sealed)
+    return TranslatedMessages(messages, groups, entries, sealed, body.get("system"))
 
 
 # Blocks whose translation leaves their own ``cache_control`` out (text as a text part, a call
@@ -210,7 +213,9 @@ _BREAKPOINT_FREE = frozenset({"text", "tool_use", "tool_result"})
 
 
 def _unmarked(block: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in block.items() if key != "cache_control"}
+    unmarked = block.copy()  # copied and popped in C: a comprehension is a loop in Python
+    unmarked.pop("cache_control", None)
+    return unmarked
 
 
 def rebreakpointed(turn: Any, turn_index: int, old: Sequence[Entry]) -> list[Entry] | None:
