@@ -33,12 +33,14 @@ class Anchor:
         next answer stores a new anchor."""
         try:
             data: Any = orjson.loads(stored)
-            known = {k: v for k, v in data.items() if k in _FIELDS}
-            anchor = cls(**known)
+            if not data.keys() <= _FIELDS:  # most anchors: this version's, every field known
+                data = {k: v for k, v in data.items() if k in _FIELDS}
+            anchor = cls(**data)
         except (orjson.JSONDecodeError, AttributeError, TypeError):
             return None
-        ints = (anchor.tip, anchor.prompt_tokens, anchor.estimated_tokens)
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in ints):
+        # Counts are JSON integers, not bools: exact types, compared at once (every load).
+        counts = (type(anchor.tip), type(anchor.prompt_tokens), type(anchor.estimated_tokens))
+        if counts != (int, int, int):
             return None
         return anchor if isinstance(anchor.key, str) and isinstance(anchor.tip_hash, str) else None
 
