@@ -195,12 +195,17 @@ async def run(against: str | None, transcript: str | None, rounds: int, form: st
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a bench that counts replays of a transcript, beside another checkout."""
     parser.add_argument("--against", help="another checkout, counted beside this one")
     parser.add_argument("--transcript", default="13265", help="part of a transcript's name")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--format", choices=sorted(REQUEST_FORMS), default="chat", dest="form")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_replay_arguments(parser)
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")

@@ -36,7 +36,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from tests.bench.instruction_count import replay
+from tests.bench.instruction_count import add_replay_arguments, replay
 from tests.bench.overhead import at_rest, metered_env, process
 from tests.bench.request_forms import REQUEST_FORMS, RequestForm
 from tests.processes import free_port, stop, wait_until_ready
@@ -179,10 +179,7 @@ def differences(this: Counted, other: Counted, requests: int, top: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--against", help="another checkout, counted beside this one")
-    parser.add_argument("--transcript", default="13265", help="part of a transcript's name")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--format", choices=sorted(REQUEST_FORMS), default="chat", dest="form")
+    add_replay_arguments(parser)
     parser.add_argument(
         "--top", type=int, default=0, help="with --against: the functions that differ most"
     )
