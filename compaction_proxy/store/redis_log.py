@@ -226,12 +226,13 @@ class LogPacker:
         landed. ``freed``: the bytes the chunk takes in the stream, when not its JSON's."""
         source = "held" if start[0] == "held" else "read_back"
         merging = held.newest[0].lines if held.newest is not None else 0
-        if merging + lines_size(chunk) > OFF_LOOP_LINES:
+        lines = lines_size(chunk)
+        if merging + lines > OFF_LOOP_LINES:
             plan = await asyncio.to_thread(self._plan, chunk, held.newest)
         else:
             plan = self._plan(chunk, held.newest)
         if freed is None:
-            freed = lines_size(chunk)
+            freed = lines
         try:
             reply = await self._send(conversation, plan, (*start, held.epoch), freed, claimed)
             if reply == -1:  # the newest segment is another's now: land the chunk alone

@@ -15,7 +15,7 @@ Why beside ``tests.bench.instruction_count``: an instruction in a C loop (a copy
 JSON scan) costs a fraction of a cycle, one in the interpreter's loop several (its dispatch
 is a branch the CPU often mispredicts). Two trees that ran the same instructions a request,
 one trading C bulk work for Python work, differed by 15 % in CPU time; their bytecodes
-differed by as much. A run takes about a minute and two runs agree within 1 %.
+differed by as much. A run takes about a minute and a half; two runs agree within 1 %.
 """
 
 from __future__ import annotations
