@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from yarl import URL
 
+from compaction_proxy.frozen import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class UpstreamCall:
     """One request to an upstream: ``url`` as built by ``security.outbound.upstream_url``."""
 
@@ -59,7 +61,7 @@ class UpstreamAnswer(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@frozen
 class SocketCall:
     """One WebSocket handshake: ``protocols`` the subprotocols offered, in order;
     ``max_message_bytes`` the largest message taken; a ping every ``heartbeat`` seconds

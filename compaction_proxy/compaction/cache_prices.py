@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.config.settings import PricePreset, PricingPolicy
+from compaction_proxy.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class CachePrices:
     """A provider's prices, in multiples of an uncached input token: a cached prompt token
     read, one written to the cache, an output token; and how long an unread prefix stays
@@ -105,7 +105,7 @@ def cache_prices(pricing: PricingPolicy, family: ApiFamily, model: str = "") -> 
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class StepPrice:
     """A step as the provider bills it. ``saved``: prompt tokens every later request no
     longer carries; ``rewritten``: tokens after the step's first change, read from the cache

@@ -26,13 +26,13 @@ once the summarizer is back is compacted by a real checkpoint over the same turn
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from compaction_proxy.compaction.range_selection import PricedNode, balanced_cuts
 from compaction_proxy.conversation.messages import Message
+from compaction_proxy.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class DroppedTurns:
     """Surface nodes ``first..last`` (inclusive), body ``start..end``, left out for a marker."""
 

@@ -44,6 +44,7 @@ from compaction_proxy.conversation.replacements import (
     superseded_by,
 )
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.meter import Measurement, TokenMeter, counter_for
 from compaction_proxy.metering.overflow import NAMELESS_ERROR
 from compaction_proxy.metrics import COMPACTIONS, SUMMARY_BREAKER_OPEN, SUMMARY_DURATION
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@frozen
 class EngineSettings:
     # Short, and renewed while a compaction runs: a crashed proxy blocks a conversation for
     # seconds. Waiting for another's compaction is bounded by the summary call instead.

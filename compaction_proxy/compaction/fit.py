@@ -11,10 +11,10 @@ make its span impossible to summarize.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.text import cut, safe_cut, text_of
+from compaction_proxy.frozen import frozen
 
 # The summary's cap is at most this share of the summary model's (and the request model's)
 # window.
@@ -29,7 +29,7 @@ HEAD_SHARE_OF_CUT = 0.75
 MIN_SUMMARIZED_TOKENS = 1000
 
 
-@dataclass(frozen=True)
+@frozen
 class SummaryBudget:
     """``cap``: the summary's max tokens. ``span``: the most span tokens one call can carry
     (None without a known window). ``per_message``: the most one message may take in it."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
@@ -36,6 +35,7 @@ from compaction_proxy.conversation.agent_outputs import is_agent_output
 from compaction_proxy.conversation.messages import Message, task_position
 from compaction_proxy.conversation.surface import SurfaceNode
 from compaction_proxy.conversation.text import text_of
+from compaction_proxy.frozen import frozen
 
 DEFAULT_CLEAR_SHARE = 10  # clear_at_least defaults to a tenth of the window
 ARGUMENTS_CHARS = 120  # the short form of a call's arguments
@@ -51,7 +51,7 @@ OBSERVATION_PLACEHOLDER = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Masker:
     """Masking settings, resolved for one model (``config.settings.MaskingPolicy``)."""
 

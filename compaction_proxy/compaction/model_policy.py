@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices, cache_prices
 from compaction_proxy.compaction.masking import Masker
@@ -21,11 +21,12 @@ from compaction_proxy.config.policy import (
     resolve_policy,
 )
 from compaction_proxy.config.settings import Policy, PrunerPolicy, Route, Settings
+from compaction_proxy.frozen import frozen
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering.windows import mapped_window
 
 
-@dataclass(frozen=True)
+@frozen
 class Budgets:
     """Absolute token budgets for one model with a known context window."""
 
@@ -188,7 +189,7 @@ def masker_for(policy: Policy) -> Masker | None:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelPolicy:
     """Everything static the proxy needs to know about one model name."""
 

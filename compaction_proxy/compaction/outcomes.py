@@ -4,12 +4,12 @@ request (``Relief``). Plain data, shared by the engine, the triggers and the ser
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 from compaction_proxy.compaction.range_selection import Span
 from compaction_proxy.compaction.summarize import SummaryFailed
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.meter import Measurement
 from compaction_proxy.store.attributes import ShortfallReason
 from compaction_proxy.store.base import ConversationState
@@ -48,7 +48,7 @@ _NOT_FAILURES = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Relief:
     """Where a trigger left the request: state, surface and measurement to forward with."""
 
@@ -64,7 +64,7 @@ class Relief:
     dropped_turns: int = 0  # the oldest turns left out for a marker (compaction/drop_turns.py)
 
 
-@dataclass(frozen=True)
+@frozen
 class Round:
     outcome: Outcome
     span: Span | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from compaction_proxy.compaction.cache_prices import PRESETS, CachePrices
@@ -35,10 +35,11 @@ from compaction_proxy.compaction.summarize import INSTRUCTION, KEPT_NOTE, Summar
 from compaction_proxy.config.settings import Policy
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.surface import Surface, SurfaceNode
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.meter import REPLY_PRIMING_TOKENS, TokenMeter, counter_for
 
 
-@dataclass(frozen=True)
+@frozen
 class SummaryRequest:
     """One summary call: ``body`` in chat form (head, span, instruction), and ``prefix``, the
     surface from the head to the span's end, when the call carries it exactly as it was
@@ -58,7 +59,7 @@ class SummaryRequest:
 SummaryCall = Callable[[SummaryRequest], Awaitable[Summary]]
 
 
-@dataclass(frozen=True)
+@frozen
 class CompactionJob:
     """One request's compaction inputs: its view, policy, window and summary route."""
 
@@ -95,7 +96,7 @@ class CompactionJob:
         return self.summary_window if self.summary_window is not None else self.window
 
 
-@dataclass(frozen=True)
+@frozen
 class ReadThrough:
     """The summary call's prefix carried on past the span to the end of an earlier prompt:
     ``prefix`` the surface through it, ``kept`` the messages past the span it adds (which
@@ -108,7 +109,7 @@ class ReadThrough:
     not_before: asyncio.Future[bool] | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     """A span to summarize, the summary's cap, and the span as the summary call carries it
     (oversized messages cut there)."""
@@ -177,7 +178,7 @@ def read_through_end(
     return end if extra * prices.read < gap * (prices.write - prices.read) else None
 
 
-@dataclass(frozen=True)
+@frozen
 class Planner:
     """Prices a request's surface with the meter (cached per message) and decides from the
     prices alone; never mutates what it is given."""

@@ -14,19 +14,19 @@ never mutated.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.conversation.agent_outputs import is_agent_output
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.text import MARKER, cut, marked_length, safe_cut, text_of
+from compaction_proxy.frozen import frozen
 
 __all__ = ["MARKER", "PruneCandidate", "PrunedContent", "Pruner", "prune_candidates"]
 
 SUMMARY_TAG = "<compacted-summary>"
 
 
-@dataclass(frozen=True)
+@frozen
 class Pruner:
     threshold_chars: int = 8192
     head_chars: int = 4096
@@ -57,7 +57,7 @@ class Pruner:
         return position != task and self.observes(body[position], previous)
 
 
-@dataclass(frozen=True)
+@frozen
 class PrunedContent:
     """The pruned content, and the joined-text offsets it was cut at (``head_end`` up to
     ``tail_start`` removed), so the same cut can be applied to a resent copy of the message."""
@@ -69,7 +69,7 @@ class PrunedContent:
     tail_start: int
 
 
-@dataclass(frozen=True)
+@frozen
 class PruneCandidate:
     """Body ``position`` of an observation and its pruned content."""
 

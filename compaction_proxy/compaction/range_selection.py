@@ -12,13 +12,13 @@ fits is taken, and the caller may run another round.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.conversation.messages import Message
+from compaction_proxy.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class PricedNode:
     message: Message
     tokens: int
@@ -27,7 +27,7 @@ class PricedNode:
     end: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Span:
     """Surface nodes ``first..last`` (inclusive), standing for body ``start..end``."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from compaction_proxy.computed_once import computed_once
@@ -23,6 +23,7 @@ from compaction_proxy.conversation.messages import (
 )
 from compaction_proxy.conversation.replacements import ReplacementRecord
 from compaction_proxy.conversation.surface import Surface, derive_surface
+from compaction_proxy.frozen import frozen
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.metering.meter import Measurement, TokenMeter
@@ -38,7 +39,7 @@ _FINGERPRINTS: LRU[str, str] = LRU(1024)
 _TOOLS_DIGESTS: LRU[int, tuple[Any, str]] = LRU(256)
 
 
-@dataclass(frozen=True)
+@frozen
 class RequestView:
     tenant: str
     conversation: str

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,6 +18,7 @@ from yarl import URL
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.formats.wire import SummaryReader, chat_summary_text
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.overflow import (
     NAMELESS_ERROR,
     ErrorKind,
@@ -117,7 +117,7 @@ _EXPLANATIONS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Summary:
     text: str
     usage: dict[str, Any] | None

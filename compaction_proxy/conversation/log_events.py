@@ -8,18 +8,18 @@ Message content is kept only when ``log_content`` is on, and only for messages o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.text import text_size
+from compaction_proxy.frozen import frozen
 
 Event = dict[str, Any]
 
 CONTEXT_POSITION = -1  # MessageEvent position of a logged head-and-tools context
 
 
-@dataclass(frozen=True)
+@frozen
 class MessageEvent:
     """A body message to log at chain position ``position`` with chain hash ``hash``.
 

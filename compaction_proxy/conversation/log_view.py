@@ -8,14 +8,14 @@ rebuilds exactly the body that request sent, forks and edits notwithstanding.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.conversation.log_events import Event
 from compaction_proxy.conversation.messages import Message
+from compaction_proxy.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class LoggedRequest:
     model: str
     head: list[Message]

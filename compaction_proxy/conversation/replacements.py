@@ -9,14 +9,14 @@ request shares the exact prefix it was made from, and only under the instruction
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from compaction_proxy.conversation.messages import Message
 from compaction_proxy.conversation.text import cut, text_of
+from compaction_proxy.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Checkpoint:
     """Body positions ``start..end`` (inclusive) replaced by one framed summary message."""
 
@@ -36,7 +36,7 @@ class Checkpoint:
             raise ValueError(f"checkpoint span {self.start}..{self.end} is empty or negative")
 
 
-@dataclass(frozen=True)
+@frozen
 class Prune:
     """Content-only replacement of the observation at body ``position``.
 
@@ -77,7 +77,7 @@ def pruned_message(message: Message, prune: Prune) -> Message:
 ReplacementRecord = Checkpoint | Prune
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointEnd:
     """Where a committed checkpoint ended, named by content (``Checkpoint.end_fingerprint``)
     and instructions. A conversation keeps its last few whatever branch they lie on: a request

@@ -7,7 +7,6 @@ Pure: plain data in, plain data out, no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, overload
 
 from compaction_proxy.conversation.messages import Message, branch_fingerprint
@@ -18,6 +17,7 @@ from compaction_proxy.conversation.replacements import (
     ReplacementRecord,
     pruned_message,
 )
+from compaction_proxy.frozen import frozen
 
 NodeKind = Literal["head", "body", "pruned", "checkpoint"]
 
@@ -73,7 +73,7 @@ class SentNodes(Sequence[SurfaceNode]):
     __hash__ = None  # type: ignore[assignment]  # equal to a tuple, yet not one
 
 
-@dataclass(frozen=True)
+@frozen
 class Surface:
     nodes: Sequence[SurfaceNode]
     checkpoints: tuple[Checkpoint, ...] = ()

@@ -23,9 +23,10 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from compaction_proxy.frozen import frozen
 
 Message = dict[str, Any]
 
@@ -37,7 +38,7 @@ class ProbeKind(StrEnum):
     DECISION = "decision"
 
 
-@dataclass(frozen=True)
+@frozen
 class Probe:
     kind: ProbeKind
     question: str

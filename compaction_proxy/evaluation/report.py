@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_proxy.evaluation.probes import ProbeKind
+from compaction_proxy.frozen import frozen
 
 Z95 = 1.96
 
 
-@dataclass(frozen=True)
+@frozen
 class Asked:
     """One probe, asked under one policy: right with the whole history (None: it does not
     fit the model, so it was not asked) and right with what was forwarded."""
@@ -35,7 +36,7 @@ class Asked:
     compacted: bool
 
 
-@dataclass(frozen=True)
+@frozen
 class Retention:
     probes: int
     right: int

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.conversation.messages import Message
@@ -37,6 +36,7 @@ from compaction_proxy.conversation.text import text_of
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.sealed_checkpoints import is_sealed
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 
 THINKING = frozenset({"thinking", "redacted_thinking"})
@@ -48,7 +48,7 @@ def _invalid(param: str, expected: str) -> BadRequest:
     return BadRequest(f"{param}: expected {expected}", param=param, code="invalid_type")
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     """One piece of what the client sent: a block of turn ``turn`` (or the turn's whole
     string content). ``turn`` is None for a checkpoint's turn, which stands alone."""
@@ -59,7 +59,7 @@ class Entry:
     content: Any
 
 
-@dataclass(frozen=True)
+@frozen
 class TranslatedMessages:
     """A Messages body as chat messages: ``messages[i]`` stands for ``entries[j]`` for every
     ``j`` in ``groups[i]`` (none for the system prompt's head message)."""

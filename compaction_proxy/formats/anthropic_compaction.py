@@ -30,6 +30,7 @@ from compaction_proxy.formats.asked_compaction import (
 )
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.sealed_checkpoints import ForgedCheckpoint, MadeCompaction, is_sealed
+from compaction_proxy.frozen import frozen
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"
@@ -282,7 +283,7 @@ def _applied(
     return applied
 
 
-@dataclass(frozen=True)
+@frozen
 class ManagedAnswer:
     """A Messages answer with what the proxy did for its ``context_management``: the
     compaction block first (``made``), ``applied_edits`` (when clearing was asked: None

@@ -5,10 +5,10 @@ upstream lacks them (``service.native_compaction``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from compaction_proxy.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class ClearToolUses:
     """Old tool results cleared to a placeholder (Anthropic's ``clear_tool_uses_20250919``):
     from ``trigger_tokens`` of input (or ``trigger_tool_uses`` tool uses), all but the newest
@@ -23,7 +23,7 @@ class ClearToolUses:
     clear_inputs: bool | frozenset[str] = False
 
 
-@dataclass(frozen=True)
+@frozen
 class AskedCompaction:
     """``threshold``: compact the history on the way once it holds this many tokens (None:
     no compaction asked, or none at a size of its own). ``pause``: answer with the compaction
@@ -39,7 +39,7 @@ class AskedCompaction:
     keep_thinking_turns: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class ClearedToolUses:
     """What clearing tool uses took out of a request."""
 

@@ -8,12 +8,12 @@ adapter itself as the way back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compaction_proxy.computed_once import computed_once
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.recent_bodies import Extension, Lineage, RecentBodies, first_of
 
@@ -41,7 +41,7 @@ def _kind(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-@dataclass(frozen=True)
+@frozen
 class ClientRequest:
     """A validated body, as chat messages whatever API it came in. ``body`` is the client's
     object as parsed, never modified.
@@ -105,7 +105,7 @@ class ClientRequest:
         return None
 
 
-@dataclass(frozen=True)
+@frozen
 class ProviderHeld:
     """A body whose history the provider holds (a Responses ``previous_response_id`` or
     ``conversation``): nothing to compact, relayed as sent."""

@@ -19,6 +19,7 @@ from compaction_proxy.formats.answer_edits import EventEditor
 from compaction_proxy.formats.asked_compaction import AskedCompaction
 from compaction_proxy.formats.bad_request import BadRequest
 from compaction_proxy.formats.sealed_checkpoints import ForgedCheckpoint, MadeCompaction, is_sealed
+from compaction_proxy.frozen import frozen
 
 TRIGGER_TYPE = "compaction_trigger"
 ITEM_TYPE = "compaction"
@@ -202,7 +203,7 @@ def compacted_answer(
     return orjson.dumps(answer)
 
 
-@dataclass(frozen=True)
+@frozen
 class FirstOutputItem:
     """A Responses answer with ``item`` as its first output, the upstream's after it (a
     ``context_management`` compaction: the client drops what comes before the item, so the

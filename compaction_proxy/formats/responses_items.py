@@ -24,7 +24,6 @@ Pure: no I/O. Raises ``BadRequest`` for what the upstream would reject anyway.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.conversation.messages import Message
@@ -35,6 +34,7 @@ from compaction_proxy.formats.request import (
     ClientRequest,
 )
 from compaction_proxy.formats.sealed_checkpoints import is_sealed
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -116,7 +116,7 @@ def _reasoning_name(items: Sequence[dict[str, Any]]) -> str:
     return "reasoning:" + ",".join(names)
 
 
-@dataclass(frozen=True)
+@frozen
 class Translated:
     """A Responses body as chat messages: ``messages[i]`` stands for ``input[j]`` for every j
     in ``groups[i]`` (empty for the instructions' head message)."""

@@ -22,9 +22,10 @@ import base64
 import binascii
 import hashlib
 import hmac
-from dataclasses import dataclass
 
 import orjson
+
+from compaction_proxy.frozen import frozen
 
 TOKEN_PREFIX = "cpx1."
 SEALED_MARK = b'"cpx1.'  # a body holding one of the proxy's tokens holds this
@@ -35,7 +36,7 @@ class ForgedCheckpoint(ValueError):
     """A token in the proxy's form that does not verify for the caller."""
 
 
-@dataclass(frozen=True)
+@frozen
 class MadeCompaction:
     """A compaction the proxy made for a client: the summary, its sealed token, and what the
     summary call took and gave (tokens)."""

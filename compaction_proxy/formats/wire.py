@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from compaction_proxy.config.api_family import ApiFamily
 from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from compaction_proxy.formats.sealed_checkpoints import MadeCompaction
 
 
-@dataclass(frozen=True)
+@frozen
 class ParseContext:
     """What parsing a body may use besides its bytes: the messages this process validated
     (``KnownMessages``), the bodies it parsed a moment ago (``RecentBodies``), the client's
@@ -56,7 +57,7 @@ class ParseContext:
 SummaryReader = Callable[[Any], tuple[str, bool]]
 
 
-@dataclass(frozen=True)
+@frozen
 class SocketRequest:
     """A frame as the HTTP request it stands for: the body, the body's JSON as sent, and the
     JSON of its input's items (comma-separated) when it was written piece by piece, so that a
@@ -67,7 +68,7 @@ class SocketRequest:
     input_json: bytes | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class SocketResponse:
     """A socket connection's last response: its id, the whole input it answered, its output
     (what a later frame naming it continues from), and the input's items as JSON where known
@@ -130,7 +131,7 @@ PROMPT_CACHE_OPTIONS = ("prompt_cache_key", "prompt_cache_retention", "prompt_ca
 REBUILT_AFTER = frozenset({"empty", "malformed", "http_400", "length", "overflow"})
 
 
-@dataclass(frozen=True)
+@frozen
 class SummaryPost:
     """One summary call in one format: where it goes, its body, how its answer is read; for a
     cache-safe call, the failures after which the rebuilt one is made (``rebuilt_after``)."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 import orjson
 
+from compaction_proxy.frozen import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Anchor:
     """Upstream usage for a forwarded surface: ``prompt_tokens`` for the surface up to body
     position ``tip``, named (with its head, tools and replacements) by ``key``."""

@@ -28,13 +28,13 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
 
 from compaction_proxy.conversation.messages import Message, message_digest
 from compaction_proxy.conversation.replacements import pruned_message
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.frozen import frozen
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.anchor import Anchor
@@ -77,7 +77,7 @@ class TextCounter(Protocol):
 _BUFFERED_COUNT_CHARS = 64 * 1024
 
 
-@dataclass(frozen=True)
+@frozen
 class _TiktokenCounter:
     name: str
 
@@ -93,7 +93,7 @@ class _TiktokenCounter:
         return len(tokenizer.encode(text, disallowed_special=()))
 
 
-@dataclass(frozen=True)
+@frozen
 class _HuggingFaceCounter:
     name: str
     tokenizer: Any
@@ -213,7 +213,7 @@ def prefix_key(request: MeteredRequest, surface: Surface, tip: int) -> str | Non
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
+@frozen
 class Measurement:
     tokens: int
     estimated: int

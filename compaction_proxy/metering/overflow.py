@@ -8,11 +8,11 @@ parameter-length errors (``string_above_max_length``) are never overflow.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering import lazy_litellm
 
 _OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
@@ -52,7 +52,7 @@ _STATED_LIMITS = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class OverflowVerdict:
     is_overflow: bool
     limit: int | None = None
@@ -75,7 +75,7 @@ def error_message(body: bytes) -> str:
     return " ".join(_error_fields(body)[1].split())
 
 
-@dataclass(frozen=True)
+@frozen
 class ErrorKind:
     """The ``type`` and ``code`` an upstream error names (OpenAI's shape), each only where it
     is a plain identifier: what clients tell a spent quota (``insufficient_quota``, which

@@ -27,6 +27,7 @@ from compaction_proxy.evaluation.generated_probes import GENERATE
 from compaction_proxy.evaluation.grading import matches, verdict
 from compaction_proxy.evaluation.probes import RUBRIC, Probe, text_of_message
 from compaction_proxy.evaluation.report import PolicyRun, bill_units
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.tokenizers import encoding
 
 Message = dict[str, Any]
@@ -177,7 +178,7 @@ def as_messages_body(body: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
-@dataclass(frozen=True)
+@frozen
 class Replayed:
     """How every policy of a run is replayed: the route it starts from (the configured one for
     the model: its policy, its window), and the prices its bill is taken at (None: the
@@ -190,7 +191,7 @@ class Replayed:
     model: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class Point:
     """A request of the replay at which the policy changed what the model sees."""
 

@@ -25,7 +25,6 @@ import os
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from compaction_proxy.formats.known_messages import KnownMessages
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.wire import ParseContext, WireFormat
 from compaction_proxy.formats.wire_formats import CHAT, MESSAGES, RESPONSES
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.tokenizers import use_bundled_tokenizers
 from compaction_proxy.ops.eval_replay import (
@@ -179,7 +179,7 @@ def sampled_probes(points: Sequence[Point], most: int, seed: int = 0) -> list[tu
     return sorted(random.Random(seed).sample(found, most), key=found.index)
 
 
-@dataclass(frozen=True)
+@frozen
 class Evaluation:
     """What one ``eval`` run is asked (the command line, read)."""
 

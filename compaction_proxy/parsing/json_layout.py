@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 
 _STRUCTURE = re.compile(rb'["\[\]{}]')  # where a string or a bracket starts
@@ -38,7 +38,7 @@ SCAN_LIMIT = 64 * 1024
 _MAX_DEPTH = 512  # well inside orjson's nesting limit, counted from the top of the body
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     """Where a body's array (``messages``, ``input``) opens (just after ``[``), where each
     element ends, and where it closes (the offset of its ``]``; None when not known)."""

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.json_layout import (
     Layout,
@@ -74,7 +75,7 @@ class Scanned:
     keys: object | None = None
 
 
-@dataclass(frozen=True, eq=False)  # compared by identity: a body is one remembered parse
+@frozen(eq=False)  # compared by identity: a body is one remembered parse
 class _Remembered:
     raw: bytes
     layout: Layout
@@ -92,7 +93,7 @@ class _Remembered:
     scanned: Scanned = field(default_factory=Scanned)
 
 
-@dataclass(frozen=True)
+@frozen
 class Lineage:
     """What a body takes from the remembered body it extends, and leaves for the next one.
 
@@ -122,7 +123,7 @@ class Lineage:
         return earlier if count >= len(earlier) else earlier[:count]
 
 
-@dataclass(frozen=True)
+@frozen
 class Extension:
     """A body parsed from a remembered one: its array is the whole list, of which the first
     ``known`` elements come from the remembered body (``base``)."""

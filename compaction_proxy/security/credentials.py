@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from compaction_proxy.config.policy import resolve_policy, route_for
 from compaction_proxy.config.settings import Route, Settings
+from compaction_proxy.frozen import frozen
 
 # The client headers a summary call carries: credentials (when the summary goes where the
 # request went), the account headers that decide billing, and nothing else. A summary call is
@@ -41,7 +41,7 @@ def key_source(route: Route) -> str:
     return f"route ({route.api_key_env})" if route.api_key_env else "client"
 
 
-@dataclass(frozen=True)
+@frozen
 class ConfigProblem:
     """A setting that would make the proxy send a request where it must not go."""
 

@@ -33,10 +33,10 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from email.parser import BytesParser
 from typing import Any
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.security.stored_items import (
     ITEM_KEYS,
     ITEM_MARKS,
@@ -92,7 +92,7 @@ _KEYS = re.compile(rb'"(' + _KEY_NAMES.encode() + rb')"')
 _ESCAPED_LETTER = re.compile(rb"\\u00(?:5[fF]|[67][0-9a-fA-F])")
 
 
-@dataclass(frozen=True)
+@frozen
 class NamedObject:
     """An object a body names: ``param`` the field naming it, ``object_id`` its id as sent
     (``""`` when the field holds no string: no object anyone owns)."""
@@ -101,7 +101,7 @@ class NamedObject:
     object_id: str
 
 
-@dataclass(frozen=True)
+@frozen
 class KeysSeen:
     """What one scan of a body's bytes found: each decision key spelled plainly, and each
     escaped letter (a key may be spelled with escapes), with their offsets, so that a body
@@ -187,7 +187,7 @@ def duplicated_key(raw: bytes, items: bool = False) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@frozen
 class References:
     """What a body names (``named``), the scan that found it (kept for the next body that
     extends this one) and a decision field it gives twice in one object, if any."""

@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from compaction_proxy.compaction.model_policy import ModelPolicy
@@ -27,6 +26,7 @@ from compaction_proxy.conversation.log_events import overflow_event, usage_event
 from compaction_proxy.formats.request import ClientRequest
 from compaction_proxy.formats.usage import prompt_cache_use, usage_of_body
 from compaction_proxy.formats.wire import ParseContext
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.overflow import classify_overflow
 from compaction_proxy.metering.windows import window_key
 from compaction_proxy.metrics import (
@@ -60,7 +60,7 @@ Response = TypeVar("Response")  # what the edge answers its client with
 AnswerBegan = Callable[[int], None]  # told the upstream's status as its answer begins
 
 
-@dataclass(frozen=True)
+@frozen
 class Reply(Generic[Response]):
     """One attempt's outcome: the client's response (the edge's), the upstream status (0:
     unreachable), the usage a stream reported or the whole answer it is to be read from
@@ -76,7 +76,7 @@ class Reply(Generic[Response]):
     answer: bytes | None = None  # a successful answer sent whole
 
 
-@dataclass(frozen=True)
+@frozen
 class Refusal(Generic[Response]):
     """The client's answer when the body names an object its account may not reach."""
 

@@ -7,12 +7,12 @@ its log after its answer accumulates apart, in its ``service.record.RequestLogEn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats.answer_edits import AnswerEdit
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.meter import Measurement
 from compaction_proxy.store.base import ConversationState
 
@@ -44,7 +44,7 @@ def status_of(surface: Surface) -> RequestStatus:
     return RequestStatus.PRUNED if surface.prunes else RequestStatus.NONE
 
 
-@dataclass(frozen=True)
+@frozen
 class Forwarded:
     """The bytes to send and what the response headers say of them; for recovery, the
     compaction job, the state and the surface they were derived from (None on a bypass)."""

@@ -27,6 +27,7 @@ from compaction_proxy.conversation.log_events import (
     request_event,
 )
 from compaction_proxy.conversation.replacements import ReplacementRecord
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.offload import off_loop_if
 from compaction_proxy.service.forwarded import Forwarded
@@ -36,7 +37,7 @@ from compaction_proxy.store.base import ConversationState, Store
 LOG_BATCH = 1_000  # messages logged per store call
 
 
-@dataclass(frozen=True)
+@frozen
 class PendingLog:
     """What a request will log: its body messages from ``start`` (``by_content``: deduplicated
     by content, for a body that rewrote what the log holds), and its context when

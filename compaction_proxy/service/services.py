@@ -10,13 +10,14 @@ edge reads the web application's state.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from compaction_proxy.compaction.background import BackgroundCompactions
 from compaction_proxy.compaction.engine import Engine
 from compaction_proxy.compaction.model_policy import ModelPolicy, PolicyBook
 from compaction_proxy.config.settings import Settings
 from compaction_proxy.formats.known_messages import KnownMessages
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.windows import LearnedWindows, resolve_window, window_key
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 from compaction_proxy.security.admin_guesses import AdminGuesses
@@ -29,7 +30,7 @@ from compaction_proxy.store.base import Store
 from compaction_proxy.upstream_seam import Upstream
 
 
-@dataclass(frozen=True)
+@frozen
 class Services:
     settings: Settings
     store: Store

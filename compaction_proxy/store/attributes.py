@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from itertools import compress, repeat
 from operator import is_not
 from typing import Any
+
+from compaction_proxy.frozen import frozen
 
 
 class ShortfallReason(StrEnum):
@@ -69,7 +70,7 @@ def _reason(value: str) -> ShortfallReason | None:
         return None
 
 
-@dataclass(frozen=True)
+@frozen
 class ConversationAttributes:
     """Every attribute a conversation may keep; ``None`` is unknown (reading) or unchanged
     (writing). Field names are the stored names."""
@@ -126,7 +127,7 @@ def _built(
     fields: Mapping[str, Any], written: Iterable[tuple[str, Any]] | Mapping[str, Any]
 ) -> ConversationAttributes:
     """Attributes with ``fields`` and ``written`` over them, values already of their types:
-    filled in C rather than by the frozen ``__init__``, a call per field (a request builds
+    filled in C rather than by ``__init__``, a store per field in Python (a request merges
     a few)."""
     built = object.__new__(ConversationAttributes)
     built.__dict__.update(fields)

@@ -25,12 +25,12 @@ Invariants every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent
 from compaction_proxy.conversation.replacements import CheckpointEnd, ReplacementRecord
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.store.attributes import NO_ATTRIBUTES, ConversationAttributes
 
@@ -50,7 +50,7 @@ class BeginResult(Enum):
     STALE = "stale"  # the generation moved past the one the caller derived its surface at
 
 
-@dataclass(frozen=True)
+@frozen
 class ConversationState:
     records: tuple[ReplacementRecord, ...] = ()
     generation: int = 0
@@ -65,7 +65,7 @@ class ConversationState:
     recent_ends: tuple[CheckpointEnd, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class ConversationSummary:
     conversation: str
     last_seen: float
@@ -73,7 +73,7 @@ class ConversationSummary:
     attributes: ConversationAttributes
 
 
-@dataclass(frozen=True)
+@frozen
 class LogPage:
     events: list[tuple[str, Event]]
     next_cursor: str | None

@@ -26,6 +26,7 @@ from compaction_proxy.conversation.replacements import (
     ReplacementRecord,
     record_to_dict,
 )
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 
 ORDER_BITS = 16  # a record's order: its commit's generation, then its index in the commit
@@ -72,7 +73,7 @@ def generation_after(counter: int, now: float) -> int:
     return max(counter + 1, int((now - GENERATION_EPOCH) * 10))
 
 
-@dataclass(frozen=True)
+@frozen
 class Placed:
     """A record as held: its commit order and the bytes of its JSON."""
 
@@ -183,7 +184,7 @@ class AnchoredRecords:
                 del self.by_position[anchor[0]]
 
 
-@dataclass(frozen=True)
+@frozen
 class AnchoredLease:
     position: int
     chain_hash: str

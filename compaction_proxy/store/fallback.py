@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent
 from compaction_proxy.conversation.replacements import ReplacementRecord
+from compaction_proxy.frozen import frozen
 from compaction_proxy.lru import LRU
 from compaction_proxy.metering.anchor import Anchor
 from compaction_proxy.metrics import STORE_FALLBACK
@@ -54,7 +54,7 @@ LOCAL_BYTES = 64 * 1024 * 1024  # the local copies' records, at most
 RESTORE_LEASE_SECONDS = 30.0
 
 
-@dataclass(frozen=True)
+@frozen
 class _Seeded:
     """What a local copy started from: the store's generation then, and its records."""
 

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from operator import itemgetter
+
+from compaction_proxy.frozen import frozen
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -64,7 +65,7 @@ def id_order(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-@dataclass(frozen=True)
+@frozen
 class LoggedBatch:
     """Entries one script call added to the stream, in order; the first has ordinal
     ``first``, each next one the ordinal after."""
@@ -107,7 +108,7 @@ def batches_from(batches: Iterable[LoggedBatch], oldest: int) -> list[LoggedBatc
     return kept
 
 
-@dataclass(frozen=True)
+@frozen
 class SegmentLimits:
     """How much one segment may hold: bytes of lines, and events."""
 
@@ -143,7 +144,7 @@ def pack_chunk(run: Sequence[Entry], limits: SegmentLimits) -> list[Entry]:
     return chunk
 
 
-@dataclass(frozen=True)
+@frozen
 class Segment:
     """One packed segment as the index lists it: its first and last entry ids, how many
     events it holds, the bytes its frame takes, the bytes of its lines, and the token naming
@@ -208,7 +209,7 @@ def entries_of(lines: bytes) -> list[Entry]:
     return entries
 
 
-@dataclass(frozen=True)
+@frozen
 class PackPlan:
     """A pack ready to send: the run it takes off the stream, and the segment it lands as
     (``merged`` with the newest segment, which it then replaces, or appended). ``frame``: the

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from compaction_proxy.frozen import frozen
 
 FACT_BASE = 100  # data file k is named by FACT-(100 + k)
 _FACT = re.compile(r"FACT-(\d+):[^\n<\"\\]*")
@@ -39,7 +40,7 @@ def data_file(index: int, size: int = 24_000) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
+@frozen
 class ShellCall:
     call_id: str
     name: str
@@ -94,7 +95,7 @@ def agent_summary(request_text: str) -> str:
     return f"Summary of the work so far.\n{facts}\nNext: go on with the next data file."
 
 
-@dataclass(frozen=True)
+@frozen
 class FileReader:
     """The policy over ``files`` (paths the shell can print)."""
 

@@ -18,10 +18,12 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
+from compaction_proxy.frozen import frozen
+
 SPEECH_CHUNKS = 5
 
 
-@dataclass(frozen=True)
+@frozen
 class RawRequest:
     method: str
     path: str  # with the query, as sent

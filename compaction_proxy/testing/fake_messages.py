@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.testing.fake_answers import fake_summary, is_summary_request, text_of
 from compaction_proxy.testing.prompt_cache import CacheRead, PromptCaches, messages_prompt
 
@@ -147,7 +148,7 @@ def thinking_refusal(body: dict[str, Any]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@frozen
 class MessagesRequest:
     path: str
     headers: dict[str, str]

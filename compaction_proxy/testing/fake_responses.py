@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.testing.fake_agent import (
     FileReader,
@@ -310,7 +311,7 @@ class FakeResponses:
         return events
 
 
-@dataclass(frozen=True)
+@frozen
 class _Refusal:
     """A request the API refuses: its message, ``param`` and ``code``."""
 

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.tokenizers import encoding
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.testing.fake_agent import (
@@ -49,7 +50,7 @@ DEFAULT_WINDOW = 128_000
 ReplyFunction = Callable[[dict[str, Any]], str]
 
 
-@dataclass(frozen=True)
+@frozen
 class Received:
     path: str
     headers: dict[str, str]
@@ -58,7 +59,7 @@ class Received:
     query: str = ""  # as the proxy encoded it
 
 
-@dataclass(frozen=True)
+@frozen
 class CannedReply:
     status: int
     body: bytes

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.testing.fake_answers import text_of
 
 MIN_CACHED_TOKENS = 1_024  # both providers' shortest cacheable prefix (Claude Sonnet, Opus)
@@ -40,7 +41,7 @@ LOOKBACK_BLOCKS = 20  # how far back from a breakpoint Anthropic looks for a cac
 MAX_ENTRIES = 200_000
 
 
-@dataclass(frozen=True)
+@frozen
 class PromptPart:
     """One part of a prompt as its provider's cache sees it."""
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.overflow import NAMELESS_ERROR, ErrorKind
 
 _OUTAGE_REASONS = frozenset({"timeout", "unreachable", "malformed"})
@@ -42,7 +43,7 @@ class FailureScope(Enum):
     ALIVE = "alive"  # the summarizer answered: nothing to wait for
 
 
-@dataclass(frozen=True)
+@frozen
 class Wait:
     """A tenant's own back-off from a summarizer: the scope of the failure that started it,
     the seconds left, whether those are the upstream's stated wait (a rate limit's
@@ -56,7 +57,7 @@ class Wait:
     kind: ErrorKind = NAMELESS_ERROR
 
 
-@dataclass(frozen=True)
+@frozen
 class _BackOff:
     until: float
     scope: FailureScope
