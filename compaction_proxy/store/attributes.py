@@ -47,10 +47,6 @@ class ShortfallReason(StrEnum):
     STORE = "store"
 
 
-def _text(value: str) -> str | None:
-    return value
-
-
 def _count(value: str) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
@@ -92,13 +88,13 @@ class ConversationAttributes:
     @classmethod
     def read(cls, stored: Mapping[str, str]) -> ConversationAttributes:
         """The attributes as stored; unknown fields and unreadable values are left out."""
-        values: dict[str, Any] = {}
-        for name, value in stored.items():
-            parse = _PARSERS.get(name)
-            if parse is not None:
-                parsed = parse(value)
-                if parsed is not None:
-                    values[name] = parsed
+        # Text is stored as is: taken in C (a missing one reads as None, unknown); only the
+        # fields held as numbers or names are parsed, those set alone.
+        values = dict(zip(_TEXT_FIELDS, map(stored.get, _TEXT_FIELDS), strict=True))
+        for name in _PARSERS.keys() & stored.keys():
+            parsed = _PARSERS[name](stored[name])
+            if parsed is not None:
+                values[name] = parsed
         return _built(NO_ATTRIBUTES.__dict__, values)
 
     def to_stored(self) -> dict[str, str]:
@@ -137,11 +133,8 @@ def _built(
 
 NO_ATTRIBUTES = ConversationAttributes()  # none known, none to write (frozen: one for all)
 ATTRIBUTE_NAMES = tuple(f.name for f in dataclasses.fields(ConversationAttributes))
+_TEXT_FIELDS = ("tenant", "session", "model", "context")
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    "tenant": _text,
-    "session": _text,
-    "model": _text,
-    "context": _text,
     "last_seen": _seconds,
     "last_pressure": _seconds,
     "checkpoint_misses": _count,

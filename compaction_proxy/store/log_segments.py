@@ -35,8 +35,10 @@ a segment of one frame is what plain ``zstd.compress`` makes.
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
+from itertools import accumulate, repeat
+from operator import add, itemgetter
 
 from compaction_proxy.frozen import frozen
 
@@ -133,15 +135,12 @@ def pack_due(run: Sequence[Entry], limits: SegmentLimits) -> bool:
 
 def pack_chunk(run: Sequence[Entry], limits: SegmentLimits) -> list[Entry]:
     """The prefix of ``run`` one segment takes: at least its first entry, and no more than
-    the limits allow."""
-    chunk: list[Entry] = []
-    size = 0
-    for entry in run:
-        size += len(entry[1]) + len(entry[0]) + 2
-        if chunk and (size > limits.lines or len(chunk) >= limits.events):
-            break
-        chunk.append(entry)
-    return chunk
+    the limits allow (its lines' bytes, ``<id>\\t<JSON>\\n`` each, summed in C: a pack
+    looks over every entry held)."""
+    head = run[: max(1, limits.events)]
+    sizes = map(add, map(len, map(itemgetter(1), head)), map(len, map(itemgetter(0), head)))
+    ends = list(accumulate(map(add, sizes, repeat(2))))
+    return list(head[: max(1, bisect_right(ends, limits.lines))])
 
 
 @frozen

@@ -22,6 +22,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 HELD_BYTES = 64 * 1024 * 1024  # bytes of logged events and newest frames kept to pack them
 READ_PACK_PAGE = 512  # stream entries read back at a time
 OFF_LOOP_LINES = 64 * 1024  # a pack into a segment of more lines runs in a worker thread
+_FIRST = attrgetter("first")  # a batch's first ordinal (the batches held, in C on every append)
 
 
 def as_bytes(value: str | bytes) -> bytes:
@@ -148,7 +150,7 @@ class LogPacker:
             held.epoch = epoch
         if batch is not None:
             self._held_bytes += held.add(batch)
-        if oldest is not None and any(b.first < oldest for b in held.batches):
+        if oldest is not None and held.batches and min(map(_FIRST, held.batches)) < oldest:
             self._keep(held, batches_from(held.batches, oldest))
         while self._held_bytes > HELD_BYTES and len(self._held) > 1:
             _, forgotten = self._held.popitem(last=False)

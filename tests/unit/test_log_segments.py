@@ -101,6 +101,30 @@ def test_a_chunk_keeps_within_a_segments_limits_and_takes_at_least_one_entry() -
     assert len(pack_chunk(run, SegmentLimits(lines=10, events=100))) == 1
 
 
+def _chunk_entry_by_entry(run: list[tuple[str, bytes]], limits: SegmentLimits) -> list[str]:
+    chunk: list[str] = []
+    size = 0
+    for entry_id, line in run:
+        size += len(line) + len(entry_id) + 2
+        if chunk and (size > limits.lines or len(chunk) >= limits.events):
+            break
+        chunk.append(entry_id)
+    return chunk
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=40),
+    st.integers(min_value=1, max_value=2000),
+    st.integers(min_value=1, max_value=50),
+)
+def test_a_chunk_is_the_prefix_an_entry_by_entry_count_takes(
+    sizes: list[int], lines: int, events: int
+) -> None:
+    run = [entry(n, size) for n, size in enumerate(sizes)]
+    limits = SegmentLimits(lines=lines, events=events)
+    assert ids(pack_chunk(run, limits)) == _chunk_entry_by_entry(run, limits)
+
+
 def test_segment_limits_are_an_eighth_of_the_logs_bounds() -> None:
     assert SegmentLimits.for_bounds(16 * 1024 * 1024, 10_000) == SegmentLimits(128 * 1024, 1250)
     assert SegmentLimits.for_bounds(80_000, 8) == SegmentLimits(10_000, 1)
