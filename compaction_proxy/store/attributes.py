@@ -99,7 +99,10 @@ class ConversationAttributes:
 
     def to_stored(self) -> dict[str, str]:
         """The fields this holds, as stored (those that are ``None`` are left out)."""
-        return {name: _FORMATS.get(name, str)(value) for name, value in _set_fields(self)}
+        stored = dict(_set_fields(self))  # the text ones as they are
+        for name in _FORMATS.keys() & stored.keys():
+            stored[name] = _FORMATS[name](stored[name])
+        return stored
 
     def updated(self, newer: ConversationAttributes) -> ConversationAttributes:
         """These attributes with every field ``newer`` sets written over them."""
@@ -145,10 +148,14 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "overflow_recovery_at": _seconds,
     "client_compactions": _count,
 }
-_FORMATS: dict[str, Callable[[Any], str]] = {
+_FORMATS: dict[str, Callable[[Any], str]] = {  # every field but the text ones
     "last_seen": lambda v: f"{v:.3f}",
     "last_pressure": lambda v: f"{v:.4f}",
     "compaction_failed_at": lambda v: f"{v:.3f}",
     "overflow_recovery_at": lambda v: f"{v:.3f}",
     "over_threshold": lambda v: str(v.value),
+    "checkpoint_misses": str,
+    "largest_answer_tokens": str,
+    "compaction_failed_tokens": str,
+    "client_compactions": str,
 }

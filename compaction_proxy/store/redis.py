@@ -13,7 +13,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from importlib.resources import files
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from types import TracebackType
 from typing import Any, cast
 
@@ -274,8 +274,10 @@ class RedisStore:
                 appended = await self._append_and_index(keys, args, conversation, now)
         added, dropped, oldest, claimed = (int(appended[n]) for n in (0, 1, 2, 4))
         if self._pack_log:
-            logged = [*(line for line, new in zip(lines, appended[5], strict=True) if new == "1")]
-            logged += plain
+            marks = appended[5]  # one character a message: "1" when it was logged
+            if len(marks) != len(lines):
+                raise ValueError(f"{len(marks)} marks for {len(lines)} messages")
+            logged = [*compress(lines, map("1".__eq__, marks)), *plain]
             batch = LoggedBatch(int(appended[7]), tuple(zip(appended[8:], logged, strict=True)))
             epoch = appended[6]
             self._packer.logged(

@@ -74,7 +74,9 @@ def test_every_attribute_has_a_reader_and_the_stored_names_never_change() -> Non
         "client_compactions",
     ]
     everything = {name: "1" for name in names} | {"over_threshold": "ahead"}
-    assert set(ConversationAttributes.read(everything).to_stored()) == set(names)
+    stored = ConversationAttributes.read(everything).to_stored()
+    assert set(stored) == set(names)
+    assert all(type(value) is str for value in stored.values())
 
 
 def test_values_as_an_older_proxy_stored_them_read_back_unchanged() -> None:
