@@ -29,11 +29,12 @@ Tracer = Any  # sys.settrace's callback type is private to typeshed
 
 
 class OpcodeCount:
-    """Bytecodes executed per code object, and frames entered, between ``start`` and
-    ``stop``."""
+    """Bytecodes executed per code object, and frames entered (a coroutine's resumption
+    enters one), in all and per code object, between ``start`` and ``stop``."""
 
     def __init__(self) -> None:
         self.by_code: Counter[CodeType] = Counter()
+        self.entered: Counter[CodeType] = Counter()
         self.frames = 0
 
     def _opcode(self, frame: FrameType, event: str, _arg: object) -> Tracer:
@@ -43,11 +44,13 @@ class OpcodeCount:
 
     def _call(self, frame: FrameType, _event: str, _arg: object) -> Tracer:
         self.frames += 1
+        self.entered[frame.f_code] += 1
         frame.f_trace_opcodes = True
         return self._opcode
 
     def start(self, *_: object) -> None:
         self.by_code.clear()
+        self.entered.clear()
         self.frames = 0
         sys.settrace(self._call)
         threading.settrace(self._call)
@@ -59,10 +62,12 @@ class OpcodeCount:
         roots = (paths["purelib"], paths["stdlib"], os.getcwd())  # a venv may be in the checkout
         generated = _generated_methods()
         counts: dict[str, int] = {}
+        entered: dict[str, int] = {}
         for code, count in self.by_code.items():
             name = generated.get(code) or f"{_relative(code.co_filename, roots)}:{code.co_qualname}"
             counts[name] = counts.get(name, 0) + count
-        report = {"frames": self.frames, "opcodes": counts}
+            entered[name] = entered.get(name, 0) + self.entered[code]
+        report = {"frames": self.frames, "opcodes": counts, "entered": entered}
         path = os.environ["BENCH_OPCODES"]
         with open(f"{path}.part", "wb") as out:
             out.write(orjson.dumps(report))

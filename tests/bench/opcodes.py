@@ -9,7 +9,8 @@ runs ``serve`` under CPython's tracer (``tests.bench.opcode_proxy``); after a wa
 divided by the requests sent: the proxy's own code, aiohttp's, redis-py's, the standard
 library's, everything the interpreter ran for the requests (C code called from it, orjson's
 and the hashing, counts nothing). With ``--top``, the functions whose counts differ most from
-the other checkout's (matched by file and name, so a renamed module shows twice).
+the other checkout's (matched by file and name, so a renamed module shows twice), with the
+frames each entered a request (a call, or a coroutine's resumption).
 
 Why beside ``tests.bench.instruction_count``: an instruction in a C loop (a copy, a hash, a
 JSON scan) costs a fraction of a cycle, one in the interpreter's loop several (its dispatch
@@ -48,10 +49,12 @@ WRAPPER = Path(__file__).with_name("opcode_proxy.py")
 
 @dataclass(frozen=True)
 class Counted:
-    """One set-up's count over the replays: bytecodes by function, frames entered."""
+    """One set-up's count over the replays: bytecodes by function, frames entered (in all
+    and by function)."""
 
     opcodes: dict[str, int]
     frames: int
+    entered: dict[str, int]
 
     @property
     def total(self) -> int:
@@ -103,7 +106,7 @@ async def count(
         await asyncio.sleep(1.0)  # the last record, written after its answer
         proxy.send_signal(signal.SIGTTOU)
     report = orjson.loads(await asyncio.to_thread(written, out))
-    return Counted(report["opcodes"], report["frames"])
+    return Counted(report["opcodes"], report["frames"], report["entered"])
 
 
 def written(out: Path, timeout: float = 60.0) -> bytes:
@@ -172,9 +175,14 @@ def differences(this: Counted, other: Counted, requests: int, top: int) -> None:
     def change(name: str) -> int:
         return this.opcodes.get(name, 0) - other.opcodes.get(name, 0)
 
+    print(f"  {'bytecodes a request':>26}  {'frames':>13}")
     for name in sorted(names, key=lambda n: -abs(change(n)))[:top]:
         mine, theirs = this.opcodes.get(name, 0) / requests, other.opcodes.get(name, 0) / requests
-        print(f"  {mine:8.1f} {theirs:8.1f} {mine - theirs:+8.1f}  {name}")
+        frames = this.entered.get(name, 0) / requests, other.entered.get(name, 0) / requests
+        print(
+            f"  {mine:8.1f} {theirs:8.1f} {mine - theirs:+8.1f}"
+            f"  {frames[0]:6.1f} {frames[1]:6.1f}  {name}"
+        )
 
 
 def main() -> None:
