@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -186,16 +187,22 @@ def ends_by_serialization(
     them (compact, as most clients write): each element's own bytes found in place; None
     otherwise."""
     ends: list[int] = []
+    startswith = raw.startswith
     try:
         for element in elements:
-            pos = space(raw, pos)
+            # Whitespace is looked for only where the compact form is not found: most bodies
+            # have none, and each element would otherwise cost two searches.
             if after_element:
-                if raw[pos : pos + 1] != b",":
-                    return None
-                pos = space(raw, pos + 1)
+                if not startswith(b",", pos):
+                    pos = space(raw, pos)
+                    if not startswith(b",", pos):
+                        return None
+                pos += 1
             written = orjson.dumps(element)
-            if not raw.startswith(written, pos):
-                return None
+            if not startswith(written, pos):
+                pos = space(raw, pos)
+                if not startswith(written, pos):
+                    return None
             pos += len(written)
             ends.append(pos)
             after_element = True
@@ -243,7 +250,7 @@ def elements_between(raw: bytes, start: int, close: int) -> tuple[list[Any], lis
     if not isinstance(parsed, list) or len(parsed) != 1 or not parsed[0]:
         return None
     elements: list[Any] = parsed[0]
-    if not all(isinstance(element, dict) for element in elements):
+    if not all(map(isinstance, elements, repeat(dict))):
         return None  # a whole parse words the error
     ends = ends_by_serialization(raw, start, elements, after_element=True)
     if ends is None:

@@ -121,3 +121,29 @@ def test_between_two_offsets_bytes_that_do_not_continue_the_array_give_nothing(
     except ValueError:
         pytest.fail("elements found in bytes that are not JSON")
     assert found[0] == parsed["messages"][len(shared) :]
+
+
+@given(
+    elements=st.lists(
+        st.dictionaries(st.sampled_from(["role", "content", "n"]), texts(3), min_size=1),
+        min_size=1,
+        max_size=4,
+    ),
+    gaps=st.lists(st.sampled_from(["", " ", "\n  ", "\t"]), min_size=10, max_size=10),
+)
+def test_compact_elements_are_found_in_place_whatever_whitespace_lies_between(
+    elements: list[dict[str, str]], gaps: list[str]
+) -> None:
+    """Each element written as orjson writes it, with whitespace around the commas or none:
+    found where a scan of the bytes finds it."""
+    parts = [gaps[0], "["]
+    for index, element in enumerate(elements):
+        if index:
+            parts += [gaps[2 * index % 10], ","]
+        parts += [gaps[(2 * index + 1) % 10], orjson.dumps(element).decode()]
+    raw = "".join([*parts, gaps[9], "]"]).encode()
+    after_bracket = raw.index(b"[") + 1
+    ends = json_layout.ends_by_serialization(raw, after_bracket, elements, after_element=False)
+    scanned = json_layout.scan_elements(raw, after_bracket, after_element=False)
+    assert scanned is not None
+    assert ends == [end for _, end in scanned[0]]
