@@ -106,6 +106,8 @@ class AnchoredRecords:
     def branch(self, chain: Sequence[str] | None) -> tuple[list[Placed], int]:
         """The records anchored on ``chain``, in commit order, and the newest commit that
         added or dropped any there: the branch's generation."""
+        if not self.by_position and chain is not None:
+            return [], 0  # nothing anchored anywhere: a conversation that never compacted
         if chain is None:
             anchors = list(self.by_anchor)
         else:
