@@ -95,7 +95,7 @@ class IdleBoundedBody:
                 continue  # a span ended: checked at the top
             if not chunk:
                 # The end of one chunk of a chunked body, not its end; aiohttp's empty body
-                # says so for good once read (intake._buffered), so its end is asked too.
+                # says so for good once read, so its end is asked too.
                 if at_http_chunk_end and not self._content.at_eof():
                     continue
                 return
