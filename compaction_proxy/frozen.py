@@ -6,8 +6,9 @@ through ``object.__setattr__``, a call per field: a request builds some twenty s
 largest single item of the package's own interpreter work (``docs/perf.md``). The package is
 type-checked strict, and ``dataclass_transform(frozen_default=True)`` makes the checker treat
 every class decorated here as frozen: an assignment to a field anywhere in the package fails
-the static checks, as it would fail at run time. At run time the class is a plain dataclass
-(an ``__init__`` that stores its fields directly) with the hash a frozen one has.
+the static checks, before it could run. At run time the class is a plain dataclass (an
+``__init__`` that stores its fields directly) with the equality and hash a frozen one has;
+code outside the checked package (a test, a debugger) is not stopped from assigning.
 
 Use it as ``@frozen`` or ``@frozen(eq=False)`` (compared, and hashed, by identity).
 """
