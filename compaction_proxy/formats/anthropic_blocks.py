@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from itertools import repeat
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from compaction_proxy.conversation.messages import Message
@@ -40,6 +42,7 @@ from compaction_proxy.frozen import frozen
 from compaction_proxy.parsing import jsonio
 
 THINKING = frozenset({"thinking", "redacted_thinking"})
+_TYPE, _TYPE_OR_NONE = itemgetter("type"), methodcaller("get", "type")
 MAX_BREAKPOINTS = 4  # cache_control blocks the API accepts in one request
 EPHEMERAL = {"type": "ephemeral"}
 
@@ -84,6 +87,14 @@ def _system_text(system: Any) -> str:
     return "\n\n".join(texts)
 
 
+def _all_blocks(content: list[Any]) -> bool:
+    """Whether every item of ``content`` is a content block (an object with a string
+    ``type``), checked in C: every block of a new turn is."""
+    return all(map(isinstance, content, repeat(dict))) and all(
+        map(isinstance, map(_TYPE_OR_NONE, content), repeat(str))
+    )
+
+
 def _block(block: Any, turn_param: str, index: int) -> dict[str, Any]:
     """``block`` (``turn_param``'s content block ``index``) when it is one; the parameter is
     named only when it is not (every block of a new turn passes here)."""
@@ -92,24 +103,31 @@ def _block(block: Any, turn_param: str, index: int) -> dict[str, Any]:
     return block
 
 
-def _part(block: dict[str, Any], param: str) -> dict[str, Any]:
-    """A block as a chat content part: text as text, anything else as it is."""
+def _part(block: dict[str, Any], param: str, index: int | None = None) -> dict[str, Any]:
+    """A block as a chat content part: text as text, anything else as it is. ``param``
+    names the block (with ``index``, its item ``index``) when it is invalid."""
     if block["type"] == "text":
         if not isinstance(block.get("text"), str):
-            raise _invalid(f"{param}.text", "a string")
+            where = param if index is None else f"{param}.{index}"
+            raise _invalid(f"{where}.text", "a string")
         return {"type": "text", "text": block["text"]}
     return block
 
 
-def _tool_result(block: dict[str, Any], param: str) -> Message:
+def _tool_result(block: dict[str, Any], turn_param: str, offset: int) -> Message:
+    """The tool message for ``block``, block ``offset`` of the turn ``turn_param`` names (a
+    parameter named only when invalid)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str):
-        raise _invalid(f"{param}.tool_use_id", "a string")
+        raise _invalid(f"{turn_param}.content.{offset}.tool_use_id", "a string")
     content = block.get("content")
     if isinstance(content, list):
+        param = f"{turn_param}.content.{offset}"
         content = [_part(_block(b, param, i), param) for i, b in enumerate(content)]
     elif content is not None and not isinstance(content, str):
-        raise _invalid(f"{param}.content", "a string or an array of content blocks")
+        raise _invalid(
+            f"{turn_param}.content.{offset}.content", "a string or an array of content blocks"
+        )
     return {"role": "tool", "tool_call_id": call_id, "content": content or ""}
 
 
@@ -125,17 +143,16 @@ def _assistant(blocks: Sequence[dict[str, Any]], param: str) -> Message:
     calls: list[dict[str, Any]] = []
     thinking: list[dict[str, Any]] = []
     for index, block in enumerate(blocks):
-        where = f"{param}.{index}"
         if block["type"] == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise _invalid(where, "a tool_use block with a string 'id' and 'name'")
+                raise _invalid(f"{param}.{index}", "a tool_use block with a string 'id' and 'name'")
             arguments = jsonio.dumps(block.get("input", {})).decode()
             function = {"name": block["name"], "arguments": arguments}
             calls.append({"id": block["id"], "type": "function", "function": function})
         elif block["type"] in THINKING:
             thinking.append(block)
         else:
-            parts.append(_part(block, where))
+            parts.append(_part(block, param, index))
     message: Message = {"role": "assistant", "content": parts or None}
     if calls:
         message["tool_calls"] = calls
@@ -185,12 +202,18 @@ def translate_messages(
             continue
         if not isinstance(content, list):
             raise _invalid(f"{param}.content", "a string or an array of content blocks")
-        blocks = [_block(b, param, i) for i, b in enumerate(content)]
-        sealed = sealed or any(
-            b["type"] == "compaction" and is_sealed(b.get("encrypted_content")) for b in blocks
+        if not _all_blocks(content):
+            for index, item in enumerate(content):
+                _block(item, param, index)  # raises, naming the first that is not a block
+        blocks: list[dict[str, Any]] = content
+        sealed = sealed or (
+            "compaction" in map(_TYPE, blocks)
+            and any(
+                b["type"] == "compaction" and is_sealed(b.get("encrypted_content")) for b in blocks
+            )
         )
         first = len(entries)
-        entries += [Entry(turn_index, role, block) for block in blocks]
+        entries += map(Entry, repeat(turn_index), repeat(role), blocks)
         if role == "assistant":
             messages.append(_assistant(blocks, f"{param}.content"))
             groups.append(tuple(range(first, len(entries))))
@@ -199,7 +222,7 @@ def translate_messages(
         for offset, block in enumerate(blocks):
             if block["type"] == "tool_result":
                 _close_run(messages, groups, entries, run)
-                messages.append(_tool_result(block, f"{param}.content.{offset}"))
+                messages.append(_tool_result(block, param, offset))
                 groups.append((first + offset,))
             else:
                 run.append(first + offset)

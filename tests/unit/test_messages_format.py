@@ -128,22 +128,46 @@ def test_a_pruned_result_keeps_its_block_and_every_other_field() -> None:
     assert turns[1] == body["messages"][1]  # thinking, signature and all
 
 
+_TEXT = {"type": "text", "text": "x"}
+_RESULT = {"type": "tool_result", "tool_use_id": "toolu_0"}
+
+
+def _turn(role: str, *blocks: Any) -> dict[str, Any]:
+    return {"messages": [{"role": role, "content": list(blocks)}]}
+
+
+def _user(*blocks: Any) -> dict[str, Any]:
+    return _turn("user", *blocks)
+
+
 @pytest.mark.parametrize(
-    "body",
+    ("body", "param"),
     [
-        {"messages": "hi"},
-        {"messages": [{"role": "", "content": "x"}]},
-        {"messages": [{"role": [], "content": "x"}]},  # found by the fuzz suite: was a 500
-        {"messages": [{"role": "user", "content": 7}]},
-        {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
-        {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
-        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": 1}]}]},
-        {"system": 3, "messages": []},
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": [], "content": "x"}]}, "messages.0.role"),  # was a 500 (fuzz)
+        ({"messages": [{"role": "user", "content": 7}]}, "messages.0.content"),
+        (_user({"type": "text", "text": "a"}, {"text": "no type"}), "messages.0.content.1"),
+        (_user({"type": "text", "text": "a"}, "x"), "messages.0.content.1"),
+        (
+            _user({"type": "text", "text": "a"}, {"type": "tool_result"}),
+            "messages.0.content.1.tool_use_id",
+        ),
+        (_user({**_RESULT, "content": 5}), "messages.0.content.0.content"),
+        (_user({**_RESULT, "content": [{"type": "text", "text": 3}]}), "messages.0.content.0.text"),
+        (_user({**_RESULT, "content": [_TEXT, "x"]}), "messages.0.content.0.content.1"),
+        (_turn("assistant", _TEXT, {"type": "tool_use", "id": 1}), "messages.0.content.1"),
+        (_turn("assistant", _TEXT, {"type": "text", "text": 5}), "messages.0.content.1.text"),
+        (_user({"type": "text", "text": 5}), "messages.text"),
+        ({"system": 3, "messages": []}, "system"),
     ],
 )
-def test_what_the_api_would_refuse_is_a_bad_request(body: dict[str, Any]) -> None:
-    with pytest.raises(BadRequest):
+def test_what_the_api_would_refuse_is_a_bad_request_naming_its_parameter(
+    body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(BadRequest) as refused:
         translate_messages(body)
+    assert refused.value.param == param
 
 
 text_block = st.builds(lambda t: {"type": "text", "text": t}, st.text(max_size=20))
