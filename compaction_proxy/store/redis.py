@@ -76,6 +76,7 @@ from compaction_proxy.store.redis_log import LogPacker
 # The keys each script takes, in its KEYS order (see its header).
 _LOG_KEYS: tuple[KeyKind, ...] = ("log", "seen", "state", "records", "anchored", "positions")
 _APPEND_KEYS: tuple[KeyKind, ...] = (*_LOG_KEYS, "used", "segments", "packing")
+_LOAD_KEYS: tuple[KeyKind, ...] = ("state", "records", "anchored", "positions", "leases")
 _COMPACTION_KEYS: tuple[KeyKind, ...] = ("leases", *_LOG_KEYS, "used", "segments")
 # ``str.encode``'s arguments for ``map`` (infinite, so one pair serves every call): an
 # attribute read from a header or a body is written back byte for byte.
@@ -209,7 +210,7 @@ class RedisStore:
     async def load(
         self, conversation: str, chain: Sequence[str] | None = None
     ) -> ConversationState:
-        keys = keys_of(conversation, "state", "records", "anchored", "positions", "leases")
+        keys = [*map(str.encode, keys_of(conversation, *_LOAD_KEYS))]  # bytes: sent as they are
         picks: Iterable[int] = (self._consulted.get(conversation) or ()) if chain else ()
         async with self._bounded("load"):
             for ask in range(_LOAD_ASKS):
@@ -252,11 +253,13 @@ class RedisStore:
         pairs = [*map(str.encode, chain.from_iterable(fields.items()), _UTF8, _AS_READ)]
         args: list[Arg] = [self._append_bounds, listing, blob]
         args += [length_prefixed(plain), length_prefixed(pairs)]
-        args.append(as_json(anchor.__dict__) if anchor is not None else "")
-        args.append("\n".join(sorted({anchor_field(record) for record in reached})))
-        args += [int(time.time() * 1000), seen_key_prefix(conversation)]
-        args.append(segment_key_prefix(conversation))
-        keys = keys_of(conversation, *_APPEND_KEYS)
+        # Bytes, every one: redis-py sends them as they are, where it encodes a string or a
+        # number in Python (a few dozen bytecodes an argument, on every request).
+        args.append(jsonio.dumps(anchor.__dict__) if anchor is not None else b"")
+        args.append("\n".join(sorted({anchor_field(record) for record in reached})).encode())
+        args += [b"%d" % int(time.time() * 1000), seen_key_prefix(conversation).encode()]
+        args.append(segment_key_prefix(conversation).encode())
+        keys = [*map(str.encode, keys_of(conversation, *_APPEND_KEYS))]
         now = time.time()
         index = self._index_due(conversation, now)
         async with self._bounded(operation):
@@ -290,7 +293,7 @@ class RedisStore:
         return added
 
     async def _append_and_index(
-        self, keys: list[str], args: list[Arg], conversation: str, now: float
+        self, keys: list[bytes], args: list[Arg], conversation: str, now: float
     ) -> Any:
         """The append script and the index write in one pipeline, one round trip.
 

@@ -61,15 +61,17 @@ def chain_args(chain: Sequence[str] | None) -> list[Arg]:
     return ["".join(chain), width]
 
 
-def picked_chain_args(chain: Sequence[str] | None, picks: Iterable[int]) -> list[Arg]:
+def picked_chain_args(chain: Sequence[str] | None, picks: Iterable[int]) -> list[bytes]:
     """A chain as the load takes it: its length ('' for the whole conversation) and its
     hashes at the positions ``picks`` names inside it, as "<position>:<hash>" space apart:
     two arguments whose size does not grow with the chain. A hash never holds white space
-    (the chain's are hex digests)."""
+    (the chain's are hex digests). As bytes, which redis-py sends as they are (a string or
+    a number it encodes in Python, on every request)."""
     if chain is None:
-        return ["", ""]
+        return [b"", b""]
     count = len(chain)
-    return [count, " ".join([f"{p}:{chain[p]}" for p in picks if 0 <= p < count])]
+    picked = " ".join([f"{p}:{chain[p]}" for p in picks if 0 <= p < count])
+    return [b"%d" % count, picked.encode()]
 
 
 def consulted_positions(raw: str) -> tuple[int, ...]:

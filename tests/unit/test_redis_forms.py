@@ -27,13 +27,13 @@ CHAIN = [f"{i:032x}" for i in range(6)]
 
 
 def test_a_picked_chain_sends_its_length_and_only_the_picked_hashes_inside_it() -> None:
-    assert picked_chain_args(CHAIN, [4, 1, 9, -1]) == [6, f"4:{CHAIN[4]} 1:{CHAIN[1]}"]
-    assert picked_chain_args(CHAIN, ()) == [6, ""]
-    assert picked_chain_args([], [0]) == [0, ""]
+    assert picked_chain_args(CHAIN, [4, 1, 9, -1]) == [b"6", f"4:{CHAIN[4]} 1:{CHAIN[1]}".encode()]
+    assert picked_chain_args(CHAIN, ()) == [b"6", b""]
+    assert picked_chain_args([], [0]) == [b"0", b""]
 
 
 def test_the_whole_conversation_sends_no_chain() -> None:
-    assert picked_chain_args(None, [1, 2]) == ["", ""]
+    assert picked_chain_args(None, [1, 2]) == [b"", b""]
 
 
 def test_consulted_positions_are_read_once_each_in_order() -> None:
