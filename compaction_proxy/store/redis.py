@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
 from compaction_proxy.conversation.log_events import Event, MessageEvent, body_tip
@@ -200,6 +201,18 @@ class RedisStore:
         pack, read = register(_script("pack")), register(_script("read"))
         self._packer = LogPacker(self._client, pack, read, self._bounded, limits, self._ttl_ms)
 
+    async def _evalsha(self, script: AsyncScript, keys: list[bytes], args: Sequence[Arg]) -> Any:
+        """``script`` run as calling it does (by EVALSHA, loaded again if the server lost it),
+        with its digest and key count handed over as bytes: the request path's scripts, whose
+        every string or number argument redis-py would encode in Python."""
+        count = b"%d" % len(keys)
+        run = self._client.execute_command  # what evalsha calls, its arguments typed as given
+        try:
+            return await run("EVALSHA", script.sha.encode(), count, *keys, *args)
+        except NoScriptError:
+            script.sha = await self._client.script_load(script.script)
+            return await run("EVALSHA", script.sha.encode(), count, *keys, *args)
+
     def _bounded(self, operation: str) -> _Bounded:
         return _Bounded(operation, self._operation_timeout)
 
@@ -217,7 +230,7 @@ class RedisStore:
                 if ask == _LOAD_ASKS - 1 and chain is not None:
                     picks = range(len(chain))  # every position: the chain lacks none
                 args = picked_chain_args(chain, picks)
-                loaded = await self._load(keys=keys, args=args)
+                loaded = await self._evalsha(self._load, keys, args)
                 consulted = consulted_positions(loaded[1])
                 if loaded[0] == 1:
                     break
@@ -267,7 +280,7 @@ class RedisStore:
             # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
             # Redis Cluster refuses scripts in pipelines, so there it is a second command.
             if not index or isinstance(self._client, RedisCluster):
-                appended = await self._append_script(keys=keys, args=args)
+                appended = await self._evalsha(self._append_script, keys, args)
                 if index:
                     await self._client.zadd(conversations_key(), {conversation: now})
                     await self._client.zremrangebyscore(
