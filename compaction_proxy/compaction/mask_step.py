@@ -7,7 +7,6 @@ pays."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from compaction_proxy.compaction.cache_prices import (
@@ -29,6 +28,7 @@ from compaction_proxy.compaction.planning import CompactionJob
 from compaction_proxy.compaction.range_selection import first_node_at, priced_nodes
 from compaction_proxy.compaction.summarize import INSTRUCTION
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.meter import counter_for
 from compaction_proxy.store.base import ConversationState
 
@@ -37,7 +37,7 @@ SUMMARY_ESTIMATE = 1_500
 CHARS_PER_TOKEN = 4  # for the history's size before its cuts: an estimate is enough here
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class MaskPlan:
     """What a masking step would clear, the tokens it would free, the least it must, and the
     tokens written again behind its first change (from the oldest cleared observation to the

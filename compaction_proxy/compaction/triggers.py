@@ -23,6 +23,7 @@ from compaction_proxy.compaction.prune import Pruner
 from compaction_proxy.compaction.rescue import rescuable, rescue_cuts
 from compaction_proxy.conversation.replacements import Checkpoint, Prune
 from compaction_proxy.conversation.surface import Surface
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.meter import Measurement, counter_for
 from compaction_proxy.metrics import COMPACTIONS
 from compaction_proxy.store.attributes import ConversationAttributes, ShortfallReason
@@ -31,7 +32,7 @@ from compaction_proxy.store.base import ConversationState
 MAX_WINDOW_SHRINKS = 3
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Meanwhile:
     """What other requests committed between two reads of a conversation's state: the request
     that waited for them forwards their work, and says so (``X-Compaction-Status``)."""

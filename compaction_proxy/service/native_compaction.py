@@ -53,6 +53,7 @@ from compaction_proxy.formats.sealed_checkpoints import (
 )
 from compaction_proxy.formats.wire import WireFormat
 from compaction_proxy.formats.wire_formats import RESPONSES
+from compaction_proxy.frozen import frozen
 from compaction_proxy.metering.overflow import NAMELESS_ERROR, ErrorKind
 from compaction_proxy.offload import is_big, off_loop_if
 from compaction_proxy.parsing import jsonio
@@ -69,7 +70,7 @@ log = logging.getLogger(__name__)
 ROUNDS = 4  # summaries merged at most for one compaction (a history one call cannot carry)
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class MadeAnswer:
     """An answer the proxy made itself, in the client's API: what the edge sends."""
 
@@ -198,7 +199,7 @@ def _rate_limited(
     return MadeAnswer(429, orjson.dumps(body), retry_after=retry_after)
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class NativeCompaction:
     """One request's compaction, asked for through a provider's API: the request, its policy,
     and what the client sent besides (for the summary call's credentials, as ``prepare``
