@@ -4,6 +4,7 @@ assignment to its fields, which is what keeps its instances immutable."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,16 @@ def test_the_type_checker_refuses_an_assignment_to_a_frozen_field(
     assert 'Property "raw" defined in "Parsed" is read-only' in out
     assert 'incompatible type "str"; expected "int"' in out
     assert "Found 3 errors" in out
+
+
+def test_no_module_of_the_package_declares_a_runtime_frozen_dataclass() -> None:
+    """Immutable data is ``@frozen`` throughout: one idiom, and no frozen constructor on the
+    request path."""
+    package = REPO / "compaction_proxy"
+    declared = re.compile(r"^\s*@(dataclasses\.)?dataclass\([^)]*frozen\s*=\s*True", re.MULTILINE)
+    found = [
+        str(path.relative_to(REPO))
+        for path in sorted(package.rglob("*.py"))
+        if declared.search(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
