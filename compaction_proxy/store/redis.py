@@ -73,6 +73,7 @@ from compaction_proxy.store.redis_keys import (
     segment_key_prefix,
 )
 from compaction_proxy.store.redis_log import LogPacker
+from compaction_proxy.store.redis_packing import bytes_packing
 
 # The keys each script takes, in its KEYS order (see its header).
 _LOG_KEYS: tuple[KeyKind, ...] = ("log", "seen", "state", "records", "anchored", "positions")
@@ -171,6 +172,8 @@ class RedisStore:
             )
         else:
             self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
+            pool = self._client.connection_pool  # a Cluster's nodes keep redis-py's packer
+            pool.connection_class = bytes_packing(pool.connection_class)
         self._operation_timeout = operation_timeout
         self._ttl_ms = int(ttl_seconds * 1000)
         # The records key (checkpoint summaries, kept in clear) may expire sooner than the rest;
