@@ -62,11 +62,13 @@ NOT_OVERFLOW = OverflowVerdict(False)
 
 
 def stated_limit(text: str) -> int | None:
-    """The context limit a message states, if it states one."""
+    """The context limit a message states, if it states one. A limit of 0 states none: no
+    model has an empty window, and an error can echo a client's own words (an unknown
+    argument's name) that would teach it one."""
     for pattern in _STATED_LIMITS:
         match = pattern.search(text)
         if match:
-            return int(match.group(1))
+            return int(match.group(1)) or None
     return None
 
 

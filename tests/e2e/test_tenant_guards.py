@@ -170,14 +170,9 @@ CHAT_ARGUMENTS = frozenset(
 )
 
 
-async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_requests(
-    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
-) -> None:
-    """OpenAI answers an argument it does not know with 400 "Unrecognized request argument
-    supplied: <its name>". Tenant A names one "maximum context length is 1000", and the proxy
-    reads a context overflow stating a 1,000-token window: what A's own request then goes
-    through is A's affair. Tenant B's request, about 10k tokens in a 16k window, must still
-    go whole (cut to a thousand tokens before the limit was kept per tenant)."""
+def unknown_arguments_refused(fake: FakeUpstream) -> web.Application:
+    """The fake provider answering a chat request that names an argument it does not know
+    as OpenAI does: 400, "Unrecognized request argument supplied: <its name>"."""
 
     @web.middleware
     async def unknown_arguments(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -190,7 +185,19 @@ async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_reque
 
     app = fake.app()
     app.middlewares.append(unknown_arguments)
-    server: TestServer = await aiohttp_server(app)
+    return app
+
+
+async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_requests(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """OpenAI answers an argument it does not know with 400 "Unrecognized request argument
+    supplied: <its name>". Tenant A names one "maximum context length is 1000", and the proxy
+    reads a context overflow stating a 1,000-token window: what A's own request then goes
+    through is A's affair. Tenant B's request, about 10k tokens in a 16k window, must still
+    go whole (cut to a thousand tokens before the limit was kept per tenant)."""
+
+    server: TestServer = await aiohttp_server(unknown_arguments_refused(fake))
     upstream = str(server.make_url("/v1"))
     proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW, **MASKING_OFF)])
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
@@ -212,6 +219,31 @@ async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_reque
         )
     assert raw.headers["x-compaction-status"] == "none"
     assert (fake.chat_requests[-1].body or {})["messages"] == messages
+
+
+async def test_a_limit_of_zero_tokens_in_a_tenants_own_words_teaches_nothing(
+    make_proxy: ProxyFactory, fake: FakeUpstream, aiohttp_server: Any
+) -> None:
+    """A tenant names an argument "maximum context length is 0": the overflow read from
+    OpenAI's answer states a window of nothing, which no model has. Kept, it made the tenant's
+    next request fail to be prepared (a division by zero) and go unchanged, its compaction
+    off; now nothing is learned, and that request goes as any other."""
+    server: TestServer = await aiohttp_server(unknown_arguments_refused(fake))
+    upstream = str(server.make_url("/v1"))
+    proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW, **MASKING_OFF)])
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-a", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError, match="Unrecognized request argument"):
+            await client.chat.completions.create(
+                model="small-model",
+                messages=[user("hello")],  # type: ignore[list-item]
+                extra_body={"maximum context length is 0": 1},
+            )
+        raw = await client.chat.completions.with_raw_response.create(
+            model="small-model",
+            messages=history(),  # type: ignore[arg-type]
+        )
+    # Above its threshold, inside its window: compacted in the background, as any request.
+    assert raw.headers["x-compaction-status"] == "precompacting"
 
 
 async def test_a_client_with_more_requests_than_the_pool_leaves_others_a_connection(

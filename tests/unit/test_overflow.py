@@ -58,6 +58,7 @@ def test_every_provider_named_in_the_design_has_a_recorded_body() -> None:
         ("maximum context length is 8192 tokens", 8192),
         ("12 tokens > 10 maximum", 10),
         ("nothing stated here", None),
+        ("maximum context length is 0 tokens", None),  # no window is empty
     ],
 )
 def test_stated_limit(text: str, limit: int | None) -> None:
