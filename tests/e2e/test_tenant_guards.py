@@ -196,7 +196,6 @@ async def test_a_limit_read_from_a_tenants_own_words_does_not_cut_anothers_reque
     reads a context overflow stating a 1,000-token window: what A's own request then goes
     through is A's affair. Tenant B's request, about 10k tokens in a 16k window, must still
     go whole (cut to a thousand tokens before the limit was kept per tenant)."""
-
     server: TestServer = await aiohttp_server(unknown_arguments_refused(fake))
     upstream = str(server.make_url("/v1"))
     proxy = await make_proxy(routes=[route(upstream, "small-*", WINDOW, **MASKING_OFF)])
