@@ -123,7 +123,8 @@ def _tool_result(block: dict[str, Any], turn_param: str, offset: int) -> Message
     content = block.get("content")
     if isinstance(content, list):
         param = f"{turn_param}.content.{offset}"
-        content = [_part(_block(b, param, i), param) for i, b in enumerate(content)]
+        items = f"{param}.content"
+        content = [_part(_block(b, param, i), items, i) for i, b in enumerate(content)]
     elif content is not None and not isinstance(content, str):
         raise _invalid(
             f"{turn_param}.content.{offset}.content", "a string or an array of content blocks"
@@ -219,14 +220,15 @@ def translate_messages(
             groups.append(tuple(range(first, len(entries))))
             continue
         run: list[int] = []  # the user blocks waiting to be one message
+        where = f"{param}.content"
         for offset, block in enumerate(blocks):
             if block["type"] == "tool_result":
-                _close_run(messages, groups, entries, run)
+                _close_run(messages, groups, entries, run, where, first)
                 messages.append(_tool_result(block, param, offset))
                 groups.append((first + offset,))
             else:
                 run.append(first + offset)
-        _close_run(messages, groups, entries, run)
+        _close_run(messages, groups, entries, run, where, first)
     return TranslatedMessages(messages, groups, entries, sealed, body.get("system"))
 
 
@@ -269,11 +271,18 @@ def rebreakpointed(turn: Any, turn_index: int, old: Sequence[Entry]) -> list[Ent
 
 
 def _close_run(
-    messages: list[Message], groups: list[tuple[int, ...]], entries: list[Entry], run: list[int]
+    messages: list[Message],
+    groups: list[tuple[int, ...]],
+    entries: list[Entry],
+    run: list[int],
+    where: str,
+    first: int,
 ) -> None:
+    """The user blocks of ``run`` (entry indices; the turn's first is ``first``, its blocks
+    the parameter ``where``) as one message of parts."""
     if not run:
         return
-    parts = [_part(entries[i].content, "messages") for i in run]
+    parts = [_part(entries[i].content, where, i - first) for i in run]
     messages.append({"role": entries[run[0]].role, "content": parts})
     groups.append(tuple(run))
     run.clear()

@@ -154,11 +154,16 @@ def _user(*blocks: Any) -> dict[str, Any]:
             "messages.0.content.1.tool_use_id",
         ),
         (_user({**_RESULT, "content": 5}), "messages.0.content.0.content"),
-        (_user({**_RESULT, "content": [{"type": "text", "text": 3}]}), "messages.0.content.0.text"),
+        (
+            _user({**_RESULT, "content": [_TEXT, {"type": "text", "text": 3}]}),
+            "messages.0.content.0.content.1.text",
+        ),
         (_user({**_RESULT, "content": [_TEXT, "x"]}), "messages.0.content.0.content.1"),
         (_turn("assistant", _TEXT, {"type": "tool_use", "id": 1}), "messages.0.content.1"),
         (_turn("assistant", _TEXT, {"type": "text", "text": 5}), "messages.0.content.1.text"),
-        (_user({"type": "text", "text": 5}), "messages.text"),
+        (_user({"type": "text", "text": 5}), "messages.0.content.0.text"),
+        (_user(_TEXT, {"type": "text", "text": 5}), "messages.0.content.1.text"),
+        (_user(_TEXT, _RESULT, {"type": "text", "text": 5}), "messages.0.content.2.text"),
         ({"system": 3, "messages": []}, "system"),
     ],
 )
