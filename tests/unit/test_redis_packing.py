@@ -55,10 +55,11 @@ def test_what_redis_py_refuses_is_still_refused() -> None:
         framed(bytes_packing(Connection)(**OPTIONS), "SET", b"key", object())
 
 
-def test_each_kind_of_connection_keeps_its_kind() -> None:
+def test_each_kind_of_connection_keeps_its_kind_and_packs_bytes_itself() -> None:
     for kind in (Connection, SSLConnection, UnixDomainSocketConnection):
         packing = bytes_packing(kind)
         assert issubclass(packing, kind) and packing.__name__ == kind.__name__
+        assert packing.pack_command is not kind.pack_command
 
 
 def test_the_stores_request_path_commands_are_framed_in_one_call(
