@@ -47,6 +47,7 @@ from compaction_proxy.store.branches import lease_anchor
 from compaction_proxy.store.log_bound import log_bytes_dropped
 from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES, LoggedBatch, SegmentLimits
 from compaction_proxy.store.parsed_records import ParsedRecords
+from compaction_proxy.store.redis_direct import DirectCommands
 from compaction_proxy.store.redis_forms import (
     STATE_FIELDS,
     Arg,
@@ -164,6 +165,7 @@ class RedisStore:
             "retry": Retry(NoBackoff(), 1),
         }
         self._client: aioredis.Redis | RedisCluster
+        self._direct: DirectCommands | None = None  # a Cluster routes each command by its keys
         if url.startswith("redis+cluster://"):
             self._client = RedisCluster.from_url(
                 "redis://" + url.removeprefix("redis+cluster://"),
@@ -174,6 +176,7 @@ class RedisStore:
             self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
             pool = self._client.connection_pool  # a Cluster's nodes keep redis-py's packer
             pool.connection_class = bytes_packing(pool.connection_class)
+            self._direct = DirectCommands(pool)
         self._operation_timeout = operation_timeout
         self._ttl_ms = int(ttl_seconds * 1000)
         # The records key (checkpoint summaries, kept in clear) may expire sooner than the rest;
@@ -207,13 +210,17 @@ class RedisStore:
     async def _evalsha(self, script: AsyncScript, keys: list[bytes], args: Sequence[Arg]) -> Any:
         """``script`` run as calling it does (by EVALSHA, loaded again if the server lost it),
         with its digest and key count handed over as bytes: the request path's scripts, whose
-        every string or number argument redis-py would encode in Python."""
+        every string or number argument redis-py would encode in Python. Sent straight on a
+        connection (``DirectCommands``) but on a Cluster."""
         count = b"%d" % len(keys)
-        run = self._client.execute_command  # what evalsha calls, its arguments typed as given
+        # What evalsha calls, its arguments typed as given.
+        run = self._client.execute_command if self._direct is None else self._direct.run
         try:
             return await run("EVALSHA", script.sha.encode(), count, *keys, *args)
         except NoScriptError:
-            script.sha = await self._client.script_load(script.script)
+            # Loaded by the same way: the connection the refusal came back on is free again,
+            # where the pool may have none left.
+            script.sha = cast(str, await run("SCRIPT LOAD", script.script))
             return await run("EVALSHA", script.sha.encode(), count, *keys, *args)
 
     def _bounded(self, operation: str) -> _Bounded:
@@ -533,4 +540,6 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._packer.drain(self._operation_timeout)
+        if self._direct is not None:
+            await self._direct.close()
         await self._client.aclose()
