@@ -58,7 +58,9 @@ async def _log_until(cycle: Cycle, needle: str, seconds: float) -> bool:
     return False
 
 
-async def one_cycle(kind: str, upstream_url: str, redis_url: str, cwd: str | None) -> Cycle:
+async def one_cycle(
+    kind: str, upstream: FakeUpstream, upstream_url: str, redis_url: str, cwd: str | None
+) -> Cycle:
     cycle = Cycle(kind)
     port = free_port()
     env = {
@@ -93,8 +95,7 @@ async def one_cycle(kind: str, upstream_url: str, redis_url: str, cwd: str | Non
         cycle.up = time.monotonic() - started
         base = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as http:
-            in_flight = asyncio.create_task(_ask(http, base))
-            await asyncio.sleep(0.1)  # it reached a worker, which waits on the upstream
+            in_flight = await _in_flight(cycle, http, base, upstream)
             if kind == "kill-worker":
                 victim = min(children_of(supervisor.pid))
                 killed = time.monotonic()
@@ -105,8 +106,7 @@ async def one_cycle(kind: str, upstream_url: str, redis_url: str, cwd: str | Non
                     cycle.problems.append(f"worker {victim} was not replaced")
                 with contextlib.suppress(aiohttp.ClientError):
                     await in_flight  # it may have been on the killed worker
-                in_flight = asyncio.create_task(_ask(http, base))
-                await asyncio.sleep(0.1)
+                in_flight = await _in_flight(cycle, http, base, upstream)
             sent = signal.SIGINT if kind == "sigint" else signal.SIGTERM
             stopping = time.monotonic()
             workers = children_of(supervisor.pid)
@@ -136,6 +136,23 @@ async def one_cycle(kind: str, upstream_url: str, redis_url: str, cwd: str | Non
             await asyncio.wait_for(reader, 5)
 
 
+async def _in_flight(
+    cycle: Cycle, http: aiohttp.ClientSession, base: str, upstream: FakeUpstream
+) -> asyncio.Task[bool]:
+    """A request sent, once a worker has forwarded it (it waits on the upstream's answer): a
+    fixed pause could end, on a loaded host, before any worker had read it, and a stop then
+    closes a connection that holds no request yet (as it should)."""
+    reached = len(upstream.received) + 1
+    asked = asyncio.create_task(_ask(http, base))
+    deadline = time.monotonic() + UP_SECONDS
+    while len(upstream.received) < reached and not asked.done():
+        if time.monotonic() > deadline:
+            cycle.problems.append(f"a request did not reach the upstream in {UP_SECONDS:.0f} s")
+            break
+        await asyncio.sleep(0.01)
+    return asked
+
+
 async def _ask(http: aiohttp.ClientSession, base: str) -> bool:
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
     headers = {"Authorization": "Bearer k"}
@@ -154,8 +171,8 @@ async def _stacks_then_kill(supervisor: int, workers: set[int]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def stress_setup() -> AsyncIterator[tuple[str, str]]:
-    """A fake upstream whose answers take a moment, and a Redis of its own."""
+async def stress_setup() -> AsyncIterator[tuple[FakeUpstream, str, str]]:
+    """A fake upstream whose answers take a moment (its URL), and a Redis of its own."""
     fake = FakeUpstream()
     fake.response_delay = 0.5
     runner = web.AppRunner(fake.app())
@@ -165,20 +182,20 @@ async def stress_setup() -> AsyncIterator[tuple[str, str]]:
     redis = RedisServer()
     await redis.start()
     try:
-        yield f"http://127.0.0.1:{port}/v1", redis.url
+        yield fake, f"http://127.0.0.1:{port}/v1", redis.url
     finally:
         await redis.stop()
         await runner.cleanup()
 
 
 async def run_cycles(cycles: int, parallel: int, cwd: str | None = None) -> list[Cycle]:
-    async with stress_setup() as (upstream_url, redis_url):
+    async with stress_setup() as (upstream, upstream_url, redis_url):
         gate = asyncio.Semaphore(parallel)
 
         async def gated(index: int) -> Cycle:
             async with gate:
                 kind = KINDS[index % len(KINDS)]
-                return await one_cycle(kind, upstream_url, redis_url, cwd)
+                return await one_cycle(kind, upstream, upstream_url, redis_url, cwd)
 
         return await asyncio.gather(*(gated(i) for i in range(cycles)))
 
