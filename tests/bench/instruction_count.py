@@ -53,10 +53,36 @@ async def replay(
 
 def counted(out: Path, dump: int = 1) -> int:
     """Instructions in a dump: callgrind numbers the dumps asked for ``<out>.1``, ``.2``..."""
+    return events_counted(out, dump)["Ir"]
+
+
+def events_counted(out: Path, dump: int = 1) -> dict[str, int]:
+    """Every event a dump counted, by callgrind's name: ``Ir`` (instructions) and, with its
+    cache simulation, ``I1mr D1mr D1mw`` (first-level misses) and ``ILmr DLmr DLmw`` (last
+    level's)."""
+    names: list[str] = []
     for line in out.with_name(f"{out.name}.{dump}").read_text().splitlines():
+        if line.startswith("events:"):
+            names = line.split()[1:]
         if line.startswith(("totals:", "summary:")):
-            return int(line.split()[1])
+            return dict(zip(names, map(int, line.split()[1:]), strict=False))
     raise ValueError(f"no totals in {out}.{dump}")
+
+
+def simulated_caches() -> list[str]:
+    """callgrind's cache simulation, its last level sized as this host's second (per core: a
+    big body evicts from it what the next request's Python work needs; the shared third
+    level hides that)."""
+    index = Path("/sys/devices/system/cpu/cpu0/cache/index2")
+    try:
+        size, ways, line = (
+            (index / name).read_text().strip()
+            for name in ("size", "ways_of_associativity", "coherency_line_size")
+        )
+    except OSError:
+        return ["--cache-sim=yes"]
+    size_bytes = int(size.removesuffix("K")) * 1024 if size.endswith("K") else int(size)
+    return ["--cache-sim=yes", f"--LL={size_bytes},{ways},{line}"]
 
 
 class CountedRedis:
@@ -90,9 +116,11 @@ async def count(
     work: Path,
     form: RequestForm,
     redis: CountedRedis | None = None,
-) -> tuple[float, float | None]:
-    """Millions of instructions a request for one set-up: the proxy's, and with ``redis``
-    the Redis server's over the same replays."""
+    caches: bool = False,
+) -> tuple[dict[str, float], float | None]:
+    """Millions of instructions a request for one set-up (and each simulated cache's misses,
+    with ``caches``): the proxy's, and with ``redis`` the Redis server's over the same
+    replays."""
     port, out = free_port(), work / f"callgrind-{time.time_ns()}"
     env = {**os.environ, **metered_env(upstream), "COMPACTION_PROXY_STORE_URL": store}
     process = await asyncio.create_subprocess_exec(
@@ -100,6 +128,7 @@ async def count(
         "--tool=callgrind",
         "--instr-atstart=no",
         f"--callgrind-out-file={out}",
+        *(simulated_caches() if caches else ()),
         *serve_argv(port),
         env=env,
         cwd=cwd,
@@ -126,7 +155,8 @@ async def count(
             process.terminate()
         await process.wait()
     requests = rounds * len(bodies)
-    return counted(out) / requests / 1e6, None if served is None else served / requests / 1e6
+    each = {name: n / requests / 1e6 for name, n in events_counted(out).items()}
+    return each, None if served is None else served / requests / 1e6
 
 
 async def control(*args: str | int) -> None:
@@ -139,7 +169,9 @@ async def control(*args: str | int) -> None:
     await done.wait()
 
 
-async def run(against: str | None, transcript: str | None, rounds: int, form: str) -> None:
+async def run(
+    against: str | None, transcript: str | None, rounds: int, form: str, caches: bool = False
+) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
     bodies = [
@@ -182,10 +214,17 @@ async def run(against: str | None, transcript: str | None, rounds: int, form: st
                     work,
                     REQUEST_FORMS[form],
                     counted_redis,
+                    caches,
                 )
                 server = "" if served is None else f", the Redis server {served:.3f} M"
+                missed = ""
+                if caches:
+                    first = sum(millions.get(e, 0.0) for e in ("I1mr", "D1mr", "D1mw")) * 1e3
+                    last = sum(millions.get(e, 0.0) for e in ("ILmr", "DLmr", "DLmw")) * 1e3
+                    missed = f"; misses a request: {first:.1f} k first level, {last:.2f} k last"
                 print(
-                    f"{name + suffix:<10}{millions:8.3f} M instructions a request{server}",
+                    f"{name + suffix:<10}{millions['Ir']:8.3f} M instructions a request"
+                    f"{server}{missed}",
                     flush=True,
                 )
     finally:
@@ -206,10 +245,15 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_replay_arguments(parser)
+    parser.add_argument(
+        "--caches",
+        action="store_true",
+        help="simulate the caches too (slower): misses a request, first and last level",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
-    asyncio.run(run(args.against, args.transcript, args.rounds, args.form))
+    asyncio.run(run(args.against, args.transcript, args.rounds, args.form, args.caches))
 
 
 if __name__ == "__main__":
