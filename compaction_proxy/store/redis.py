@@ -205,7 +205,9 @@ class RedisStore:
         self._quota = register(_script("quota"))
         limits = SegmentLimits.for_bounds(max_log_bytes, max_log_events)
         pack, read = register(_script("pack")), register(_script("read"))
-        self._packer = LogPacker(self._client, pack, read, self._bounded, limits, self._ttl_ms)
+        self._packer = LogPacker(
+            self._client, self._direct, (pack, read), self._bounded, limits, self._ttl_ms
+        )
 
     async def _evalsha(self, script: AsyncScript, keys: list[bytes], args: Sequence[Arg]) -> Any:
         """``script`` run as calling it does (by EVALSHA, loaded again if the server lost it),
@@ -289,7 +291,7 @@ class RedisStore:
             # The index spans every conversation, so it cannot join the per-conversation script
             # (one Cluster slot). On one Redis it rides in the same pipeline, one round trip;
             # Redis Cluster refuses scripts in pipelines, so there it is a second command.
-            if not index or isinstance(self._client, RedisCluster):
+            if not index or self._direct is None:
                 appended = await self._evalsha(self._append_script, keys, args)
                 if index:
                     await self._client.zadd(conversations_key(), {conversation: now})
@@ -318,26 +320,27 @@ class RedisStore:
     async def _append_and_index(
         self, keys: list[bytes], args: list[Arg], conversation: str, now: float
     ) -> Any:
-        """The append script and the index write in one pipeline, one round trip.
+        """The append script and the index write in one round trip (one Redis: a Cluster
+        refuses scripts in pipelines).
 
-        The script goes by EVALSHA alone: a pipeline holding a registered script would first
-        ask ``SCRIPT EXISTS`` in a round trip of its own. A server that lost its scripts
-        (restarted, flushed) answers NOSCRIPT; the script is then loaded and the pipeline sent
-        again (the index writes are idempotent, and the script never ran)."""
-        script = self._append_script
+        A server that lost its scripts (restarted, flushed) answers NOSCRIPT; the script is
+        then loaded and the three commands sent again (the index writes are idempotent, and
+        the script never ran)."""
+        direct, script, index = self._direct, self._append_script, conversations_key()
+        assert direct is not None
 
-        def pipeline() -> Any:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.zadd(conversations_key(), {conversation: now})
-            pipe.zremrangebyscore(conversations_key(), "-inf", now - self._ttl_ms / 1000)
-            return pipe
+        def commands() -> tuple[tuple[Any, ...], ...]:
+            return (
+                ("EVALSHA", script.sha.encode(), b"%d" % len(keys), *keys, *args),
+                ("ZADD", index, now, conversation),
+                ("ZREMRANGEBYSCORE", index, "-inf", now - self._ttl_ms / 1000),
+            )
 
         try:
-            appended, _, _ = await pipeline().execute()
+            appended, _, _ = await direct.run_all(*commands())
         except NoScriptError:
-            script.sha = await self._client.script_load(script.script)
-            appended, _, _ = await pipeline().execute()
+            script.sha = cast(str, await direct.run("SCRIPT LOAD", script.script))
+            appended, _, _ = await direct.run_all(*commands())
         return appended
 
     def _index_due(self, conversation: str, now: float) -> bool:

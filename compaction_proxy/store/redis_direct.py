@@ -1,4 +1,4 @@
-"""The request path's scripts sent straight on a connection of redis-py's.
+"""The request path's commands sent straight on a connection of redis-py's.
 
 ``Redis.execute_command`` wraps every command in machinery the request path's two scripts
 (load and append, two commands a request) never use: the pool's lock taken twice, a data
@@ -6,7 +6,9 @@ check on the connection, event listeners and observability records on borrowing 
 giving back, a scan for ``HIMPORT``, a response-callback lookup. On Redis 8.2's client that
 was about 1,000 bytecodes a command, 8 % of a request on Redis.
 
-``DirectCommands`` keeps the parts that matter and skips the rest. The connections are
+``DirectCommands`` keeps the parts that matter and skips the rest; several commands go in one
+round trip as a pipeline does (a log pack's frame and script, an append with the activity
+index), their replies read in order. The connections are
 redis-py's (its connecting, handshake, TLS and authentication, its framing, its parser and
 its error replies), borrowed from the client's own pool, so ``store_pool_size`` bounds them
 with every other command's; up to half the pool is kept borrowed between commands and the
@@ -14,14 +16,14 @@ rest given back. A failed connection or read is tried once more on the same conn
 (reconnected), under the retry policy the client was given.
 
 Invariant: a connection kept between commands is either disconnected or has no answer left
-unread. A command that succeeds or gets an error reply read its answer whole; any other way
-out (a lost connection, running out of time, a cancellation at any await) disconnects it, so
-a late answer never reaches the next caller.
+unread. Every reply is read whole, an error reply included (raised once all are read); any
+other way out (a lost connection, running out of time, a cancellation at any await)
+disconnects it, so a late answer never reaches the next caller.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
@@ -44,15 +46,23 @@ class DirectCommands:
 
     async def run(self, *command: EncodableT) -> Any:
         """The reply to ``command`` (an error reply raised as redis-py raises it)."""
+        (reply,) = await self.run_all(command)
+        return reply
+
+    async def run_all(self, *commands: Sequence[EncodableT]) -> list[Any]:
+        """The replies to ``commands``, sent in one round trip; the first error reply is
+        raised once every reply is read."""
         # The pool refuses past its bound (MaxConnectionsError), as for any other command.
         connection = self._idle.pop() if self._idle else self._borrowed()
         try:
-            frame = connection.pack_command(*command)
-            return await connection.retry.call_with_retry(
-                lambda: _sent(connection, frame), lambda _error: _dropped(connection)
+            if len(commands) == 1:  # the request path's every command but a pack's
+                frame = connection.pack_command(*commands[0])
+            else:
+                frame = [piece for each in commands for piece in connection.pack_command(*each)]
+            replies = await connection.retry.call_with_retry(
+                lambda: _sent(connection, frame, len(commands)),
+                lambda _error: _dropped(connection),
             )
-        except ResponseError:
-            raise  # its answer was read whole: the connection is ready for the next
         except BaseException:
             await _dropped(connection)
             raise
@@ -61,6 +71,10 @@ class DirectCommands:
                 self._idle.append(connection)
             else:
                 await self._pool.release(connection)
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     async def close(self) -> None:
         """Gives every kept connection back to the pool (which disconnects them on close)."""
@@ -69,9 +83,20 @@ class DirectCommands:
             await self._pool.release(connection)
 
 
-async def _sent(connection: AbstractConnection, frame: list[bytes]) -> Any:
+async def _sent(connection: AbstractConnection, frame: list[bytes], count: int) -> list[Any]:
     await connection.send_packed_command(frame, check_health=False)  # connects when it must
-    return await connection.read_response()
+    if count == 1:
+        try:
+            return [await connection.read_response()]
+        except ResponseError as refused:  # read whole
+            return [refused]
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await connection.read_response())
+        except ResponseError as refused:  # read whole: the next reply follows it
+            replies.append(refused)
+    return replies
 
 
 async def _dropped(connection: AbstractConnection) -> None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, cast
 
-from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
@@ -51,6 +50,7 @@ from compaction_proxy.store.log_segments import (
     plan_pack,
 )
 from compaction_proxy.store.packed_events import event_json
+from compaction_proxy.store.redis_direct import DirectCommands
 from compaction_proxy.store.redis_forms import unreadable_field
 from compaction_proxy.store.redis_keys import keys_of, segment_key_prefix
 
@@ -109,15 +109,17 @@ class LogPacker:
     def __init__(
         self,
         client: Any,
-        pack: AsyncScript,
-        read: AsyncScript,
+        direct: DirectCommands | None,
+        scripts: tuple[AsyncScript, AsyncScript],
         bounded: Bounded,
         limits: SegmentLimits,
         ttl_ms: int,
     ) -> None:
+        """``direct``: how one Redis's commands are sent (None on a Cluster); ``scripts``:
+        ``pack.lua`` and ``read.lua``, registered."""
         self._client = client
-        self._pack_script = pack
-        self._read_script = read
+        self._direct = direct
+        self._pack_script, self._read_script = scripts
         self._bounded = bounded
         self._limits = limits
         self._ttl_ms = ttl_ms
@@ -279,23 +281,22 @@ class LogPacker:
         args.append(start[2])
         frame_ttl = self.segment_ttl_ms(self._ttl_ms)
         script = self._pack_script
+        direct = self._direct
         async with self._bounded("pack_log"):
-            if isinstance(self._client, RedisCluster):  # no scripts in a Cluster's pipelines
+            if direct is None:  # a Cluster: no scripts in its pipelines
                 await self._client.set(segment_key, plan.frame, px=frame_ttl)
                 reply = await script(keys=keys, args=args)
             else:
 
-                def pipeline() -> Any:
-                    pipe = self._client.pipeline(transaction=False)
-                    pipe.set(segment_key, plan.frame, px=frame_ttl)
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                    return pipe
+                def commands() -> tuple[tuple[Any, ...], ...]:
+                    setting = ("SET", segment_key, plan.frame, "PX", frame_ttl)
+                    return setting, ("EVALSHA", script.sha, len(keys), *keys, *args)
 
                 try:
-                    _, reply = await pipeline().execute()
+                    _, reply = await direct.run_all(*commands())
                 except NoScriptError:  # the server lost its scripts: the frame is set again
-                    script.sha = await self._client.script_load(script.script)
-                    _, reply = await pipeline().execute()
+                    script.sha = await direct.run("SCRIPT LOAD", script.script)
+                    _, reply = await direct.run_all(*commands())
         return int(reply[0])
 
     async def _read_back_and_pack(self, conversation: str, held: _Held) -> None:

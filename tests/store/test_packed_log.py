@@ -26,7 +26,7 @@ from compaction_proxy.store.redis_keys import (
     segment_key_prefix,
 )
 from tests.helpers import counter
-from tests.redis_server import shared_redis_url
+from tests.redis_server import RedisServer, shared_redis_url
 
 PACKS = "compaction_proxy_log_packs_total"
 UNREADABLE = "compaction_proxy_unreadable_state_fields_total"
@@ -344,3 +344,26 @@ async def test_seen_keys_take_under_30_bytes_each(
         assert size / 2_000 < 30
     finally:
         await store.close()
+
+
+async def test_packs_land_after_the_server_lost_its_scripts(
+    conversation: str, private_redis: RedisServer
+) -> None:
+    store = RedisStore(private_redis.url, ttl_seconds=3600)
+    client = aioredis.Redis.from_url(private_redis.url)
+    try:
+        landed = counter(PACKS, source="held", outcome="landed")
+        for n in range(10):
+            await store.append(conversation, turn(n * 3))
+        await store.log_packs_settled()
+        assert counter(PACKS, source="held", outcome="landed") > landed
+        await client.script_flush()  # as a restart or a failover would leave it
+        landed = counter(PACKS, source="held", outcome="landed")
+        for n in range(10, 20):
+            await store.append(conversation, turn(n * 3))
+        await store.log_packs_settled()
+        assert counter(PACKS, source="held", outcome="landed") > landed
+        await assert_packed(store, client, conversation, range(60))
+    finally:
+        await store.close()
+        await client.aclose()

@@ -1,6 +1,6 @@
-"""The request path's scripts sent straight on pooled connections (``store/redis_direct.py``):
-they stay within the pool's bound, leave part of it to every other command, and survive a
-server that closed them."""
+"""The request path's commands sent straight on pooled connections
+(``store/redis_direct.py``): they stay within the pool's bound, leave part of it to every other
+command, survive a server that closed them, and read every reply of several sent at once."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from compaction_proxy.store import StoreUnavailable
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.store.redis_direct import DirectCommands
 from tests.redis_server import RedisServer
 
 POOL = 4
@@ -72,3 +74,21 @@ async def test_no_more_connections_than_the_pool_holds_whatever_the_mix(
     assert refused and all(isinstance(outcome, StoreUnavailable) for outcome in refused)
     assert len(await admin.client_list(_type="normal")) <= POOL + 1  # the admin's own
     assert await named(store, "a") == "a"  # and nothing was left half-read
+
+
+async def test_an_error_reply_among_several_leaves_the_connection_read_and_kept(
+    private_redis: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(private_redis.url, max_connections=2, decode_responses=True)
+    direct = DirectCommands(client.connection_pool)  # keeps one connection: the same each time
+    try:
+        await direct.run("SET", "text", "1")
+        before = await direct.run("CLIENT", "ID")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await direct.run_all(("LPUSH", "text", "x"), ("GET", "text"), ("INCR", "n"))
+        assert await direct.run("GET", "n") == "1"  # the commands after the refusal ran
+        assert await direct.run("GET", "absent") is None  # no reply was left unread
+        assert await direct.run("CLIENT", "ID") == before  # nor the connection dropped
+    finally:
+        await direct.close()
+        await client.aclose()
