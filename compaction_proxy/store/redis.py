@@ -112,8 +112,8 @@ class _Bounded:
     The bound is the proxy's, not redis-py's ``socket_timeout``. With one, redis-py runs every
     command's send in ``asyncio.wait_for``, which on Python 3.11 makes a task per command (a
     ``load`` cost about a quarter more CPU), and its one retry after a read timed out doubled
-    the wait on a Redis that stopped answering. A command cut off here is cancelled inside
-    redis-py, which then drops that connection: it never goes back to the pool half-read
+    the wait on a Redis that stopped answering. A command cut off here is cancelled, and its
+    connection dropped (by redis-py, or ``DirectCommands``): it is never used again half-read
     (tests/store/test_redis_timeouts.py). A plain class: it runs twice a request."""
 
     __slots__ = ("_operation", "_timeout")

@@ -6,14 +6,14 @@ check on the connection, event listeners and observability records on borrowing 
 giving back, a scan for ``HIMPORT``, a response-callback lookup. On Redis 8.2's client that
 was about 1,000 bytecodes a command, 8 % of a request on Redis.
 
-``DirectCommands`` keeps the parts that matter and skips the rest; several commands go in one
-round trip as a pipeline does (a log pack's frame and script, an append with the activity
-index), their replies read in order. The connections are
+``DirectCommands`` keeps the parts that matter and skips the rest. The connections are
 redis-py's (its connecting, handshake, TLS and authentication, its framing, its parser and
 its error replies), borrowed from the client's own pool, so ``store_pool_size`` bounds them
 with every other command's; up to half the pool is kept borrowed between commands and the
-rest given back. A failed connection or read is tried once more on the same connection
-(reconnected), under the retry policy the client was given.
+rest given back. Several commands go in one round trip as a pipeline does (a log pack's frame
+and script, an append with the activity index), their replies read in order. A failed
+connection or read is tried once more on the same connection (reconnected), under the retry
+policy the client was given.
 
 Invariant: a connection kept between commands is either disconnected or has no answer left
 unread. Every reply is read whole, an error reply included (raised once all are read); any
@@ -85,11 +85,6 @@ class DirectCommands:
 
 async def _sent(connection: AbstractConnection, frame: list[bytes], count: int) -> list[Any]:
     await connection.send_packed_command(frame, check_health=False)  # connects when it must
-    if count == 1:
-        try:
-            return [await connection.read_response()]
-        except ResponseError as refused:  # read whole
-            return [refused]
     replies: list[Any] = []
     for _ in range(count):
         try:
