@@ -367,3 +367,20 @@ async def test_packs_land_after_the_server_lost_its_scripts(
     finally:
         await store.close()
         await client.aclose()
+
+
+async def test_the_logs_counts_are_stored_as_whole_numbers(
+    conversation: str, client: aioredis.Redis
+) -> None:
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
+    try:
+        for n in range(10):
+            await store.append(conversation, turn(n * 3))
+        await store.log_packs_settled()
+        state = await client.hgetall(conversation_keys(conversation)["state"])
+        counts = ("log_bytes", "tail_bytes", "packed_events", "logged", "oldest", "renewed")
+        assert all(state[name.encode()].isdigit() for name in counts), state
+        assert int(state[b"renewed"]) > 10**12  # milliseconds, written whole
+        assert 3_500_000 < (await store.ttl_of(conversation))["state"] <= 3_600_000
+    finally:
+        await store.close()

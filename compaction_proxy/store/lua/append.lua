@@ -37,6 +37,7 @@ local function pieces(packed)
 end
 local ttl, max_events, read_pack_at, segment_ttl, max_log_bytes, records_ttl =
   struct.unpack('>i8i8i8i8i8i8', ARGV[1])
+local ttl_arg, segment_ttl_arg = as_int(ttl), as_int(segment_ttl)  -- the expiries as text
 local legacy = redis.call('EXISTS', KEYS[2]) == 1 and KEYS[2] or nil
 local seen, prefix = ARGV[9], ARGV[10]
 local added = 0
@@ -71,7 +72,7 @@ if ARGV[7] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
   local now = now_ms()
   for field in string.gmatch(ARGV[7], '[^\n]+') do
     if redis.call('HEXISTS', KEYS[5], field) == 1 then
-      redis.call('ZADD', KEYS[7], now, field)
+      redis.call('ZADD', KEYS[7], as_int(now), field)
     end
   end
   local unused = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - records_ttl, 'LIMIT', 0, 64)
@@ -79,27 +80,28 @@ if ARGV[7] ~= '' or redis.call('EXISTS', KEYS[7]) == 1 then
     drop_anchor(KEYS[5], KEYS[6], KEYS[7], field)
   end
 end
-seen_save(segment_ttl)
+seen_save(segment_ttl_arg)
 local dropped = 0
 if logged > 0 then
   dropped = bound_log(KEYS[1], KEYS[3], KEYS[8], prefix, max_log_bytes, max_events)
 end
 local log = log_state(KEYS[1], KEYS[3])
 if renewal_due(KEYS[1], KEYS[3], tonumber(ARGV[8]), ttl) then
-  renew_segments(KEYS[8], prefix, segment_ttl)
-  renew_seen(seen, segment_ttl, 2 * max_events)
+  renew_segments(KEYS[8], prefix, segment_ttl_arg)
+  renew_seen(seen, segment_ttl_arg, 2 * max_events)
 end
 local claimed = 0
 if logged > 0 and read_pack_at > 0 and log.tail_bytes >= read_pack_at then
   if redis.call('SET', KEYS[9], '1', 'NX', 'PX', 10000) then claimed = 1 end
 end
 local reply = logged_reply(KEYS[3], 0)
-redis.call('PEXPIRE', KEYS[1], ttl)  -- not the Set `seen`: it is left to expire
-redis.call('PEXPIRE', KEYS[3], ttl)
-redis.call('PEXPIRE', KEYS[8], ttl)
+redis.call('PEXPIRE', KEYS[1], ttl_arg)  -- not the Set `seen`: it is left to expire
+redis.call('PEXPIRE', KEYS[3], ttl_arg)
+redis.call('PEXPIRE', KEYS[8], ttl_arg)
 -- The records' keys exist once the conversation compacted: until then one EXISTS, no PEXPIRE.
 if redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[6], KEYS[7]) > 0 then
-  for k = 4, 7 do redis.call('PEXPIRE', KEYS[k], records_ttl) end
+  local records_ttl_arg = as_int(records_ttl)
+  for k = 4, 7 do redis.call('PEXPIRE', KEYS[k], records_ttl_arg) end
 end
 local head = {added, dropped, log.oldest, log.tail_bytes, claimed, table.concat(marks)}
 for k = 2, #reply do head[#head + 1] = reply[k] end
