@@ -14,7 +14,9 @@ after them) are the Redis set-up's other part, which the proxy's own count leave
 Side by side, the overhead bench (``tests.bench.overhead``) cannot tell a change of 2 or 3 %
 from this host's noise; two counts of one checkout agree within 0.2 %. The count is not the
 time: a copy of a big body by ``rep movsb`` counts each byte, and cache misses count nothing,
-so compare checkouts by it and size deployments by the overhead bench.
+so compare checkouts by it and size deployments by the overhead bench. ``--caches`` adds
+callgrind's cache simulation (slower): the first- and last-level misses a request, the last
+level sized as this host's per-core second level.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def simulated_caches() -> list[str]:
         )
     except OSError:
         return ["--cache-sim=yes"]
-    size_bytes = int(size.removesuffix("K")) * 1024 if size.endswith("K") else int(size)
+    scale = {"K": 1024, "M": 1024 * 1024}.get(size[-1:], 1)
+    size_bytes = int(size.rstrip("KM")) * scale
     return ["--cache-sim=yes", f"--LL={size_bytes},{ways},{line}"]
 
 
