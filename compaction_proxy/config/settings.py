@@ -306,7 +306,7 @@ class Settings(BaseSettings):
     # expire this long after a conversation's last request; unset: store_ttl_seconds.
     record_ttl_seconds: float | None = Field(default=None, gt=0)
     # Connections one process opens to Redis at most, every command's (the request path's
-    # scripts keep up to half of them between commands: store/redis_direct.py).
+    # commands keep up to half of them between commands: store/redis_direct.py).
     store_pool_size: PositiveInt = 50
     store_socket_timeout: float = Field(default=2.0, gt=0)
     store_connect_timeout: float = Field(default=1.0, gt=0)
