@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import uuid
 from collections.abc import Callable, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
@@ -18,7 +19,6 @@ from compaction_proxy.conversation.surface import Surface
 from compaction_proxy.formats import anthropic_compaction, anthropic_count
 from compaction_proxy.formats.answer_edits import AnswerEdit
 from compaction_proxy.formats.anthropic_blocks import (
-    Entry,
     TranslatedMessages,
     lossless,
     rebreakpointed,
@@ -100,12 +100,10 @@ def parse_messages_request(
     )
 
 
-def _entry_turn(entry: Entry) -> int:
-    return entry.turn or 0
-
-
-def _last_entry(group: tuple[int, ...]) -> int:
-    return group[-1]
+# Bisection keys in C: a parsed body's entries all have a turn (only a written checkpoint's
+# has none), and its groups (the head's empty one aside) all have a last entry.
+_entry_turn = attrgetter("turn")
+_last_entry = itemgetter(-1)
 
 
 def _reusable(extension: Extension, body: dict[str, Any]) -> tuple[TranslatedMessages | None, int]:

@@ -28,10 +28,13 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
     if "input_tokens" in usage:
         # Anthropic counts cache writes and reads apart from ``input_tokens``; the prompt is
         # all three (the Responses API's ``input_tokens`` holds its cached tokens already).
-        cached = [usage.get(k) for k in ("cache_creation_input_tokens", "cache_read_input_tokens")]
         prompt = usage.get("input_tokens")
         if isinstance(prompt, int):
-            prompt += sum(n for n in cached if isinstance(n, int))
+            written = usage.get("cache_creation_input_tokens")
+            read = usage.get("cache_read_input_tokens")
+            prompt += (written if isinstance(written, int) else 0) + (
+                read if isinstance(read, int) else 0
+            )
         converted["prompt_tokens"] = prompt
     return converted
 
