@@ -59,7 +59,7 @@ def leave_out(stages: set[str], model: str) -> None:
             # No record: nothing is written after the answer either.
             return Forwarded(payload=client_request.raw, status=RequestStatus.NONE), None
 
-        exchange.prepare = forwarded_as_sent  # type: ignore[assignment]
+        exchange.prepare = forwarded_as_sent  # type: ignore[attr-defined,assignment]
     if "parse" in stages:
 
         def unparsed(raw: bytes, *_: object) -> ClientRequest:
@@ -67,7 +67,7 @@ def leave_out(stages: set[str], model: str) -> None:
                 body={}, raw=raw, model=model, messages=[], stream=False, wire=CHAT
             )
 
-        CHAT.parse = unparsed  # type: ignore[method-assign]
+        CHAT.parse = unparsed  # type: ignore[assignment]
 
 
 def time_stages(out: IO[str]) -> None:
@@ -102,7 +102,7 @@ def time_stages(out: IO[str]) -> None:
         out.write(f"{body} {forwarded.generation} {parse_ns} {prepare_ns} {spent}\n")
 
     CHAT.parse = timed_parse  # type: ignore[method-assign]
-    exchange.prepare = timed_prepare  # type: ignore[assignment]
+    exchange.prepare = timed_prepare  # type: ignore[attr-defined]
     exchange._write_log = timed_record  # type: ignore[assignment]
 
 
