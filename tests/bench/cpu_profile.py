@@ -4,12 +4,14 @@ by symbol, for the relay and each proxy set-up, and Redis's side by command.
 Run: ``python -m tests.bench.cpu_profile [--against DIR] [--transcript NAME] [--rounds 3]
 [--format chat|responses|messages] [--top N]``. Not collected by pytest; needs ``perf``
 (Debian's ``linux-perf``) and a kernel that lets it sample other processes
-(``kernel.perf_event_paranoid`` at 2 or less, or root). The targets run one after another:
-a bare relay (``tests.bench.relay``), then the in-process store and Redis (with ``--against``,
-the same from another checkout). After a warm-up replay (a fresh conversation each), each
-target's process (and for Redis set-ups the Redis server, apart) is sampled by the software
-clock (``cpu-clock``: no hardware counters needed, so it works in a VM) over ``--rounds``
-replays, and each sample counted as 1/frequency of a second.
+(``kernel.perf_event_paranoid`` at 2 or less, or root). The targets, all started at once:
+a bare relay (``tests.bench.relay``), the in-process store and Redis (with ``--against``, the
+same from another checkout), each Redis set-up with a server of its own. After a warm-up replay
+each (a fresh conversation every replay), every target's process and each Redis server is
+sampled by the software clock (``cpu-clock``: no hardware counters needed, so it works in a VM)
+while the targets take turns, replay by replay, for ``--rounds`` replays each (so the host's
+drift hits them alike; a process waiting for its turn takes no samples), and each sample
+counted as 1/frequency of a second.
 
 Printed, in microseconds a request: the time by shared object (the interpreter, the kernel,
 libc, aiohttp's parser, orjson, zstd...), the proxy's beside the relay's, so what the proxy
@@ -103,13 +105,13 @@ def profile_of(recording: Path, requests: int, frequency: int) -> Profile:
 
 @contextlib.asynccontextmanager
 async def sampled(pid: int, out: Path, frequency: int) -> AsyncIterator[None]:
-    """``perf record`` on ``pid`` (all its threads) while the body runs."""
+    """``perf record`` on ``pid`` (all its threads) while the body runs (give it a second to
+    attach before the body counts)."""
     recorder = await asyncio.create_subprocess_exec(
         *("perf", "record", "-q", "-e", "cpu-clock", "-F", str(frequency)),
         *("-o", str(out), "-p", str(pid)),
         stderr=asyncio.subprocess.DEVNULL,
     )
-    await asyncio.sleep(1.0)  # perf attaches to the threads before the replays start
     try:
         yield
     finally:
@@ -117,46 +119,67 @@ async def sampled(pid: int, out: Path, frequency: int) -> AsyncIterator[None]:
         await recorder.wait()
 
 
+@dataclass
+class Target:
+    """A process to sample, the base URL it serves, and for a Redis set-up its own server."""
+
+    name: str
+    pid: int
+    base: str
+    redis: RedisServer | None = None
+
+
 async def measure(
-    name: str,
-    pid: int,
-    base: str,
-    bodies: list[bytes],
-    args: argparse.Namespace,
-    work: Path,
-    redis: RedisServer | None = None,
-) -> Measured:
+    targets: list[Target], bodies: list[bytes], args: argparse.Namespace, work: Path
+) -> list[Measured]:
+    """Sample every target (and each Redis set-up's server) over ``--rounds`` replays each,
+    taken in turns round by round, after a warm-up replay each."""
     form: RequestForm = REQUEST_FORMS[args.form]
     requests = args.rounds * len(bodies)
-    mine, server = work / f"{name}.perf", work / f"{name}-redis.perf"
-    async with aiohttp.ClientSession() as http:
-        await replay(http, base, bodies, form)
-        await asyncio.sleep(1.0)  # the warm-up's last record, written after its answer
-        client = aioredis.Redis.from_url(redis.url) if redis is not None else None
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                await stack.enter_async_context(sampled(pid, mine, args.frequency))
-                if redis is not None and client is not None:
-                    assert redis.process is not None
+    servers = {t.name: aioredis.Redis.from_url(t.redis.url) for t in targets if t.redis}
+    try:
+        async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
+            for target in targets:
+                await replay(http, target.base, bodies, form)
+            await asyncio.sleep(1.0)  # the warm-ups' last records, written after their answers
+            for target in targets:
+                await stack.enter_async_context(
+                    sampled(target.pid, work / f"{target.name}.perf", args.frequency)
+                )
+                if target.redis is not None and target.redis.process is not None:
                     await stack.enter_async_context(
-                        sampled(redis.process.pid, server, args.frequency)
+                        sampled(
+                            target.redis.process.pid,
+                            work / f"{target.name}-redis.perf",
+                            args.frequency,
+                        )
                     )
-                    await client.config_resetstat()
-                for _ in range(args.rounds):
-                    await replay(http, base, bodies, form)
-                await asyncio.sleep(1.0)
-                stats = await client.info("commandstats") if client is not None else {}
-        finally:
-            if client is not None:
-                await client.aclose()
-    measured = Measured(name, profile_of(mine, requests, args.frequency))
-    if redis is not None:
-        measured.redis = profile_of(server, requests, args.frequency)
-        for command, values in stats.items():
-            if command.removeprefix("cmdstat_") not in ("config|resetstat", "info"):
-                each = (values["calls"] / requests, values["usec"] / requests)
-                measured.commands[command.removeprefix("cmdstat_")] = each
-    return measured
+            await asyncio.sleep(1.0)  # perf attaches to the threads before the replays start
+            for server in servers.values():
+                await server.config_resetstat()
+            for _ in range(args.rounds):
+                for target in targets:
+                    await replay(http, target.base, bodies, form)
+            await asyncio.sleep(1.0)
+            stats = {name: await server.info("commandstats") for name, server in servers.items()}
+    finally:
+        for server in servers.values():
+            await server.aclose()
+    results = []
+    for target in targets:
+        measured = Measured(
+            target.name, profile_of(work / f"{target.name}.perf", requests, args.frequency)
+        )
+        if target.redis is not None:
+            recording = work / f"{target.name}-redis.perf"
+            measured.redis = profile_of(recording, requests, args.frequency)
+            for command, values in stats[target.name].items():
+                name = command.removeprefix("cmdstat_")
+                if name not in ("config|resetstat", "info"):
+                    each = (values["calls"] / requests, values["usec"] / requests)
+                    measured.commands[name] = each
+        results.append(measured)
+    return results
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -165,40 +188,37 @@ async def run(args: argparse.Namespace) -> None:
     bodies = [orjson.dumps(form.body_of(history)) for history in replay_requests(chosen.messages)]
     print(
         f"transcript {chosen.name} as {args.form}: {len(bodies)} requests a replay, "
-        f"{args.rounds} replays sampled at {args.frequency} Hz"
+        f"{args.rounds} replays each, in turns, sampled at {args.frequency} Hz"
     )
     work = Path(tempfile.mkdtemp(prefix="cpu-profile-"))
-    redis = RedisServer()
-    await redis.start()
     upstream_port, relay_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     fake = ("-m", "compaction_proxy.testing.fake_upstream", "--port", str(upstream_port))
     relayed = ("-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", f"{upstream}/v1")
-    results: list[Measured] = []
     try:
-        async with process(*fake, "--instant"), process(*relayed) as relay:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(process(*fake, "--instant"))
+            relay = await stack.enter_async_context(process(*relayed))
             relay_base = f"http://127.0.0.1:{relay_port}"
             for ready in (upstream, relay_base):
                 await wait_until_ready(f"{ready}/v1/models")
-            results.append(await measure("relay", relay.pid, relay_base, bodies, args, work))
-            database = 0
+            targets = [Target("relay", relay.pid, relay_base)]
             for suffix, checkout in {"": None, "@": args.against}.items():
                 if suffix and checkout is None:
                     continue
                 for store in ("memory", "redis"):
-                    database += 1
-                    url = "memory://" if store == "memory" else f"{redis.url[:-2]}/{database}"
+                    server = None
+                    if store == "redis":  # a server of its own: its samples and its counts
+                        server = RedisServer()
+                        await server.start()
+                        stack.push_async_callback(server.stop)
+                    url = "memory://" if server is None else server.url
                     env = {**metered_env(upstream), "COMPACTION_PROXY_STORE_URL": url}
-                    async with proxy_process(env, cwd=checkout) as (proxy, base):
-                        await at_rest([proxy.pid])
-                        served = redis if store == "redis" else None
-                        measured = await measure(
-                            store + suffix, proxy.pid, base, bodies, args, work, served
-                        )
-                    results.append(measured)
-                    print(f"{measured.name:<10} measured", flush=True)
+                    proxy, base = await stack.enter_async_context(proxy_process(env, cwd=checkout))
+                    targets.append(Target(store + suffix, proxy.pid, base, server))
+            await at_rest([t.pid for t in targets])
+            results = await measure(targets, bodies, args, work)
     finally:
-        await redis.stop()
         shutil.rmtree(work, ignore_errors=True)
     print_report(results, args)
 

@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -237,7 +237,7 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def growth_ratio(
-    proxy: list[list[float]], relay: list[list[float]], scale: float = 1000.0
+    proxy: Sequence[Sequence[float]], relay: Sequence[Sequence[float]], scale: float = 1000.0
 ) -> tuple[float, float, float]:
     """Median extra over the relay in the first and last tenth of the transcript (latencies
     in seconds or CPU times in ns, printed in ms: ``scale`` converts), and last over first.
