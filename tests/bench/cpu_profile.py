@@ -1,10 +1,10 @@
 """Where a request's CPU time goes, sampled by ``perf`` at native speed: by shared object and
 by symbol, for the relay and each proxy set-up, and Redis's side by command.
 
-Run: ``python -m tests.bench.cpu_profile [--against DIR] [--transcript NAME] [--rounds 3]
-[--format chat|responses|messages] [--top N]``. Not collected by pytest; needs ``perf``
-(Debian's ``linux-perf``) and a kernel that lets it sample other processes
-(``kernel.perf_event_paranoid`` at 2 or less, or root). The targets, all started at once:
+Run: ``python -m tests.bench.cpu_profile [--against DIR] [--transcript NAME] [--rounds N]
+[--format chat|responses|messages] [--top N]`` (6 replays by default). Not collected by
+pytest; needs ``perf`` (Debian's ``linux-perf``) and a kernel that lets it sample other
+processes (``kernel.perf_event_paranoid`` at 2 or less, or root). The targets, all started at once:
 a bare relay (``tests.bench.relay``), the in-process store and Redis (with ``--against``, the
 same from another checkout), each Redis set-up with a server of its own. After a warm-up replay
 each (a fresh conversation every replay), every target's process and each Redis server is
@@ -24,7 +24,9 @@ Why beside the deterministic counts (``tests.bench.opcodes``, ``instruction_coun
 leave out the kernel (sockets, wake-ups, a worker thread's hand-offs) and what cache and
 branch misses make of each instruction, and they run the proxy slowed down many times. This
 bench measures the time itself, by part: a sampling profile, so a part under 2 % of a request
-moves by its noise (each run prints its samples); compare parts, not totals, and repeat.
+moves by its noise (each run prints its samples). Three runs of 6 replays against another
+checkout agreed within 3 points on each set-up's ratio to it; a change smaller than that
+needs the counts.
 """
 
 from __future__ import annotations
@@ -269,7 +271,7 @@ def differences(this: Profile, other: Profile, name: str, other_name: str, top: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_replay_arguments(parser)
-    parser.set_defaults(rounds=3)
+    parser.set_defaults(rounds=6)
     parser.add_argument("--top", type=int, default=0, help="the symbols that differ most")
     parser.add_argument("--frequency", type=int, default=4000, help="samples a second")
     args = parser.parse_args()
