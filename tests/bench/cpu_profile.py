@@ -24,9 +24,9 @@ Why beside the deterministic counts (``tests.bench.opcodes``, ``instruction_coun
 leave out the kernel (sockets, wake-ups, a worker thread's hand-offs) and what cache and
 branch misses make of each instruction, and they run the proxy slowed down many times. This
 bench measures the time itself, by part: a sampling profile, so a part under 2 % of a request
-moves by its noise (each run prints its samples). Three runs of 6 replays against another
-checkout agreed within 3 points on each set-up's ratio to it; a change smaller than that
-needs the counts.
+moves by its noise (each run prints its samples). Two identical set-ups in one run (the same
+tree as ``--against``) read 0, +9 and +2 % apart in three runs of 6 replays: a difference
+under 10 % needs several runs agreeing, and one of a few percent the counts.
 """
 
 from __future__ import annotations
