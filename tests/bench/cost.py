@@ -189,7 +189,7 @@ async def measure(args: argparse.Namespace, every: list[Transcript], setup: Setu
     if setup.api == "messages":
         header = "x-api-key"
         forwarded = breakpoint_bills(fake, header, prices)
-        calls = [r.body for r in fake.messages.received]
+        calls: list[dict[str, Any] | None] = [r.body for r in fake.messages.received]
         senders = [r.headers.get(header, "") for r in fake.messages.received]
     else:
         if setup.api == "responses":

@@ -159,7 +159,8 @@ async def main(baseline_requests: int, messages: int, megabytes: int, store_url:
         instant = ("--instant", "--window", "100000000")
         return ("-m", "compaction_proxy.testing.fake_upstream", "--port", str(port), *instant)
 
-    relay = ("-m", "tests.bench.relay", "--port", str(relay_port), "--upstream", small_upstream)
+    relay: tuple[str, ...] = ("-m", "tests.bench.relay", "--port", str(relay_port))
+    relay += ("--upstream", small_upstream)
     relay += ("--big-upstream", big_upstream)
     chat = "/v1/chat/completions"
     big_bodies = [

@@ -109,10 +109,10 @@ async def run(against: str | None, rounds: int, requests: int) -> None:
             relay_rate = sent / seconds["relay", kind]
             relay_cpu = cpu_ns["relay", kind] / sent / 1e6
             for name in bases:
-                rate, cpu = sent / seconds[name, kind], cpu_ns[name, kind] / sent / 1e6
+                rate, cpu_ms = sent / seconds[name, kind], cpu_ns[name, kind] / sent / 1e6
                 print(
                     f"{name:10} {rate:8.1f} {rate / relay_rate:7.2f}x "
-                    f"{cpu:11.3f} {cpu / relay_cpu:7.2f}x"
+                    f"{cpu_ms:11.3f} {cpu_ms / relay_cpu:7.2f}x"
                 )
         print(f"\n{stolen_since(stolen)}")
 

@@ -39,7 +39,7 @@ def app(answers: dict[int, list[dict[str, Any]]]) -> web.Application:
     async def create(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         output = answers.get(len(body["input"]), [])
-        response = {
+        response: dict[str, Any] = {
             "id": f"resp_{next(ids)}",
             "object": "response",
             "status": "completed",
@@ -49,7 +49,9 @@ def app(answers: dict[int, list[dict[str, Any]]]) -> web.Application:
         }
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await stream.prepare(request)
-        events = [{"type": "response.created", "response": {**response, "output": []}}]
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": {**response, "output": []}}
+        ]
         for index, item in enumerate(output):
             events.append(
                 {"type": "response.output_item.done", "output_index": index, "item": item}
