@@ -23,14 +23,24 @@ def litellm_package_dir() -> Path:
     return Path(spec.origin).parent
 
 
+@cache
 def litellm_tokenizer_dir() -> Path:
     return litellm_package_dir() / "litellm_core_utils" / "tokenizers"
 
 
 def use_bundled_tokenizers() -> None:
-    """Point tiktoken at litellm's files; call before the first encoding is loaded."""
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(litellm_tokenizer_dir())
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    """Point tiktoken at litellm's files; call before the first encoding is loaded.
+
+    Writes the environment only where it differs. The process calls this on its main thread
+    before any other thread runs (the CLI, ``create_app``), so the threads that call it later
+    (encodings loaded off the loop, litellm's import) only read: ``setenv`` adding a variable
+    moves the C ``environ`` array, and another thread reading it meanwhile (a child's
+    ``execve`` after ``vfork``, a ``getenv`` in name resolution) may read freed memory."""
+    folder = str(litellm_tokenizer_dir())
+    if os.environ.get("TIKTOKEN_CACHE_DIR") != folder:
+        os.environ["TIKTOKEN_CACHE_DIR"] = folder
+    if "LITELLM_LOCAL_MODEL_COST_MAP" not in os.environ:
+        os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 
 @cache

@@ -30,7 +30,7 @@ from compaction_proxy.http.socket_endpoint import socket_endpoint
 from compaction_proxy.http.upstream_client import AiohttpUpstream
 from compaction_proxy.metering import lazy_litellm
 from compaction_proxy.metering.meter import TokenMeter
-from compaction_proxy.metering.tokenizers import warm_up
+from compaction_proxy.metering.tokenizers import use_bundled_tokenizers, warm_up
 from compaction_proxy.metering.windows import LearnedWindows, model_map
 from compaction_proxy.metrics import REQUESTS, initialize_label_sets, initialize_route_series
 from compaction_proxy.parsing.recent_bodies import RecentBodies
@@ -224,7 +224,9 @@ def guarded(handler: Handler) -> Handler:
 
 def create_app(settings: Settings) -> web.Application:
     """Build the proxy. Invalid per-model policies, and keys that would go to the wrong host
-    or not at all, fail here, before serving."""
+    or not at all, fail here, before serving. The tokenizers' environment is set here, on the
+    caller's thread, before start-up runs work on others (``use_bundled_tokenizers``)."""
+    use_bundled_tokenizers()
     validate_all_policies(settings)
     problems = [*credential_problems(settings, os.environ), *self_loop_problems(settings)]
     client_keys = ClientKeys(load_client_key_digests(settings), holds_upstream_keys(settings))

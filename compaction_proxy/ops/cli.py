@@ -28,6 +28,7 @@ from compaction_proxy.config.settings import (
     unversioned_upstreams,
 )
 from compaction_proxy.metering import lazy_litellm
+from compaction_proxy.metering.tokenizers import use_bundled_tokenizers
 from compaction_proxy.metrics import serve_metrics_port
 from compaction_proxy.ops import admin_cli, evaluate
 from compaction_proxy.ops.workers import READY_LINE, exit_with_the_supervisor, run_workers
@@ -283,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    use_bundled_tokenizers()  # on the main thread, before any other runs
     try:
         result: int = args.run(args)
     except ConfigError as error:
