@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestServer
 from compaction_proxy.config.settings import Settings, load_settings
 from compaction_proxy.http.app_keys import SERVICES
 from compaction_proxy.metering import lazy_litellm
+from compaction_proxy.metering.tokenizers import use_bundled_tokenizers
 from compaction_proxy.ops.app import create_app
 from compaction_proxy.store import MemoryStore, Store
 from compaction_proxy.store.redis import RedisStore
@@ -54,9 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
     environment says not to (``PYTHONDONTWRITEBYTECODE``, as container images often set).
     Otherwise every xdist worker and every proxy process a test starts compiles the package
     and the test modules from source again (docs/perf.md, "The quick tier under a minute").
-    Workers and subprocesses inherit the environment, so it is cleared there too."""
+    Workers and subprocesses inherit the environment, so it is cleared there too. The
+    tokenizers' environment is set here as well, before any test starts a thread (the
+    cluster's, a proxy's): ``use_bundled_tokenizers`` says why."""
     sys.dont_write_bytecode = False
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    use_bundled_tokenizers()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shutil
 import socket
@@ -41,6 +42,13 @@ def _cluster_ports(count: int) -> list[int]:
 
 
 class RedisCluster:
+    """A Redis Cluster of ``masters`` nodes in ``workdir``. Its processes are started with the
+    environment as it was when it was made, copied then: it may be started on a thread of its
+    own (``ClusterInBackground``), and a child started there with the process's own
+    environment reads the C ``environ`` array after ``vfork``, which another thread adding a
+    variable meanwhile moves (a test's ``setenv``): the child's ``execve`` then failed with
+    ``OSError: [Errno 14] Bad address``."""
+
     def __init__(self, workdir: Path, masters: int = 3) -> None:
         server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
         if server is None or cli is None:
@@ -52,6 +60,7 @@ class RedisCluster:
         self.workdir = workdir
         self.ports = _cluster_ports(masters)
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.environment = dict(os.environ)
 
     @property
     def url(self) -> str:
@@ -94,6 +103,7 @@ class RedisCluster:
                         "no",
                     ],
                     stdout=subprocess.DEVNULL,
+                    env=self.environment,
                 )
             )
         for port, process in zip(self.ports, self.processes, strict=True):
@@ -113,12 +123,14 @@ class RedisCluster:
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=self.environment,
         )
         for port in self.ports:
             self._wait(lambda p=port: "cluster_state:ok" in self._cli(p, "cluster", "info"))
 
     def _cli(self, port: int, *args: str) -> str:
-        done = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True, text=True)
+        command = [self.cli, "-p", str(port), *args]
+        done = subprocess.run(command, capture_output=True, text=True, env=self.environment)
         return done.stdout.strip()
 
     @staticmethod
