@@ -323,9 +323,8 @@ class RedisStore:
         """The append script and the index write in one round trip (one Redis: a Cluster
         refuses scripts in pipelines).
 
-        A server that lost its scripts (restarted, flushed) answers NOSCRIPT; the script is
-        then loaded and the three commands sent again (the index writes are idempotent, and
-        the script never ran)."""
+        Sent again after a NOSCRIPT (``DirectCommands.run_with_script``): the index writes
+        are idempotent."""
         direct, script, index = self._direct, self._append_script, conversations_key()
         assert direct is not None
 
@@ -336,11 +335,7 @@ class RedisStore:
                 ("ZREMRANGEBYSCORE", index, "-inf", now - self._ttl_ms / 1000),
             )
 
-        try:
-            appended, _, _ = await direct.run_all(*commands())
-        except NoScriptError:
-            script.sha = cast(str, await direct.run("SCRIPT LOAD", script.script))
-            appended, _, _ = await direct.run_all(*commands())
+        appended, _, _ = await direct.run_with_script(script, commands)
         return appended
 
     def _index_due(self, conversation: str, now: float) -> bool:

@@ -27,8 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import ResponseError
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, ResponseError
 from redis.typing import EncodableT
+
+CommandBatch = Sequence[Sequence[EncodableT]]  # commands sent in one round trip
 
 
 class DirectCommands:
@@ -75,6 +78,20 @@ class DirectCommands:
             if isinstance(reply, ResponseError):
                 raise reply
         return replies
+
+    async def run_with_script(
+        self, script: AsyncScript, commands: Callable[[], CommandBatch]
+    ) -> list[Any]:
+        """``run_all(*commands())``, where one of the commands calls ``script`` by its digest.
+        A server that lost its scripts (restarted, flushed) answers NOSCRIPT: the script is
+        loaded again the same way (at a full pool the client's own ``script_load`` finds no
+        connection) and the commands, made again with the new digest, sent once more. The
+        others must bear being sent twice: the script never ran, they did."""
+        try:
+            return await self.run_all(*commands())
+        except NoScriptError:
+            script.sha = await self.run("SCRIPT LOAD", script.script)
+            return await self.run_all(*commands())
 
     async def close(self) -> None:
         """Gives every kept connection back to the pool (which disconnects them on close)."""

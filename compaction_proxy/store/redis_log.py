@@ -26,7 +26,6 @@ from operator import attrgetter
 from typing import Any, cast
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 
 from compaction_proxy.metrics import LOG_PACKS
 from compaction_proxy.parsing import jsonio
@@ -292,11 +291,8 @@ class LogPacker:
                     setting = ("SET", segment_key, plan.frame, "PX", frame_ttl)
                     return setting, ("EVALSHA", script.sha, len(keys), *keys, *args)
 
-                try:
-                    _, reply = await direct.run_all(*commands())
-                except NoScriptError:  # the server lost its scripts: the frame is set again
-                    script.sha = await direct.run("SCRIPT LOAD", script.script)
-                    _, reply = await direct.run_all(*commands())
+                # After a NOSCRIPT the frame is set again: the same value.
+                _, reply = await direct.run_with_script(script, commands)
         return int(reply[0])
 
     async def _read_back_and_pack(self, conversation: str, held: _Held) -> None:
