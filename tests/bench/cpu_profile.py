@@ -80,10 +80,11 @@ class Measured:
     commands: dict[str, tuple[float, float]] = field(default_factory=dict)  # calls, us
 
 
-def report_rows(recording: Path, sort: str) -> Iterator[tuple[int, str]]:
-    """``perf report``'s rows for ``sort`` (``dso`` or ``dso,sym``): samples and the key."""
+def report_rows(recording: Path) -> Iterator[tuple[int, str]]:
+    """``perf report``'s rows by shared object and symbol: the samples, and the pair as
+    ``<object> [.] <symbol>`` (``[k]`` for the kernel's)."""
     shown = subprocess.run(
-        ["perf", "report", "-i", str(recording), "--stdio", "-q", "-n", "--sort", sort],
+        ["perf", "report", "-i", str(recording), "--stdio", "-q", "-n", "--sort", "dso,sym"],
         capture_output=True,
         text=True,
         check=True,
@@ -97,11 +98,11 @@ def report_rows(recording: Path, sort: str) -> Iterator[tuple[int, str]]:
 def profile_of(recording: Path, requests: int, frequency: int) -> Profile:
     each = 1e6 / frequency / requests  # a sample's microseconds, a request
     profile = Profile()
-    for samples, key in report_rows(recording, "dso"):
+    for samples, key in report_rows(recording):
         profile.samples += samples
-        profile.by_object[key] = samples * each
-    for samples, key in report_rows(recording, "dso,sym"):
         profile.by_symbol[key] = samples * each
+        shared = key.split(" [", 1)[0]
+        profile.by_object[shared] = profile.by_object.get(shared, 0.0) + samples * each
     return profile
 
 
