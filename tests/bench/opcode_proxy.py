@@ -1,7 +1,9 @@
 """``compaction-proxy serve`` with its bytecodes counted, for ``tests.bench.opcodes``.
 
 Run as ``python <this file> serve --port P`` from the checkout to count (its directory is
-put first on the path, so another checkout's package runs: run by path, not with ``-m``).
+put first on the path, so another checkout's package runs: run by path, not with ``-m``);
+with ``BENCH_OPCODES_MODULE`` set, that module runs instead (``tests.bench.relay``: the bare
+relay, with its own arguments).
 SIGTTIN starts the count, SIGTTOU stops it and writes it to the file ``BENCH_OPCODES`` as
 JSON: every function's bytecodes executed (``"<file>:<qualified name>": count``, files relative
 to the checkout, to ``site-packages`` or to the standard library) and the frames entered (a
@@ -106,5 +108,6 @@ if __name__ == "__main__":
     count = OpcodeCount()
     signal.signal(signal.SIGTTIN, count.start)
     signal.signal(signal.SIGTTOU, count.stop)
-    sys.argv[0] = "compaction_proxy"
-    runpy.run_module("compaction_proxy", run_name="__main__", alter_sys=True)
+    module = os.environ.get("BENCH_OPCODES_MODULE", "compaction_proxy")
+    sys.argv[0] = module
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -3,14 +3,16 @@
 Run: ``python -m tests.bench.opcodes [--against DIR] [--transcript NAME] [--rounds 2]
 [--format chat|responses|messages] [--top N]``. Not collected by pytest.
 
-Each set-up (the in-process store, Redis; with ``--against``, the same from another checkout)
-runs ``serve`` under CPython's tracer (``tests.bench.opcode_proxy``); after a warm-up replay
+Each set-up (the bare relay; the in-process store, Redis; with ``--against``, the same from
+another checkout) runs under CPython's tracer (``tests.bench.opcode_proxy``); after a warm-up replay
 (a fresh conversation each), the bytecodes executed over ``--rounds`` replays are counted and
 divided by the requests sent: the proxy's own code, aiohttp's, redis-py's, the standard
 library's, everything the interpreter ran for the requests (C code called from it, orjson's
 and the hashing, counts nothing). With ``--top``, the functions whose counts differ most from
 the other checkout's (matched by file and name, so a renamed module shows twice), with the
-frames each entered a request (a call, or a coroutine's resumption).
+frames each entered a request (a call, or a coroutine's resumption); without ``--against``,
+those that differ most from the bare relay's (``tests.bench.relay``, counted beside them):
+what the proxy adds.
 
 Why beside ``tests.bench.instruction_count``: an instruction in a C loop (a copy, a hash, a
 JSON scan) costs a fraction of a cycle, one in the interpreter's loop several (its dispatch
@@ -63,9 +65,12 @@ class Counted:
 
 @dataclass(frozen=True)
 class SetUp:
+    """A process to count: the proxy on ``store`` from ``checkout``, or (``store`` None) the
+    bare relay."""
+
     name: str
     checkout: str
-    store: str
+    store: str | None
 
 
 @contextlib.asynccontextmanager
@@ -73,14 +78,15 @@ async def traced_proxy(
     set_up: SetUp, upstream: str, out: Path
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     port = free_port()
-    env = {
-        **os.environ,
-        **metered_env(upstream),
-        "COMPACTION_PROXY_STORE_URL": set_up.store,
-        "BENCH_OPCODES": str(out),
-    }
+    env = {**os.environ, **metered_env(upstream), "BENCH_OPCODES": str(out)}
+    arguments = ["serve", "--port", str(port)]
+    if set_up.store is None:
+        env["BENCH_OPCODES_MODULE"] = "tests.bench.relay"
+        arguments = ["--port", str(port), "--upstream", f"{upstream}/v1"]
+    else:
+        env["COMPACTION_PROXY_STORE_URL"] = set_up.store
     proxy = await asyncio.create_subprocess_exec(
-        sys.executable, str(WRAPPER), "serve", "--port", str(port), env=env, cwd=set_up.checkout
+        sys.executable, str(WRAPPER), *arguments, env=env, cwd=set_up.checkout
     )
     try:
         yield proxy, f"http://127.0.0.1:{port}"
@@ -129,7 +135,7 @@ async def run(
     work = Path(tempfile.mkdtemp(prefix="opcodes-"))
     redis = RedisServer()
     await redis.start()
-    set_ups = []
+    set_ups = [SetUp("relay", os.getcwd(), None)]
     for suffix, checkout in {"": os.getcwd(), "@": against}.items():
         if checkout is not None:  # a Redis database of its own each
             set_ups.append(SetUp(f"memory{suffix}", checkout, "memory://"))
@@ -140,6 +146,7 @@ async def run(
     counted: dict[str, Counted] = {}
     try:
         async with process(*fake, "--instant"), contextlib.AsyncExitStack() as stack:
+            await wait_until_ready(f"{upstream}/v1/models")  # before the relay asks it
             proxies = {}
             for set_up in set_ups:
                 out = work / f"{set_up.name}.json"
@@ -147,8 +154,9 @@ async def run(
                     await stack.enter_async_context(traced_proxy(set_up, upstream, out)),
                     out,
                 )
-            for (_, base), _ in proxies.values():
-                await wait_until_ready(f"{base}/healthz", timeout=120.0)
+            for name, ((_, base), _) in proxies.items():
+                ready = "/v1/models" if name == "relay" else "/healthz"
+                await wait_until_ready(f"{base}{ready}", timeout=120.0)
             await at_rest([proxy.pid for (proxy, _), _ in proxies.values()])
             for name, ((proxy, base), out) in proxies.items():
                 counted[name] = await count(proxy, base, out, bodies, rounds, form)
@@ -166,6 +174,10 @@ async def run(
             print(f"{name}: x{ratio:.3f} the other checkout's")
             if top:
                 differences(counted[name], counted[f"{name}@"], requests, top)
+    elif top:
+        for name in ("memory", "redis"):
+            print(f"{name}: over the relay's")
+            differences(counted[name], counted["relay"], requests, top)
 
 
 def differences(this: Counted, other: Counted, requests: int, top: int) -> None:
@@ -189,7 +201,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_replay_arguments(parser)
     parser.add_argument(
-        "--top", type=int, default=0, help="with --against: the functions that differ most"
+        "--top",
+        type=int,
+        default=0,
+        help="the functions that differ most from --against's (alone: from the relay's)",
     )
     args = parser.parse_args()
     against = os.path.abspath(args.against) if args.against else None
