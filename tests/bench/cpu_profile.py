@@ -16,9 +16,10 @@ counted as 1/frequency of a second.
 Printed, in microseconds a request: the time by shared object (the interpreter, the kernel,
 libc, aiohttp's parser, orjson, zstd...), the proxy's beside the relay's, so what the proxy
 adds is read by part; with ``--top``, the symbols whose time differs most from the other
-checkout's (or, alone, from the relay's). For Redis set-ups, the server's time by shared
-object and, from ``INFO commandstats`` over the same replays, each command's calls a request
-(scripts' own calls included) and its microseconds, which name what a script spends.
+checkout's (or, alone, from the relay's), and the Redis servers' beside each other. For Redis
+set-ups, the server's time by shared object and, from ``INFO commandstats`` over the same
+replays, each command's calls a request (scripts' own calls included) and its microseconds,
+which name what a script spends.
 
 Why beside the deterministic counts (``tests.bench.opcodes``, ``instruction_count``): they
 leave out the kernel (sockets, wake-ups, a worker thread's hand-offs) and what cache and
@@ -254,6 +255,9 @@ def print_report(results: list[Measured], args: argparse.Namespace) -> None:
         for name in ("memory", "redis"):
             other = by_name.get(f"{name}@") or by_name["relay"]
             differences(by_name[name].proxy, other.proxy, name, other.name, args.top)
+        server, other_server = by_name["redis"].redis, by_name.get("redis@")
+        if server is not None and other_server is not None and other_server.redis is not None:
+            differences(server, other_server.redis, "redis's server", "redis@'s", args.top)
 
 
 def differences(this: Profile, other: Profile, name: str, other_name: str, top: int) -> None:
