@@ -56,8 +56,7 @@ from compaction_proxy.store.redis_forms import (
     chain_args,
     consulted_positions,
     generation_field,
-    length_prefixed,
-    messages_as_two_args,
+    message_arguments,
     packed_bounds,
     picked_chain_args,
     state_of,
@@ -172,9 +171,13 @@ class RedisStore:
                 max_connections=pool_size,
                 **options,
             )
+            # The nodes commands go to are made from these once it has read the cluster's
+            # slots (at its first command): their connections frame a command of bytes in C.
+            made_with = self._client.connection_kwargs
+            made_with["connection_class"] = bytes_packing(made_with["connection_class"])
         else:
             self._client = aioredis.Redis.from_url(url, max_connections=pool_size, **options)
-            pool = self._client.connection_pool  # a Cluster's nodes keep redis-py's packer
+            pool = self._client.connection_pool
             pool.connection_class = bytes_packing(pool.connection_class)
             self._direct = DirectCommands(pool)
         self._operation_timeout = operation_timeout
@@ -271,19 +274,22 @@ class RedisStore:
         tip = body_tip(messages)
         if tip is not None:
             fields["tip"] = f"{tip[0]}:{tip[1]}"
-        listing, blob, lines = await off_loop_if(
-            is_big(messages=len(messages)), lambda: messages_as_two_args(messages)
+        message_args, lines = await off_loop_if(
+            is_big(messages=len(messages)), lambda: message_arguments(messages)
         )
         plain = [jsonio.dumps(event) for event in events]
         pairs = [*map(str.encode, chain.from_iterable(fields.items()), _UTF8, _AS_READ)]
-        args: list[Arg] = [self._append_bounds, listing, blob]
-        args += [length_prefixed(plain), length_prefixed(pairs)]
         # Bytes, every one: redis-py sends them as they are, where it encodes a string or a
         # number in Python (a few dozen bytecodes an argument, on every request).
+        args: list[Arg] = [self._append_bounds, b"%d" % len(lines), b"%d" % len(plain)]
+        args.append(b"%d" % len(pairs))
         args.append(jsonio.dumps(anchor.__dict__) if anchor is not None else b"")
         args.append("\n".join(sorted({anchor_field(record) for record in reached})).encode())
         args += [b"%d" % int(time.time() * 1000), seen_key_prefix(conversation).encode()]
         args.append(segment_key_prefix(conversation).encode())
+        args += message_args
+        args += plain
+        args += pairs
         keys = [*map(str.encode, keys_of(conversation, *_APPEND_KEYS))]
         now = time.time()
         index = self._index_due(conversation, now)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import is_not
 from typing import Any, cast
 
@@ -106,37 +106,29 @@ def seen_member(key: str) -> tuple[str, str]:
     return f"{kind}{len(rest) % SEEN_SETS}", rest
 
 
-def messages_as_two_args(messages: Sequence[MessageEvent]) -> tuple[bytes, bytes, list[bytes]]:
-    """The append script's message arguments: a JSON listing of each message's keys, where
-    each is kept seen, and its event's length, and the events' JSON back to back (see
-    ``append.lua``); and each event's JSON, for the log's packer."""
-    listing = []
-    stored = []
+def message_arguments(messages: Sequence[MessageEvent]) -> tuple[list[bytes], list[bytes]]:
+    """The append script's arguments for ``messages``, eight a message (see ``append.lua``):
+    its hash, the Set and member it is kept seen under, its content key with its own (empty
+    when it has none), ``1`` when it is logged by its content, its event's JSON; and each
+    event's JSON, for the log's packer."""
+    arguments: list[bytes] = []
+    lines: list[bytes] = []
     for message in messages:
         event = jsonio.dumps(message.event)
-        stored.append(event)
-        content = seen_member(message.content_key) if message.content_key else ("", "")
-        keys = [message.hash, *seen_member(message.hash), message.content_key, *content]
-        listing.append([*keys, int(message.by_content), len(event)])
-    return jsonio.dumps(listing), b"".join(stored), stored
+        lines.append(event)
+        content = message.content_key
+        content_set, content_member = seen_member(content) if content else ("", "")
+        seen_set, member = seen_member(message.hash)
+        keys = (message.hash, seen_set, member, content, content_set, content_member)
+        arguments += map(str.encode, keys)
+        arguments += (b"1" if message.by_content else b"0", event)
+    return arguments, lines
 
 
 def packed_bounds(*bounds: int) -> bytes:
     """Whole numbers as one script argument, 8 bytes each, big-endian (``append.lua`` reads
     them with one ``struct.unpack``)."""
     return struct.pack(f">{len(bounds)}q", *bounds)
-
-
-_LENGTH = struct.Struct(">I").pack
-
-
-def length_prefixed(values: Sequence[bytes]) -> bytes:
-    """Values as one script argument, each its length in 4 bytes (big-endian) and its bytes
-    (``append.lua``'s ``pieces`` reads one with one ``struct.unpack``): one argument for
-    redis-py to pack instead of one each, and any byte may appear in a value (an attribute
-    read from a header or a body)."""
-    lengths = map(_LENGTH, map(len, values))
-    return b"".join(chain.from_iterable(zip(lengths, values, strict=True)))
 
 
 def checkpoint_ends_of(raw: str | None) -> tuple[CheckpointEnd, ...]:

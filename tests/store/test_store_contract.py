@@ -110,9 +110,9 @@ ANY_TEXT += ["bad byte \udcff", "x" * 5000]
 async def test_attributes_and_events_hold_any_text_as_given(
     store: Store, conversation: str
 ) -> None:
-    """Values travel to the Redis script length-prefixed in one argument: a value that is
-    empty, looks like a length, holds separators, NUL, non-ASCII or a byte that is not UTF-8 (a
-    header's, kept as a surrogate escape) comes back as it went."""
+    """Values travel to the Redis script as arguments of their own: a value that is empty,
+    looks like a length or a count, holds separators, NUL, non-ASCII or a byte that is not
+    UTF-8 (a header's, kept as a surrogate escape) comes back as it went."""
     for text in ANY_TEXT:
         attributes = ConversationAttributes(tenant=text, session=text[::-1], model=text + "m")
         await store.append(conversation, [], [{"type": "request", "text": text}], attributes)

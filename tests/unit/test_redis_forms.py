@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import re
-import struct
 from importlib.resources import files
 
-import pytest
+import orjson
 
+from compaction_proxy.conversation.log_events import MessageEvent
 from compaction_proxy.store.attributes import ATTRIBUTE_NAMES, ShortfallReason
 from compaction_proxy.store.redis_forms import (
     LOAD_FIELDS,
     STATE_FIELDS,
     consulted_positions,
-    length_prefixed,
+    message_arguments,
     picked_chain_args,
+    seen_member,
     state_of,
 )
-
-pytest.importorskip("hypothesis")
-
-from hypothesis import given
-from hypothesis import strategies as st
 
 CHAIN = [f"{i:032x}" for i in range(6)]
 
@@ -64,16 +60,18 @@ def test_a_loaded_state_reads_unset_fields_as_unknown_and_empty_ones_as_stored()
     assert state.anchor is None and state.lease_owner is None
 
 
-def _pieces(packed: bytes) -> list[bytes]:
-    """``append.lua``'s reading of a length-prefixed argument, in Python."""
-    pieces, at = [], 0
-    while at < len(packed):
-        (length,) = struct.unpack_from(">I", packed, at)
-        pieces.append(packed[at + 4 : at + 4 + length])
-        at += 4 + length
-    return pieces
+def _message(hash_: str, content_key: str, by_content: bool) -> MessageEvent:
+    return MessageEvent(3, hash_, {"role": "tool", "content": "x"}, content_key, by_content)
 
 
-@given(st.lists(st.binary(max_size=300), max_size=20))
-def test_length_prefixed_values_read_back_as_sent_whatever_their_bytes(values: list[bytes]) -> None:
-    assert _pieces(length_prefixed(values)) == values
+def test_each_message_goes_as_eight_arguments_its_event_json_last() -> None:
+    plain, by_content = f"{0x1AC639D084FDD:032x}", "d:" + "c" * 32
+    arguments, lines = message_arguments(
+        [_message(plain, "", False), _message("b" * 32, by_content, True)]
+    )
+    member = str(0x1AC639D084FDD).encode()
+    assert arguments[:8] == [plain.encode(), b"5", member, b"", b"", b"", b"0", lines[0]]
+    kept = [k.encode() for k in ("b" * 32, *seen_member("b" * 32), by_content)]
+    kept += [k.encode() for k in seen_member(by_content)]
+    assert arguments[8:] == [*kept, b"1", lines[1]]
+    assert orjson.loads(lines[0]) == {"role": "tool", "content": "x"}

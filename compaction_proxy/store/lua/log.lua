@@ -52,16 +52,23 @@ local function log_event(log, state, value)
   s.dirty = true
 end
 
--- Writes the state fields back; the reply: the script's result, the epoch, the ordinal of the
+-- Writes the state fields back, with `fields` (other fields of the state: field, value...,
+-- or nil) in the same HSET; the reply: the script's result, the epoch, the ordinal of the
 -- first entry it added (0: none), their ids.
-local function logged_reply(state, result)
+local function logged_reply(state, result, fields)
+  fields = fields or {}
   if LOG and LOG.dirty then
-    redis.call('HSET', state, 'log_bytes', as_int(math.max(LOG.log_bytes, 0)),
-      'tail_bytes', as_int(math.max(LOG.tail_bytes, 0)),
-      'packed_events', as_int(math.max(LOG.packed_events, 0)), 'logged', as_int(LOG.logged),
-      'oldest', as_int(LOG.oldest), 'renewed', as_int(LOG.renewed), 'epoch', LOG.epoch)
+    local n = #fields
+    fields[n + 1], fields[n + 2] = 'log_bytes', as_int(math.max(LOG.log_bytes, 0))
+    fields[n + 3], fields[n + 4] = 'tail_bytes', as_int(math.max(LOG.tail_bytes, 0))
+    fields[n + 5], fields[n + 6] = 'packed_events', as_int(math.max(LOG.packed_events, 0))
+    fields[n + 7], fields[n + 8] = 'logged', as_int(LOG.logged)
+    fields[n + 9], fields[n + 10] = 'oldest', as_int(LOG.oldest)
+    fields[n + 11], fields[n + 12] = 'renewed', as_int(LOG.renewed)
+    fields[n + 13], fields[n + 14] = 'epoch', LOG.epoch
     LOG.dirty = false
   end
+  if #fields > 0 then redis.call('HSET', state, unpack(fields)) end
   return {result, LOG and LOG.epoch or '', LOGGED_FIRST, unpack(LOGGED)}
 end
 
