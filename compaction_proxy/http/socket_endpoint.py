@@ -44,6 +44,7 @@ from compaction_proxy.http.passthrough import passthrough
 from compaction_proxy.http.websocket_relay import HANDSHAKE_HEADERS, is_websocket
 from compaction_proxy.metrics import SOCKET_SESSIONS
 from compaction_proxy.parsing import jsonio
+from compaction_proxy.security.loopback import LOOPBACK_CLIENT_HEADER
 from compaction_proxy.security.outbound import HOP_BY_HOP
 from compaction_proxy.security.tenant import api_key_of
 
@@ -58,6 +59,7 @@ _NOT_FORWARDED = (
     HOP_BY_HOP
     | {name.lower() for name in HANDSHAKE_HEADERS}
     | {"host", "content-length", "content-type", "content-encoding", "accept-encoding"}
+    | {LOOPBACK_CLIENT_HEADER.lower()}  # a client's own is never taken for the vouch
 )
 
 
@@ -120,10 +122,14 @@ async def _serve_socket(request: web.Request, dialect: SocketDialect) -> web.Str
     client = web.WebSocketResponse(max_msg_size=settings.max_body_bytes, heartbeat=heartbeat)
     await client.prepare(request)
     base, connector = _own_address(request)
+    headers = loopback_headers(request.headers)
+    # Each frame's request is named by this client's address, not this process's.
+    vouch = request.app[SERVICES].loopback.header_for(request.remote or "")
+    headers[LOOPBACK_CLIENT_HEADER] = vouch
     frames: asyncio.Queue[str | None] = asyncio.Queue(maxsize=FRAMES_WAITING)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        turns = _Turns(client, dialect, session, base + request.raw_path, request.headers)
+        turns = _Turns(client, dialect, session, base + request.raw_path, headers)
         reader = asyncio.ensure_future(_read_frames(client, frames))
         server = asyncio.ensure_future(turns.serve(frames))
         try:
@@ -158,10 +164,11 @@ class _Turns:
         dialect: SocketDialect,
         session: aiohttp.ClientSession,
         url: str,
-        handshake: Mapping[str, str],
+        headers: Mapping[str, str],
     ) -> None:
+        """``headers``: each frame's request's (``loopback_headers``, and the vouch)."""
         self._client, self._dialect, self._session, self._url = client, dialect, session, url
-        self._headers = loopback_headers(handshake)
+        self._headers = headers
         self._last: SocketResponse | None = None
 
     async def serve(self, frames: asyncio.Queue[str | None]) -> None:

@@ -40,6 +40,7 @@ from compaction_proxy.security.client_keys import (
     load_client_key_digests,
 )
 from compaction_proxy.security.credentials import ConfigProblem, credential_problems
+from compaction_proxy.security.loopback import LOOPBACK_CLIENT_HEADER, LoopbackVouch
 from compaction_proxy.security.outbound import HOP_HEADER
 from compaction_proxy.security.paths import leaves_v1
 from compaction_proxy.security.self_forwarding import self_loop_problems
@@ -110,7 +111,7 @@ async def _engine(settings: Settings, store: Store) -> Engine:
 
 
 def _services_context(
-    settings: Settings, client_keys: ClientKeys
+    settings: Settings, client_keys: ClientKeys, loopback: LoopbackVouch
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """Opens the ``Services`` at start-up and closes them in reverse order at shutdown: the
     last pending records are written, then background rounds are cancelled (each closes its
@@ -157,6 +158,7 @@ def _services_context(
                 known_messages=KnownMessages(settings.known_messages_bytes),
                 recent_bodies=RecentBodies(settings.recent_bodies_bytes),
                 pending_log_writes=pending_log_writes,
+                loopback=loopback,
             )
             yield
 
@@ -214,6 +216,11 @@ def guarded(handler: Handler) -> Handler:
     its own that sets and restores the current app, three coroutines where one does."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
+        vouched = request.headers.get(LOOPBACK_CLIENT_HEADER)
+        if vouched is not None:  # a WebSocket frame's request to this process, or a forgery
+            address = request.app[SERVICES].loopback.address_in(vouched)
+            if address is not None:
+                request = request.clone(remote=address)
         refused = refusal(request)
         if refused is not None:
             return refused
@@ -251,7 +258,8 @@ def create_app(settings: Settings) -> web.Application:
     )
     initialize_label_sets()
     initialize_route_series(route.model for route in settings.routes)
-    app.cleanup_ctx.append(_services_context(settings, client_keys))
+    loopback = LoopbackVouch.from_environment(os.environ)
+    app.cleanup_ctx.append(_services_context(settings, client_keys, loopback))
     app.add_routes(
         [
             web.post("/v1/chat/completions", guarded(handlers.endpoint(CHAT))),

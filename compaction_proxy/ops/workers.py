@@ -12,7 +12,9 @@ connections over them. The supervisor:
   is killed: the supervisor never waits on a worker forever);
 * on SIGHUP, reloads gracefully: starts a new set, waits until each listens, then stops the
   old ones (configuration is read again by the new workers);
-* restarts a worker that died on its own.
+* restarts a worker that died on its own;
+* gives every worker one secret to vouch for the client a WebSocket frame's request to the
+  port stands for: the kernel may hand that request to any of them (``security.loopback``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -30,6 +33,7 @@ import time
 from collections.abc import Sequence
 
 from compaction_proxy.config.settings import ConfigError, Settings
+from compaction_proxy.security.loopback import LOOPBACK_SECRET_ENVIRONMENT
 
 log = logging.getLogger("compaction_proxy.ops.workers")
 
@@ -47,6 +51,10 @@ class Supervisor:
         self._workers: dict[int, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        # One for every worker, reloads' included: a WebSocket frame's request to the port
+        # may reach any of them (``security.loopback``).
+        given = os.environ.get(LOOPBACK_SECRET_ENVIRONMENT)
+        self._loopback_secret = given or secrets.token_hex(32)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         """A new worker, once it listens; raises WorkerDidNotStart."""
@@ -58,6 +66,7 @@ class Supervisor:
             "--reuse-port",
             *self._args,
             stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, LOOPBACK_SECRET_ENVIRONMENT: self._loopback_secret},
         )
         assert process.stdout is not None
         try:

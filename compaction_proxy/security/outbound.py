@@ -15,6 +15,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from compaction_proxy.security.credentials import CREDENTIAL_HEADERS
+from compaction_proxy.security.loopback import LOOPBACK_CLIENT_HEADER
 
 HOP_BY_HOP = frozenset(
     {
@@ -39,6 +40,7 @@ _NOT_FORWARDED_UP = HOP_BY_HOP | {
     "accept-encoding",
     "content-encoding",
     "expect",
+    LOOPBACK_CLIENT_HEADER.lower(),  # this process's own (``security.loopback``)
 }
 # Sent on every request the proxy makes; a request arriving with it came from a proxy (this
 # one, looped back by configuration) and is refused with 508 (see ``security.self_forwarding``).

@@ -22,6 +22,7 @@ from compaction_proxy.metering.windows import LearnedWindows, resolve_window, wi
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 from compaction_proxy.security.admin_guesses import AdminGuesses
 from compaction_proxy.security.client_keys import ClientKeys
+from compaction_proxy.security.loopback import LoopbackVouch
 from compaction_proxy.security.tenant import TenantSecret
 from compaction_proxy.security.upload_slots import UploadSlots
 from compaction_proxy.security.upstream_shares import UpstreamShares
@@ -52,6 +53,8 @@ class Services:
     known_messages: KnownMessages
     recent_bodies: RecentBodies
     pending_log_writes: PendingLogWrites
+    # Names the client a WebSocket frame's request to this process stands for.
+    loopback: LoopbackVouch
     # Requests being forwarded per conversation on this process (manual compaction waits
     # for 0).
     in_flight: Counter[str] = field(default_factory=Counter)

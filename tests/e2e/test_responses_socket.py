@@ -12,6 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
+from compaction_proxy.http.app_keys import SERVICES
+from compaction_proxy.security.loopback import LOOPBACK_CLIENT_HEADER
 from compaction_proxy.testing.fake_upstream import FakeUpstream
 from tests.conftest import ProxyFactory, RunningProxy
 from tests.helpers import MASKING_OFF, counter, route
@@ -176,3 +178,45 @@ async def test_a_plain_get_on_the_responses_path_goes_on_as_sent(
         session.get(proxy.url + "/responses", headers={"Authorization": "Bearer sk-x"}) as got,
     ):
         assert got.status == 405  # the fake upstream's answer to a GET there, relayed
+
+
+async def test_each_keyless_socket_client_is_named_by_its_own_address(
+    proxy: RunningProxy, fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame's request reaches this process over loopback: still, a client without a key
+    takes its upstream share by its own address (here 127.0.0.2), not by the proxy's, and
+    the vouch for it never goes upstream."""
+    shares = proxy.app[SERVICES].upstream_shares
+    named: list[Any] = []
+    took = shares.took
+    monkeypatch.setattr(shares, "took", lambda client: named.append(client) or took(client))
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.ws_connect(socket_url(proxy)) as socket,
+    ):
+        create = orjson.dumps({"type": "response.create", "model": MODEL, "input": "Hi."})
+        events = await raw_turn(socket, create)
+        assert events[-1]["type"] == "response.completed"
+    assert named == [("address", "127.0.0.2")]
+    (sent,) = fake.responses.headers_received
+    assert LOOPBACK_CLIENT_HEADER.lower() not in {name.lower() for name in sent}
+
+
+async def test_a_client_sending_the_vouch_header_itself_keeps_its_own_address(
+    proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vouch this process did not make (a bare address, a wrong MAC, text that is no MAC)
+    names nobody: the request keeps the address it came from."""
+    shares = proxy.app[SERVICES].upstream_shares
+    named: list[Any] = []
+    took = shares.took
+    monkeypatch.setattr(shares, "took", lambda client: named.append(client) or took(client))
+    forged = ["0" * 64 + " 10.9.9.9", "10.9.9.9", "é ✓ 10.9.9.9", ""]
+    async with aiohttp.ClientSession() as session:
+        for value in forged:
+            body = {"model": MODEL, "input": "Hi.", "stream": False}
+            headers = {LOOPBACK_CLIENT_HEADER: value}
+            async with session.post(f"{proxy.url}/responses", json=body, headers=headers) as r:
+                assert r.status == 200, await r.text()
+    assert named == [("address", "127.0.0.1")] * len(forged)
