@@ -68,12 +68,13 @@ async def test_compact_is_served_by_the_proxy_and_its_item_becomes_the_checkpoin
         assert [o.type for o in compacted.output[:-1]] == ["message"]
         assert fake.endpoints.requests == []  # served here
         assert len(fake.summary_requests) >= 1
+        # The SDK types compact's output as a response's: its user messages (input_text
+        # parts, as the API returns them) are read as assistant ones, and dumping them back
+        # warns of the mismatch. Sent back as they came, as Codex does.
+        back = [o.model_dump(exclude_none=True, warnings=False) for o in compacted.output]
         answer = await alice.responses.create(
             model=MODEL,
-            input=[
-                *[o.model_dump(exclude_none=True) for o in compacted.output],
-                {"role": "user", "content": "Go on."},
-            ],  # type: ignore[arg-type]
+            input=[*back, {"role": "user", "content": "Go on."}],  # type: ignore[arg-type]
         )
     assert answer.output_text
     sent = fake.responses.forwarded[-1]
