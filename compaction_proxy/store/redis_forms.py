@@ -125,6 +125,17 @@ def message_arguments(messages: Sequence[MessageEvent]) -> tuple[list[bytes], li
     return arguments, lines
 
 
+def as_argument(value: str | int | bytes) -> bytes:
+    """``value`` as the bytes redis-py's encoder sends for it (text as UTF-8, a byte that was
+    read as a surrogate escape put back; a whole number in decimal): a command of such
+    arguments is framed in one C call (``redis_packing``)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, int):
+        return b"%d" % value
+    return value.encode("utf-8", "surrogateescape")
+
+
 def packed_bounds(*bounds: int) -> bytes:
     """Whole numbers as one script argument, 8 bytes each, big-endian (``append.lua`` reads
     them with one ``struct.unpack``)."""

@@ -50,7 +50,7 @@ from compaction_proxy.store.log_segments import (
 )
 from compaction_proxy.store.packed_events import event_json
 from compaction_proxy.store.redis_direct import DirectCommands
-from compaction_proxy.store.redis_forms import unreadable_field
+from compaction_proxy.store.redis_forms import as_argument, unreadable_field
 from compaction_proxy.store.redis_keys import keys_of, segment_key_prefix
 
 log = logging.getLogger(__name__)
@@ -285,11 +285,12 @@ class LogPacker:
             if direct is None:  # a Cluster: no scripts in its pipelines
                 await self._client.set(segment_key, plan.frame, px=frame_ttl)
                 reply = await script(keys=keys, args=args)
-            else:
+            else:  # every argument bytes: framed in one C call (``redis_packing``)
+                named = [as_argument(segment_key), plan.frame, b"PX", b"%d" % frame_ttl]
+                words = [b"%d" % len(keys), *map(as_argument, keys), *map(as_argument, args)]
 
                 def commands() -> tuple[tuple[Any, ...], ...]:
-                    setting = ("SET", segment_key, plan.frame, "PX", frame_ttl)
-                    return setting, ("EVALSHA", script.sha, len(keys), *keys, *args)
+                    return ("SET", *named), ("EVALSHA", script.sha.encode(), *words)
 
                 # After a NOSCRIPT the frame is set again: the same value.
                 _, reply = await direct.run_with_script(script, commands)

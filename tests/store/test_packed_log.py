@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from compaction_proxy.conversation.log_events import MessageEvent
-from compaction_proxy.store import redis_log
+from compaction_proxy.store import redis_log, redis_packing
 from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES
 from compaction_proxy.store.packed_events import packed
 from compaction_proxy.store.redis import RedisStore
@@ -384,3 +384,28 @@ async def test_the_logs_counts_are_stored_as_whole_numbers(
         assert 3_500_000 < (await store.ttl_of(conversation))["state"] <= 3_600_000
     finally:
         await store.close()
+
+
+async def test_a_packs_commands_are_framed_in_one_call_each(
+    conversation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The frame's SET and the pack's script go as bytes, framed by hiredis whole, not
+    argument by argument in Python (a pack's dozen arguments, one pack in a few requests)."""
+    framed: list[object] = []
+    in_c = redis_packing._packed_in_c
+
+    def spy(args: tuple[Any, ...]) -> bytes:
+        framed.append(args[0])
+        return in_c(args)
+
+    monkeypatch.setattr(redis_packing, "_packed_in_c", spy)
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
+    landed = counter(PACKS, source="held", outcome="landed")
+    try:
+        for n in range(12):
+            await store.append(conversation, turn(n * 3))
+        await store.log_packs_settled()
+    finally:
+        await store.close()
+    assert counter(PACKS, source="held", outcome="landed") > landed
+    assert "SET" in framed and framed.count("EVALSHA") > 12  # the appends' and the packs'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis._parsers.encoders import Encoder
 from redis.asyncio.connection import (
     AbstractConnection,
     Connection,
@@ -13,6 +14,7 @@ from redis.exceptions import DataError
 
 from compaction_proxy.store import redis_packing
 from compaction_proxy.store.redis import RedisStore
+from compaction_proxy.store.redis_forms import as_argument
 from compaction_proxy.store.redis_packing import bytes_packing
 
 pytest.importorskip("hypothesis")
@@ -77,3 +79,13 @@ def test_the_stores_request_path_commands_are_framed_in_one_call(
     connection.pack_command("EVALSHA", b"0" * 40, b"1", b"key", b"argument")
     connection.pack_command("SET", "key", "text")  # strings: redis-py's own packer
     assert calls == [("EVALSHA", b"0" * 40, b"1", b"key", b"argument")]
+
+
+@given(st.one_of(st.binary(max_size=64), st.text(max_size=32), st.integers()))
+def test_an_argument_as_bytes_is_what_redis_pys_encoder_sends(value: bytes | str | int) -> None:
+    encoder = Encoder("utf-8", "surrogateescape", decode_responses=False)
+    assert as_argument(value) == encoder.encode(value)
+
+
+def test_a_read_byte_that_is_not_utf8_goes_back_as_it_came() -> None:
+    assert as_argument(b"\xff".decode("utf-8", "surrogateescape")) == b"\xff"
