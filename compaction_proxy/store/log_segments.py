@@ -47,7 +47,7 @@ if sys.version_info >= (3, 14):
 else:
     from backports import zstd
 
-PACK_AT_BYTES = 24 * 1024  # a run of unpacked events this large is packed
+PACK_AT_BYTES = 32 * 1024  # a run of unpacked events this large is packed (four a segment)
 READ_PACK_AT_BYTES = 2 * PACK_AT_BYTES  # past this, a stream no process holds is read back
 SEGMENT_BYTES = 128 * 1024  # a segment grows by merging while its lines fit this
 LEVEL = 3  # zstd's default: hundreds of MB/s on one core, and most of the ratio

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from compaction_proxy.conversation.log_events import MessageEvent
 from compaction_proxy.store import redis_log, redis_packing
-from compaction_proxy.store.log_segments import READ_PACK_AT_BYTES
+from compaction_proxy.store.log_segments import PACK_AT_BYTES, READ_PACK_AT_BYTES
 from compaction_proxy.store.packed_events import packed
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.store.redis_keys import (
@@ -243,8 +243,8 @@ async def test_the_frames_held_to_merge_into_count_in_the_bound(
     try:
         for _ in range(12):
             conversation = f"test-{uuid.uuid4().hex}"
-            for n in range(3):  # the third append makes a pack due
-                await store.append(conversation, turn(n * 3))
+            for n in range(PACK_AT_BYTES // 9_000 + 1):  # about 9 KB each: the last one
+                await store.append(conversation, turn(n * 3))  # makes a pack due
             await store.log_packs_settled()
         packer = store._packer
         held = packer._held.values()
