@@ -1,5 +1,5 @@
 """Helpers the end-to-end tests share: routes to the fake upstream, a chat request through the
-real SDK, metric readings, the admin API."""
+real SDK, metric readings, the admin API, the Redis commands framed in C."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import hiredis
 import pytest
 from prometheus_client import REGISTRY
 
 from compaction_proxy.security.client_keys import digest_of
+from compaction_proxy.store import redis_packing
 from compaction_proxy.testing.prompt_cache import CacheRead
 from tests.builders import agent_turns, system, user
 
@@ -189,3 +191,17 @@ def assert_summary_calls_read_the_conversations_cache(prompts: list[CacheRead]) 
     assert summaries
     for summary in summaries:
         assert summary.read >= 0.9 * summary.prompt, summary
+
+
+def framed_in_c(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The names of the Redis commands hiredis frames whole from here on
+    (``store.redis_packing``), in order; the frames themselves made as before."""
+    framed: list[object] = []
+
+    def spy(args: tuple[Any, ...]) -> bytes:
+        framed.append(args[0])
+        packed: bytes = hiredis.pack_command(args)
+        return packed
+
+    monkeypatch.setattr(redis_packing, "_packed_in_c", spy)
+    return framed

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from compaction_proxy.conversation.log_events import MessageEvent
-from compaction_proxy.store import redis_log, redis_packing
+from compaction_proxy.store import redis_log
 from compaction_proxy.store.log_segments import PACK_AT_BYTES, READ_PACK_AT_BYTES
 from compaction_proxy.store.packed_events import packed
 from compaction_proxy.store.redis import RedisStore
@@ -25,7 +25,7 @@ from compaction_proxy.store.redis_keys import (
     seen_key_prefix,
     segment_key_prefix,
 )
-from tests.helpers import counter
+from tests.helpers import counter, framed_in_c
 from tests.redis_server import RedisServer, shared_redis_url
 
 PACKS = "compaction_proxy_log_packs_total"
@@ -391,14 +391,7 @@ async def test_a_packs_commands_are_framed_in_one_call_each(
 ) -> None:
     """The frame's SET and the pack's script go as bytes, framed by hiredis whole, not
     argument by argument in Python (a pack's dozen arguments, one pack in a few requests)."""
-    framed: list[object] = []
-    in_c = redis_packing._packed_in_c
-
-    def spy(args: tuple[Any, ...]) -> bytes:
-        framed.append(args[0])
-        return in_c(args)
-
-    monkeypatch.setattr(redis_packing, "_packed_in_c", spy)
+    framed = framed_in_c(monkeypatch)
     store = RedisStore(shared_redis_url(), ttl_seconds=3600)
     landed = counter(PACKS, source="held", outcome="landed")
     try:

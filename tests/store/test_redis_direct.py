@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from compaction_proxy.store import StoreUnavailable, redis_packing
+from compaction_proxy.store import StoreUnavailable
 from compaction_proxy.store.attributes import ConversationAttributes
 from compaction_proxy.store.redis import RedisStore
 from compaction_proxy.store.redis_direct import DirectCommands
+from tests.helpers import framed_in_c
 from tests.redis_server import RedisServer
 
 POOL = 4
@@ -100,14 +100,7 @@ async def test_a_clusters_nodes_frame_the_append_in_one_call(
 ) -> None:
     """On a Cluster too the append's command (one argument a value: dozens a request) is
     framed by hiredis in one call, not argument by argument in Python."""
-    framed: list[object] = []
-    in_c = redis_packing._packed_in_c
-
-    def spy(args: tuple[Any, ...]) -> bytes:
-        framed.append(args[0])
-        return in_c(args)
-
-    monkeypatch.setattr(redis_packing, "_packed_in_c", spy)
+    framed = framed_in_c(monkeypatch)
     store = RedisStore(redis_cluster_url, ttl_seconds=3600)
     try:
         await store.append("framed-in-c", [], [{"type": "request"}], ConversationAttributes())
