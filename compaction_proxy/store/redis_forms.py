@@ -128,7 +128,8 @@ def message_arguments(messages: Sequence[MessageEvent]) -> tuple[list[bytes], li
 def as_argument(value: str | int | bytes) -> bytes:
     """``value`` as the bytes redis-py's encoder sends for it (text as UTF-8, a byte that was
     read as a surrogate escape put back; a whole number in decimal): a command of such
-    arguments is framed in one C call (``redis_packing``)."""
+    arguments is framed in one C call (``redis_packing``). A reply read as text comes back
+    as the bytes stored the same way (replies decode as UTF-8 with ``surrogateescape``)."""
     if isinstance(value, bytes):
         return value
     if isinstance(value, int):

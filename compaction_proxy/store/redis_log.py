@@ -61,11 +61,6 @@ OFF_LOOP_LINES = 64 * 1024  # a pack into a segment of more lines runs in a work
 _FIRST = attrgetter("first")  # a batch's first ordinal (the batches held, in C on every append)
 
 
-def as_bytes(value: str | bytes) -> bytes:
-    """A reply as the bytes stored (replies decode as UTF-8 with ``surrogateescape``)."""
-    return value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
-
-
 @dataclass
 class _Held:
     """What this process logged to one conversation's stream, and the newest segment it
@@ -307,7 +302,7 @@ class LogPacker:
                     raw = await self._client.xrange(log_key, count=READ_PACK_PAGE)
                 entries = cast(list[tuple[str, dict[str, str]]], raw)
                 run = [(entry_id, event_json(fields)) for entry_id, fields in entries]
-                stored = [sum(len(as_bytes(v)) for v in fields.values()) for _, fields in entries]
+                stored = [sum(map(len, map(as_argument, f.values()))) for _, f in entries]
                 whole_page = len(run) == READ_PACK_PAGE
                 while run and (whole_page or pack_due(run, self._limits)):
                     chunk = pack_chunk(run, self._limits)
@@ -336,7 +331,7 @@ class LogPacker:
             if not frame:  # a segment whose key expired reads as nothing
                 continue
             try:
-                packed += entries_of(decompress(as_bytes(frame)))
+                packed += entries_of(decompress(as_argument(frame)))
             except DamagedSegment:  # its events read as absent, like an unreadable record
                 unreadable_field("log_segment", f"{conversation} segment {number}")
         unpacked = [(entry_id, event_json(fields)) for entry_id, fields in _fields(stream)]

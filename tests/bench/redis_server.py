@@ -41,13 +41,21 @@ SHOWN_CALLS = 0.05  # commands called less often a request are left out of the l
 
 
 async def command_calls(url: str) -> dict[str, int]:
-    """``INFO commandstats``: each command's calls so far."""
+    """``INFO commandstats``: each command's calls since the counts were last reset."""
     client = aioredis.Redis.from_url(url)
     try:
         stats = await client.info("commandstats")
     finally:
         await client.aclose()
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def reset_command_calls(url: str) -> None:
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.config_resetstat()
+    finally:
+        await client.aclose()
 
 
 async def count(
@@ -62,18 +70,17 @@ async def count(
         async with proxy_process(env, cwd=checkout) as (_, base), aiohttp.ClientSession() as http:
             await replay(http, base, bodies, form)
             await asyncio.sleep(1.0)  # the last record, written after its answer
-            before = await command_calls(redis.server.url)
+            await reset_command_calls(redis.server.url)
             await redis.zero()
             for _ in range(rounds):
                 await replay(http, base, bodies, form)
             await asyncio.sleep(1.0)
             instructions = await redis.dump()
-            after = await command_calls(redis.server.url)
+            counted = await command_calls(redis.server.url)
     finally:
         await redis.server.stop()
     requests = rounds * len(bodies)
-    calls = {name: (n - before.get(name, 0)) / requests for name, n in after.items()}
-    calls.pop("info", None)  # the counts' own
+    calls = {name: n / requests for name, n in counted.items() if name != "config|resetstat"}
     return instructions / requests / 1e6, calls
 
 
