@@ -72,6 +72,7 @@ class _Held:
     newest: tuple[Segment, bytes] | None = None
     packing: bool = False
     epoch: str = ""  # what the ordinals count in (``lua/log.lua``)
+    packed_to: int = 0  # the ordinal this process's packs landed up to (those before it gone)
     remembered: bool = True  # counted in the packer's bound (false once forgotten)
 
     def add(self, batch: LoggedBatch) -> int:
@@ -143,7 +144,11 @@ class LogPacker:
         if epoch != held.epoch:
             self._keep(held, [])
             self._hold_newest(held, None)
-            held.epoch = epoch
+            held.epoch, held.packed_to = epoch, 0
+        if oldest is not None and oldest < held.packed_to:
+            # The script ran before a pack of this process's landed, its reply read after:
+            # the entries that pack took are gone, whatever the reply says.
+            oldest = held.packed_to
         if batch is not None:
             self._held_bytes += held.add(batch)
         if oldest is not None and held.batches and min(map(_FIRST, held.batches)) < oldest:
@@ -159,6 +164,10 @@ class LogPacker:
         run = linked_run(held.batches, oldest)
         if run and pack_due(run, self._limits):
             self._start(held, self._pack_held(conversation, held, oldest, run, claimed))
+        elif claimed and batch is not None and oldest + len(run) == batch.end:
+            # Everything the stream has unpacked is held here, short of a pack: the claim
+            # counted bytes a pack of this process's took since (read above), none to read.
+            self._start(held, self._release_claim(conversation))
         elif claimed:
             self._start(held, self._read_back_and_pack(conversation, held))
 
@@ -207,6 +216,7 @@ class LogPacker:
                 return
             claimed = False
             oldest += len(chunk)
+            held.packed_to = oldest
             self._keep(held, batches_from(held.batches, oldest))
             run = run[len(chunk) :]
 
@@ -316,10 +326,15 @@ class LogPacker:
                     return
         finally:
             if claimed:
-                (claim,) = keys_of(conversation, "packing")
-                with contextlib.suppress(StoreUnavailable):
-                    async with self._bounded("pack_log"):
-                        await self._client.delete(claim)
+                await self._release_claim(conversation)
+
+    async def _release_claim(self, conversation: str) -> None:
+        """Give back the ``packing`` claim ``append.lua`` gave this caller, unused (another
+        caller would otherwise wait out its 10 s to read the stream back)."""
+        (claim,) = keys_of(conversation, "packing")
+        with contextlib.suppress(StoreUnavailable):
+            async with self._bounded("pack_log"):
+                await self._client.delete(claim)
 
     async def read(self, conversation: str, after: str | None, limit: int) -> LogPage:
         keys = keys_of(conversation, "log", "segments")

@@ -254,6 +254,54 @@ async def test_the_frames_held_to_merge_into_count_in_the_bound(
         await store.close()
 
 
+async def test_a_claim_answered_before_this_process_packed_is_given_back_unread(
+    conversation: str, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append claims the stream's pack (its unpacked bytes past the read-back bound) while
+    a pack of this process's is landing, and its reply is read once that pack has landed: the
+    stream's unpacked entries are all held here, so nothing is read back, and the claim is
+    not left standing for another caller to wait out."""
+    store = RedisStore(shared_redis_url(), ttl_seconds=3600)
+    packer = store._packer
+    landing, send, logged = asyncio.Event(), packer._send, packer.logged
+    claims: list[tuple[Any, ...]] = []
+    read_back = packer._read_back_and_pack
+    reads: list[str] = []
+
+    async def reading_back(conversation: str, held: Any) -> None:
+        reads.append(conversation)
+        await read_back(conversation, held)
+
+    async def held_back(*args: Any) -> int:
+        await landing.wait()
+        return await send(*args)
+
+    def claim_read_later(*args: Any) -> None:
+        if args[4]:  # the reply that claims the pack: read after the pack under way lands
+            claims.append(args)
+        else:
+            logged(*args)
+
+    monkeypatch.setattr(packer, "_send", held_back)
+    monkeypatch.setattr(packer, "logged", claim_read_later)
+    monkeypatch.setattr(packer, "_read_back_and_pack", reading_back)
+    try:
+        appended = 0
+        while not claims and appended < 60:
+            await store.append(conversation, turn(appended * 3))
+            appended += 1
+        assert claims, "no append claimed the stream's pack"
+        landing.set()
+        await store.log_packs_settled()
+        logged(*claims[0])
+        await store.log_packs_settled()
+        assert reads == []
+        assert not await client.exists(conversation_keys(conversation)["packing"])
+        await assert_packed(store, client, conversation, range(appended * 3))
+    finally:
+        await store.close()
+
+
 async def test_a_process_that_holds_none_of_the_log_reads_it_back_to_pack_it(
     conversation: str, client: aioredis.Redis
 ) -> None:
