@@ -18,6 +18,16 @@ Event = dict[str, Any]
 
 CONTEXT_POSITION = -1  # MessageEvent position of a logged head-and-tools context
 
+# The most characters of text (``text_size``) a request's message holds per byte of the body
+# it came in. A chat body's messages are its own JSON, where every character of a key or a
+# string takes a byte or more. A translated message (Responses, Messages) adds keys of its own,
+# fewer characters than the syntax of the items it stands for; a number written again takes at
+# most 5/3 of its bytes (``1E2`` as ``100.0``); an item the proxy does not know is carried as
+# its JSON and named by its type, which so counts twice. Twice the body's bytes bound them all
+# (its own fields, ``model`` at least, outweigh a wrapper's keys); a property test checks every
+# wire format against it (``tests/unit/test_log_content_limit.py``).
+TEXT_PER_BODY_BYTE = 2
+
 
 @frozen
 class MessageEvent:
@@ -70,6 +80,7 @@ def message_events(
     digests: Sequence[str] | None = None,
     by_content: bool = False,
     content_limit: int | None = None,
+    body_bytes: int = 0,
 ) -> list[MessageEvent]:
     """``message`` events for body positions ``start..``; each names its chain hash and the
     one before it (``prev``), so any request's body can be read back from the log, and the
@@ -82,7 +93,11 @@ def message_events(
 
     ``content_limit``: a message with more text than this is logged without its content. A
     pasted 30 MB file would otherwise be copied into the store on every new conversation that
-    carries it, and on Redis hold the server (every replica's requests) while it is written."""
+    carries it, and on Redis hold the server (every replica's requests) while it is written.
+    ``body_bytes``: the request body's size, when known: a body too small for any of its
+    messages to pass the limit (``TEXT_PER_BODY_BYTE``) has none measured."""
+    if content_limit is not None and 0 < body_bytes * TEXT_PER_BODY_BYTE <= content_limit:
+        content_limit = None
     events: list[MessageEvent] = []
     for position in range(start, len(body)):
         message = body[position]

@@ -136,6 +136,7 @@ def _messages(pending: PendingLog, settings: Settings) -> list[MessageEvent]:
         pending.start,
         log_content=settings.log_content,
         content_limit=settings.log_content_max_chars,
+        body_bytes=view.size,
         now=pending.now,
         digests=view.body_digests,
         by_content=pending.by_content,
