@@ -56,6 +56,8 @@ _SUMMARY_HEADERS = {"anthropic-version": ANTHROPIC_VERSION}
 def declared_window(beta: Sequence[str]) -> int | None:
     """The window an ``anthropic-beta`` header (or several: each a comma-separated list)
     asks for: 1M tokens with ``context-1m-*``, else None (the model's own)."""
+    if not beta:  # most requests: spared the generator
+        return None
     features = (part.strip() for value in beta for part in value.split(","))
     return LONG_CONTEXT_WINDOW if any(f.startswith("context-1m") for f in features) else None
 
