@@ -33,6 +33,7 @@ from compaction_proxy.metering.meter import TokenMeter
 from compaction_proxy.metering.tokenizers import use_bundled_tokenizers, warm_up
 from compaction_proxy.metering.windows import LearnedWindows, model_map
 from compaction_proxy.metrics import REQUESTS, initialize_label_sets, initialize_route_series
+from compaction_proxy.ops.access_log import CLIENT_ADDRESS
 from compaction_proxy.parsing.recent_bodies import RecentBodies
 from compaction_proxy.security.client_keys import (
     ClientKeys,
@@ -220,6 +221,7 @@ def guarded(handler: Handler) -> Handler:
         if vouched is not None:  # a WebSocket frame's request to this process, or a forgery
             address = request.app[SERVICES].loopback.address_in(vouched)
             if address is not None:
+                request[CLIENT_ADDRESS] = address  # the access line's (on this request)
                 request = request.clone(remote=address)
         refused = refusal(request)
         if refused is not None:

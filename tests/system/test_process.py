@@ -174,6 +174,48 @@ async def two_workers(
         yield supervisor, base, workers
 
 
+async def test_each_request_is_an_access_line_a_socket_frame_named_by_its_client(
+    upstream_url: str,
+) -> None:
+    """The served proxy logs aiohttp's access line for each request; a WebSocket frame's
+    request, which reaches the proxy over loopback, names the client that sent the frame."""
+    env = {
+        "COMPACTION_PROXY_UPSTREAM_BASE_URL": upstream_url,
+        "COMPACTION_PROXY_TENANT_SECRET": "s",
+    }
+    async with proxy_process(env, capture_stderr=True) as (process, base):
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0) as client:
+            await client.chat.completions.create(model="m", messages=[user("Hi.")])
+        create = orjson.dumps({"type": "response.create", "model": "m", "input": "Hi."})
+        async with (
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+            ) as session,
+            session.ws_connect(base.replace("http://", "ws://") + "/v1/responses") as socket,
+        ):
+            await socket.send_str(create.decode())
+            ended = ("response.completed", "response.incomplete", "response.failed", "error")
+            while orjson.loads((await socket.receive(timeout=20)).data)["type"] not in ended:
+                pass
+        process.terminate()
+        await process.wait()
+        assert process.stderr is not None
+        logged = (await process.stderr.read()).decode()
+    lines = [
+        line.split("aiohttp.access: ", 1)[1]
+        for line in logged.splitlines()
+        if "aiohttp.access: " in line
+    ]
+    assert any(
+        line.startswith("127.0.0.1 [") and '"POST /v1/chat/completions HTTP/1.1" 200' in line
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith("127.0.0.2 [") and '"POST /v1/responses HTTP/1.1" 200' in line
+        for line in lines
+    ), lines
+
+
 async def test_workers_share_the_port_reload_without_dropping_a_request_and_stop_together(
     upstream_url: str, private_redis: RedisServer
 ) -> None:
