@@ -278,7 +278,9 @@ def metered_env(upstream: str, held_key: bool = False) -> dict[str, str]:
     """A proxy's environment for ``upstream``: a window so large that nothing is compacted,
     yet every request is metered against it, as with a configured route. ``held_key``: the
     route holds the upstream key and the requests' ``bench`` is a client key of the proxy's
-    (a shared gateway: every body is searched for the stored objects it names)."""
+    (a shared gateway: every body is searched for the stored objects it names). It logs
+    warnings only, unless ``COMPACTION_PROXY_LOG_LEVEL`` is set (say ``INFO``, the default's
+    access lines)."""
     route: dict[str, object] = {
         "model": "*",
         "base_url": f"{upstream}/v1",
@@ -287,7 +289,8 @@ def metered_env(upstream: str, held_key: bool = False) -> dict[str, str]:
     env = {
         "COMPACTION_PROXY_UPSTREAM_BASE_URL": f"{upstream}/v1",
         "COMPACTION_PROXY_TENANT_SECRET": "bench",
-        "COMPACTION_PROXY_LOG_LEVEL": "WARNING",
+        # Quiet unless asked (the default, INFO, writes an access line a request).
+        "COMPACTION_PROXY_LOG_LEVEL": os.environ.get("COMPACTION_PROXY_LOG_LEVEL", "WARNING"),
     }
     if held_key:
         route["api_key_env"] = "BENCH_UPSTREAM_KEY"
