@@ -130,7 +130,7 @@ def parsed(wire: str, raw: bytes) -> ClientRequest:
 
 
 @pytest.mark.parametrize("wire", sorted(BODIES))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_no_message_holds_more_text_than_its_body_allows(wire: str, data: st.DataObject) -> None:
     raw = body_bytes(data.draw(BODIES[wire]))
@@ -155,7 +155,7 @@ def events_of(request: ClientRequest, limit: int, size: int) -> list[dict[str, A
 
 
 @pytest.mark.parametrize("wire", sorted(BODIES))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(data=st.data(), limit=st.integers(1, 400))
 def test_a_body_spared_the_measure_logs_what_a_measured_one_does(
     wire: str, data: st.DataObject, limit: int
