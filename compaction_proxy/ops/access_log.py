@@ -43,15 +43,15 @@ class AccessLine(AbstractAccessLogger):
         """Lines are made only when they are written (aiohttp asks once a connection)."""
         return self.logger.isEnabledFor(logging.INFO)
 
-    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
-        """``time``: the seconds the request took; the line shows when it started."""
+    def log(self, request: BaseRequest, response: StreamResponse, elapsed: float) -> None:
+        """``elapsed``: the seconds the request took; the line shows when it started."""
         try:
             address = request.get(CLIENT_ADDRESS) or request.remote or "-"
             headers, version = request.headers, request.version
             self.logger.info(
                 _LINE,
                 address,
-                self._started(time),
+                self._started(elapsed),
                 request.method,
                 request.path_qs,
                 version.major,

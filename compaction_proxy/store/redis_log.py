@@ -165,8 +165,8 @@ class LogPacker:
         if run and pack_due(run, self._limits):
             self._start(held, self._pack_held(conversation, held, oldest, run, claimed))
         elif claimed and batch is not None and oldest + len(run) == batch.end:
-            # Everything the stream has unpacked is held here, short of a pack: the claim
-            # counted bytes a pack of this process's took since (read above), none to read.
+            # What the stream holds unpacked is all held here, short of a pack: the claim
+            # counted entries a pack of this process's has taken since. Nothing to read back.
             self._start(held, self._release_claim(conversation))
         elif claimed:
             self._start(held, self._read_back_and_pack(conversation, held))
