@@ -12,6 +12,7 @@ import bisect
 import time
 import uuid
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, ClassVar
 
 from compaction_proxy.config.api_family import ApiFamily
@@ -51,12 +52,11 @@ from compaction_proxy.formats.wire import (
 from compaction_proxy.parsing import jsonio
 from compaction_proxy.parsing.recent_bodies import Extension, RecentBodies
 
-STATEFUL_FIELDS = ("previous_response_id", "conversation")
-
 
 def stateful(body: dict[str, Any]) -> bool:
     """Whether the provider holds the history (``previous_response_id``, ``conversation``)."""
-    return any(body.get(name) is not None for name in STATEFUL_FIELDS)
+    get = body.get  # the fields named one by one: no generator on every request
+    return get("previous_response_id") is not None or get("conversation") is not None
 
 
 def parse_responses_body(
@@ -71,8 +71,8 @@ def parse_responses_body(
     return parse_object_with_model(raw), None
 
 
-def _last_item(group: tuple[int, ...]) -> int:
-    return group[-1]
+# A bisection key in C: the groups after the head's each have a last item.
+_last_item = itemgetter(-1)
 
 
 def _reusable(extension: Extension, body: dict[str, Any]) -> Translated | None:

@@ -39,8 +39,6 @@ from compaction_proxy.parsing import jsonio
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text"})
-# Fields whose presence means the provider holds the history (the proxy cannot see it).
-STATEFUL_FIELDS = ("previous_response_id", "conversation")
 
 
 def _invalid(param: str, expected: str) -> BadRequest:
@@ -83,21 +81,25 @@ def item_message(item: Any, param: str) -> Message:
         if not isinstance(role, str) or role not in MESSAGE_ROLES:
             roles = ", ".join(sorted(MESSAGE_ROLES))
             raise _invalid(f"{param}.role", f"one of {roles}")
-        return {"role": role, "content": _content_as_chat(item.get("content"), f"{param}.content")}
+        content = item.get("content")
+        if not isinstance(content, str):  # a string, most items: taken as it is
+            content = _content_as_chat(content, f"{param}.content")
+        return {"role": role, "content": content}
     if kind == "function_call":
-        call = {
-            "id": _string(item, "call_id", param),
-            "type": "function",
-            "function": {
-                "name": _string(item, "name", param),
-                "arguments": _string(item, "arguments", param),
-            },
-        }
+        call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+        if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(arguments, str)):
+            for key in ("call_id", "name", "arguments"):
+                _string(item, key, param)  # raises, naming the first that is not a string
+        function = {"name": name, "arguments": arguments}
+        call = {"id": call_id, "type": "function", "function": function}
         return {"role": "assistant", "content": None, "tool_calls": [call]}
     if kind == "function_call_output":
-        output = item.get("output")
-        content = _content_as_chat(output, f"{param}.output")
-        return {"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": content}
+        output, call_id = item.get("output"), item.get("call_id")
+        if not isinstance(output, str):
+            output = _content_as_chat(output, f"{param}.output")
+        if not isinstance(call_id, str):
+            _string(item, "call_id", param)  # raises
+        return {"role": "tool", "tool_call_id": call_id, "content": output}
     if not isinstance(kind, str):
         raise _invalid(f"{param}.type", "a string")
     # Opaque: kept in place, carried as its JSON (what a summary would read of it).
