@@ -4,9 +4,10 @@
 aiohttp's ``AccessLogger`` compiles any format into a list of methods, calls each for every
 request, builds a dictionary of ``extra`` values for the record, and formats the request's
 start time through ``datetime`` every time: about 1,400 bytecodes a request at the default
-``INFO`` level, 8 % of a request's on the in-process store (docs/perf.md). The format is fixed
-here, so the line is one format call, the start time's text is made once a second, and the
-record carries the line alone (the proxy's log format shows nothing else of it).
+``INFO`` level, 8 % of a request's bytecodes on the in-process store (docs/perf.md). The
+format is fixed here, so the line is one format call, the start time's text is made once a
+second, and the record carries the line alone (the proxy's log format shows nothing else of
+it).
 
 A WebSocket frame's request reaches this process over loopback (``http.socket_endpoint``):
 its line names the client that sent the frame, as the route guard found it vouched for

@@ -18,23 +18,10 @@ from compaction_proxy.ops.access_log import CLIENT_ADDRESS, AccessLine
 STAMP = re.compile(r"\[(\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4})\]")
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture
-def logged() -> Lines:
-    logger = logging.getLogger("test.access")
-    logger.setLevel(logging.INFO)
-    lines = Lines()
-    logger.addHandler(lines)
-    yield lines
-    logger.removeHandler(lines)
+def logged(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="test.access")
+    return caplog
 
 
 REQUESTS = [
@@ -48,7 +35,7 @@ REQUESTS = [
 @pytest.mark.parametrize(("method", "path", "headers", "status", "body"), REQUESTS)
 @pytest.mark.parametrize("took", [0.0, 0.25, 3.5])
 def test_the_line_is_aiohttps_default_one(
-    logged: Lines,
+    logged: pytest.LogCaptureFixture,
     method: str,
     path: str,
     headers: dict[str, str],
@@ -60,10 +47,10 @@ def test_the_line_is_aiohttps_default_one(
     request = make_mocked_request(method, path, headers=CIMultiDict(headers))
     response = web.Response(status=status, body=body)
     for _ in range(3):  # both made within one second (the line shows it)
-        logged.lines.clear()
+        logged.clear()
         AccessLogger(logger, AccessLogger.LOG_FORMAT).log(request, response, took)
         AccessLine(logger, AccessLogger.LOG_FORMAT).log(request, response, took)
-        theirs, ours = logged.lines
+        theirs, ours = logged.messages
         if STAMP.findall(theirs) == STAMP.findall(ours):
             break
     assert ours == theirs
@@ -72,11 +59,13 @@ def test_the_line_is_aiohttps_default_one(
     assert abs(started - (time.time() - took)) < 3
 
 
-def test_a_loopback_request_is_named_by_the_client_it_stands_for(logged: Lines) -> None:
+def test_a_loopback_request_is_named_by_the_client_it_stands_for(
+    logged: pytest.LogCaptureFixture,
+) -> None:
     request = make_mocked_request("POST", "/v1/responses")
     request[CLIENT_ADDRESS] = "10.1.2.3"
     AccessLine(logging.getLogger("test.access"), "").log(request, web.Response(), 0.1)
-    assert logged.lines[0].startswith("10.1.2.3 [")
+    assert logged.messages[0].startswith("10.1.2.3 [")
 
 
 def test_no_line_is_made_below_the_info_level() -> None:
