@@ -146,9 +146,14 @@ class BackgroundCompactions:
         return True
 
     async def idle(self) -> None:
-        """Wait until no round is running (tests and benchmarks settle on it)."""
+        """Wait until no round is running (``eval``, tests and benchmarks settle on it).
+
+        ``asyncio.wait``, not ``gather``: a round whose task is done is still held until its
+        done callback runs, on a later turn of the loop. ``wait`` always gives the loop that
+        turn; ``gather`` of tasks already done returns without yielding from Python 3.12, so
+        a loop over it never let the callback run and spun forever."""
         while self._running:
-            await asyncio.gather(*self._running.values(), return_exceptions=True)
+            await asyncio.wait(self._running.values())
 
     async def close(self) -> None:
         """Cancel what is running (on shutdown); each attempt is closed and its lease freed."""

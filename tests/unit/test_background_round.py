@@ -1,6 +1,6 @@
 """How a background round ends, told in the log: a store gone mid-round is a warning without a
 traceback, as everywhere else; a failure of our own keeps its traceback; a cancelled round
-counts as cancelled."""
+counts as cancelled; and waiting for the rounds to end returns once they have."""
 
 from __future__ import annotations
 
@@ -60,3 +60,19 @@ async def test_a_cancelled_round_is_counted_as_cancelled() -> None:
     with pytest.raises(asyncio.CancelledError):
         await run_round(asyncio.CancelledError())
     assert counter(name, outcome="cancelled") == before + 1
+
+
+async def nothing() -> None:
+    return None
+
+
+@pytest.mark.timeout(10)  # the signal interrupts a loop that never yields
+async def test_idle_returns_when_a_round_has_ended_but_is_still_held() -> None:
+    rounds = BackgroundCompactions(FailingEngine(RuntimeError()), 1)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(nothing())
+    rounds._running["c"] = task  # held as ``start`` holds it, let go by its done callback
+    task.add_done_callback(lambda _: rounds._running.pop("c", None))
+    await asyncio.sleep(0)  # the round ends on this turn; its callback runs on the next
+    assert task.done() and "c" in rounds._running
+    await rounds.idle()
+    assert not rounds._running
