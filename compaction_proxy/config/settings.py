@@ -36,6 +36,8 @@ from compaction_proxy.config import error_sources as config_errors
 
 DEFAULT_CONFIG_PATH = Path("config/proxy.yaml")
 CONFIG_PATH_ENV = "COMPACTION_PROXY_CONFIG"
+# Set by ``serve --workers`` for its workers (one secret for all, ``security.loopback``).
+LOOPBACK_SECRET_ENV = "COMPACTION_PROXY_LOOPBACK_SECRET"
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com/v1"
 
@@ -471,8 +473,9 @@ class Settings(BaseSettings):
 def unknown_environment(environ: Mapping[str, str]) -> list[str]:
     """``COMPACTION_PROXY_*`` variables that name no setting (a typo is otherwise ignored)."""
     prefix = "COMPACTION_PROXY_"
-    # Besides the settings: the config file's path, and the admin CLI's proxy address.
-    others = {CONFIG_PATH_ENV[len(prefix) :], "ADMIN_URL"}
+    # Besides the settings: the config file's path, the admin CLI's proxy address, and the
+    # secret a supervisor hands its workers.
+    others = {CONFIG_PATH_ENV[len(prefix) :], "ADMIN_URL", LOOPBACK_SECRET_ENV[len(prefix) :]}
     known = {name.upper() for name in Settings.model_fields} | others
     unknown = []
     for name in environ:

@@ -18,12 +18,13 @@ import hmac
 import secrets
 from collections.abc import Mapping
 
+from compaction_proxy.config.settings import LOOPBACK_SECRET_ENV
 from compaction_proxy.frozen import frozen
 
 LOOPBACK_CLIENT_HEADER = "X-Compaction-Proxy-Client"
 # Set by ``serve --workers`` for its workers (one secret for all); each process makes its own
-# otherwise.
-LOOPBACK_SECRET_ENVIRONMENT = "COMPACTION_PROXY_LOOPBACK_SECRET"
+# otherwise. Named in the configuration, which knows it for no operator's typo.
+LOOPBACK_SECRET_ENVIRONMENT = LOOPBACK_SECRET_ENV
 
 
 @frozen

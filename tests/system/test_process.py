@@ -317,3 +317,5 @@ async def test_a_reload_with_a_broken_configuration_keeps_the_running_workers(
         assert await asyncio.wait_for(supervisor.wait(), 30) == 0
         logged += await supervisor.stderr.read()
     assert b"invalid YAML" in logged and b"reload failed" in logged
+    # The variables the supervisor sets for its workers are no operator's typo.
+    assert b"names no setting" not in logged
