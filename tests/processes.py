@@ -20,9 +20,9 @@ def free_port() -> int:
         return port
 
 
-def serve_argv(port: int, module: str = "compaction_proxy") -> list[str]:
-    """``python -m <module> serve --port <port>``, as this interpreter runs it."""
-    return [sys.executable, "-m", module, "serve", "--port", str(port)]
+def serve_argv(port: int, module: str = "compaction_proxy", python: str | None = None) -> list[str]:
+    """``python -m <module> serve --port <port>``, as this interpreter (or ``python``) runs it."""
+    return [python or sys.executable, "-m", module, "serve", "--port", str(port)]
 
 
 async def wait_until_ready(url: str, timeout: float = 30.0) -> None:
@@ -48,13 +48,15 @@ async def proxy_process(
     capture_stderr: bool = False,
     module: str = "compaction_proxy",
     cwd: str | None = None,
+    python: str | None = None,
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     """``python -m compaction_proxy serve`` (or ``module``'s) on a free port; yields the process
     and its base URL (with ``capture_stderr``, read its log from ``process.stderr`` once it has
-    stopped). With ``cwd`` another checkout's package runs (``-m`` puts it first on the path)."""
+    stopped). With ``cwd`` another checkout's package runs (``-m`` puts it first on the path);
+    with ``python``, under that interpreter (a venv's, holding the dependencies)."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        *serve_argv(port, module),
+        *serve_argv(port, module, python),
         *args,
         env={**os.environ, **env},
         stderr=asyncio.subprocess.PIPE if capture_stderr else None,

@@ -1,12 +1,15 @@
 """Proxy overhead, side by side in one run: direct, a bare relay, and the proxy in three set-ups.
 
 Run: ``python -m tests.bench.overhead [--rounds N] [--transcript NAME] [--against DIR]
-[--format chat|responses|messages]``. Not collected by pytest. ``--format``: the transcript's
-requests as that wire format's agents send them (``tests.bench.request_forms``), to every
-target alike, so a format's overhead is read against a relay of the same bodies. With
-``--against``, the memory and Redis set-ups of another checkout (a worktree of the parent
-commit) run as ``memory@`` and ``redis@`` beside this one's, in the same rounds: a change on
-the request path is measured against its parent, not against noise.
+[--against-python PATH] [--format chat|responses|messages]``. Not collected by pytest.
+``--format``: the transcript's requests as that wire format's agents send them
+(``tests.bench.request_forms``), to every target alike, so a format's overhead is read
+against a relay of the same bodies. With ``--against``, the memory and Redis set-ups of
+another checkout (a worktree of the parent commit) run as ``memory@`` and ``redis@`` beside
+this one's, in the same rounds: a change on the request path is measured against its
+parent, not against noise. With ``--against-python``, those set-ups run under another
+interpreter (a venv's ``python``, holding the dependencies), from this checkout unless
+``--against`` names another: one Python release measured against another.
 The fake upstream answers instantly (no token counting), so what differs between the
 columns is the hop in the middle. Targets are interleaved round by round so that noise on a
 shared machine hits all of them alike, and every round replays the transcript as a fresh
@@ -319,6 +322,7 @@ async def targets(
     timings: str,
     against: str | None = None,
     held_key: bool = False,
+    against_python: str | None = None,
 ) -> AsyncIterator[tuple[dict[str, str], dict[str, int], StepTargets]]:
     """Every target's base URL, the upstream included, and the process ids whose CPU time is
     a set-up's ("redis-server" for the Redis server, "control" for the control); then the
@@ -375,10 +379,12 @@ async def targets(
             )
             bases[name] = base
             pids[name] = proxy.pid
-        if against is not None:  # the same set-ups, run from the other checkout
+        if against is not None or against_python is not None:
+            # The same set-ups, run from the other checkout or under the other interpreter.
             for name, store in (("memory@", "memory://"), ("redis@", f"{redis_server.url[:-2]}/3")):
+                other_env = {**env, "COMPACTION_PROXY_STORE_URL": store}
                 proxy, base = await stack.enter_async_context(
-                    proxy_process({**env, "COMPACTION_PROXY_STORE_URL": store}, cwd=against)
+                    proxy_process(other_env, cwd=against, python=against_python)
                 )
                 bases[name] = base
                 pids[name] = proxy.pid
@@ -418,6 +424,7 @@ async def run(
     against: str | None = None,
     held_key: bool = False,
     form: RequestForm = CHAT,
+    against_python: str | None = None,
 ) -> None:
     every = transcripts()
     chosen = next((t for t in every if transcript and transcript in t.name), every[0])
@@ -431,7 +438,15 @@ async def run(
     timings.close()
     try:
         await measure(
-            bodies, rounds, step_rounds, control_us, timings.name, against, held_key, form
+            bodies,
+            rounds,
+            step_rounds,
+            control_us,
+            timings.name,
+            against,
+            held_key,
+            form,
+            against_python,
         )
     finally:
         os.unlink(timings.name)
@@ -446,8 +461,9 @@ async def measure(
     against: str | None = None,
     held_key: bool = False,
     form: RequestForm = CHAT,
+    against_python: str | None = None,
 ) -> None:
-    async with targets(free_port(), control_us, timings, against, held_key) as (
+    async with targets(free_port(), control_us, timings, against, held_key, against_python) as (
         bases,
         pids,
         step,
@@ -548,6 +564,11 @@ def main(argv: list[str] | None = None) -> None:
         "history phase)",
     )
     parser.add_argument(
+        "--against-python",
+        metavar="PATH",
+        help="another interpreter (a venv's python): memory@ and redis@ run under it",
+    )
+    parser.add_argument(
         "--held-key",
         action="store_true",
         help="every proxy holds the upstream key, and its clients send client keys",
@@ -569,6 +590,7 @@ def main(argv: list[str] | None = None) -> None:
             args.against,
             args.held_key,
             REQUEST_FORMS[args.form],
+            args.against_python,
         )
     )
 
