@@ -6,11 +6,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from compaction_proxy.config.settings import load_settings
 from tests import prometheus_server
@@ -31,6 +35,25 @@ def values() -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load((CHART / "values.schema.json").read_text())
     return loaded
+
+
+def test_every_runtime_floor_is_the_version_ci_tests_on() -> None:
+    """Each runtime dependency's floor in pyproject.toml is pinned in ``.ci/floors.txt``, which
+    CI installs as a constraint to run the quick tier on: a floor is a version tested."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floors: dict[str, Version] = {}
+    for dependency in project["dependencies"]:
+        requirement = Requirement(dependency)
+        lowest = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        assert len(lowest) == 1, f"{dependency}: one floor (>=) expected"
+        floors[canonicalize_name(requirement.name)] = Version(lowest[0])
+    pinned: dict[str, Version] = {}
+    for line in (ROOT / ".ci" / "floors.txt").read_text().splitlines():
+        pin = line.split("#", 1)[0].strip()
+        if pin:
+            name, version = pin.split("==")
+            pinned[canonicalize_name(name)] = Version(version)
+    assert pinned == floors
 
 
 def test_dockerfile_passes_hadolint() -> None:
