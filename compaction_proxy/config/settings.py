@@ -36,7 +36,8 @@ from compaction_proxy.config import error_sources as config_errors
 
 DEFAULT_CONFIG_PATH = Path("config/proxy.yaml")
 CONFIG_PATH_ENV = "COMPACTION_PROXY_CONFIG"
-# Set by ``serve --workers`` for its workers (one secret for all, ``security.loopback``).
+# Set by ``serve --workers`` for its workers: one loopback secret for all
+# (``security.loopback``); each process makes its own otherwise.
 LOOPBACK_SECRET_ENV = "COMPACTION_PROXY_LOOPBACK_SECRET"
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com/v1"

@@ -32,8 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from compaction_proxy.config.settings import ConfigError, Settings
-from compaction_proxy.security.loopback import LOOPBACK_SECRET_ENVIRONMENT
+from compaction_proxy.config.settings import LOOPBACK_SECRET_ENV, ConfigError, Settings
 
 log = logging.getLogger("compaction_proxy.ops.workers")
 
@@ -53,7 +52,7 @@ class Supervisor:
         self._stopping = False
         # One for every worker, reloads' included: a WebSocket frame's request to the port
         # may reach any of them (``security.loopback``).
-        given = os.environ.get(LOOPBACK_SECRET_ENVIRONMENT)
+        given = os.environ.get(LOOPBACK_SECRET_ENV)
         self._loopback_secret = given or secrets.token_hex(32)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
@@ -66,7 +65,7 @@ class Supervisor:
             "--reuse-port",
             *self._args,
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, LOOPBACK_SECRET_ENVIRONMENT: self._loopback_secret},
+            env={**os.environ, LOOPBACK_SECRET_ENV: self._loopback_secret},
         )
         assert process.stdout is not None
         try:

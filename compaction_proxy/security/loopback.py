@@ -22,9 +22,6 @@ from compaction_proxy.config.settings import LOOPBACK_SECRET_ENV
 from compaction_proxy.frozen import frozen
 
 LOOPBACK_CLIENT_HEADER = "X-Compaction-Proxy-Client"
-# Set by ``serve --workers`` for its workers (one secret for all); each process makes its own
-# otherwise. Named in the configuration, which knows it for no operator's typo.
-LOOPBACK_SECRET_ENVIRONMENT = LOOPBACK_SECRET_ENV
 
 
 @frozen
@@ -35,7 +32,7 @@ class LoopbackVouch:
 
     @classmethod
     def from_environment(cls, environment: Mapping[str, str]) -> LoopbackVouch:
-        given = environment.get(LOOPBACK_SECRET_ENVIRONMENT)
+        given = environment.get(LOOPBACK_SECRET_ENV)
         return cls(given.encode() if given else secrets.token_bytes(32))
 
     def header_for(self, address: str) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from compaction_proxy.config.settings import LOOPBACK_SECRET_ENV
 from compaction_proxy.ops import workers
-from compaction_proxy.security.loopback import LOOPBACK_SECRET_ENVIRONMENT, LoopbackVouch
+from compaction_proxy.security.loopback import LoopbackVouch
 
 pytest.importorskip("hypothesis")
 
@@ -29,7 +30,7 @@ def test_no_header_a_client_can_make_without_the_secret_names_an_address(
 
 
 def test_workers_given_one_secret_accept_each_others_vouches() -> None:
-    environment = {LOOPBACK_SECRET_ENVIRONMENT: "shared"}
+    environment = {LOOPBACK_SECRET_ENV: "shared"}
     one, other = (LoopbackVouch.from_environment(environment) for _ in range(2))
     assert other.address_in(one.header_for("10.0.0.7")) == "10.0.0.7"
     alone, apart = (LoopbackVouch.from_environment({}) for _ in range(2))
@@ -42,7 +43,7 @@ async def test_every_worker_a_supervisor_starts_gets_its_one_secret(
     given: list[str] = []
 
     async def spawned(*_: object, env: dict[str, str], **__: object) -> object:
-        given.append(env[LOOPBACK_SECRET_ENVIRONMENT])
+        given.append(env[LOOPBACK_SECRET_ENV])
         raise OSError("not started here")
 
     monkeypatch.setattr(workers.asyncio, "create_subprocess_exec", spawned)
