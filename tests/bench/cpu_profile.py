@@ -1,8 +1,9 @@
 """Where a request's CPU time goes, sampled by ``perf`` at native speed: by shared object and
 by symbol, for the relay and each proxy set-up, and Redis's side by command.
 
-Run: ``python -m tests.bench.cpu_profile [--against DIR] [--transcript NAME] [--rounds N]
-[--format chat|responses|messages] [--top N]`` (6 replays by default). Not collected by
+Run: ``python -m tests.bench.cpu_profile [--against DIR] [--against-python PATH]
+[--transcript NAME] [--rounds N] [--format chat|responses|messages] [--top N]`` (6 replays by
+default; ``--against-python``: the ``@`` set-ups under another interpreter). Not collected by
 pytest; needs ``perf`` (Debian's ``linux-perf``) and a kernel that lets it sample other
 processes (``kernel.perf_event_paranoid`` at 2 or less, or root). The targets, all started at once:
 a bare relay (``tests.bench.relay``), the in-process store and Redis (with ``--against``, the
@@ -208,8 +209,9 @@ async def run(args: argparse.Namespace) -> None:
                 await wait_until_ready(f"{ready}/v1/models")
             targets = [Target("relay", relay.pid, relay_base)]
             for suffix, checkout in {"": None, "@": args.against}.items():
-                if suffix and checkout is None:
+                if suffix and checkout is None and args.against_python is None:
                     continue
+                python = args.against_python if suffix else None
                 for store in ("memory", "redis"):
                     server = None
                     if store == "redis":  # a server of its own: its samples and its counts
@@ -218,7 +220,9 @@ async def run(args: argparse.Namespace) -> None:
                         stack.push_async_callback(server.stop)
                     url = "memory://" if server is None else server.url
                     env = {**metered_env(upstream), "COMPACTION_PROXY_STORE_URL": url}
-                    proxy, base = await stack.enter_async_context(proxy_process(env, cwd=checkout))
+                    proxy, base = await stack.enter_async_context(
+                        proxy_process(env, cwd=checkout, python=python)
+                    )
                     targets.append(Target(store + suffix, proxy.pid, base, server))
             await at_rest([t.pid for t in targets])
             results = await measure(targets, bodies, args, work)
@@ -279,6 +283,11 @@ def main() -> None:
     parser.set_defaults(rounds=6)
     parser.add_argument("--top", type=int, default=0, help="the symbols that differ most")
     parser.add_argument("--frequency", type=int, default=4000, help="samples a second")
+    parser.add_argument(
+        "--against-python",
+        metavar="PATH",
+        help="another interpreter (a venv's python): memory@ and redis@ run under it",
+    )
     args = parser.parse_args()
     if shutil.which("perf") is None:
         raise SystemExit("perf is not installed (Debian: apt-get install linux-perf)")
